@@ -1,0 +1,1 @@
+"""muser: hybrid-attention inference engine."""
