@@ -1,0 +1,141 @@
+"""Speculative checkpoints: undo a block of appends without copying the cache.
+
+Owns: `PlaneUndo` (one plane's undo log for one open block) and `Checkpoint`
+(the set of them for a session, with commit / rollback).  Does not own: what
+a speculative round accepts (muser.engine.speculative).
+
+The two regimes, priced as rollback protocols:
+
+* growing plane -- the block lands in unused storage past `len`; the log is
+  the three integers (len, origin_logical, origin_physical).  Rollback to
+  `keep` rows is `len = len0 + keep`.  No rows are copied, ever.
+* ring plane -- a block can evict live rows.  The log records each eviction
+  in sequential order: (old position, its K/V bits, the position that
+  evicted it).  One eviction per appended row at most, so the log holds at
+  most `token_count` rows.  Rollback to `keep` undoes, newest first, every
+  eviction made by a rejected position (>= start + keep) and re-derives the
+  metadata as if only `keep` rows had been appended.
+
+Worked example: capacity 4 holding 4 5 6 7, block of 3 at 8, keep 1:
+
+    block      [ 8][ 9][10][ 7]   log: (4 by 8) (5 by 9) (6 by 10)
+    undo 10    [ 8][ 9][ 6][ 7]   evictor 10 >= 9: restore 6
+    undo 9     [ 8][ 5][ 6][ 7]   evictor  9 >= 9: restore 5
+    keep 4?    evictor 8 < 9: row 4 stays evicted -> live 5 6 7 8, as if only 8 had been appended.
+
+A row of a chunk wider than the ring is "evicted" by a later row of the same
+chunk; the staged store never writes it, so the log keeps its bits from the
+chunk itself.  That is what makes keep < token_count exact in tiny geometries.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import CheckpointError
+from .plane import Plane
+
+
+@dataclass
+class PlaneUndo:
+    start: int
+    token_count: int
+    len0: int
+    origin_logical0: int
+    origin_physical0: int
+    stored: int = 0                                       # rows appended under this checkpoint
+    # (evicted position, evictor position, key row [KV, D], value row [KV, D])
+    evictions: list[tuple[int, int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+    def before_store(self, plane: Plane, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Called by `Plane.store` after its checks, before it writes anything."""
+        n = keys.shape[0]
+        if self.stored + n > self.token_count:
+            raise CheckpointError(f"layer {plane.layer}: checkpoint at {self.start} allows "
+                                  f"{self.token_count} rows, a store would make it {self.stored + n}")
+        # Sequentially, appending q evicts r = q - capacity whenever r is still live.
+        oldest = plane.origin_logical
+        for j in range(n):
+            q = start + j
+            r = q - plane.capacity
+            if r < oldest:
+                continue
+            if r < start:                                  # a row already in the plane
+                k_row, v_row = plane.read_slots(plane.slot(r), 1)
+                k_row, v_row = k_row[0], v_row[0]
+            else:                                          # a row of this same chunk
+                k_row, v_row = keys[r - start].to(plane.dtype), values[r - start].to(plane.dtype)
+            self.evictions.append((r, q, k_row.clone(), v_row.clone()))
+        self.stored += n
+
+    def retained_rows(self) -> int:
+        return len(self.evictions)
+
+    def retained_bytes(self) -> int:
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size()
+                   for _, _, k, v in self.evictions)
+
+
+class Checkpoint:
+    """An open speculative block over every plane of a session."""
+
+    def __init__(self, planes: list[Plane], start_position: int, token_count: int):
+        if token_count < 0:
+            raise CheckpointError(f"checkpoint token_count must be >= 0, got {token_count}")
+        for p in planes:
+            if p.undo is not None:
+                raise CheckpointError(f"layer {p.layer}: a checkpoint is already open")
+            if p.end != start_position:
+                raise CheckpointError(f"layer {p.layer}: checkpoint at {start_position} "
+                                      f"but the plane ends at {p.end}")
+        self.planes = planes
+        self.start_position = start_position
+        self.token_count = token_count
+        self.logs = []
+        for p in planes:
+            p.undo = PlaneUndo(start_position, token_count, p.len, p.origin_logical, p.origin_physical)
+            self.logs.append(p.undo)
+        self.open = True
+
+    def _require_open(self):
+        if not self.open:
+            raise CheckpointError(f"checkpoint at {self.start_position} is already closed")
+        for p, log in zip(self.planes, self.logs):
+            if p.undo is not log:
+                raise CheckpointError(f"layer {p.layer}: checkpoint was detached (reset or restore?)")
+
+    def commit(self) -> None:
+        """Keep everything the block appended; drop the log."""
+        self._require_open()
+        for p in self.planes:
+            p.undo = None
+        self.open = False
+
+    def rollback(self, keep: int) -> None:
+        """Return every plane to `start_position + keep`, bitwise as if only `keep` rows were appended."""
+        self._require_open()
+        stored = {log.stored for log in self.logs}
+        if len(stored) != 1:
+            raise CheckpointError(f"planes disagree on rows stored under the checkpoint: {sorted(stored)}")
+        stored = stored.pop()
+        if not 0 <= keep <= stored:
+            raise CheckpointError(f"rollback keep must be in [0, {stored}], got {keep}")
+        boundary = self.start_position + keep
+        for p, log in zip(self.planes, self.logs):
+            # Metadata first: back to the checkpoint, then re-reserve `keep` rows.
+            # The slot map (origin_physical - origin_logical) mod capacity never changes,
+            # so slots computed below agree with the state we rebuild.
+            p.len, p.origin_logical, p.origin_physical = log.len0, log.origin_logical0, log.origin_physical0
+            p.undo = None
+            p.append_batch(self.start_position, keep)
+            for r, q, k_row, v_row in reversed(log.evictions):
+                if q >= boundary:
+                    p.write_slots(p.slot(r), k_row.unsqueeze(0), v_row.unsqueeze(0))
+        self.open = False
+
+    def retained_rows(self) -> list[int]:
+        return [log.retained_rows() for log in self.logs]
+
+    def retained_bytes(self) -> list[int]:
+        return [log.retained_bytes() for log in self.logs]

@@ -1,0 +1,289 @@
+"""One layer's K/V storage and its bookkeeping: the ring plane and the growing plane.
+
+Owns: the five bookkeeping fields and their invariants, the shared append
+arithmetic (`append`, `append_batch`), writing rows (`store`), reading them in
+logical order (`logical_rows`) and laying them back with the rotation rebuilt
+(`install`).  Does not own: attention (muser.attention), the attend-before-
+overwrite protocol (`staging.py`), undo logs (`checkpoint.py`) or the cut
+contract (`snapshot.py`).
+
+Physical placement is never derived from an absolute position.  It comes
+from the origins:
+
+    slot(p) = (origin_physical + (p - origin_logical)) % capacity
+
+A ring of capacity 8 after 11 appends (numbers = positions held):
+
+    physical:  [ 8][ 9][10][ 3][ 4][ 5][ 6][ 7]
+                            ^ origin_physical = 3, origin_logical = 3, len = 8
+
+A growing plane has capacity == max_context, so `len + count <= capacity`
+always holds inside the context and the wrap branch of `append_batch` never
+runs: origin_logical == origin_physical == 0 forever and slot(p) == p.  The
+ring machinery costs it nothing but one comparison.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import CacheDiscontinuity, CacheError, CacheOverflow
+
+
+def slot_runs(first_slot: int, count: int, capacity: int) -> list[tuple[int, int, int]]:
+    """Split `count` consecutive slots starting at `first_slot` (mod capacity) into
+    at most two contiguous runs: [(slot_start, offset_in_range, length), ...]."""
+    if count == 0:
+        return []
+    head = min(count, capacity - first_slot)
+    runs = [(first_slot, 0, head)]
+    if count > head:
+        runs.append((0, head, count - head))
+    return runs
+
+
+class Plane:
+    """Bookkeeping + append arithmetic shared by both plane kinds.
+
+    Invariants (checked by `check_invariants`):
+      0 <= len <= capacity                  live rows
+      origin_logical >= 0                   position of the oldest live row
+      0 <= origin_physical < capacity       slot of that row (0 when capacity == 0)
+      origin_logical + len <= max_context   the next position to append
+      growing: origin_logical == origin_physical == 0
+    """
+
+    kind: str = "?"
+    head_major: bool = False
+
+    def __init__(self, layer: int, capacity: int, max_context: int, kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device, window: int | None):
+        if capacity < 1 or max_context < capacity:
+            raise CacheError(f"layer {layer}: capacity {capacity} must be in [1, max_context={max_context}]")
+        self.layer = layer
+        self.capacity = capacity
+        self.max_context = max_context
+        self.kv_heads = kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.window = window            # attention span applied as a mask (None = unbounded)
+        self.len = 0
+        self.origin_logical = 0
+        self.origin_physical = 0
+        self.undo = None                # an open checkpoint.PlaneUndo, or None
+
+    # ------------------------------------------------------------------ arithmetic
+    @property
+    def end(self) -> int:
+        """The next position to append (== origin_logical + len)."""
+        return self.origin_logical + self.len
+
+    def slot(self, position: int) -> int:
+        return (self.origin_physical + (position - self.origin_logical)) % self.capacity
+
+    def _check_reservation(self, start_position: int, count: int) -> None:
+        if start_position != self.end:
+            raise CacheDiscontinuity(self.layer, self.end, start_position)
+        if count < 0:
+            raise CacheError(f"layer {self.layer}: cannot reserve {count} rows")
+        if start_position + count > self.max_context:
+            raise CacheOverflow(self.layer, self.max_context, start_position + count)
+
+    def append_batch(self, start_position: int, count: int) -> tuple[int, int]:
+        """Reserve rows for positions [start, start + count); metadata only.
+
+        Returns (source_first, source_count): rows [source_first, count) of the
+        chunk still lie inside the plane after the reservation.  Worked example,
+        capacity 2,048, len 1,900, chunk of 512 at position 1,900:
+            total 2,412 > 2,048 -> overflow 364: origin_logical 0 -> 364,
+            origin_physical 0 -> 364, len -> 2,048; source_first = max(0, 364 - 1,900) = 0
+            -> (0, 512): every row of the chunk survives.
+        A chunk wider than the ring (count > capacity) loses its own head:
+            capacity 4, empty, chunk of 6 at 0 -> origin_logical 2 -> (2, 4).
+        """
+        self._check_reservation(start_position, count)
+        self._ensure_storage(start_position + count)
+        total = self.len + count
+        if total <= self.capacity:
+            self.len = total
+        else:
+            overflow = total - self.capacity
+            self.origin_logical += overflow
+            self.origin_physical = (self.origin_physical + overflow) % self.capacity
+            self.len = self.capacity
+        source_first = max(0, self.origin_logical - start_position)
+        return source_first, count - source_first
+
+    def append(self, position: int) -> int:
+        """Reserve one row for `position`; returns the slot it must be written to."""
+        self.append_batch(position, 1)
+        return self.slot(position)
+
+    # ------------------------------------------------------------------ rows
+    def _check_rows(self, keys: torch.Tensor, values: torch.Tensor, what: str) -> int:
+        want = (self.kv_heads, self.head_dim)
+        for name, t in (("keys", keys), ("values", values)):
+            if t.dim() != 3 or tuple(t.shape[1:]) != want:
+                raise CacheError(f"layer {self.layer}: {what} {name} must be [n, {want[0]}, {want[1]}], "
+                                 f"got {list(t.shape)}")
+        if keys.shape[0] != values.shape[0]:
+            raise CacheError(f"layer {self.layer}: {what} has {keys.shape[0]} key rows "
+                             f"but {values.shape[0]} value rows")
+        return keys.shape[0]
+
+    def store(self, start_position: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Reserve and write rows for positions [start, start + n).  keys/values [n, KV, D].
+
+        Every check runs before anything changes: a refused store leaves the
+        plane (and an open checkpoint's log) untouched.
+        """
+        n = self._check_rows(keys, values, "store")
+        self._check_reservation(start_position, n)
+        if self.undo is not None:
+            self.undo.before_store(self, start_position, keys, values)
+        first_slot = (self.origin_physical + self.len) % self.capacity   # slot of `start`
+        source_first, _ = self.append_batch(start_position, n)
+        first_slot = (first_slot + source_first) % self.capacity
+        self.write_slots(first_slot, keys[source_first:], values[source_first:])
+
+    def logical_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Live rows in ascending position order: ([len, KV, D], [len, KV, D]) (a copy)."""
+        return self.read_slots(self.origin_physical, self.len)
+
+    def install(self, start_position: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Lay logical rows for [start, start + n) into an empty-or-reset plane.
+
+        The rotation is rebuilt, never read from the cut:
+            rotation = start % capacity
+        which is where sequential appends would have left origin_physical.
+        Token-major: rows [0, capacity - rotation) go to slots [rotation, capacity)
+        and the rest to [0, ...); head-major does the same per head.
+        """
+        n = self._check_rows(keys, values, "install")
+        if n > self.capacity or start_position < 0 or start_position + n > self.max_context:
+            raise CacheError(f"layer {self.layer}: cannot install {n} rows at {start_position} "
+                             f"(capacity {self.capacity}, max_context {self.max_context})")
+        if self.undo is not None:
+            raise CacheError(f"layer {self.layer}: install while a checkpoint is open")
+        self._ensure_storage(start_position + n)
+        rotation = start_position % self.capacity
+        self.origin_logical, self.origin_physical, self.len = start_position, rotation, n
+        self.write_slots(rotation, keys, values)
+
+    def reset(self) -> None:
+        self.len = self.origin_logical = self.origin_physical = 0
+        self.undo = None
+
+    def check_invariants(self) -> None:
+        ok = (0 <= self.len <= self.capacity and self.origin_logical >= 0
+              and 0 <= self.origin_physical < self.capacity
+              and self.end <= self.max_context)
+        if not ok:
+            raise CacheError(f"layer {self.layer}: invariant broken: {self.metadata()}")
+
+    def metadata(self) -> dict:
+        return dict(layer=self.layer, kind=self.kind, capacity=self.capacity, len=self.len,
+                    origin_logical=self.origin_logical, origin_physical=self.origin_physical,
+                    head_major=self.head_major)
+
+    def row_bytes(self) -> int:
+        """Bytes of one row of K plus one row of V."""
+        return 2 * self.kv_heads * self.head_dim * self.dtype.itemsize
+
+    # ------------------------------------------------------------------ layout hooks
+    def read_slots(self, first_slot: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def write_slots(self, first_slot: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _ensure_storage(self, end_position: int) -> None:
+        """Make sure slots for positions up to end_position exist (growing planes grow)."""
+
+
+class RingPlane(Plane):
+    """A sliding layer's bounded ring: token-major storage [capacity, KV, D]."""
+
+    kind = "ring"
+    head_major = False
+
+    def __init__(self, layer, window, max_context, kv_heads, head_dim, dtype, device):
+        super().__init__(layer, min(max_context, window), max_context, kv_heads, head_dim,
+                         dtype, device, window)
+        shape = (self.capacity, kv_heads, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=self.device)     # [capacity, KV, D]
+        self.values = torch.zeros(shape, dtype=dtype, device=self.device)
+
+    def read_slots(self, first_slot, count):
+        if count == 0 or (first_slot == 0 and count == self.capacity):
+            return self.keys[:count].clone(), self.values[:count].clone()
+        idx = (torch.arange(count, device=self.device) + first_slot) % self.capacity
+        return self.keys.index_select(0, idx), self.values.index_select(0, idx)
+
+    def write_slots(self, first_slot, keys, values):
+        for slot, off, n in slot_runs(first_slot, keys.shape[0], self.capacity):
+            self.keys[slot:slot + n].copy_(keys[off:off + n])
+            self.values[slot:slot + n].copy_(values[off:off + n])
+
+    def allocated_bytes(self) -> int:
+        return 2 * self.keys.numel() * self.keys.element_size()
+
+
+class GrowingPlane(Plane):
+    """A full-attention layer's plane: head-major storage [KV, allocated, D] that grows.
+
+    Storage policy: allocation grows geometrically (x2, at least `min_rows`,
+    never past max_context) with a copy, or can be reserved up front with
+    `reserve(rows)` (what a CUDA graph needs: static shapes).  Physical row ==
+    logical position, so relocation is a plain copy and never changes a bit.
+    `window` is None for a true full layer; the oracle backend reuses this
+    plane for sliding layers with the window applied only as a mask.
+    """
+
+    kind = "growing"
+    head_major = True
+
+    def __init__(self, layer, max_context, kv_heads, head_dim, dtype, device,
+                 window: int | None = None, min_rows: int = 256):
+        super().__init__(layer, max_context, max_context, kv_heads, head_dim, dtype, device, window)
+        self.min_rows = min_rows
+        self.keys = torch.zeros((kv_heads, 0, head_dim), dtype=dtype, device=self.device)
+        self.values = torch.zeros_like(self.keys)                        # [KV, allocated, D]
+
+    @property
+    def allocated(self) -> int:
+        return self.keys.shape[1]
+
+    def reserve(self, rows: int) -> None:
+        rows = min(rows, self.max_context)
+        if rows <= self.allocated:
+            return
+        k = torch.zeros((self.kv_heads, rows, self.head_dim), dtype=self.dtype, device=self.device)
+        v = torch.zeros_like(k)
+        k[:, :self.len].copy_(self.keys[:, :self.len])
+        v[:, :self.len].copy_(self.values[:, :self.len])
+        self.keys, self.values = k, v
+
+    def _ensure_storage(self, end_position):
+        if end_position > self.allocated:
+            self.reserve(max(end_position, 2 * self.allocated, self.min_rows))
+
+    def read_slots(self, first_slot, count):
+        # Physical == logical: one span per head.
+        k = self.keys[:, first_slot:first_slot + count].transpose(0, 1).contiguous()
+        v = self.values[:, first_slot:first_slot + count].transpose(0, 1).contiguous()
+        return k, v
+
+    def write_slots(self, first_slot, keys, values):
+        n = keys.shape[0]
+        self.keys[:, first_slot:first_slot + n].copy_(keys.transpose(0, 1))
+        self.values[:, first_slot:first_slot + n].copy_(values.transpose(0, 1))
+
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        if self.origin_logical != 0 or self.origin_physical != 0 or self.len > self.allocated:
+            raise CacheError(f"layer {self.layer}: growing plane invariant broken: "
+                             f"{self.metadata()} allocated={self.allocated}")
+
+    def allocated_bytes(self) -> int:
+        return 2 * self.keys.numel() * self.keys.element_size()
