@@ -10,18 +10,17 @@ The two regimes, priced as rollback protocols:
   the three integers (len, origin_logical, origin_physical).  Rollback to
   `keep` rows is `len = len0 + keep`.  No rows are copied, ever.
 * ring plane -- a block can evict live rows.  The log records each eviction
-  in sequential order: (old position, its K/V bits, the position that
-  evicted it).  One eviction per appended row at most, so the log holds at
-  most `token_count` rows.  Rollback to `keep` undoes, newest first, every
-  eviction made by a rejected position (>= start + keep) and re-derives the
-  metadata as if only `keep` rows had been appended.
+  as if rows were appended one by one: appending q evicts r = q - capacity.
+  One eviction per appended row at most, so the log holds at most
+  `token_count` rows.  Rollback to `keep` re-derives the metadata as if only
+  `keep` rows had been appended and restores every row evicted by a rejected
+  position (>= start + keep) that is live again.
 
 Worked example: capacity 4 holding 4 5 6 7, block of 3 at 8, keep 1:
 
-    block      [ 8][ 9][10][ 7]   log: (4 by 8) (5 by 9) (6 by 10)
-    undo 10    [ 8][ 9][ 6][ 7]   evictor 10 >= 9: restore 6
-    undo 9     [ 8][ 5][ 6][ 7]   evictor  9 >= 9: restore 5
-    keep 4?    evictor 8 < 9: row 4 stays evicted -> live 5 6 7 8, as if only 8 had been appended.
+    block      [ 8][ 9][10][ 7]   log: 4 (by 8), 5 (by 9), 6 (by 10)
+    keep 1     boundary 9: restore r in [9 - 4, 9) that was evicted -> 5, 6
+               [ 8][ 5][ 6][ 7]   live 5 6 7 8, as if only 8 had been appended.
 
 A row of a chunk wider than the ring is "evicted" by a later row of the same
 chunk; the staged store never writes it, so the log keeps its bits from the
@@ -45,8 +44,10 @@ class PlaneUndo:
     origin_logical0: int
     origin_physical0: int
     stored: int = 0                                       # rows appended under this checkpoint
-    # (evicted position, evictor position, key row [KV, D], value row [KV, D])
-    evictions: list[tuple[int, int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # Runs of evicted rows: (first evicted position r0, keys [m, KV, D], values [m, KV, D]).
+    # Row i of a run is position r0 + i, evicted by position r0 + i + capacity.
+    # Every position is evicted at most once, so runs never overlap.
+    evictions: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
     def before_store(self, plane: Plane, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Called by `Plane.store` after its checks, before it writes anything."""
@@ -54,27 +55,25 @@ class PlaneUndo:
         if self.stored + n > self.token_count:
             raise CheckpointError(f"layer {plane.layer}: checkpoint at {self.start} allows "
                                   f"{self.token_count} rows, a store would make it {self.stored + n}")
-        # Sequentially, appending q evicts r = q - capacity whenever r is still live.
-        oldest = plane.origin_logical
-        for j in range(n):
-            q = start + j
-            r = q - plane.capacity
-            if r < oldest:
-                continue
-            if r < start:                                  # a row already in the plane
-                k_row, v_row = plane.read_slots(plane.slot(r), 1)
-                k_row, v_row = k_row[0], v_row[0]
-            else:                                          # a row of this same chunk
-                k_row, v_row = keys[r - start].to(plane.dtype), values[r - start].to(plane.dtype)
-            self.evictions.append((r, q, k_row.clone(), v_row.clone()))
+        # Sequentially, appending q evicts r = q - capacity whenever r is still live:
+        #   r in [max(oldest, start - capacity), start + n - capacity)
+        cap = plane.capacity
+        lo, hi = max(plane.origin_logical, start - cap), start + n - cap
+        if lo < min(hi, start):                      # rows already in the plane
+            k, v = plane.read_slots(plane.slot(lo), min(hi, start) - lo)
+            self.evictions.append((lo, k, v))
+        if max(lo, start) < hi:                      # rows of this same chunk (never written)
+            a, b = max(lo, start) - start, hi - start
+            self.evictions.append((start + a, keys[a:b].to(plane.dtype).clone(),
+                                   values[a:b].to(plane.dtype).clone()))
         self.stored += n
 
     def retained_rows(self) -> int:
-        return len(self.evictions)
+        return sum(k.shape[0] for _, k, _ in self.evictions)
 
     def retained_bytes(self) -> int:
         return sum(k.numel() * k.element_size() + v.numel() * v.element_size()
-                   for _, _, k, v in self.evictions)
+                   for _, k, v in self.evictions)
 
 
 class Checkpoint:
@@ -129,9 +128,12 @@ class Checkpoint:
             p.len, p.origin_logical, p.origin_physical = log.len0, log.origin_logical0, log.origin_physical0
             p.undo = None
             p.append_batch(self.start_position, keep)
-            for r, q, k_row, v_row in reversed(log.evictions):
-                if q >= boundary:
-                    p.write_slots(p.slot(r), k_row.unsqueeze(0), v_row.unsqueeze(0))
+            # Restore what rejected positions (>= boundary) evicted and is live again:
+            # r in [boundary - capacity, boundary).  Those slots are distinct, so order is free.
+            for r0, k, v in log.evictions:
+                lo, hi = max(r0, boundary - p.capacity), min(r0 + k.shape[0], boundary)
+                if lo < hi:
+                    p.write_slots(p.slot(lo), k[lo - r0:hi - r0], v[lo - r0:hi - r0])
         self.open = False
 
     def retained_rows(self) -> list[int]:
