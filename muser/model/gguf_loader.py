@@ -1,0 +1,122 @@
+"""Load a GGUF file into (ModelSpec, Weights).
+
+Owns: the GGUF tensor names -> `Weights` fields map, llama.cpp's q/k row
+permutation (undone for the `llama` arch only), and raw Q8_0 access for an
+int8 path (`raw_q8_0`).
+Does not own: header parsing (`gguf_file`), block formats (`dequant`), the
+layer map (`spec`).
+
+Facts this relies on (checked by tests/model/test_gguf.py against transformers):
+  * gemma3 GGUFs store norm weights WITH Gemma's +1 folded in (the converter
+    adds it), i.e. already effective -- nothing to add here;
+  * llama.cpp permutes attn_q / attn_k rows for `llama` so its pairwise RoPE
+    works; gemma3 and qwen2 use NEOX-style RoPE and are not permuted.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType
+
+from muser.config import ModelSpec
+from muser.errors import ModelFormatError
+from muser.model.dequant import dequantize, q8_0_blocks
+from muser.model.gguf_file import GGUFFile
+from muser.model.spec import spec_from_gguf
+from muser.model.weights import LayerWeights, Weights
+
+# GGUF per-layer suffix -> LayerWeights field
+_LAYER = {
+    "attn_norm.weight": "attn_norm",
+    "attn_q.weight": "wq", "attn_k.weight": "wk", "attn_v.weight": "wv", "attn_output.weight": "wo",
+    "attn_q.bias": "bq", "attn_k.bias": "bk", "attn_v.bias": "bv", "attn_output.bias": "bo",
+    "attn_q_norm.weight": "q_norm", "attn_k_norm.weight": "k_norm",
+    "post_attention_norm.weight": "post_attn_norm",
+    "ffn_norm.weight": "pre_ffn_norm",
+    "post_ffw_norm.weight": "post_ffn_norm",
+    "ffn_gate.weight": "w_gate", "ffn_up.weight": "w_up", "ffn_down.weight": "w_down",
+}
+_IGNORED = {"rope_freqs.weight"}       # llama3 rope factors: refused by the spec before we get here
+_PERMUTED_ARCHS = {"llama"}
+
+
+def _open(reader_or_path):
+    return GGUFFile(reader_or_path) if isinstance(reader_or_path, (str, Path)) else reader_or_path
+
+
+def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo convert_hf_to_gguf's `permute` of q/k rows: per head, rows were reordered
+    from [half0 | half1] to interleaved pairs; put them back for half-rotation RoPE."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def load_gguf(path, dtype: torch.dtype = torch.float32, progress: bool = True,
+              max_context: int | None = None) -> tuple[ModelSpec, Weights, GGUFFile]:
+    """(spec, weights on CPU in `dtype` (norms float32), the open `GGUFFile`)."""
+    r = _open(path)
+    spec = spec_from_gguf(r, max_context=max_context)
+    arch = r.fields.get("general.architecture") if isinstance(r, GGUFFile) else spec.architecture
+    _prefetch(r)
+    top: dict[str, torch.Tensor] = {}
+    per_layer: list[dict[str, torch.Tensor]] = [{} for _ in range(spec.num_layers)]
+    it = r.tensors
+    if progress:
+        from tqdm.auto import tqdm
+        it = tqdm(it, desc=f"loading {Path(getattr(r, 'path', path)).name}", unit="tensor", leave=False)
+    for t in it:
+        name = t.name
+        if name in _IGNORED:
+            continue
+        field = _LAYER.get(name.split(".", 2)[-1]) if name.startswith("blk.") else None
+        # norms are kept float32 whatever the matrices' dtype (the norms run in float32)
+        is_norm = (field or "").endswith("norm") or name == "output_norm.weight"
+        w = dequantize(t.data, t.tensor_type, torch.float32 if is_norm else dtype)
+        if name.startswith("blk."):
+            idx = name.split(".", 2)[1]
+            if field is None:
+                raise ModelFormatError(f"GGUF tensor {name!r} has no place in muser's weights")
+            if arch in _PERMUTED_ARCHS and field in ("wq", "bq"):
+                w = _unpermute(w, spec.num_heads)
+            elif arch in _PERMUTED_ARCHS and field in ("wk", "bk"):
+                w = _unpermute(w, spec.num_kv_heads)
+            per_layer[int(idx)][field] = w
+        elif name in ("token_embd.weight", "output_norm.weight", "output.weight"):
+            top[name] = w
+        else:
+            raise ModelFormatError(f"GGUF tensor {name!r} has no place in muser's weights")
+    try:
+        layers = [LayerWeights(**d) for d in per_layer]
+    except TypeError as e:
+        raise ModelFormatError(f"GGUF is missing layer tensors: {e}") from None
+    weights = Weights(embed=top["token_embd.weight"], final_norm=top["output_norm.weight"],
+                      layers=layers, lm_head=top.get("output.weight"))
+    return spec, weights.to(None, dtype), r
+
+
+def _prefetch(r) -> None:
+    """Read the file once, sequentially, before touching the memory map: on these VMs a
+    cold mmap faults page by page (~5 s for 250 MB) where one buffered read takes ~0.2 s."""
+    path = getattr(r, "path", None)
+    if path is None:
+        return
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(1 << 24)
+        while f.readinto(buf):
+            pass
+
+
+def raw_q8_0(reader_or_path, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q8_0 tensor's blocks without dequantizing: (qs int8 [rows, cols],
+    scales float32 [rows, cols // 32]); value[r, c] = qs[r, c] * scales[r, c // 32].
+    Works on a `GGUFFile` or a `gguf.GGUFReader`."""
+    r = _open(reader_or_path)
+    t = next((x for x in r.tensors if x.name == name), None)
+    if t is None:
+        raise ModelFormatError(f"GGUF has no tensor named {name!r}")
+    if int(t.tensor_type) != int(GGMLQuantizationType.Q8_0):
+        raise ModelFormatError(f"tensor {name!r} is {GGMLQuantizationType(int(t.tensor_type)).name}, not Q8_0")
+    data = np.asarray(t.data)
+    return q8_0_blocks(data.reshape(-1, data.shape[-1]))

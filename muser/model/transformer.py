@@ -1,0 +1,174 @@
+"""The transformer as plain functions of tensors (gpt-fast style).
+
+Owns: the per-token maths of every supported architecture -- embedding, norms,
+q/k/v projection, qk-norm, RoPE (half-rotation and interleaved; NoPE layers
+skip it), the MLP, the residual wiring (sequential, Gemma sandwich, Cohere
+parallel) and the output head (soft-cap, logit scale).
+Does not own: any KV storage or attention over stored keys.  `layer_forward`
+hands this layer's fresh q/k/v to the caller's `attend` callback, which stores
+k/v wherever it keeps them and returns the attention output.  Which layer is
+sliding, its window and its RoPE base come from the spec, never from here.
+
+Dtypes: matmuls run in the weights' dtype; norms, RoPE and the logits run in
+float32 (the numerics need it), each casting back to the activation dtype.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from muser.config import LayerSpec, ModelSpec
+from muser.model.weights import LayerWeights, Weights
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+# ----------------------------------------------------------------------------- RoPE
+_ROPE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def rope_tables(theta: float, scale: float, head_dim: int, device, length: int):
+    """(cos, sin), each float32 [L >= length, head_dim/2], cached per (theta, scale, head_dim, device).
+
+    Computed the way transformers does (float32 inverse frequencies, linear
+    scaling divides them, float32 position x frequency), so angles agree bitwise.
+    """
+    device = torch.device(device)
+    key = (float(theta), float(scale), int(head_dim), device)
+    hit = _ROPE.get(key)
+    if hit is not None and hit[0].shape[0] >= length:
+        return hit
+    n = 1024
+    while n < length:
+        n *= 2
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    if scale != 1.0:
+        inv = inv / scale
+    freqs = torch.arange(n, dtype=torch.float32, device=device)[:, None] * inv[None, :]   # [n, D/2]
+    _ROPE[key] = (freqs.cos(), freqs.sin())
+    return _ROPE[key]
+
+
+def rope_for(spec: ModelSpec, ls: LayerSpec, positions: torch.Tensor):
+    """cos, sin float32 [T, D/2] for this layer's RoPE at `positions` [T]."""
+    # On CPU size the table to what is asked; elsewhere build it once for the whole
+    # context, so no step ever reads a position back to the host (a device sync).
+    need = int(positions.max()) + 1 if positions.device.type == "cpu" else spec.max_context
+    cos, sin = rope_tables(ls.rope_theta, ls.rope_scale, spec.head_dim, positions.device, need)
+    return cos[positions], sin[positions]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Rotate x [T, N, D] by cos/sin [T, D/2] in float32; returns x's dtype.
+
+    half-rotation (Llama, Gemma): pairs (x[i], x[i + D/2]);
+    interleaved (Cohere): pairs (x[2i], x[2i + 1]).
+    """
+    xf = x.float()
+    c, s = cos[:, None, :], sin[:, None, :]                       # [T, 1, D/2]
+    if interleaved:
+        x0, x1 = xf[..., 0::2], xf[..., 1::2]
+        out = torch.stack((x0 * c - x1 * s, x1 * c + x0 * s), dim=-1).flatten(-2)
+    else:
+        h = xf.shape[-1] // 2
+        x0, x1 = xf[..., :h], xf[..., h:]
+        out = torch.cat((x0 * c - x1 * s, x1 * c + x0 * s), dim=-1)
+    return out.to(x.dtype)
+
+
+# ----------------------------------------------------------------------------- pieces
+def norm(x: torch.Tensor, w: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
+    """RMS norm or (bias-free) layer norm over the last dim, in float32; w is effective."""
+    xf = x.float()
+    if spec.norm == "rms":
+        out = F.rms_norm(xf, (xf.shape[-1],), w, spec.norm_eps)
+    else:
+        out = F.layer_norm(xf, (xf.shape[-1],), w, None, spec.norm_eps)
+    return out.to(x.dtype)
+
+
+def _act(x: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh") if spec.activation == "gelu_tanh" else F.silu(x)
+
+
+def mlp(lw: LayerWeights, spec: ModelSpec, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(_act(F.linear(x, lw.w_gate), spec) * F.linear(x, lw.w_up), lw.w_down)
+
+
+# ----------------------------------------------------------------------------- model
+def embed(weights: Weights, spec: ModelSpec, ids: torch.Tensor) -> torch.Tensor:
+    """ids [T] int64 -> h [T, hidden] in the weights' dtype."""
+    h = F.embedding(ids, weights.embed)
+    if spec.embed_scale != 1.0:
+        # Gemma rounds the scale to the activation dtype first (bf16: sqrt(640) -> 25.25)
+        h = h * torch.tensor(spec.embed_scale, dtype=h.dtype)
+    return h
+
+
+def layer_forward(lw: LayerWeights, spec: ModelSpec, ls: LayerSpec, h: torch.Tensor,
+                  positions: torch.Tensor, attend: Attend) -> torch.Tensor:
+    """One decoder layer.  h [T, hidden], positions [T] int64 -> h [T, hidden].
+
+    `attend(q [T,H,D], k [T,KV,D], v [T,KV,D]) -> [T,H,D]` receives q/k already
+    qk-normed and rotated (NoPE layers: not rotated) and v as projected.
+    """
+    T = h.shape[0]
+    H, KV, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
+    x = norm(h, lw.attn_norm, spec)
+    q = F.linear(x, lw.wq, lw.bq).view(T, H, D)
+    k = F.linear(x, lw.wk, lw.bk).view(T, KV, D)
+    v = F.linear(x, lw.wv, lw.bv).view(T, KV, D)
+    if spec.qk_norm:
+        q, k = norm(q, lw.q_norm, spec), norm(k, lw.k_norm, spec)
+    if ls.rope:
+        cos, sin = rope_for(spec, ls, positions)
+        q = apply_rope(q, cos, sin, spec.rope_interleaved)
+        k = apply_rope(k, cos, sin, spec.rope_interleaved)
+    a = attend(q, k, v)                                            # [T, H, D]
+    o = F.linear(a.reshape(T, H * D).to(h.dtype), lw.wo, lw.bo)    # [T, hidden]
+    if spec.parallel_block:                                        # Cohere: both read the same x
+        return h + o + mlp(lw, spec, x)
+    if spec.sandwich_norm:
+        o = norm(o, lw.post_attn_norm, spec)
+    h = h + o
+    x = norm(h, lw.pre_ffn_norm, spec)
+    m = mlp(lw, spec, x)
+    if spec.sandwich_norm:
+        m = norm(m, lw.post_ffn_norm, spec)
+    return h + m
+
+
+def final_hidden(weights: Weights, spec: ModelSpec, h: torch.Tensor) -> torch.Tensor:
+    return norm(h, weights.final_norm, spec)
+
+
+def logits(weights: Weights, spec: ModelSpec, h_normed: torch.Tensor) -> torch.Tensor:
+    """h_normed [T, hidden] -> float32 [T, vocab], logit scale and final soft-cap applied."""
+    out = F.linear(h_normed, weights.output).float()
+    if spec.logit_scale != 1.0:
+        out = out * spec.logit_scale
+    if spec.final_logit_softcap:
+        cap = spec.final_logit_softcap
+        out = torch.tanh(out / cap) * cap
+    return out
+
+
+# ----------------------------------------------------------------------------- oracle
+def forward_reference(weights: Weights, spec: ModelSpec, ids, all_logits: bool = True) -> torch.Tensor:
+    """Full recompute over `ids` with the reference attention (no cache): float32 logits
+    [T, vocab] (or [1, vocab] for the last token).  The specification other paths are tested against."""
+    from muser.attention.reference import attention, visibility_mask
+    dev = weights.device
+    ids = torch.as_tensor(ids, dtype=torch.long, device=dev)
+    pos = torch.arange(ids.shape[0], device=dev)
+    h = embed(weights, spec, ids)
+    for lw, ls in zip(weights.layers, spec.layers):
+        mask = visibility_mask(pos, pos, ls.window)
+
+        def attend(q, k, v, mask=mask):
+            return attention(q, k, v, mask, spec.scale, spec.attn_logit_softcap)
+        h = layer_forward(lw, spec, ls, h, pos, attend)
+    if not all_logits:
+        h = h[-1:]
+    return logits(weights, spec, final_hidden(weights, spec, h))
