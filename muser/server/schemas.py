@@ -1,0 +1,236 @@
+"""OpenAI request shapes (validated, strict) and the response dicts the server sends.
+
+Owns: what a well-formed /v1/chat/completions and /v1/completions body is --
+types are strict (no "1" for 1, no 1 for true), unknown fields are refused,
+values are range-checked, and OpenAI parameters the server does not implement
+are refused unless they carry their no-op default -- and the JSON shapes of
+completions, chunks, usage and errors.  Does not own: limits that depend on
+the loaded model (max_context, vocab; app.py checks those) or HTTP status
+codes (http_errors.py).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+
+from ..errors import RequestError
+
+MAX_TOKENS_CAP = 1 << 20          # "absurd" beyond this, whatever the model
+INT64 = (-(1 << 63), (1 << 64) - 1)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[StrictStr, list[TextPart], None] = None
+    name: StrictStr | None = None
+    tool_call_id: StrictStr | None = None
+    tool_calls: list | None = None
+    refusal: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _content(self):
+        if self.tool_calls:
+            raise ValueError("tool calls are not supported by this server")
+        if self.content is None:
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content or [])
+
+    def plain(self) -> dict:
+        """The message the context policy and the chat template see."""
+        role = "system" if self.role == "developer" else self.role
+        return {"role": role, "content": self.text()}
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    include_obfuscation: bool | None = None
+
+
+Stop = Union[StrictStr, Annotated[list[Annotated[StrictStr, Field(min_length=1, max_length=512)]],
+                                  Field(max_length=4)], None]
+
+
+class _Sampling(_Strict):
+    model: Annotated[StrictStr, Field(min_length=1, max_length=256)]
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[StrictInt, Field(ge=0, le=1 << 20)] | None = None     # extension
+    seed: Annotated[StrictInt, Field(ge=INT64[0], le=INT64[1])] | None = None
+    stop: Stop = None
+    n: Annotated[StrictInt, Field(ge=1, le=128)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: StrictStr | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    logit_bias: dict | None = None
+    metadata: dict | None = None
+    store: bool | None = None
+    service_tier: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _supported(self):
+        if self.n != 1:
+            raise ValueError(f"n must be 1 on this server (got {self.n}): send one request per choice")
+        if isinstance(self.stop, str) and not self.stop:
+            raise ValueError("stop must be a non-empty string or a list of them")
+        if self.frequency_penalty or self.presence_penalty:
+            raise ValueError("frequency_penalty and presence_penalty are not supported (only 0)")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS_CAP)] | None = None
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS_CAP)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: StrictInt | None = None
+    tools: list | None = None
+    tool_choice: Union[StrictStr, dict, None] = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict | None = None
+    modalities: list[StrictStr] | None = None
+    reasoning_effort: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _chat_supported(self):
+        if self.logprobs or self.top_logprobs:
+            raise ValueError("logprobs are not supported")
+        if self.tools:
+            raise ValueError("tools are not supported by this server")
+        if self.tool_choice not in (None, "none", "auto"):
+            raise ValueError("tool_choice is not supported by this server")
+        if self.response_format and self.response_format.get("type") not in ("text", None):
+            raise ValueError("response_format other than text is not supported")
+        if self.modalities and self.modalities != ["text"]:
+            raise ValueError("only the text modality is supported")
+        if self.max_tokens is not None and self.max_completion_tokens is not None \
+                and self.max_tokens != self.max_completion_tokens:
+            raise ValueError("max_tokens and max_completion_tokens disagree; send one")
+        return self
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def plain_messages(self) -> list[dict]:
+        return [m.plain() for m in self.messages]
+
+
+TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[StrictStr, TokenIds, Annotated[list[StrictStr], Field(min_length=1, max_length=1)],
+                  Annotated[list[TokenIds], Field(min_length=1, max_length=1)]]
+    max_tokens: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS_CAP)] | None = 16
+    echo: bool = False
+    suffix: StrictStr | None = None
+    best_of: StrictInt | None = None
+    logprobs: StrictInt | None = None
+
+    @model_validator(mode="after")
+    def _completion_supported(self):
+        if self.echo:
+            raise ValueError("echo is not supported")
+        if self.suffix:
+            raise ValueError("suffix (insertion) is not supported")
+        if self.best_of not in (None, 1):
+            raise ValueError("best_of must be 1 on this server")
+        if self.logprobs:
+            raise ValueError("logprobs are not supported")
+        if isinstance(self.prompt, str) and not self.prompt:
+            raise ValueError("prompt must not be empty")
+        return self
+
+    def single_prompt(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            p = p[0]
+        if isinstance(p, str) and not p:
+            raise RequestError("prompt must not be empty")
+        return p
+
+
+# --------------------------------------------------------------------------- responses
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt: int, completion: int, cached: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def chat_response(rid: str, model: str, text: str, finish: str, use: dict, ext: dict) -> dict:
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": finish, "logprobs": None}],
+            "usage": use, "system_fingerprint": None, "muser": ext}
+
+
+def chat_chunk(rid: str, model: str, delta: dict, finish: str | None, ext: dict | None = None,
+               use: dict | None = None, empty: bool = False) -> dict:
+    out = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
+           "model": model, "system_fingerprint": None,
+           "choices": [] if empty else [{"index": 0, "delta": delta, "finish_reason": finish,
+                                         "logprobs": None}]}
+    if use is not None:
+        out["usage"] = use
+    if ext is not None:
+        out["muser"] = ext
+    return out
+
+
+def completion_response(rid: str, model: str, text: str, finish: str, use: dict, ext: dict) -> dict:
+    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+            "usage": use, "system_fingerprint": None, "muser": ext}
+
+
+def completion_chunk(rid: str, model: str, text: str, finish: str | None, ext: dict | None = None,
+                     use: dict | None = None, empty: bool = False) -> dict:
+    out = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+           "system_fingerprint": None,
+           "choices": [] if empty else [{"index": 0, "text": text, "finish_reason": finish,
+                                         "logprobs": None}]}
+    if use is not None:
+        out["usage"] = use
+    if ext is not None:
+        out["muser"] = ext
+    return out
+
+
+def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
