@@ -1,0 +1,178 @@
+"""The FastAPI application: routes, auth, error shape, lifespan.
+
+Owns: `create_app(engine, ServerConfig)` -- the HTTP surface (chat and text
+completions, models, health, metrics, slot save / restore), the exception
+handlers that answer every failure in OpenAI's error shape (never a
+traceback; bad input is always 4xx), and starting / stopping the worker.
+Does not own: serving logic (service.py), validation (schemas.py), the slot
+pool (slots.py) or the context policy (policy.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from .config import ServerConfig
+from .http_errors import (InvalidRequest, NotFound, ServerError, to_http)
+from .persist import pack_path, parse_slot_id, restore_slot, save_slot
+from .policy import RawReplay
+from .schemas import ChatCompletionRequest, CompletionRequest
+from .service import ServerState
+
+log = logging.getLogger("muser.server")
+
+
+def _error(exc: ServerError) -> JSONResponse:
+    headers = {"retry-after": "1"} if exc.status in (429, 503) else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
+    config = config or ServerConfig()
+    state = ServerState(engine, config)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        state.pool.loop = asyncio.get_running_loop()
+        state.scheduler.start()
+        log.info("serving %s on %d slot(s), max_context %d, reserve %d, policy %s",
+                 state.model_id, len(state.pool.slots), state.max_context,
+                 state.limits.output_reserve, state.limits.policy)
+        try:
+            yield
+        finally:
+            state.scheduler.stop()
+
+    app = FastAPI(title="muser", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.muser = state
+
+    # ------------------------------------------------------------------ errors
+    @app.exception_handler(ServerError)
+    async def _server_error(request, exc: ServerError):
+        return _error(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc: StarletteHTTPException):
+        if exc.status_code == 404:
+            return _error(NotFound(f"no route {request.method} {request.url.path}"))
+        err = ServerError(str(exc.detail))
+        err.status, err.type, err.code = exc.status_code, "invalid_request_error", None
+        return _error(err)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request, exc):
+        return _error(InvalidRequest(f"invalid request: {exc.errors()[:3]}"))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request, exc: Exception):
+        err = to_http(exc)
+        if err.status >= 500:
+            log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+        return _error(err)
+
+    # ------------------------------------------------------------------ routes
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        state.check_auth(request)
+        req = await state.parse(request, ChatCompletionRequest)
+        state.check_model(req.model)
+        state.pool.check_healthy()
+        messages = req.plain_messages()
+        candidate, _ = await asyncio.to_thread(state.chat_candidates, messages)
+        return await state.serve(request, req, candidate, chat=True, max_tokens=req.token_limit,
+                                 replay=lambda plan: plan.replay)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        state.check_auth(request)
+        req = await state.parse(request, CompletionRequest)
+        state.check_model(req.model)
+        state.pool.check_healthy()
+        candidate, tokens = await asyncio.to_thread(state.raw_candidates, req.single_prompt())
+
+        def replay(plan):
+            if not plan.shifted:
+                return None
+            return lambda epoch: RawReplay(tuple(tokens[:plan.prefix]), plan.suffix_start, epoch)
+        return await state.serve(request, req, candidate, chat=False, max_tokens=req.max_tokens,
+                                 replay=replay)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        state.check_auth(request)
+        return {"object": "list", "data": [_model_card(state)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str):
+        state.check_auth(request)
+        state.check_model(model_id)
+        return _model_card(state)
+
+    @app.get("/health")
+    async def health():
+        pool = state.pool
+        body = {"model": state.model_id, "slots": len(pool.slots), "busy": pool.busy_count,
+                "queued": pool.queue_depth}
+        if pool.healthy:
+            return JSONResponse({"status": "healthy", **body})
+        return JSONResponse({"status": "unhealthy", "reason": pool.unhealthy_reason, **body},
+                            status_code=503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(state.metrics.render(),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def _slot_file_op(request: Request, slot_id: str, op: str):
+        state.check_auth(request)
+        sid = parse_slot_id(slot_id, len(state.pool.slots))
+        body = await request.body()
+        filename = None
+        if body.strip():
+            try:
+                data = json.loads(body.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                raise InvalidRequest("the body must be a JSON object like "
+                                     '{"filename": "name.pack"}') from None
+            if not isinstance(data, dict) or set(data) - {"filename"}:
+                raise InvalidRequest('the body must be a JSON object like {"filename": "name.pack"}')
+            filename = data.get("filename")
+        path = pack_path(state.config.session_dir, filename, sid)
+        slot = state.pool.lease_slot(sid)
+        try:
+            if op == "save":
+                return await asyncio.to_thread(save_slot, slot, path, state.config.pack_key)
+            return await asyncio.to_thread(restore_slot, engine, slot, path, state.config.pack_key)
+        finally:
+            state.pool.release(slot)
+
+    @app.post("/v1/slots/{slot_id}/save")
+    async def save(request: Request, slot_id: str):
+        return await _slot_file_op(request, slot_id, "save")
+
+    @app.post("/v1/slots/{slot_id}/restore")
+    async def restore(request: Request, slot_id: str):
+        return await _slot_file_op(request, slot_id, "restore")
+
+    @app.get("/v1/slots")
+    async def slots(request: Request):
+        state.check_auth(request)
+        return {"object": "list", "data": [
+            {"id": s.id, "busy": s.busy, "position": len(s.tokens), "context_epoch": s.epoch}
+            for s in state.pool.slots]}
+
+    return app
+
+
+def _model_card(state: ServerState) -> dict:
+    return {"id": state.model_id, "object": "model", "created": int(time.time()),
+            "owned_by": "muser", "max_context": state.max_context}

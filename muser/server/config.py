@@ -1,0 +1,55 @@
+"""`ServerConfig`: every setting of `muser serve`, frozen and validated.
+
+Owns: the server's knobs and their defaults.  Does not own: the engine's
+settings (muser.config.EngineConfig) or parsing flags (cli.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    model_id: str | None = None             # served id; None -> the name the engine was loaded by
+    slots: int = 4
+    max_context: int | None = None          # None -> the engine's max_context
+    context_policy: Literal["shift", "error"] = "shift"
+    output_reserve: int | None = None       # None -> min(256, max_context // 4)
+    keep: int = 0                           # completions: raw prefix kept by a shift (after BOS)
+    queue_size: int = 64                    # requests waiting for a slot before 429
+    queue_timeout: float = 60.0             # seconds a request may wait before 429
+    session_dir: str | None = None          # enables /v1/slots/{id}/save and /restore
+    pack_key: bytes | None = None           # HMAC key for session packs
+    max_body_bytes: int = 8 << 20
+    batch_decode: bool = True               # one engine.decode_batch step for all active slots
+
+    def __post_init__(self):
+        if not 1 <= self.slots <= 256:
+            raise ValueError(f"slots must be in [1, 256], got {self.slots}")
+        if self.context_policy not in ("shift", "error"):
+            raise ValueError(f"context policy must be shift or error, got {self.context_policy!r}")
+        if self.max_context is not None and self.max_context < 2:
+            raise ValueError(f"max_context must be >= 2, got {self.max_context}")
+        if self.output_reserve is not None and self.output_reserve < 0:
+            raise ValueError(f"output_reserve must be >= 0, got {self.output_reserve}")
+        if self.keep < 0:
+            raise ValueError(f"keep must be >= 0, got {self.keep}")
+        if self.queue_size < 0 or self.queue_timeout <= 0:
+            raise ValueError("queue_size must be >= 0 and queue_timeout > 0")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in [1, 65535], got {self.port}")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must not be empty (leave it unset to disable auth)")
+
+    def effective_max_context(self, engine_max: int) -> int:
+        return min(self.max_context or engine_max, engine_max)
+
+    def effective_reserve(self, max_context: int) -> int:
+        r = self.output_reserve if self.output_reserve is not None else min(256, max_context // 4)
+        if r >= max_context:
+            raise ValueError(f"output_reserve ({r}) must be below max_context ({max_context})")
+        return r

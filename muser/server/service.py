@@ -1,0 +1,231 @@
+"""Serving one request: prompt -> plan -> slot lease -> worker job -> OpenAI response.
+
+Owns: `ServerState` (the engine, the slot pool, the worker, metrics, the
+limits), turning a validated chat or completion request into per-slot
+candidates (the fresh plan, or a plan that continues a slot's shifted
+lineage), waiting for a slot while watching for the client to leave, and
+shaping the job's events into a JSON body or an SSE stream.
+Does not own: validation (schemas.py), placement (slots.py), model steps
+(scheduler.py), routes (app.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from typing import Any, Callable
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..engine.sampling import SamplingParams
+from ..errors import RequestError
+from .config import ServerConfig
+from .http_errors import AuthError, InvalidRequest, ModelNotFound, PayloadTooLarge
+from .metrics import Metrics
+from .policy import (Limits, RawReplay, ReplayPlan, match_lineage, plan_chat, plan_raw,
+                     plan_raw_continuation)
+from .responses import ClientWatch, Formatter, SSEResponse
+from .scheduler import Job, Scheduler
+from .slots import Candidate, Slot, SlotPool
+
+log = logging.getLogger("muser.server")
+
+
+class ServerState:
+    def __init__(self, engine, config: ServerConfig):
+        self.engine, self.config = engine, config
+        self.model_id = config.model_id or engine.name
+        self.max_context = config.effective_max_context(engine.max_context)
+        self.limits = Limits(self.max_context, config.effective_reserve(self.max_context),
+                             config.context_policy, config.keep)
+        self.metrics = Metrics()
+        self.pool = SlotPool([engine.new_session() for _ in range(config.slots)],
+                             engine.new_session(), config.queue_size, config.queue_timeout)
+        self.scheduler = Scheduler(engine, self.pool, self.metrics, self.max_context,
+                                   config.batch_decode)
+        self.bos = engine.spec.bos_token_id
+        m = self.metrics
+        m.gauge("slots_total", "serving slots", lambda: len(self.pool.slots))
+        m.gauge("slots_busy", "slots serving a request", lambda: self.pool.busy_count)
+        m.gauge("queue_depth", "requests waiting for a slot", lambda: self.pool.queue_depth)
+        m.gauge("healthy", "1 while the model pool is healthy", lambda: float(self.pool.healthy))
+
+    # ------------------------------------------------------------------ gates
+    def check_auth(self, request: Request) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        header = request.headers.get("authorization", "")
+        if not header:
+            raise AuthError("missing API key: send 'Authorization: Bearer <key>'")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise AuthError("incorrect API key provided")
+
+    def check_model(self, model: str) -> None:
+        if model != self.model_id:
+            raise ModelNotFound(f"the model {model!r} does not exist; this server serves "
+                                f"{self.model_id!r}", param="model")
+
+    async def parse(self, request: Request, cls):
+        n = request.headers.get("content-length")
+        if n is not None and n.isdigit() and int(n) > self.config.max_body_bytes:
+            raise PayloadTooLarge(f"request body of {n} bytes exceeds {self.config.max_body_bytes}")
+        body = await request.body()
+        if len(body) > self.config.max_body_bytes:
+            raise PayloadTooLarge(f"request body exceeds {self.config.max_body_bytes} bytes")
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InvalidRequest(f"the request body is not valid UTF-8 (byte {e.start})") from None
+        try:
+            return cls.model_validate_json(body)
+        except ValueError as e:            # pydantic ValidationError
+            errs = getattr(e, "errors", lambda: [])()
+            if not errs:
+                raise InvalidRequest(f"invalid request: {e}") from None
+            parts = []
+            for err in errs[:3]:
+                loc = ".".join(str(x) for x in err.get("loc", ()))
+                parts.append(f"{loc + ': ' if loc else ''}{err.get('msg', 'invalid')}")
+            first = ".".join(str(x) for x in errs[0].get("loc", ())) or None
+            raise InvalidRequest("invalid request: " + "; ".join(parts), param=first) from None
+
+    # ------------------------------------------------------------------ candidates
+    def render_chat(self, messages: list[dict]) -> list[int]:
+        try:
+            ids = self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except RequestError:
+            raise
+        except Exception as e:             # noqa: BLE001 -- a template's refusal is a bad request
+            raise InvalidRequest(f"the chat template refused these messages: {e}") from None
+        return list(ids)
+
+    def chat_candidates(self, messages: list[dict]) -> tuple[Callable[[Slot], Candidate], Any]:
+        rendered: dict[tuple, list[int]] = {}
+
+        def render(ms: list[dict]) -> list[int]:
+            key = tuple(id(m) for m in ms)
+            if key not in rendered:
+                rendered[key] = self.render_chat(list(ms))
+            return rendered[key]
+
+        count = lambda ms: len(render(ms))           # noqa: E731
+        fresh = plan_chat(messages, count, self.limits)
+        log.info("chat plan: %s", fresh.reason)
+        fresh_c = Candidate(render(fresh.messages()), fresh, fresh.shifted)
+        by_start: dict[int, Candidate] = {}
+
+        def candidate(slot: Slot) -> Candidate:
+            r = slot.replay
+            if isinstance(r, ReplayPlan) and self.limits.policy == "shift":
+                j = match_lineage(r, messages)
+                if j:
+                    if j not in by_start:
+                        p = plan_chat(messages, count, self.limits, start=j)
+                        by_start[j] = Candidate(render(p.messages()), p, True, lineage=True)
+                    return by_start[j]
+            return fresh_c
+        return candidate, fresh
+
+    def raw_candidates(self, prompt: str | list[int]) -> tuple[Callable[[Slot], Candidate], list[int]]:
+        if isinstance(prompt, str):
+            tokens = list(self.engine.tokenizer.encode(prompt))
+        else:
+            tokens = list(prompt)
+            vocab = self.engine.spec.vocab_size
+            bad = [t for t in tokens if not 0 <= t < vocab]
+            if bad:
+                raise InvalidRequest(f"prompt token ids must be in [0, {vocab}), got {bad[:5]}",
+                                     param="prompt")
+        if not tokens:
+            raise InvalidRequest("the prompt encodes to no tokens", param="prompt")
+        pinned = 1 if self.bos is not None and tokens[0] == self.bos else 0
+        fresh = plan_raw(len(tokens), self.limits, pinned)
+        log.info("raw plan: %s", fresh.reason)
+        fresh_c = Candidate(fresh.apply(tokens), fresh, fresh.shifted)
+
+        def candidate(slot: Slot) -> Candidate:
+            r = slot.replay
+            if isinstance(r, RawReplay) and self.limits.policy == "shift":
+                c = plan_raw_continuation(tokens, self.limits, r, pinned)
+                if c is not None:
+                    return Candidate(c.apply(tokens), c, True, lineage=True)
+            return fresh_c
+        return candidate, tokens
+
+    # ------------------------------------------------------------------ serving
+    def sampling(self, req) -> SamplingParams:
+        t = 1.0 if req.temperature is None else req.temperature
+        return SamplingParams(t, 1.0 if req.top_p is None else req.top_p, req.top_k or 0, req.seed)
+
+    async def serve(self, request: Request, req, candidate, *, chat: bool,
+                    max_tokens: int | None, replay: Callable[[Any], Callable[[int], Any]]) -> Response:
+        if max_tokens is not None and max_tokens > self.max_context:
+            raise InvalidRequest(f"max_tokens ({max_tokens}) exceeds the context of "
+                                 f"{self.max_context} tokens", param="max_tokens")
+        sampling = self.sampling(req)
+        t0 = time.perf_counter()
+        watch = ClientWatch(request)
+        try:
+            placement = await self._lease(candidate, watch)
+        except BaseException:
+            watch.close()
+            raise
+        if placement is None:                       # the client left while queued
+            watch.close()
+            self.metrics.inc("disconnects_total")
+            return Response(status_code=499)
+        self.metrics.observe("queue_wait_seconds", placement.queue_wait)
+        room = self.max_context - len(placement.prompt)
+        max_new = room if max_tokens is None else min(max_tokens, room)
+        job = Job(placement, sampling, max_new, req.stops(), asyncio.get_running_loop(),
+                  replay=replay(placement.plan))
+        watch.on_gone.append(job.cancel)
+        watch.on_gone.append(self.scheduler.wake)
+        try:
+            self.scheduler.submit(job)
+        except BaseException:
+            watch.close()
+            self.pool.release(placement.slot)
+            raise
+        fmt = Formatter(self, req, chat, t0)
+        handed_off = False
+        try:
+            first = await fmt.next_event(job, watch)       # "start" or "error": a real status
+            if first is None or first[0] != "start":
+                return fmt.early_exit(first)
+            fmt.start(first[1], job)
+            if req.stream:
+                def finalize():
+                    watch.close()
+                    job.cancel()
+                    self.scheduler.wake()
+                handed_off = True
+                return SSEResponse(fmt.stream(job), finalize)
+            return await fmt.whole(job, watch)
+        finally:
+            if not handed_off:
+                watch.close()
+                job.cancel()
+                self.scheduler.wake()
+
+    async def _lease(self, candidate, watch: ClientWatch):
+        acquire = asyncio.ensure_future(self.pool.acquire(candidate))
+        gone = asyncio.ensure_future(watch.gone.wait())
+        try:
+            await asyncio.wait({acquire, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not acquire.done():
+            acquire.cancel()
+            try:
+                await acquire
+            except (asyncio.CancelledError, Exception):
+                pass
+            return None
+        return acquire.result()
+
+

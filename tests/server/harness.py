@@ -1,0 +1,65 @@
+"""A real uvicorn server on 127.0.0.1 (random free port) in a thread, for black-box tests."""
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import httpx
+import uvicorn
+
+from muser.server.app import create_app
+from muser.server.config import ServerConfig
+
+
+class Running:
+    def __init__(self, app, server, thread, port):
+        self.app, self.server, self.thread, self.port = app, server, thread, port
+        self.base = f"http://127.0.0.1:{port}"
+        self.state = app.state.muser
+
+    def client(self, api_key: str = "none", **kw):
+        import openai
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0,
+                             timeout=kw.pop("timeout", 120), **kw)
+
+    def async_client(self, api_key: str = "none", **kw):
+        import openai
+        return openai.AsyncOpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0,
+                                  timeout=kw.pop("timeout", 120), **kw)
+
+    def http(self, **kw) -> httpx.Client:
+        return httpx.Client(base_url=self.base, timeout=kw.pop("timeout", 120), **kw)
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.state.pool.busy_count == 0 and not self.state.scheduler._active:
+                return
+            time.sleep(0.02)
+        raise AssertionError("server did not go idle")
+
+
+@contextlib.contextmanager
+def serve(engine, **config):
+    app = create_app(engine, ServerConfig(**config))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
+                                           timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        if time.time() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield Running(app, server, thread, port)
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        sock.close()
