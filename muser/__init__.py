@@ -1,1 +1,13 @@
-"""muser: hybrid-attention inference engine."""
+"""muser: an inference engine and OpenAI-compatible server for hybrid-attention models.
+
+    import muser
+    engine = muser.load("gemma3-270m")
+    print(engine.generate("The capital of France is", max_tokens=16))
+"""
+from .cache import Encoding, SessionSnapshot
+from .config import EngineConfig, LayerSpec, ModelSpec
+from .errors import *  # noqa: F401,F403  (every typed error is importable from muser)
+from .errors import __doc__ as _errors_doc  # noqa: F401
+from .engine import DEFAULT_MODEL, Engine, SamplingParams, Session, load
+
+__version__ = "0.1.0"

@@ -1,0 +1,22 @@
+"""muser.attention: the attention arithmetic, selected per device.
+
+Owns: `select_attention(device)` -> a function
+`(q [T,H,D], k [S,KV,D], v [S,KV,D], mask bool [T,S] | None, scale, softcap) -> [T,H,D]`.
+`reference.py` is the specification; faster paths (fused CPU, Triton on CUDA)
+must agree with it and are tested against it.
+"""
+from __future__ import annotations
+
+import torch
+
+from .reference import attention as reference_attention
+
+
+def _reference(q, k, v, mask, scale, softcap=None):
+    if mask is None:
+        mask = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool, device=q.device)
+    return reference_attention(q, k, v, mask, scale, softcap)
+
+
+def select_attention(device: torch.device):
+    return _reference

@@ -63,27 +63,36 @@ def _span(plane: Plane, first_slot: int, count: int) -> tuple[torch.Tensor, torc
     return plane.keys[first_slot:first_slot + count], plane.values[first_slot:first_slot + count]
 
 
-def stage(plane: Plane, start: int, keys: torch.Tensor, values: torch.Tensor) -> Staged:
+def stage(plane: Plane, start: int, keys: torch.Tensor, values: torch.Tensor,
+          real: int | None = None) -> Staged:
     """Prepare attention for a chunk at positions [start, start + T).  keys/values [T, KV, D].
 
+    Only the first `real` rows (default: all) are appended; the rest are
+    *scratch* rows -- padding that gives every chunk the same shape (see
+    Session) -- which the queries may read but the plane never keeps.
     Continuity and shape are checked before any route is taken, so a refused
     chunk leaves the plane untouched.
     """
     t = plane._check_rows(keys, values, "stage")
-    plane._check_reservation(start, t)
+    real = t if real is None else real
+    plane._check_reservation(start, real)
     window = plane.window
     live = plane.len
     span_first = plane.origin_logical
-    free_contiguous = plane.origin_physical + live + t <= plane.capacity
+    fits = (live + t <= plane.capacity and plane.origin_physical + live + t <= plane.capacity
+            and start + t <= plane.max_context)
 
-    if live + t <= plane.capacity and free_contiguous:
-        # In place: nothing live is overwritten, the span [origin_physical, +live+t) is contiguous.
-        plane.store(start, keys, values)
+    if fits:
+        # In place: nothing live is overwritten; the span [origin_physical, +live+t) is contiguous.
+        plane._ensure_storage(start + t)
+        plane.store(start, keys[:real], values[:real])
+        if real < t:     # scratch rows go to free slots past the live rows, len does not count them
+            plane.write_slots(plane.origin_physical + live + real, keys[real:], values[real:])
         k, v = _span(plane, plane.origin_physical, live + t)
         needs_mask = t > 1 or (window is not None and live + t > window)
         return Staged(k, v, span_first, True, needs_mask, plane, start, None)
 
-    if t == 1 and live == plane.capacity and (window is None or plane.capacity <= window):
+    if t == 1 and real == 1 and live == plane.capacity and (window is None or plane.capacity <= window):
         # Ring decode at steady state: every row left after the store is visible.
         plane.store(start, keys, values)
         return Staged(plane.keys, plane.values, plane.origin_logical, False, False, plane, start, None)
@@ -92,4 +101,5 @@ def stage(plane: Plane, start: int, keys: torch.Tensor, values: torch.Tensor) ->
     old_k, old_v = plane.logical_rows()                               # [live, KV, D]
     shadow_k = torch.cat([old_k, keys.to(plane.dtype)], dim=0)        # [live + t, KV, D]
     shadow_v = torch.cat([old_v, values.to(plane.dtype)], dim=0)
-    return Staged(shadow_k, shadow_v, span_first, True, True, plane, start, (keys, values))
+    return Staged(shadow_k, shadow_v, span_first, True, True, plane, start,
+                  (keys[:real], values[:real]))

@@ -1,0 +1,119 @@
+"""The engine: one loaded model, its run settings, and sessions over it.
+
+Owns: `Engine` (weights on a device, the tokenizer, the cut encoding, the
+model fingerprint, `new_session`, `restore`, `generate`, `decode_batch`).
+Does not own: reading weight files (muser.model, engine/loader.py), the
+per-session cache (session.py), speculation (speculative.py).
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import torch
+
+from ..cache import Encoding, SessionSnapshot
+from ..config import EngineConfig, ModelSpec
+from ..errors import PackModelMismatch, RequestError, TokenizerUnavailable
+from ..attention import select_attention
+from .sampling import SamplingParams
+from .session import Session
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Engine:
+    def __init__(self, name: str, spec: ModelSpec, weights, tokenizer, config: EngineConfig,
+                 weights_digest: str):
+        if config.dtype not in DTYPES:
+            raise RequestError(f"dtype must be one of {sorted(DTYPES)}, got {config.dtype!r}")
+        if config.backend not in ("ring", "oracle"):
+            raise RequestError(f"backend must be 'ring' or 'oracle', got {config.backend!r}")
+        if config.backend == "oracle" and (config.dtype != "float32" or config.device != "cpu"):
+            raise RequestError("the oracle backend is float32 on the CPU by definition, got "
+                               f"{config.dtype} on {config.device}")
+        self.name = name
+        self.spec = spec
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = DTYPES[config.dtype]
+        self.cache_dtype = self.dtype
+        self.weights = weights
+        self._tokenizer = tokenizer
+        self.max_context = min(config.max_context or spec.max_context, spec.max_context)
+        self.encoding = Encoding(config.backend, config.dtype)
+        self.attention = select_attention(self.device)
+        self.fingerprint = {
+            "architecture": spec.architecture,
+            "layers": [[l.kind, l.window, l.rope] for l in spec.layers],
+            "kv_heads": spec.num_kv_heads,
+            "head_dim": spec.head_dim,
+            "weights_digest": weights_digest,
+        }
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            raise TokenizerUnavailable(f"model {self.name!r} was loaded without tokenizer files; "
+                                       "use token ids (prefill/decode) or add tokenizer.json")
+        return self._tokenizer
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return self._tokenizer is not None
+
+    def new_session(self) -> Session:
+        return Session(self)
+
+    def check_snapshot_model(self, snap: SessionSnapshot) -> None:
+        """Refuse a cut made by another model (when the cut names its model)."""
+        if not snap.model:
+            return
+        for key, want in self.fingerprint.items():
+            got = snap.model.get(key)
+            if key == "layers" and got is not None:
+                got = [list(x) for x in got]
+            if got != want:
+                raise PackModelMismatch(f"snapshot model {key} expected {want!r}, got {got!r}")
+
+    def restore(self, snap: SessionSnapshot, into: Session | None = None) -> Session:
+        s = into if into is not None else self.new_session()
+        s.install(snap)
+        return s
+
+    def decode_batch(self, sessions: list[Session], tokens: list[int]) -> torch.Tensor:
+        """One decode step for several sessions: float32 logits [B, vocab]."""
+        if len(sessions) != len(tokens):
+            raise RequestError(f"decode_batch got {len(sessions)} sessions and {len(tokens)} tokens")
+        return torch.stack([s.decode(t) for s, t in zip(sessions, tokens)])
+
+    # ------------------------------------------------------------------ text
+    def encode_prompt(self, prompt: str | list[int], chat: bool = False) -> list[int]:
+        if isinstance(prompt, str):
+            if chat:
+                return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+            return self.tokenizer.encode(prompt)
+        return [int(i) for i in prompt]
+
+    def stream(self, prompt: str | list[int], max_tokens: int = 128, temperature: float = 0.0,
+               top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+               session: Session | None = None, chat: bool = False,
+               speculative: str | None = None, block: int | None = None,
+               stats: dict | None = None) -> Iterator[int]:
+        """Yield generated token ids (stops at an end-of-sequence id, not yielded)."""
+        from .generate import generate_ids
+        params = SamplingParams(temperature, top_p, top_k, seed)
+        if max_tokens < 0:
+            raise RequestError(f"max_tokens must be >= 0, got {max_tokens}")
+        ids = self.encode_prompt(prompt, chat)
+        s = session if session is not None else self.new_session()
+        return generate_ids(self, s, ids, max_tokens, params, speculative=speculative,
+                            block=block, stats=stats)
+
+    def generate(self, prompt: str | list[int], max_tokens: int = 128, temperature: float = 0.0,
+                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+                 stop: Iterable[str] | str | None = None, **kw) -> str:
+        """Generate text; stops at end-of-sequence, `max_tokens` or the first `stop` string."""
+        from .generate import stream_text
+        return "".join(stream_text(self, self.stream(prompt, max_tokens, temperature, top_p,
+                                                     top_k, seed, **kw), stop))

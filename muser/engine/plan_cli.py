@@ -1,0 +1,63 @@
+"""`muser cache-plan`: cost curves of a model's planes from its config alone.
+
+Owns: building a `CacheGeometry` from a model's header (GGUF metadata or
+config.json -- no weights are read), printing the plan, drawing the curves.
+"""
+from __future__ import annotations
+
+import json
+
+from ..cache.plan import DTYPE_BYTES, CacheGeometry, curve, plan
+from ..errors import ModelFormatError
+from .loader import resolve
+
+
+def spec_for(model: str, max_context: int | None):
+    _, path = resolve(model)
+    if path.is_file():
+        from ..model.spec import spec_from_gguf
+        return spec_from_gguf(path, max_context=max_context)
+    from ..model.spec import spec_from_hf_config
+    return spec_from_hf_config(json.loads((path / "config.json").read_text()), max_context=max_context)
+
+
+def geometry(spec, dtype: str, max_context: int | None = None) -> CacheGeometry:
+    if dtype not in DTYPE_BYTES:
+        raise ModelFormatError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+    return CacheGeometry(tuple(l.window if l.kind == "sliding" else None for l in spec.layers),
+                         spec.num_kv_heads, spec.head_dim, DTYPE_BYTES[dtype],
+                         min(max_context or spec.max_context, spec.max_context))
+
+
+def _mib(n: int) -> str:
+    return f"{n:,} B ({n / 2**20:,.1f} MiB)"
+
+
+def run_cache_plan(args) -> int:
+    spec = spec_for(args.model, args.max_context)
+    g = geometry(spec, args.dtype, args.max_context)
+    p = plan(g, args.context)
+    print(f"model {args.model}: {p.sliding_layers} sliding + {p.full_layers} full layers, "
+          f"row {g.row_bytes} B ({args.dtype}), max context {g.max_context:,}")
+    print(f"at {p.context:,} tokens:")
+    print(f"  sliding planes  {_mib(p.sliding_bytes)}")
+    print(f"  full planes     {_mib(p.full_bytes)}")
+    print(f"  total           {_mib(p.total_bytes)}")
+    if args.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        pts = curve(g)
+        xs = [q.context for q in pts]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.plot(xs, [q.sliding_bytes / 2**20 for q in pts], label="sliding (ring) planes")
+        ax.plot(xs, [q.full_bytes / 2**20 for q in pts], label="full (growing) planes")
+        ax.axvline(args.context, color="grey", ls=":", lw=1)
+        ax.set_xlabel("context (tokens)")
+        ax.set_ylabel("KV bytes (MiB)")
+        ax.set_title(f"{args.model}: KV cache vs context ({args.dtype})")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+        print(f"plot written to {args.plot}")
+    return 0

@@ -1,0 +1,199 @@
+"""Speculative decoding over transactional cache checkpoints.
+
+Owns: the drafters (prompt lookup, draft model), the verify-accept-rollback
+round, and speculative sampling.  Does not own: how a rollback restores rows
+(muser.cache.checkpoint) -- a round never copies the cache.
+
+One round, with `t` the token sampled last round and not yet consumed:
+
+    drafts   d1 .. dk             (drafter; the draft model decodes them)
+    verify   cp = target.checkpoint(k + 1)
+             L = target.extend([t, d1, .., dk])    L[i] = distribution after token i
+    accept   greedy:   d(i+1) kept while argmax L[i] == d(i+1)
+             sampling: kept with prob min(1, p/q), else resample from norm(max(0, p - q))
+    commit   target.rollback(cp, keep = 1 + accepted)  (t is always kept)
+    next t   the correction (or, all accepted, the bonus sampled from L[k])
+
+The block [t, d1..dk] is at most `block` <= 16 tokens.  A block on a full ring
+wraps; `extend` stages it (attend before overwrite), and the checkpoint holds
+at most block rows per ring plane.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from ..errors import RequestError
+from .sampling import SamplingParams, probs, sample
+
+MAX_BLOCK = 16
+DEFAULT_BLOCK = 8
+
+
+class PromptLookupDrafter:
+    """Propose what followed the most recent earlier occurrence of the current suffix."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def draft(self, context: list[int], k: int, params: SamplingParams):
+        if k <= 0:
+            return [], None
+        for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
+            suffix = context[-n:]
+            # Scan right to left: the most recent earlier occurrence wins.
+            for i in range(len(context) - n - 1, -1, -1):
+                if context[i:i + n] == suffix:
+                    follow = context[i + n:i + n + k]
+                    if follow:
+                        return follow, None          # a point mass: q(d) = 1
+        return [], None
+
+    def sync(self, context: list[int]) -> None:
+        pass
+
+
+class DraftModelDrafter:
+    """A smaller model sharing the target's tokenizer, with its own session and checkpoints."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.session = engine.new_session()
+        self.cp = None
+
+    def draft(self, context: list[int], k: int, params: SamplingParams):
+        s = self.session
+        if k <= 0:
+            return [], None
+        # Bring the draft session up to the context (it may lag by a few tokens).
+        if s.tokens != context[:len(s.tokens)]:
+            s.reset()
+        missing = context[len(s.tokens):]
+        logits = s.prefill(missing) if missing else None
+        if logits is None:                           # nothing new: re-derive from the last token
+            s.reset()
+            logits = s.prefill(context)
+        self.cp = s.checkpoint(k)
+        self.base = s.position
+        drafts, qs = [], []
+        gen = self._gen
+        for i in range(k):
+            q = probs(logits, params)
+            d = int(torch.argmax(q)) if params.greedy else int(torch.multinomial(q, 1, generator=gen))
+            drafts.append(d)
+            qs.append(q)
+            if i + 1 < k:
+                logits = s.decode(d)
+        return drafts, qs
+
+    def sync(self, context: list[int]) -> None:
+        """Keep only the drafts the target accepted (a rollback, never a copy)."""
+        if self.cp is None:
+            return
+        toks = self.session.tokens
+        agree = 0
+        while (self.base + agree < len(toks) and self.base + agree < len(context)
+               and toks[self.base + agree] == context[self.base + agree]):
+            agree += 1
+        self.session.rollback(self.cp, keep=agree)
+        self.cp = None
+
+
+def make_drafter(spec: str, engine):
+    if spec == "prompt-lookup":
+        return PromptLookupDrafter()
+    if spec.startswith("draft:"):
+        from .loader import load
+        draft = load(spec[len("draft:"):], device=engine.config.device, dtype=engine.config.dtype,
+                     progress=False)
+        if draft.spec.vocab_size != engine.spec.vocab_size:
+            raise RequestError(f"draft model vocabulary expected {engine.spec.vocab_size} "
+                               f"(the target's), got {draft.spec.vocab_size}")
+        return DraftModelDrafter(draft)
+    raise RequestError(f"speculative must be 'prompt-lookup' or 'draft:MODEL', got {spec!r}")
+
+
+def _accept(target_logits: torch.Tensor, drafts: list[int], qs, params: SamplingParams,
+            gen: torch.Generator) -> tuple[int, int]:
+    """(accepted count, next token).  target_logits [k + 1, vocab]."""
+    for i, d in enumerate(drafts):
+        if params.greedy:
+            best = int(torch.argmax(target_logits[i]))
+            if best != d:
+                return i, best
+            continue
+        p = probs(target_logits[i], params)
+        q_d = 1.0 if qs is None else float(qs[i][d])
+        if float(torch.rand((), generator=gen)) < min(1.0, float(p[d]) / max(q_d, 1e-30)):
+            continue
+        residual = p.clone()
+        if qs is None:
+            residual[d] = 0.0
+        else:
+            residual = torch.clamp(p - qs[i], min=0.0)
+        total = float(residual.sum())
+        if total <= 0.0:                       # p == q: any draw from p is exact
+            residual = p
+        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=gen))
+    return len(drafts), sample(target_logits[len(drafts)], params, gen)
+
+
+def speculative_generate(engine, session, ids: list[int], max_tokens: int, params: SamplingParams,
+                         spec: str, block: int | None, stats: dict | None) -> Iterator[int]:
+    block = DEFAULT_BLOCK if block is None else block
+    if not 1 <= block <= MAX_BLOCK:
+        raise RequestError(f"block must be in [1, {MAX_BLOCK}], got {block}")
+    drafter = make_drafter(spec, engine)
+    stats = stats if stats is not None else {}
+    stats.update(drafted=0, accepted=0, forwards=0, emitted=0, rounds=0)
+    if max_tokens == 0:
+        return
+    eos = set(engine.spec.eos_token_ids)
+    gen = params.generator()
+    if isinstance(drafter, DraftModelDrafter):
+        drafter._gen = gen
+    logits = session.prefill(ids)
+    stats["forwards"] += 1
+    t = sample(logits, params, gen)
+    emitted = 0
+    k_max = block - 1
+    k = k_max
+    while True:
+        if t in eos:
+            return
+        yield t
+        emitted += 1
+        stats["emitted"] = emitted
+        if emitted >= max_tokens:
+            return
+        k_now = max(0, min(k, max_tokens - emitted - 1, engine.max_context - session.position - 1))
+        context = session.tokens + [t]
+        drafts, qs = drafter.draft(context, k_now, params)
+        drafts = drafts[:k_now]
+        cp = session.checkpoint(1 + len(drafts))
+        try:
+            out = session.extend([t] + drafts)                  # [1 + k, vocab]
+        except BaseException:
+            session.rollback(cp, keep=0)
+            raise
+        stats["forwards"] += 1
+        stats["rounds"] += 1
+        accepted, nxt = _accept(out, drafts, qs, params, gen)
+        session.rollback(cp, keep=1 + accepted)
+        drafter.sync(session.tokens)
+        stats["drafted"] += len(drafts)
+        stats["accepted"] += accepted
+        stats["acceptance"] = stats["accepted"] / max(1, stats["drafted"])
+        # Tokens settled per target forward: accepted drafts plus the correction/bonus.
+        stats["tokens_per_forward"] = (stats["accepted"] + stats["rounds"]) / max(1, stats["rounds"])
+        for d in drafts[:accepted]:
+            if d in eos:
+                return
+            yield d
+            emitted += 1
+            stats["emitted"] = emitted
+            if emitted >= max_tokens:
+                return
+        k = min(k_max, k + 2) if accepted == len(drafts) else max(1, accepted + 1)
+        t = nxt
