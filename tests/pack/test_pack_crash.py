@@ -1,0 +1,141 @@
+"""Crash safety: a save that fails or is killed leaves the old pack or the new one, never a
+file that loads as something else; stray temporaries never load as a wrong pack."""
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from packutil import synthetic_snapshot
+
+from muser.errors import PackError
+from muser.pack import format as pf
+
+
+@pytest.fixture
+def old(tmp_path):
+    snap, _ = synthetic_snapshot(position=5)
+    path = tmp_path / "session.pack"
+    snap.save(path)
+    return snap, path
+
+
+def leftovers(directory, name="session.pack"):
+    return [directory / f for f in os.listdir(directory) if f != name]
+
+
+@pytest.mark.parametrize("fail", ["replace", "fsync", "write"])
+def test_failed_save_leaves_the_old_file_and_no_temporary(old, monkeypatch, fail):
+    snap_old, path = old
+    new, _ = synthetic_snapshot(position=9)
+
+    def boom(*a, **k):
+        raise OSError(f"injected {fail} failure")
+    if fail == "write":                                # disk full after the header
+        real_open = open
+
+        class Full:
+            def __init__(self, f):
+                self.f, self.n = f, 0
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *a):
+                return self.f.__exit__(*a)
+
+            def write(self, b):
+                self.n += 1
+                if self.n == 2:
+                    raise OSError(28, "No space left on device (injected)")
+                return self.f.write(b)
+        monkeypatch.setattr(pf, "open", lambda *a, **k: Full(real_open(*a, **k)), raising=False)
+    else:
+        monkeypatch.setattr(os, fail, boom)
+    with pytest.raises(OSError, match="injected"):
+        new.save(path)
+    monkeypatch.undo()
+    assert pf.load_pack(path).equal(snap_old)
+    assert leftovers(path.parent) == []
+
+
+def test_save_fsyncs_the_file_and_its_directory(tmp_path, monkeypatch):
+    seen = []
+    real = os.fsync
+
+    def spy(fd):
+        seen.append(stat.S_ISDIR(os.fstat(fd).st_mode))
+        real(fd)
+    monkeypatch.setattr(os, "fsync", spy)
+    synthetic_snapshot()[0].save(tmp_path / "a.pack")
+    assert seen == [False, True]                       # the file, then the directory after the rename
+    assert stat.S_IMODE(os.stat(tmp_path / "a.pack").st_mode) == 0o600
+
+
+CHILD = textwrap.dedent("""
+    import os, sys, time, torch
+    from muser.cache import Encoding, PlaneCut, SessionSnapshot
+    from muser.pack import format as pf
+    path, mode = sys.argv[1], sys.argv[2]
+    g = torch.Generator().manual_seed(0)
+    planes = tuple(PlaneCut(i, "growing", None, 0, 4096, torch.randn(4096, 2, 256, generator=g),
+                            torch.randn(4096, 2, 256, generator=g)) for i in range(3))   # 48 MiB
+    snap = SessionSnapshot(4096, Encoding("ring", "float32"), planes, (), {})
+    if mode == "mid-write":
+        real_open = open
+        class Slow:
+            def __init__(self, f): self.f, self.n = f, 0
+            def __enter__(self): return self
+            def __exit__(self, *a): return self.f.__exit__(*a)
+            def __getattr__(self, k): return getattr(self.f, k)
+            def write(self, b):
+                self.n += 1
+                if self.n == 3:
+                    self.f.flush(); print("MID", flush=True); time.sleep(30)
+                return self.f.write(b)
+        pf.open = lambda *a, **k: Slow(real_open(*a, **k))
+    print("READY", flush=True)
+    for i in range(1000):
+        snap.save(path)
+""")
+
+
+def run_and_kill(path, mode, delay):
+    p = subprocess.Popen([sys.executable, "-c", CHILD, str(path), mode], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "READY"
+        if mode == "mid-write":
+            assert p.stdout.readline().strip() == "MID"
+        time.sleep(delay)
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def check_directory(old_snap, path):
+    """The target is the old pack or a complete new one; temporaries are refused or complete."""
+    snap = pf.load_pack(path)
+    assert snap.equal(old_snap) or snap.position == 4096
+    partial = 0
+    for f in leftovers(path.parent):
+        assert f.name.startswith(".session.pack.") and f.name.endswith(".tmp")
+        try:
+            assert pf.load_pack(f).position == 4096            # killed after the last byte: complete
+        except PackError:
+            partial += 1
+    return partial
+
+
+def test_writer_killed_mid_save_leaves_old_or_new(old):
+    snap_old, path = old
+    run_and_kill(path, "mid-write", 0.0)
+    assert pf.load_pack(path).equal(snap_old)                 # never renamed
+    assert check_directory(snap_old, path) == 1               # the partial temporary is refused
+    for f in leftovers(path.parent):
+        os.unlink(f)
+    for delay in (0.4,):                                      # real saves in a loop, killed anywhere
+        run_and_kill(path, "loop", delay)
+        check_directory(snap_old, path)
