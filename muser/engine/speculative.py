@@ -61,19 +61,22 @@ class DraftModelDrafter:
         self.engine = engine
         self.session = engine.new_session()
         self.cp = None
+        self._gen = None                 # the round's generator (set by speculative_generate)
+        # The calls whose rows the draft cache holds, e.g. [("prefill", [..]), ("decode", 7)]:
+        # replaying them on a fresh session must give the same cache bit for bit.
+        self.trace: list[tuple[str, object]] = []
 
     def draft(self, context: list[int], k: int, params: SamplingParams):
         s = self.session
         if k <= 0:
             return [], None
         # Bring the draft session up to the context (it may lag by a few tokens).
-        if s.tokens != context[:len(s.tokens)]:
+        if s.tokens != context[:len(s.tokens)] or len(s.tokens) >= len(context):
             s.reset()
+            self.trace = []
         missing = context[len(s.tokens):]
-        logits = s.prefill(missing) if missing else None
-        if logits is None:                           # nothing new: re-derive from the last token
-            s.reset()
-            logits = s.prefill(context)
+        logits = s.prefill(missing)
+        self.trace.append(("prefill", list(missing)))
         self.cp = s.checkpoint(k)
         self.base = s.position
         drafts, qs = [], []
@@ -85,6 +88,7 @@ class DraftModelDrafter:
             qs.append(q)
             if i + 1 < k:
                 logits = s.decode(d)
+                self.trace.append(("decode", d))
         return drafts, qs
 
     def sync(self, context: list[int]) -> None:
@@ -98,6 +102,12 @@ class DraftModelDrafter:
             agree += 1
         self.session.rollback(self.cp, keep=agree)
         self.cp = None
+        # Drop the decode calls of rejected drafts from the trace (they come last).
+        while self.trace and self.trace[-1][0] == "decode" and self.session.position < self._trace_end():
+            self.trace.pop()
+
+    def _trace_end(self) -> int:
+        return sum(len(arg) if kind == "prefill" else 1 for kind, arg in self.trace)
 
 
 def make_drafter(spec: str, engine):
@@ -180,7 +190,9 @@ def speculative_generate(engine, session, ids: list[int], max_tokens: int, param
         stats["forwards"] += 1
         stats["rounds"] += 1
         accepted, nxt = _accept(out, drafts, qs, params, gen)
+        stats["max_retained_rows"] = max(stats.get("max_retained_rows", 0), *cp.retained_rows(), 0)
         session.rollback(cp, keep=1 + accepted)
+        stats.setdefault("kept_blocks", []).append([t] + drafts[:accepted])
         drafter.sync(session.tokens)
         stats["drafted"] += len(drafts)
         stats["accepted"] += accepted

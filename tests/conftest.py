@@ -1,0 +1,8 @@
+"""Shared fixtures: the embedded 270M model is loaded once per test session."""
+import pytest
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    import muser
+    return muser.load("gemma3-270m", progress=False)

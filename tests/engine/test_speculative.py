@@ -1,0 +1,106 @@
+"""Speculative decoding: every round leaves the caches exactly as if only the accepted tokens
+had been consumed; greedy output equals plain greedy; sampling keeps the target's distribution."""
+import pytest
+import torch
+
+from muser.engine.sampling import SamplingParams, probs
+from muser.engine.speculative import DraftModelDrafter, _accept
+from muser.testing import tiny_model
+
+WINDOW = 4
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("gemma3", window=WINDOW, tokenizer=False)
+
+
+def repetitive(n=40):
+    return ([5, 9, 13, 7, 21, 30, 8] * 10)[:n]
+
+
+def replay(engine, prompt, kept_blocks):
+    """A session that consumed only the accepted tokens, each round's tokens fed the same way."""
+    s = engine.new_session()
+    s.prefill(prompt)
+    for block in kept_blocks:
+        s.extend(block)
+    return s
+
+
+@pytest.mark.parametrize("block", [2, 3, 5, 8, 16])
+@pytest.mark.parametrize("drafter", ["prompt-lookup", "draft"])
+def test_every_round_leaves_target_and_draft_as_if_only_accepted_tokens_were_consumed(target, block, drafter):
+    prompt = repetitive(23)
+    spec = "prompt-lookup" if drafter == "prompt-lookup" else "draft:" + str(
+        __import__("muser.testing", fromlist=["x"]).tiny_model_dir("gemma3", window=WINDOW, tokenizer=False, seed=1))
+    s = target.new_session()
+    stats = {}
+    out = list(target.stream(prompt, max_tokens=25, session=s, speculative=spec, block=block, stats=stats))
+    plain = list(target.stream(prompt, max_tokens=25))
+    assert out == plain
+    assert stats["rounds"] > 0
+    # Blocks of more than WINDOW tokens cross the ring's wrap and are wider than the window.
+    ref = replay(target, prompt, stats["kept_blocks"])
+    assert s.snapshot().equal(ref.snapshot())
+    nxt = [3, 4, 5]
+    assert torch.equal(s.extend(nxt), ref.extend(nxt))
+    # A ring plane never retained more than the block's rows.
+    assert stats["max_retained_rows"] <= block
+
+
+def test_draft_session_cache_equals_replay_of_its_surviving_calls(target):
+    from muser.engine.speculative import make_drafter
+    from muser.testing import tiny_model_dir
+    spec = "draft:" + str(tiny_model_dir("gemma3", window=WINDOW, tokenizer=False, seed=1))
+    drafter = make_drafter(spec, target)
+    params = SamplingParams()
+    context = repetitive(11)
+    for round_ in range(6):
+        drafts, _ = drafter.draft(context, 5, params)
+        accepted = drafts[:round_ % 4]                 # pretend the target kept a prefix
+        context = context + accepted + [17 + round_]
+        drafter.sync(context[:-1])
+        ref = drafter.engine.new_session()
+        for kind, arg in drafter.trace:
+            ref.prefill(arg) if kind == "prefill" else ref.decode(arg)
+        assert drafter.session.snapshot().equal(ref.snapshot())
+
+
+@pytest.mark.parametrize("point_mass", [True, False])
+def test_speculative_sampling_preserves_the_target_distribution(point_mass):
+    """First speculative token: draft from q (or a fixed prompt-lookup guess), accept/resample;
+    the empirical distribution must match the target's p (total variation < 0.02)."""
+    g = torch.Generator().manual_seed(0)
+    vocab, n = 8, 30000
+    target_logits = torch.randn(2, vocab, generator=g) * 1.5
+    draft_logits = torch.randn(vocab, generator=g)
+    params = SamplingParams(temperature=0.8, seed=0)
+    p = probs(target_logits[0], params)
+    q = probs(draft_logits, params)
+    counts = torch.zeros(vocab)
+    for _ in range(n):
+        if point_mass:
+            d, qs = 3, None
+        else:
+            d = int(torch.multinomial(q, 1, generator=g))
+            qs = [q]
+        accepted, nxt = _accept(target_logits, [d], qs, params, g)
+        counts[d if accepted else nxt] += 1
+    tv = 0.5 * float((counts / n - p).abs().sum())
+    assert tv < 0.02, f"total variation {tv:.4f}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prompt", [
+    "Copy this list exactly: apples, pears, plums, apples, pears, plums, apples, pears, plums.",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\ndef fibonacci(n):",
+    "Once upon a time, in a small village by the sea,",
+])
+@pytest.mark.parametrize("spec", ["prompt-lookup", "draft:gemma3-270m"])
+def test_greedy_speculative_equals_plain_greedy_on_the_embedded_model(embedded, prompt, spec):
+    plain = list(embedded.stream(prompt, max_tokens=24))
+    stats = {}
+    fast = list(embedded.stream(prompt, max_tokens=24, speculative=spec, block=6, stats=stats))
+    assert fast == plain
+    assert stats["rounds"] > 0
