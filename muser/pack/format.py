@@ -99,8 +99,8 @@ def _header(manifest: dict, seal: dict) -> bytes:
     return body + b" " * (-len(body) % 8)
 
 
-def _encode(snap: SessionSnapshot, key) -> tuple[bytes, list]:
-    """(8-byte prefix + header, [tensor bytes in data order]); digests hashed on a thread pool."""
+def _buffers(snap: SessionSnapshot) -> list:
+    """Every tensor's bytes in data order, after checking the snapshot is self-consistent."""
     _little_endian()
     want = _TORCH.get(snap.encoding.dtype)
     if want is None:
@@ -113,31 +113,48 @@ def _encode(snap: SessionSnapshot, key) -> tuple[bytes, list]:
             if t.dim() != 3 or t.shape[0] != cut.count or t.shape != cut.keys.shape:
                 raise PackShapeError(cut.layer, f"{name} shape", [cut.count, "KV", "D"], list(t.shape))
             bufs.append(_bytes_of(t))
-    with ThreadPoolExecutor(_WORKERS) as pool:
-        digests = list(pool.map(_sha, bufs))
+    return bufs
+
+
+def _head(snap: SessionSnapshot, digests: list[str], key) -> bytes:
+    """Length prefix + header.  Its length does not depend on the digests (fixed-width hex)."""
     manifest = mf.build(snap, list(zip(digests[0::2], digests[1::2])))
     mf.validate(manifest)           # never write what we would refuse to read
-    body = mf.canonical(manifest)
-    header = _header(manifest, mf.seal(body, key))
-    return struct.pack("<Q", len(header)) + header, bufs
+    header = _header(manifest, mf.seal(mf.canonical(manifest), key))
+    return struct.pack("<Q", len(header)) + header
+
+
+def _write(snap: SessionSnapshot, key, f) -> None:
+    """Write the pack to seekable `f`: the data first (hashed on a pool while it is written),
+    then the header into the space reserved for it."""
+    bufs = _buffers(snap)
+    reserved = len(_head(snap, ["0" * 64] * len(bufs), key))
+    f.seek(reserved)
+    with ThreadPoolExecutor(_WORKERS) as pool:
+        futures = [pool.submit(_sha, b) for b in bufs]
+        for b in bufs:
+            f.write(memoryview(b))
+        head = _head(snap, [fu.result() for fu in futures], key)
+    if len(head) != reserved:
+        raise PackError(f"header length expected {reserved} bytes, found {len(head)} (writer bug)")
+    f.seek(0)
+    f.write(head)
 
 
 def pack_to_bytes(snap: SessionSnapshot, key=None) -> bytes:
-    head, bufs = _encode(snap, key)
-    return b"".join([head, *(memoryview(b) for b in bufs)])
+    f = io.BytesIO()
+    _write(snap, key, f)
+    return f.getvalue()
 
 
 def save_pack(snap: SessionSnapshot, path, key=None) -> None:
     """Write `snap` to `path` atomically and durably (see the module docstring)."""
-    head, bufs = _encode(snap, key)
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     try:
         with open(fd, "wb") as f:
-            f.write(head)
-            for b in bufs:
-                f.write(memoryview(b))
+            _write(snap, key, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -47,6 +47,9 @@ def test_failed_save_leaves_the_old_file_and_no_temporary(old, monkeypatch, fail
             def __exit__(self, *a):
                 return self.f.__exit__(*a)
 
+            def __getattr__(self, name):
+                return getattr(self.f, name)
+
             def write(self, b):
                 self.n += 1
                 if self.n == 2:

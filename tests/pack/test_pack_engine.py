@@ -13,7 +13,7 @@ import muser
 from muser.errors import EncodingMismatch, PackAuthError, PackEncodingMismatch, PackModelMismatch
 from muser.pack import format as pf
 
-POSITIONS = [1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 17, 24]         # tiny model: window 4, wraps at 4, 8, ...
+POSITIONS = [1, 3, 4, 5, 8, 9, 13, 17]            # tiny model: window 4, wraps at 4, 8, ...
 
 
 def ids_for(engine, n, seed=0):
@@ -39,7 +39,7 @@ def test_restored_session_continues_bitwise_at_every_wrap_phase(tiny_engine, bac
             assert torch.equal(s.decode(ids[q]), logits[q]), f"{backend}: pack at {p}, step {q}"
 
 
-@pytest.mark.parametrize("p", [3, 4, 9, 16])
+@pytest.mark.parametrize("p", [4, 9])
 def test_restored_session_prefills_chunks_bitwise(tiny_engine, p, tmp_path):
     engine = tiny_engine()
     ids = ids_for(engine, 40, seed=p)
