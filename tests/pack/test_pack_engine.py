@@ -141,3 +141,19 @@ def test_bfloat16_session_round_trips(tiny_engine):
     assert pf.read_manifest(data)["manifest"]["encoding"] == {"family": "ring", "dtype": "bfloat16"}
     r = engine.restore(muser.SessionSnapshot.from_bytes(data))
     assert torch.equal(s.decode(ids[9]), r.decode(ids[9]))
+
+
+def test_pack_restores_into_an_engine_with_another_max_context(tiny_engine):
+    """Growing planes relocate into storage of another capacity; logits stay bitwise equal."""
+    from muser.testing import tiny_model_dir
+    engine = tiny_engine()
+    small = muser.load(str(tiny_model_dir("gemma3")), backend="ring", max_context=40, progress=False)
+    assert small.max_context != engine.max_context and small.fingerprint == engine.fingerprint
+    ids = ids_for(engine, 30, seed=11)
+    s = engine.new_session()
+    s.prefill(ids[:21])
+    r = small.restore(muser.SessionSnapshot.from_bytes(s.snapshot().to_bytes()))
+    growing = [p for p in r.planes if p.kind == "growing"]
+    assert growing and all(p.capacity == 40 != q.capacity for p, q in zip(growing, s.planes[2::3]))
+    for t in ids[21:25]:
+        assert torch.equal(s.decode(t), r.decode(t))
