@@ -16,7 +16,7 @@ The manifest (canonical JSON: sorted keys, no spaces, ASCII) for version 1.0::
               kv_heads, head_dim, weights_digest (opaque beyond check_model)
     encoding  {"family": "ring"|"oracle", "dtype": "float32"|"bfloat16"|"float16"}
     position  int >= 0
-    tokens    [int, ...]                    the ids consumed (lineage; may be empty)
+    tokens    [int, ...]                    the ids consumed (lineage; may be empty; -1 = unknown id)
     planes    [{layer, kind, window, start, count, dtype, shape: [count, kv_heads, head_dim],
                 keys: {offset, length, sha256}, values: {offset, length, sha256}}, ...]
 
@@ -148,7 +148,8 @@ def validate(m: dict) -> int:
     _want(enc.get("dtype") in DTYPES, "encoding dtype", f"one of {sorted(DTYPES)}", enc.get("dtype"))
     position = m.get("position")
     _want(_int(position), "position", "an int >= 0", position)
-    _want(all(_int(t) for t in m["tokens"]), "tokens", "a list of ints >= 0", "other values")
+    _want(all(isinstance(t, int) and not isinstance(t, bool) and t >= -1 for t in m["tokens"]),
+          "tokens", "a list of ints >= -1 (-1: unknown id)", "other values")
     itemsize = DTYPES[enc["dtype"]][1]
     offset, layers = 0, set()
     for i, p in enumerate(m["planes"]):
