@@ -25,7 +25,7 @@ SLOT_ID = re.compile(r"^[0-9]{1,4}$")
 
 
 def parse_slot_id(raw: str, n_slots: int) -> int:
-    if not SLOT_ID.match(raw or "") or int(raw) >= n_slots:
+    if not SLOT_ID.fullmatch(raw or "") or int(raw) >= n_slots:
         raise NotFound(f"no slot {raw!r}: slot ids are 0..{n_slots - 1}", param="slot_id")
     return int(raw)
 
@@ -34,7 +34,7 @@ def pack_path(session_dir: str | None, filename: str | None, slot_id: int) -> Pa
     if session_dir is None:
         raise NotFound("session persistence is off: start the server with --session-dir")
     name = filename if filename is not None else f"slot-{slot_id}.pack"
-    if not isinstance(name, str) or not NAME.match(name) or ".." in name:
+    if not isinstance(name, str) or not NAME.fullmatch(name) or ".." in name:
         raise InvalidRequest(f"invalid file name {name!r}: use 1-128 of [A-Za-z0-9._-], "
                              "starting with a letter or digit", param="filename")
     root = Path(session_dir).resolve()
@@ -72,9 +72,7 @@ def save_slot(slot: Slot, path: Path, key: bytes | None) -> dict:
     """Worker-free: the caller holds the slot's lease."""
     snap = slot.session.snapshot()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    snap.save(tmp, key=key)
-    os.replace(tmp, path)
+    snap.save(path, key=key)                        # atomic and durable (muser.pack.format)
     side = {"epoch": slot.epoch, "position": snap.position, "tokens_sha256": _digest(snap.tokens),
             "replay": _replay_json(slot.replay)}
     stmp = path.with_name(path.name + ".json.tmp")
