@@ -1,0 +1,36 @@
+"""End to end on the embedded 270M model: the openai client, a multi-turn chat that reuses the cache."""
+from __future__ import annotations
+
+import pytest
+
+from harness import serve
+
+pytestmark = pytest.mark.slow
+
+
+def test_gemma_multiturn_reuses_cache_and_streams(gemma):
+    with serve(gemma, slots=2, max_context=2048) as srv:
+        c = srv.client()
+        assert [m.id for m in c.models.list().data] == ["gemma3-270m"]
+        msgs = [{"role": "system", "content": "You answer in one short sentence."},
+                {"role": "user", "content": "What is the capital of France?"}]
+        first = c.chat.completions.create(model="gemma3-270m", messages=msgs, max_tokens=4,
+                                          temperature=0)
+        reply = first.choices[0].message.content
+        assert first.usage.prompt_tokens_details.cached_tokens == 0 and reply
+        msgs += [{"role": "assistant", "content": reply},
+                 {"role": "user", "content": "And of Italy?"}]
+        chunks = list(c.chat.completions.create(model="gemma3-270m", messages=msgs, max_tokens=3,
+                                                temperature=0, stream=True,
+                                                stream_options={"include_usage": True}))
+        usage = chunks[-1].usage
+        assert usage.prompt_tokens_details.cached_tokens > 0          # the second turn reused it
+        assert usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        assert streamed and usage.completion_tokens <= 3
+        again = c.chat.completions.create(model="gemma3-270m", messages=msgs, max_tokens=3,
+                                          temperature=0)
+        assert again.choices[0].message.content == streamed          # stream == whole, greedy
+        text = c.completions.create(model="gemma3-270m", prompt="The capital of France is",
+                                    max_tokens=3, temperature=0).choices[0].text
+        assert text.strip()
