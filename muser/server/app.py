@@ -30,11 +30,6 @@ from .service import ServerState
 log = logging.getLogger("muser.server")
 
 
-def _error(exc: ServerError) -> JSONResponse:
-    headers = {"retry-after": "1"} if exc.status in (429, 503) else None
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
-
-
 def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
     config = config or ServerConfig()
     state = ServerState(engine, config)
@@ -56,28 +51,40 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
     app.state.muser = state
 
     # ------------------------------------------------------------------ errors
+    def _count(request, status: int) -> None:
+        path = request.url.path
+        endpoint = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}.get(
+            path, "slots" if path.startswith("/v1/slots/") else "other")
+        state.metrics.inc("requests_total", labels={"endpoint": endpoint, "status": str(status)})
+
+    def _error(exc: ServerError, request=None) -> JSONResponse:
+        if request is not None:
+            _count(request, exc.status)
+        headers = {"retry-after": "1"} if exc.status in (429, 503) else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
     @app.exception_handler(ServerError)
     async def _server_error(request, exc: ServerError):
-        return _error(exc)
+        return _error(exc, request)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc: StarletteHTTPException):
         if exc.status_code == 404:
-            return _error(NotFound(f"no route {request.method} {request.url.path}"))
+            return _error(NotFound(f"no route {request.method} {request.url.path}"), request)
         err = ServerError(str(exc.detail))
         err.status, err.type, err.code = exc.status_code, "invalid_request_error", None
-        return _error(err)
+        return _error(err, request)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request, exc):
-        return _error(InvalidRequest(f"invalid request: {exc.errors()[:3]}"))
+        return _error(InvalidRequest(f"invalid request: {exc.errors()[:3]}"), request)
 
     @app.exception_handler(Exception)
     async def _unexpected(request, exc: Exception):
         err = to_http(exc)
         if err.status >= 500:
             log.exception("unhandled error on %s", request.url.path, exc_info=exc)
-        return _error(err)
+        return _error(err, request)
 
     # ------------------------------------------------------------------ routes
     @app.post("/v1/chat/completions")

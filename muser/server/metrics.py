@@ -17,7 +17,6 @@ HELP = {
     "completion_tokens_total": ("counter", "tokens sampled"),
     "cache_hits_total": ("counter", "requests that reused a slot's live cache"),
     "context_shifts_total": ("counter", "context shifts (staging rebuilds published)"),
-    "rejected_total": ("counter", "requests refused before generation, by reason"),
     "disconnects_total": ("counter", "generations stopped because the client left"),
     "model_failures_total": ("counter", "model steps that raised (each latches the pool)"),
     "queue_wait_seconds": ("summary", "time a request waited for a slot"),

@@ -110,3 +110,12 @@ def test_health_and_metrics(tiny_server):
                  "muser_prefill_seconds_sum", "muser_decode_seconds_count", "muser_ttft_seconds_sum"):
         assert name in m.text, name
     assert 'muser_requests_total{endpoint="completions",status="200"} 1' in m.text
+
+
+def test_errors_are_counted(tiny_server):
+    h = tiny_server.http()
+    h.post("/v1/chat/completions", content=b"{")
+    h.post("/v1/completions", json={"model": "nope", "prompt": "x"})
+    m = h.get("/metrics").text
+    assert 'muser_requests_total{endpoint="chat",status="400"} 1' in m
+    assert 'muser_requests_total{endpoint="completions",status="404"} 1' in m

@@ -25,6 +25,9 @@ def test_16_clients_on_4_slots_match_served_alone(tiny):
                                           temperature=0)
             alone.append((r.choices[0].message.content, r.usage.completion_tokens))
         srv.wait_idle()
+        slow_down(srv, 0.01)                  # overlap for sure, even on a fast machine
+        srv.state.scheduler.eos = set(srv.state.engine.spec.eos_token_ids) | set(
+            srv.state.engine.tokenizer.eos_token_ids)
 
         async def one(ac, i):
             if i % 2:                       # half stream, half do not
@@ -69,9 +72,22 @@ def test_16_clients_on_4_slots_match_served_alone(tiny):
         assert srv.state.pool.busy_count == 0 and srv.state.pool.queue_depth == 0
 
 
+def slow_down(srv, seconds=0.05):
+    """Make every decode step take a while, so requests really overlap on a fast machine."""
+    srv.state.scheduler.eos = set()
+    for slot in srv.state.pool.slots:
+        real = slot.session.decode
+
+        def slow(tok, real=real):
+            time.sleep(seconds)
+            return real(tok)
+        slot.session.decode = slow
+
+
 def test_queue_bound_and_wait_limit_give_429(tiny):
     with serve(tiny, model_id="tiny", slots=1, queue_size=1, queue_timeout=30,
                output_reserve=32) as srv:
+        slow_down(srv)
         async def one(ac, i):
             try:
                 r = await ac.completions.create(model="tiny", prompt=f"hello {i}", max_tokens=6,
@@ -93,6 +109,7 @@ def test_queue_bound_and_wait_limit_give_429(tiny):
 
     with serve(tiny, model_id="tiny", slots=1, queue_size=8, queue_timeout=0.3,
                output_reserve=32) as srv:
+        slow_down(srv)
         async def burst2():
             ac = srv.async_client()
             try:
