@@ -1,0 +1,163 @@
+"""Server load: TTFT and tokens/s for 1, 4 and 16 concurrent clients, and cache reuse.
+
+Starts `muser serve` as a child process on 127.0.0.1 (a free port), waits for
+/health, then drives it with streaming chat requests over HTTP (httpx, one
+connection per client) and reads back /metrics.  Prints a markdown table.
+
+    python benchmarks/server_load.py                      # embedded gemma3-270m, 4 slots
+    python benchmarks/server_load.py --model tiny --tokens 16   # a tiny random model (smoke)
+
+Per concurrency level C, C clients each send one greedy chat request of
+--tokens new tokens (distinct prompts); TTFT is request -> first content chunk
+(median and max over the C clients); aggregate tok/s is all completion tokens
+over the level's wall time; per-stream tok/s is each client's tokens after the
+first over its time after the first.  The multi-turn row sends turn 1, then
+turn 2 (turn 1 + reply + a new user message) and reports cached_tokens and
+both TTFTs.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import httpx
+
+TOPICS = ["the ocean", "mountains", "a city at night", "old libraries", "rain", "trains",
+          "the moon", "gardens", "deserts", "music", "bridges", "winter", "rivers", "markets",
+          "clocks", "islands"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args) -> tuple[subprocess.Popen, str, str]:
+    model, name = args.model, args.model
+    if model == "tiny":
+        from muser.testing import tiny_model_dir
+        model, name = str(tiny_model_dir()), "tiny"
+    port = free_port()
+    cmd = [sys.executable, "-m", "muser.cli", "serve", "--model", model, "--port", str(port),
+           "--slots", str(args.slots), "--served-name", name, "--log-level", "warning",
+           "--queue-size", "64", "--queue-timeout", "600"]
+    if args.max_context:
+        cmd += ["--max-context", str(args.max_context)]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 600
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                return proc, base, name
+        except httpx.TransportError:
+            pass
+        if time.time() > deadline:
+            proc.kill()
+            raise SystemExit("server did not come up")
+        time.sleep(0.5)
+
+
+async def one_chat(client: httpx.AsyncClient, name: str, messages, tokens: int) -> dict:
+    body = {"model": name, "messages": messages, "max_tokens": tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    first = None
+    text, usage = "", None
+    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if ev.get("usage"):
+                usage = ev["usage"]
+            for ch in ev.get("choices", []):
+                piece = ch.get("delta", {}).get("content")
+                if piece:
+                    if first is None:
+                        first = time.perf_counter()
+                    text += piece
+    end = time.perf_counter()
+    first = first or end
+    n = usage["completion_tokens"] if usage else 0
+    return {"ttft": first - t0, "total": end - t0, "tokens": n, "text": text,
+            "cached": usage["prompt_tokens_details"]["cached_tokens"] if usage else 0,
+            "per_stream": (n - 1) / (end - first) if n > 1 and end > first else float("nan")}
+
+
+async def level(base: str, name: str, clients: int, tokens: int) -> dict:
+    async with httpx.AsyncClient(base_url=base, timeout=3600,
+                                 limits=httpx.Limits(max_connections=clients + 2)) as client:
+        t0 = time.perf_counter()
+        res = await asyncio.gather(*(one_chat(
+            client, name, [{"role": "user", "content": f"Write a short poem about {TOPICS[i % 16]}."}],
+            tokens) for i in range(clients)))
+        wall = time.perf_counter() - t0
+    ttfts = [r["ttft"] for r in res]
+    total = sum(r["tokens"] for r in res)
+    return {"clients": clients, "ttft_median": statistics.median(ttfts), "ttft_max": max(ttfts),
+            "agg_tps": total / wall, "stream_tps": statistics.median(r["per_stream"] for r in res),
+            "tokens": total, "wall": wall}
+
+
+async def multi_turn(base: str, name: str, tokens: int) -> dict:
+    async with httpx.AsyncClient(base_url=base, timeout=3600) as client:
+        msgs = [{"role": "system", "content": "You are a concise assistant."},
+                {"role": "user", "content": "Name three rivers in Europe and one fact about each."}]
+        t1 = await one_chat(client, name, msgs, tokens)
+        msgs += [{"role": "assistant", "content": t1["text"]},
+                 {"role": "user", "content": "Which of them is the longest?"}]
+        t2 = await one_chat(client, name, msgs, tokens)
+    return {"turn1_ttft": t1["ttft"], "turn1_cached": t1["cached"],
+            "turn2_ttft": t2["ttft"], "turn2_cached": t2["cached"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gemma3-270m")
+    ap.add_argument("--slots", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=32, help="new tokens per request")
+    ap.add_argument("--levels", default="1,4,16")
+    ap.add_argument("--max-context", type=int, default=None)
+    args = ap.parse_args()
+    proc, base, name = start_server(args)
+    try:
+        asyncio.run(level(base, name, 1, 4))                     # warm-up
+        rows = [asyncio.run(level(base, name, int(c), args.tokens)) for c in args.levels.split(",")]
+        mt = asyncio.run(multi_turn(base, name, args.tokens))
+        metrics = httpx.get(base + "/metrics").text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    print(f"model {name}, {args.slots} slots, {args.tokens} new tokens per request, greedy, "
+          f"{os.cpu_count()} CPUs\n")
+    print("| clients | TTFT median (s) | TTFT max (s) | aggregate tok/s | per-stream tok/s | wall (s) |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['clients']} | {r['ttft_median']:.2f} | {r['ttft_max']:.2f} | {r['agg_tps']:.1f} "
+              f"| {r['stream_tps']:.1f} | {r['wall']:.1f} |")
+    print(f"\nmulti-turn: turn 1 TTFT {mt['turn1_ttft']:.2f} s (cached_tokens {mt['turn1_cached']}), "
+          f"turn 2 TTFT {mt['turn2_ttft']:.2f} s (cached_tokens {mt['turn2_cached']})")
+    keep = ("muser_cache_hits_total", "muser_cached_tokens_total", "muser_prefill_tokens_total",
+            "muser_prompt_tokens_total", "muser_decode_seconds", "muser_prefill_seconds")
+    print("\n" + "\n".join(l for l in metrics.splitlines() if l.startswith(keep)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
