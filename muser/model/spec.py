@@ -114,7 +114,9 @@ def spec_from_hf_config(cfg: dict, max_context: int | None = None) -> ModelSpec:
             embed_scale=math.sqrt(hidden),
             query_scale=float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5,
             final_logit_softcap=cfg.get("final_logit_softcapping"),
-            attn_logit_softcap=cfg.get("attn_logit_softcapping"),
+            # Gemma 3 replaced attention soft-capping with qk-norm: transformers (and llama.cpp)
+            # ignore `attn_logit_softcapping` for it even when a config sets it, and so do we.
+            attn_logit_softcap=None,
             activation="gelu_tanh", norm="rms", qk_norm=True, sandwich_norm=True,
             attention_bias=bool(cfg.get("attention_bias", False)),
         )
@@ -229,8 +231,7 @@ def spec_from_gguf(reader_or_path, max_context: int | None = None) -> ModelSpec:
         return ModelSpec(architecture="gemma3", layers=_layers(_layer_types(int(n), GEMMA3_SLIDING_PATTERN),
                                                              m("attention.sliding_window"), thetas),
                          eos_token_ids=eos, embed_scale=math.sqrt(hidden), query_scale=float(head_dim) ** -0.5,
-                         final_logit_softcap=m("final_logit_softcapping"),
-                         attn_logit_softcap=m("attn_logit_softcapping"),
+                         final_logit_softcap=m("final_logit_softcapping"),   # no attention cap: see above
                          activation="gelu_tanh", norm="rms", qk_norm=True, sandwich_norm=True, **common)
     if arch in ("llama", "qwen2", "mistral"):
         rope = (float(m("rope.freq_base", 10_000.0)), 1.0)
