@@ -133,3 +133,22 @@ def test_model_step_failure_latches_unhealthy(tiny, stream):
                                       max_tokens=1)
         assert e.value.status_code == 503 and e.value.body["type"] == "service_unavailable"
         assert "muser_healthy 0" in srv.http().get("/metrics").text
+
+
+def test_busy_staging_is_429_and_live_session_kept(tiny):
+    with serve(tiny, model_id="tiny", slots=1, max_context=160, output_reserve=24) as srv:
+        state = srv.state
+        c = srv.client()
+        c.completions.create(model="tiny", prompt=[2, 40, 41, 42], max_tokens=2)
+        before = state.pool.slots[0].session.snapshot()
+        assert state.pool.staging_lock.acquire(blocking=False)     # another rebuild in progress
+        try:
+            with pytest.raises(openai.RateLimitError) as e:
+                c.chat.completions.create(model="tiny", messages=conversation(8), max_tokens=1)
+            assert "staging" in e.value.body["message"]
+        finally:
+            state.pool.staging_lock.release()
+        assert state.pool.slots[0].session.snapshot().equal(before)
+        assert srv.http().get("/health").json()["status"] == "healthy"
+        r = c.chat.completions.create(model="tiny", messages=conversation(8), max_tokens=1)
+        assert r.model_extra["muser"]["shifted"] is True
