@@ -28,6 +28,32 @@ log = logging.getLogger("muser.server")
 SAFE_ERRORS = (RequestError, ContextOverflow, CacheOverflow)   # refused before any write
 
 
+class LockedTokenizer:
+    """One lock around every call into the shared fast tokenizer.
+
+    A Rust-backed fast tokenizer refuses a mutable borrow while another thread
+    holds one ("Already borrowed"): planning encodes in worker threads while the
+    scheduler decodes, so every call goes through this lock.
+    """
+
+    def __init__(self, tokenizer):
+        self._tok = tokenizer
+        self._lock = threading.Lock()
+        self.eos_token_ids = tuple(tokenizer.eos_token_ids)
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        with self._lock:
+            return list(self._tok.encode(text, add_bos=add_bos))
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        with self._lock:
+            return self._tok.decode(ids, skip_special_tokens)
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
+        with self._lock:
+            return list(self._tok.apply_chat_template(messages, add_generation_prompt))
+
+
 class TextStream:
     """Text deltas of a generation that never emit a stop string or half a character."""
 
@@ -87,13 +113,13 @@ class Job:
 
 class Scheduler:
     def __init__(self, engine, pool: SlotPool, metrics, max_context: int,
-                 batch_decode: bool = True):
+                 batch_decode: bool = True, tokenizer=None):
         self.engine, self.pool, self.metrics = engine, pool, metrics
+        self.tokenizer = tokenizer if tokenizer is not None else LockedTokenizer(engine.tokenizer)
         self.max_context = max_context
         self.batch_decode = batch_decode
         self.eos = set(engine.spec.eos_token_ids or ())
-        if getattr(engine, "has_tokenizer", False):
-            self.eos |= set(engine.tokenizer.eos_token_ids)
+        self.eos |= set(self.tokenizer.eos_token_ids)
         self._inbox: list[Job] = []
         self._active: list[Job] = []
         self._cond = threading.Condition()
@@ -134,12 +160,17 @@ class Scheduler:
                     jobs, self._inbox = self._inbox + self._active, []
                     break
                 new, self._inbox = self._inbox, []
-            for job in new:
-                self._admit(job)
-            self._retire()
-            if self._active:
-                self._decode_round()
+            try:
+                for job in new:
+                    self._admit(job)
                 self._retire()
+                if self._active:
+                    self._decode_round()
+                    self._retire()
+            except Exception as e:             # noqa: BLE001 -- never leave requests hanging
+                log.exception("scheduler step failed")
+                self._active += [j for j in new if not j.done and j not in self._active]
+                self._fail_all(f"internal scheduler error {type(e).__name__}: {e}", e)
         for job in jobs:
             self._finish(job, error=Unavailable("the server is shutting down"))
 
@@ -207,7 +238,7 @@ class Scheduler:
         self.metrics.observe("prefill_seconds", dt)
         self.metrics.inc("prefill_tokens_total", len(p.prompt) - p.reuse)
         p.slot.replay = job.replay(p.slot.epoch) if job.replay else None
-        job.text = TextStream(self.engine.tokenizer, job.stops)
+        job.text = TextStream(self.tokenizer, job.stops)
         job.generator = job.sampling.generator()
         job.emit("start", {"slot": p.slot.id, "context_epoch": p.slot.epoch, "shifted": job.shifted,
                            "cached_tokens": p.reuse, "prompt_tokens": len(p.prompt),

@@ -27,7 +27,7 @@ from .metrics import Metrics
 from .policy import (Limits, RawReplay, ReplayPlan, match_lineage, plan_chat, plan_raw,
                      plan_raw_continuation)
 from .responses import ClientWatch, Formatter, SSEResponse
-from .scheduler import Job, Scheduler
+from .scheduler import Job, LockedTokenizer, Scheduler
 from .slots import Candidate, Slot, SlotPool
 
 log = logging.getLogger("muser.server")
@@ -36,6 +36,10 @@ log = logging.getLogger("muser.server")
 class ServerState:
     def __init__(self, engine, config: ServerConfig):
         self.engine, self.config = engine, config
+        if not getattr(engine, "has_tokenizer", True):
+            raise ValueError(f"model {engine.name!r} was loaded without tokenizer files; "
+                             "muser serve needs a tokenizer (add tokenizer.json)")
+        self.tokenizer = LockedTokenizer(engine.tokenizer)
         self.model_id = config.model_id or engine.name
         self.max_context = config.effective_max_context(engine.max_context)
         self.limits = Limits(self.max_context, config.effective_reserve(self.max_context),
@@ -44,7 +48,7 @@ class ServerState:
         self.pool = SlotPool([engine.new_session() for _ in range(config.slots)],
                              engine.new_session(), config.queue_size, config.queue_timeout)
         self.scheduler = Scheduler(engine, self.pool, self.metrics, self.max_context,
-                                   config.batch_decode)
+                                   config.batch_decode, self.tokenizer)
         self.bos = engine.spec.bos_token_id
         m = self.metrics
         m.gauge("slots_total", "serving slots", lambda: len(self.pool.slots))
@@ -96,7 +100,7 @@ class ServerState:
     # ------------------------------------------------------------------ candidates
     def render_chat(self, messages: list[dict]) -> list[int]:
         try:
-            ids = self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         except RequestError:
             raise
         except Exception as e:             # noqa: BLE001 -- a template's refusal is a bad request
@@ -132,7 +136,7 @@ class ServerState:
 
     def raw_candidates(self, prompt: str | list[int]) -> tuple[Callable[[Slot], Candidate], list[int]]:
         if isinstance(prompt, str):
-            tokens = list(self.engine.tokenizer.encode(prompt))
+            tokens = self.tokenizer.encode(prompt)
         else:
             tokens = list(prompt)
             vocab = self.engine.spec.vocab_size
