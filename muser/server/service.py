@@ -27,7 +27,8 @@ from .metrics import Metrics
 from .policy import (Limits, RawReplay, ReplayPlan, match_lineage, plan_chat, plan_raw,
                      plan_raw_continuation)
 from .responses import ClientWatch, Formatter, SSEResponse
-from .scheduler import Job, LockedTokenizer, Scheduler
+from .scheduler import Job, Scheduler
+from .text import LockedTokenizer
 from .slots import Candidate, Slot, SlotPool
 
 log = logging.getLogger("muser.server")

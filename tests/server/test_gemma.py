@@ -34,3 +34,25 @@ def test_gemma_multiturn_reuses_cache_and_streams(gemma):
         text = c.completions.create(model="gemma3-270m", prompt="The capital of France is",
                                     max_tokens=3, temperature=0).choices[0].text
         assert text.strip()
+
+
+def test_gemma_shift_equals_cold_prefill(gemma):
+    from muser.server.policy import plan_chat
+    with serve(gemma, slots=1, max_context=96, output_reserve=16) as srv:
+        msgs = [{"role": "system", "content": "Be brief."}]
+        for i in range(6):
+            msgs += [{"role": "user", "content": f"Question {i}: name a colour."},
+                     {"role": "assistant", "content": f"Answer {i}: blue."}]
+        msgs.append({"role": "user", "content": "And one more colour?"})
+        r = srv.client().chat.completions.create(model="gemma3-270m", messages=msgs, max_tokens=1,
+                                                 temperature=0)
+        ext = r.model_extra["muser"]
+        assert ext["shifted"] and ext["context_epoch"] == 1 and ext["dropped_turns"] > 0
+        tok = gemma.tokenizer
+        plan = plan_chat(msgs, lambda ms: len(tok.apply_chat_template(ms)), srv.state.limits)
+        kept = tok.apply_chat_template(plan.messages())
+        slot = srv.state.pool.slots[0]
+        assert slot.tokens == kept and plan.system == (msgs[0],)
+        cold = gemma.new_session()
+        cold.prefill(kept)
+        assert slot.session.snapshot().equal(cold.snapshot())
