@@ -42,6 +42,8 @@ class Engine:
         self.max_context = min(config.max_context or spec.max_context, spec.max_context)
         self.encoding = Encoding(config.backend, config.dtype)
         self.attention = select_attention(self.device)
+        self.cuda_graphs = self.device.type == "cuda"   # decode through engine/cuda_graph.py
+        self._runner = None
         self.fingerprint = {
             "architecture": spec.architecture,
             "layers": [[l.kind, l.window, l.rope] for l in spec.layers],
@@ -85,7 +87,19 @@ class Engine:
         """One decode step for several sessions: float32 logits [B, vocab]."""
         if len(sessions) != len(tokens):
             raise RequestError(f"decode_batch got {len(sessions)} sessions and {len(tokens)} tokens")
+        runner = self.decode_runner()
+        if runner is not None and sessions:
+            return runner.decode(sessions, tokens)     # one batched graph replay
         return torch.stack([s.decode(t) for s, t in zip(sessions, tokens)])
+
+    def decode_runner(self):
+        """The CUDA graph runner for decode steps, or None (CPU, oracle, or turned off)."""
+        if not self.cuda_graphs:
+            return None
+        if self._runner is None:
+            from .cuda_graph import make_runner
+            self._runner = make_runner(self) or False
+        return self._runner or None
 
     # ------------------------------------------------------------------ text
     def encode_prompt(self, prompt: str | list[int], chat: bool = False) -> list[int]:

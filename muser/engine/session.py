@@ -103,6 +103,13 @@ class Session:
         def attend(q, k, v):                     # q [T, H, D], k/v [T, KV, D]
             staged = stage(plane, start, k, v, real)
             mask = None
+            banded = getattr(engine.attention, "banded", None)
+            if staged.needs_mask and staged.ordered and banded is not None:
+                # CUDA: the window rule as positions (flash attention, no dense mask)
+                out = banded(q, staged.keys, staged.values, start, staged.first_position,
+                             plane.window, engine.spec.scale, engine.spec.attn_logit_softcap)
+                staged.commit()
+                return out
             if staged.needs_mask:
                 mask = visibility_mask(positions, staged.key_positions(), plane.window)
             out = engine.attention(q, staged.keys, staged.values, mask,
@@ -124,6 +131,9 @@ class Session:
 
     def decode(self, token_id: int) -> torch.Tensor:
         """Consume one token; return float32 logits [vocab] for the next one."""
+        runner = self.engine.decode_runner()
+        if runner is not None:               # CUDA: one graph replay (engine/cuda_graph.py)
+            return runner.decode([self], [token_id])[0]
         return self._forward(self._validate([token_id]), all_logits=False, pad=False)[-1]
 
     def extend(self, ids) -> torch.Tensor:

@@ -81,7 +81,7 @@ class Weights:
         """Bytes held (each storage counted once)."""
         seen, total = set(), 0
         for t in self.tensors():
-            key = (t.untyped_storage().data_ptr(), t.device)
+            key = (t.data_ptr(), t.numel(), t.device)     # views of one fused storage count once each
             if key not in seen:
                 seen.add(key)
                 total += t.numel() * t.element_size()

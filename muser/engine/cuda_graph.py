@@ -1,0 +1,216 @@
+"""Graph-captured decode on CUDA: one replay per step, for one session or several.
+
+Owns: `GraphRunner` -- the plane bookkeeping of a decode step done on the host
+(the same arithmetic `Plane.store` does, undo logs included when a caller's
+checkpoint is open), the per-step upload of ids/positions/(slot, n) and of the
+plane tables when they change, one captured `DecodeStep` per batch size,
+and the transactional guarantee (a refused or failed step leaves every
+session as it was).  Does not own: the maths (cuda_step.py) or the kernels.
+
+Why it is graph-safe: plane storage never moves during a step (a growing
+plane that must grow does so here, before the upload, and its new pointer
+goes into the table), the attention grid is static (splits are a function of
+the plane's capacity kind, rows per split a function of n), and lengths,
+slots and positions are read by the kernels from device memory.
+
+Plane groups: planes that move in lockstep -- every growing plane, and the
+rings of one capacity -- share one (slot, n) per session.  A session's
+planes always advance together, so one representative per group decides.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from ..attention.triton_decode import plane_row, splits_for
+from ..errors import CacheError, RequestError
+from .cuda_step import DecodeStep, unsupported
+
+
+class _Entry:
+    """One captured batch size: its input buffers, workspace, graph and output."""
+
+    def __init__(self, step: DecodeStep, batch: int, n_layers: int, n_groups: int, device):
+        self.batch = batch
+        self.packed = torch.zeros(2 * batch + 2 * batch * n_groups, dtype=torch.int64, device=device)
+        self.host = torch.zeros(self.packed.shape, dtype=torch.int64)
+        if torch.device(device).type == "cuda":
+            self.host = self.host.pin_memory()
+        self.tables = torch.zeros((n_layers, batch, 4), dtype=torch.int64, device=device)
+        self.ws = step.workspace(batch)
+        self.graph = None
+        self.logits = None
+        self.table_key = None
+        self.uploaded = None                  # event after the last host -> device copy
+
+
+class GraphRunner:
+    def __init__(self, engine, capture: bool = True):
+        why = unsupported(engine.spec)
+        if why:
+            raise RequestError(f"CUDA decode step does not support this model: {why}")
+        self.engine = engine
+        probe = engine.new_session().planes
+        keys, self.layer_group, self.members = [], [], []
+        for i, p in enumerate(probe):
+            key = ("growing",) if p.kind == "growing" else ("ring", p.capacity)
+            if key not in keys:
+                keys.append(key)
+                self.members.append([])
+            self.layer_group.append(keys.index(key))
+            self.members[keys.index(key)].append(i)
+        self.group_kinds = keys
+        self.growing = [i for key, m in zip(keys, self.members) if key[0] == "growing" for i in m]
+        splits = [splits_for(p.capacity, p.kind == "growing") for p in probe]
+        self.step = DecodeStep(engine, self.layer_group, splits, len(keys))
+        self.capture = capture
+        self.entries: dict[int, _Entry] = {}
+        self.pool = None
+        self._rows = weakref.WeakKeyDictionary()     # session -> (signature, table rows)
+        self.stats = {"captures": 0, "replays": 0, "eager": 0, "table_uploads": 0}
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _advance(self, s, pos: int) -> list[int]:
+        """Reserve position `pos` on every plane of `s`; returns [slot, n] per group."""
+        planes = s.planes
+        out = []
+        for key, members in zip(self.group_kinds, self.members):
+            rep = planes[members[0]]
+            if rep.end != pos:
+                raise CacheError(f"layer {rep.layer}: session at {pos} but plane ends at {rep.end}")
+            state = (rep.len, rep.origin_logical, rep.origin_physical)
+            if any(planes[i].undo is not None for i in members):
+                out.extend(self._advance_logged(planes, members, pos))
+                continue
+            for i in members:
+                p = planes[i]
+                if (p.len, p.origin_logical, p.origin_physical) != state:
+                    raise CacheError(f"layer {p.layer}: planes of one group disagree")
+            if key[0] == "growing":
+                for i in members:
+                    p = planes[i]
+                    if p.allocated <= pos:
+                        p._ensure_storage(pos + 1)
+                    p.len = pos + 1
+                out.extend((pos, pos + 1))
+                continue
+            length, ol, op = state
+            cap = key[1]
+            slot = (op + length) % cap
+            if length < cap:
+                new = (length + 1, ol, op)
+            else:
+                new = (length, ol + 1, (op + 1) % cap)
+            for i in members:
+                p = planes[i]
+                p.len, p.origin_logical, p.origin_physical = new
+            out.extend((slot, new[0]))
+        return out
+
+    def _advance_logged(self, planes, members, pos) -> tuple[int, int]:
+        """The slow path under an open checkpoint: exactly Plane.store's order, minus the write."""
+        results = set()
+        for i in members:
+            p = planes[i]
+            dummy = torch.zeros((1, p.kv_heads, p.head_dim), dtype=p.dtype, device=p.device)
+            p._check_reservation(pos, 1)
+            if p.undo is not None:
+                p.undo.before_store(p, pos, dummy, dummy)
+            slot = (p.origin_physical + p.len) % p.capacity
+            p.append_batch(pos, 1)
+            results.add((slot, p.len))
+        if len(results) != 1:
+            raise CacheError(f"planes of one group disagree at position {pos}: {sorted(results)}")
+        return results.pop()
+
+    def _table_rows(self, s) -> torch.Tensor:
+        planes = s.planes
+        sig = tuple((planes[i].keys.data_ptr(), planes[i].values.data_ptr(), planes[i].keys.shape[1])
+                    for i in self.growing)
+        hit = self._rows.get(s)
+        if hit is None or hit[0] != sig:
+            hit = (sig, torch.tensor([plane_row(p) for p in s.planes], dtype=torch.int64))
+            self._rows[s] = hit
+        return hit[1]
+
+    # ------------------------------------------------------------------ step
+    def decode(self, sessions, tokens) -> torch.Tensor:
+        """One decode step for every session: float32 logits [B, vocab] (a fresh tensor)."""
+        if len(sessions) != len(tokens):
+            raise RequestError(f"decode got {len(sessions)} sessions and {len(tokens)} tokens")
+        if len({id(s) for s in sessions}) != len(sessions):
+            raise RequestError("a session appears twice in one decode batch")
+        tokens = [s._validate([t])[0] for s, t in zip(sessions, tokens)]
+        B = len(sessions)
+        saved = [[(p.len, p.origin_logical, p.origin_physical) for p in s.planes] for s in sessions]
+        try:
+            positions = [s.position for s in sessions]
+            metas = [self._advance(s, pos) for s, pos in zip(sessions, positions)]
+            logits = self._run(sessions, tokens, positions, metas)
+        except BaseException:
+            for s, st in zip(sessions, saved):
+                for p, (ln, ol, op) in zip(s.planes, st):
+                    p.len, p.origin_logical, p.origin_physical = ln, ol, op
+            raise
+        for s, t in zip(sessions, tokens):
+            s.tokens.append(t)
+        return logits
+
+    def _run(self, sessions, tokens, positions, metas) -> torch.Tensor:
+        B = len(sessions)
+        entry = self.entries.get(B)
+        if entry is None:
+            entry = self.entries[B] = _Entry(self.step, B, len(self.layer_group),
+                                             len(self.group_kinds), self.engine.device)
+        # ids | positions | per group: (slot, n) for each row
+        flat = list(tokens) + list(positions)
+        for g in range(len(self.group_kinds)):
+            for m in metas:
+                flat.extend(m[2 * g: 2 * g + 2])
+        if entry.uploaded is not None:
+            entry.uploaded.synchronize()      # the pinned buffer may still be in flight
+        entry.host.copy_(torch.tensor(flat, dtype=torch.int64))
+        entry.packed.copy_(entry.host, non_blocking=True)
+        if entry.packed.is_cuda:
+            entry.uploaded = torch.cuda.Event()
+            entry.uploaded.record()
+        rows = [self._table_rows(s) for s in sessions]
+        key = tuple(r.data_ptr() for r in rows)
+        if key != entry.table_key:
+            entry.tables.copy_(torch.stack(rows, dim=1))
+            entry.table_key = key
+            self.stats["table_uploads"] += 1
+        if not self.capture:
+            self.stats["eager"] += 1
+            return self.step.run(entry.packed, entry.tables, entry.ws)
+        if entry.graph is None:
+            self._capture(entry)
+        entry.graph.replay()
+        self.stats["replays"] += 1
+        return entry.logits.clone()
+
+    def _capture(self, entry: _Entry) -> None:
+        """Warm up eagerly (compiles kernels; writes this step's rows, which the replay
+        rewrites identically), then capture.  The caller replays for the real result."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.step.run(entry.packed, entry.tables, entry.ws)
+        torch.cuda.current_stream().wait_stream(side)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            entry.logits = self.step.run(entry.packed, entry.tables, entry.ws)
+        entry.graph = graph
+        self.stats["captures"] += 1
+
+
+def make_runner(engine):
+    """A GraphRunner for a ring-backend engine on CUDA, or None when it does not apply."""
+    if engine.device.type != "cuda" or engine.encoding.family != "ring":
+        return None
+    if unsupported(engine.spec):
+        return None
+    return GraphRunner(engine)

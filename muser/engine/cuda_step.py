@@ -1,0 +1,123 @@
+"""The decode step on CUDA as a fixed sequence of launches over static buffers.
+
+Owns: `fuse_weights` (q/k/v and gate/up concatenated once; the engine's
+per-matrix tensors become views of the fused ones, so nothing is held twice)
+and `DecodeStep`, the maths of one token for B sessions: 1 embedding, then
+per layer 1 qkv GEMM, 1 qk-norm/RoPE/store, 2 attention, 1 o GEMM,
+1 add+norm, 1 gate/up GEMM, 1 act*mul, 1 down GEMM, 1 add+norm; the head.
+Does not own: plane bookkeeping, plane tables or graph capture
+(cuda_graph.py), the kernels (muser.model.triton_ops,
+muser.attention.triton_decode).
+
+Inputs live in device tensors so the step can be captured once and replayed:
+`packed` int64 = [ids (B) | positions (B) | per plane group: (slot, n) x B],
+`tables` int64 [L, B, 4] (see triton_decode).  Nothing here reads the host.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..attention.triton_decode import DecodeWorkspace, decode_attention
+from ..model import transformer as tf
+from ..model.triton_ops import act_mul, add_norm, qk_rope_store
+
+
+def _fuse(parts: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    fused = torch.cat(parts, dim=0)
+    views, at = [], 0
+    for p in parts:
+        views.append(fused[at:at + p.shape[0]])
+        at += p.shape[0]
+    return fused, views
+
+
+def fuse_weights(weights) -> list[dict]:
+    """Per layer {'wqkv', 'bqkv', 'wgu'}; rebinds wq/wk/wv/w_gate/w_up (and biases) to views."""
+    out = []
+    for lw in weights.layers:
+        if getattr(lw, "_fused", None) is not None:
+            out.append(lw._fused)
+            continue
+        wqkv, (lw.wq, lw.wk, lw.wv) = _fuse([lw.wq, lw.wk, lw.wv])
+        bqkv = None
+        if lw.bq is not None:
+            bqkv, (lw.bq, lw.bk, lw.bv) = _fuse([lw.bq, lw.bk, lw.bv])
+        wgu, (lw.w_gate, lw.w_up) = _fuse([lw.w_gate, lw.w_up])
+        lw._fused = {"wqkv": wqkv, "bqkv": bqkv, "wgu": wgu}
+        out.append(lw._fused)
+    return out
+
+
+def unsupported(spec) -> str | None:
+    """Why this model cannot take the fused step (None = it can)."""
+    if spec.qk_norm and spec.norm != "rms":
+        return "qk-norm with layer norm"
+    if spec.head_dim % 2:
+        return f"odd head_dim {spec.head_dim}"
+    if spec.num_heads % spec.num_kv_heads:
+        return "heads not a multiple of kv heads"
+    return None
+
+
+class DecodeStep:
+    """One decode step for a fixed batch size; `run(packed, tables, ws)` -> logits [B, vocab] f32."""
+
+    def __init__(self, engine, layer_groups: list[int], layer_splits: list[int], n_groups: int):
+        self.engine = engine
+        self.spec = spec = engine.spec
+        self.w = engine.weights
+        self.fused = fuse_weights(engine.weights)
+        self.groups, self.splits, self.n_groups = layer_groups, layer_splits, n_groups
+        dev = engine.device
+        self.rope = []
+        for ls in spec.layers:
+            if ls.rope:
+                self.rope.append(tf.rope_tables(ls.rope_theta, ls.rope_scale, spec.head_dim, dev,
+                                                spec.max_context))
+            else:
+                self.rope.append((None, None))
+        self.embed_scale = (torch.tensor(spec.embed_scale, dtype=engine.dtype, device=dev)
+                            if spec.embed_scale != 1.0 else None)
+        self.layernorm = spec.norm != "rms"
+        self.gelu = spec.activation == "gelu_tanh"
+
+    def workspace(self, batch: int) -> DecodeWorkspace:
+        s = self.spec
+        return DecodeWorkspace(batch, s.num_kv_heads, s.num_heads // s.num_kv_heads, s.head_dim,
+                               max(self.splits), self.engine.device)
+
+    def _mlp(self, lw, fz, x):
+        return F.linear(act_mul(F.linear(x, fz["wgu"]), self.gelu), lw.w_down)
+
+    def run(self, packed: torch.Tensor, tables: torch.Tensor, ws: DecodeWorkspace) -> torch.Tensor:
+        spec, w = self.spec, self.w
+        B = tables.shape[1]
+        H, KV, D, eps = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.norm_eps
+        ids, pos = packed[:B], packed[B:2 * B]
+        metas = [packed[2 * B + 2 * B * g: 2 * B + 2 * B * (g + 1)] for g in range(self.n_groups)]
+        h = F.embedding(ids, w.embed)
+        if self.embed_scale is not None:
+            h = h * self.embed_scale
+        layers = w.layers
+        h, x = add_norm(h, layers[0].attn_norm, eps, self.layernorm)
+        for i, (lw, ls, fz) in enumerate(zip(layers, spec.layers, self.fused)):
+            meta, table = metas[self.groups[i]], tables[i]
+            qkv = F.linear(x, fz["wqkv"], fz["bqkv"])
+            cos, sin = self.rope[i]
+            q = qk_rope_store(qkv, pos, cos, sin, lw.q_norm if spec.qk_norm else None,
+                              lw.k_norm if spec.qk_norm else None, eps, table, meta, H, KV, D,
+                              spec.rope_interleaved)
+            a = decode_attention(q, table, meta, KV, self.splits[i], spec.scale,
+                                 spec.attn_logit_softcap, ws)
+            o = F.linear(a.view(B, H * D), lw.wo, lw.bo)
+            nxt = layers[i + 1].attn_norm if i + 1 < len(layers) else w.final_norm
+            if spec.parallel_block:
+                h, x = add_norm(h, nxt, eps, self.layernorm, d1=o, d2=self._mlp(lw, fz, x))
+                continue
+            post_attn = lw.post_attn_norm if spec.sandwich_norm else None
+            h, x = add_norm(h, lw.pre_ffn_norm, eps, self.layernorm, d1=o, w_post=post_attn)
+            m = self._mlp(lw, fz, x)
+            post_ffn = lw.post_ffn_norm if spec.sandwich_norm else None
+            h, x = add_norm(h, nxt, eps, self.layernorm, d1=m, w_post=post_ffn)
+        return tf.logits(w, spec, x)

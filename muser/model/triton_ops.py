@@ -1,0 +1,191 @@
+"""Fused element-wise pieces of one decode step on CUDA (Triton), one launch each.
+
+Owns: `add_norm` (residual add(s), optional sandwich norm of the delta, the
+next norm), `qk_rope_store` (qk-norm + RoPE of q and k, and the store of the
+new k/v row straight into each batch row's plane through a plane table) and
+`act_mul` (gelu-tanh / silu gate times up).  Does not own: matmuls (cuBLAS
+through F.linear), attention (muser.attention.triton_decode) or plane
+bookkeeping.
+
+Every kernel rounds where `muser.model.transformer` rounds (norm and RoPE in
+float32, cast back to the activation dtype after each), so the decode step
+agrees with the chunk path up to the order of float32 sums.  Triton is
+imported lazily: this module imports on a machine without it.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+def _pow2(x: int) -> int:
+    p = 1
+    while p < x:
+        p *= 2
+    return p
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add_norm_kernel(H, D1, D2, W_POST, W_NEXT, H_OUT, X_OUT, eps,
+                        N: tl.constexpr, BLOCK: tl.constexpr, HAS_D1: tl.constexpr,
+                        HAS_D2: tl.constexpr, POST: tl.constexpr, LAYERNORM: tl.constexpr):
+        row = tl.program_id(0)
+        i = tl.arange(0, BLOCK)
+        mask = i < N
+        h = tl.load(H + row * N + i, mask=mask, other=0.0)
+        if HAS_D1:
+            d1 = tl.load(D1 + row * N + i, mask=mask, other=0.0).to(tl.float32)
+            if POST:
+                wp = tl.load(W_POST + i, mask=mask, other=0.0)
+                if LAYERNORM:
+                    xc = tl.where(mask, d1 - tl.sum(d1, 0) / N, 0.0)
+                    d1 = xc * tl.rsqrt(tl.sum(xc * xc, 0) / N + eps) * wp
+                else:
+                    d1 = d1 * tl.rsqrt(tl.sum(d1 * d1, 0) / N + eps) * wp
+                d1 = d1.to(h.dtype).to(tl.float32)
+            h = (h.to(tl.float32) + d1).to(h.dtype)
+            if HAS_D2:
+                d2 = tl.load(D2 + row * N + i, mask=mask, other=0.0).to(tl.float32)
+                h = (h.to(tl.float32) + d2).to(h.dtype)
+            tl.store(H_OUT + row * N + i, h, mask=mask)
+        wn = tl.load(W_NEXT + i, mask=mask, other=0.0)
+        x = h.to(tl.float32)
+        if LAYERNORM:
+            xc = tl.where(mask, x - tl.sum(x, 0) / N, 0.0)
+            x = xc * tl.rsqrt(tl.sum(xc * xc, 0) / N + eps) * wn
+        else:
+            x = x * tl.rsqrt(tl.sum(x * x, 0) / N + eps) * wn
+        tl.store(X_OUT + row * N + i, x.to(h.dtype), mask=mask)
+
+    @triton.jit
+    def qk_rope_store_kernel(QKV, POS, COS, SIN, QN, KN, TAB, META, Q_OUT, eps,
+                             H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr,
+                             HALF: tl.constexpr, BLOCK: tl.constexpr, QK_NORM: tl.constexpr,
+                             ROPE: tl.constexpr, INTERLEAVED: tl.constexpr):
+        b = tl.program_id(0)
+        j = tl.program_id(1)                       # q heads [0, H), then kv heads [H, H + KV)
+        i = tl.arange(0, BLOCK)
+        mask = i < HALF
+        if INTERLEAVED:
+            i0 = 2 * i
+            i1 = 2 * i + 1
+        else:
+            i0 = i
+            i1 = i + HALF
+        row = QKV + b * (H + 2 * KV) * D
+        src = row + j * D
+        x0 = tl.load(src + i0, mask=mask, other=0.0)
+        x1 = tl.load(src + i1, mask=mask, other=0.0)
+        dt = x0.dtype
+        a0 = x0.to(tl.float32)
+        a1 = x1.to(tl.float32)
+        if QK_NORM:
+            if j < H:
+                w0 = tl.load(QN + i0, mask=mask, other=0.0)
+                w1 = tl.load(QN + i1, mask=mask, other=0.0)
+            else:
+                w0 = tl.load(KN + i0, mask=mask, other=0.0)
+                w1 = tl.load(KN + i1, mask=mask, other=0.0)
+            r = tl.rsqrt((tl.sum(a0 * a0, 0) + tl.sum(a1 * a1, 0)) / D + eps)
+            a0 = (a0 * r * w0).to(dt).to(tl.float32)
+            a1 = (a1 * r * w1).to(dt).to(tl.float32)
+        if ROPE:
+            pos = tl.load(POS + b)
+            c = tl.load(COS + pos * HALF + i, mask=mask, other=0.0)
+            s = tl.load(SIN + pos * HALF + i, mask=mask, other=0.0)
+            o0 = a0 * c - a1 * s
+            o1 = a1 * c + a0 * s
+        else:
+            o0 = a0
+            o1 = a1
+        if j < H:
+            dst = Q_OUT + (b * H + j) * D
+            tl.store(dst + i0, o0.to(dt), mask=mask)
+            tl.store(dst + i1, o1.to(dt), mask=mask)
+        else:
+            kvh = j - H
+            kp = tl.load(TAB + b * 4).to(tl.pointer_type(QKV.dtype.element_ty))
+            vp = tl.load(TAB + b * 4 + 1).to(tl.pointer_type(QKV.dtype.element_ty))
+            rs = tl.load(TAB + b * 4 + 2)
+            hs = tl.load(TAB + b * 4 + 3)
+            slot = tl.load(META + b * 2).to(tl.int64)
+            off = slot * rs + kvh * hs
+            tl.store(kp + off + i0, o0.to(dt), mask=mask)
+            tl.store(kp + off + i1, o1.to(dt), mask=mask)
+            vsrc = row + (H + KV + kvh) * D
+            tl.store(vp + off + i0, tl.load(vsrc + i0, mask=mask, other=0.0), mask=mask)
+            tl.store(vp + off + i1, tl.load(vsrc + i1, mask=mask, other=0.0), mask=mask)
+
+    @triton.jit
+    def act_mul_kernel(GU, OUT, I: tl.constexpr, BLOCK: tl.constexpr, GELU: tl.constexpr):
+        b = tl.program_id(0)
+        i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < I
+        g = tl.load(GU + b * 2 * I + i, mask=mask, other=0.0)
+        u = tl.load(GU + b * 2 * I + I + i, mask=mask, other=0.0)
+        gf = g.to(tl.float32)
+        if GELU:
+            y = 0.7978845608028654 * (gf + 0.044715 * gf * gf * gf)
+            a = 0.5 * gf * (1.0 + (2.0 * tl.sigmoid(2.0 * y) - 1.0))
+        else:
+            a = gf * tl.sigmoid(gf)
+        out = a.to(g.dtype).to(tl.float32) * u.to(tl.float32)
+        tl.store(OUT + b * I + i, out.to(g.dtype), mask=mask)
+
+    return add_norm_kernel, qk_rope_store_kernel, act_mul_kernel
+
+
+def add_norm(h: torch.Tensor, w_next: torch.Tensor, eps: float, layernorm: bool,
+             d1: torch.Tensor | None = None, d2: torch.Tensor | None = None,
+             w_post: torch.Tensor | None = None, h_out: torch.Tensor | None = None,
+             x_out: torch.Tensor | None = None):
+    """h' = h + norm?(d1) [+ d2]; x = norm(h', w_next).  Returns (h', x); rows [B, N].
+
+    With d1 None, h' is h and only the norm runs (the first layer's input norm).
+    """
+    kern = _kernels()[0]
+    B, N = h.shape
+    h_out = h if d1 is None else (h_out if h_out is not None else torch.empty_like(h))
+    x_out = x_out if x_out is not None else torch.empty_like(h)
+    kern[(B,)](h, d1 if d1 is not None else h, d2 if d2 is not None else h,
+               w_post if w_post is not None else w_next, w_next, h_out, x_out, float(eps),
+               N=N, BLOCK=_pow2(N), HAS_D1=d1 is not None, HAS_D2=d2 is not None,
+               POST=w_post is not None, LAYERNORM=layernorm, num_warps=8 if N >= 2048 else 4)
+    return h_out, x_out
+
+
+def qk_rope_store(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor | None,
+                  sin: torch.Tensor | None, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+                  eps: float, table: torch.Tensor, meta: torch.Tensor, heads: int, kv_heads: int,
+                  head_dim: int, interleaved: bool, q_out: torch.Tensor | None = None) -> torch.Tensor:
+    """Split qkv [B, (H + 2KV) * D]; qk-norm + RoPE; k/v rows stored at meta's slot of each
+    batch row's plane (table, see triton_decode); returns q [B, H, D]."""
+    kern = _kernels()[1]
+    B = qkv.shape[0]
+    q_out = q_out if q_out is not None else qkv.new_empty(B, heads, head_dim)
+    half = head_dim // 2
+    rope = cos is not None
+    kern[(B, heads + kv_heads)](
+        qkv, pos, cos if rope else qkv, sin if rope else qkv,
+        q_norm if q_norm is not None else qkv, k_norm if k_norm is not None else qkv,
+        table, meta, q_out, float(eps), H=heads, KV=kv_heads, D=head_dim, HALF=half,
+        BLOCK=_pow2(half), QK_NORM=q_norm is not None, ROPE=rope, INTERLEAVED=interleaved,
+        num_warps=1 if head_dim <= 128 else 2)
+    return q_out
+
+
+def act_mul(gate_up: torch.Tensor, gelu: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    """gate_up [B, 2I] -> act(gate) * up [B, I] (act rounded first, as torch does)."""
+    kern = _kernels()[2]
+    B, two_i = gate_up.shape
+    inter = two_i // 2
+    out = out if out is not None else gate_up.new_empty(B, inter)
+    block = 1024
+    kern[(B, -(-inter // block))](gate_up, out, I=inter, BLOCK=block, GELU=gelu, num_warps=4)
+    return out
