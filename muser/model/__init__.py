@@ -1,0 +1,14 @@
+"""muser.model: the layer map, weights, loaders, tokenizer and the functional transformer.
+
+    spec.py               spec_from_hf_config / spec_from_gguf -> ModelSpec (the ONLY place a layer's kind is decided)
+    weights.py            Weights / LayerWeights: explicit tensors, effective norm multipliers
+    gguf_file.py          GGUFFile: fast memory-mapped GGUF header + tensor views
+    dequant.py            ggml block formats -> torch (bitwise equal to gguf-py)
+    gguf_loader.py        load_gguf, raw_q8_0
+    safetensors_loader.py load_hf_dir
+    tokenizer.py          Tokenizer, StreamDecoder, load_tokenizer, require_tokenizer
+    transformer.py        embed / layer_forward(attend callback) / final_hidden / logits, RoPE tables
+
+Submodules are imported on demand (transformers and gguf are heavy), so this
+package file imports nothing.
+"""

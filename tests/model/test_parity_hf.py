@@ -137,3 +137,25 @@ def test_gemma3_multimodal_config_and_prefix(tmp_path):
     with torch.no_grad():
         want = model(ids[None]).logits[0]
     assert torch.allclose(forward_reference(weights, spec, ids), want, atol=1e-4, rtol=1e-4)
+
+
+def test_gemma3_tiny_bfloat16_close_to_transformers(tmp_path):
+    """bf16 weights and activations (norms and RoPE in float32): close to transformers in bf16."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    cfg = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=32, sliding_window=WINDOW,
+                           max_position_embeddings=256, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(cfg).float().eval()
+    _randomize_norms(model)
+    model.save_pretrained(tmp_path)
+    spec, weights = load_hf_dir(tmp_path, dtype=torch.bfloat16)
+    assert weights.embed.dtype == torch.bfloat16 and weights.layers[0].attn_norm.dtype == torch.float32
+    ids = torch.arange(T) * 7 % VOCAB
+    with torch.no_grad():
+        want32 = model(ids[None]).logits[0]
+        want16 = model.to(torch.bfloat16)(ids[None]).logits[0].float()
+        got = forward_reference(weights, spec, ids)
+    assert got.dtype == torch.float32
+    # as close to the float32 truth as transformers' own bf16 run is (within 2x)
+    assert (got - want32).abs().max() <= 2 * (want16 - want32).abs().max() + 1e-3
