@@ -27,11 +27,11 @@ def _randomize_norms(model):
                 p.add_(torch.randn_like(p) * 0.3)
 
 
-def _check(model, tmp_path, expect_arch):
+def _check(model, tmp_path, expect_arch, **save_kw):
     torch.manual_seed(0)
     _randomize_norms(model)
     model.eval()
-    model.save_pretrained(tmp_path, safe_serialization=True)
+    model.save_pretrained(tmp_path, safe_serialization=True, **save_kw)
     spec, weights = load_hf_dir(tmp_path, dtype=torch.float32)
     assert spec.architecture == expect_arch
     ids = torch.randint(0, VOCAB, (T,), generator=torch.Generator().manual_seed(1))
@@ -86,7 +86,8 @@ def test_llama_tiny(tmp_path):
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                       attn_implementation="eager", tie_word_embeddings=False)
     torch.manual_seed(0)
-    spec, weights = _check(LlamaForCausalLM(cfg).float(), tmp_path, "llama")
+    spec, weights = _check(LlamaForCausalLM(cfg).float(), tmp_path, "llama", max_shard_size="60KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()         # sharded checkpoint
     assert all(l.kind == "full" and l.rope for l in spec.layers) and weights.lm_head is not None
 
 
