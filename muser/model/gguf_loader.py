@@ -58,7 +58,7 @@ def load_gguf(path, dtype: torch.dtype = torch.float32, progress: bool = True,
     """(spec, weights on CPU in `dtype` (norms float32), the open `GGUFFile`)."""
     r = _open(path)
     spec = spec_from_gguf(r, max_context=max_context)
-    arch = r.fields.get("general.architecture") if isinstance(r, GGUFFile) else spec.architecture
+    arch = spec.architecture
     _prefetch(r)
     top: dict[str, torch.Tensor] = {}
     per_layer: list[dict[str, torch.Tensor]] = [{} for _ in range(spec.num_layers)]

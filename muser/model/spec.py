@@ -227,10 +227,16 @@ def spec_from_gguf(reader_or_path, max_context: int | None = None) -> ModelSpec:
         if not eos:
             eos = (1,)
         eos = tuple(dict.fromkeys(eos + (1, GEMMA3_END_OF_TURN)))
-        # query_pre_attn_scalar = head_dim for 270M / 1B / 4B (27B uses hidden/heads; the GGUF does not say)
-        return ModelSpec(architecture="gemma3", layers=_layers(_layer_types(int(n), GEMMA3_SLIDING_PATTERN),
-                                                             m("attention.sliding_window"), thetas),
-                         eos_token_ids=eos, embed_scale=math.sqrt(hidden), query_scale=float(head_dim) ** -0.5,
+        # query_pre_attn_scalar is not in the file: head_dim for 270M..12B; 27B (62 layers) uses
+        # hidden / heads -- llama.cpp's rule, which keys on the layer count the same way.
+        qpas = hidden / heads if int(n) == 62 else head_dim
+        pattern = m("attention.sliding_window_pattern", GEMMA3_SLIDING_PATTERN)
+        if isinstance(pattern, int):
+            types = _layer_types(int(n), pattern)
+        else:                                   # newer converters: one flag per layer, true = sliding
+            types = [_SLIDING if bool(x) else _FULL for x in pattern]
+        return ModelSpec(architecture="gemma3", layers=_layers(types, m("attention.sliding_window"), thetas),
+                         eos_token_ids=eos, embed_scale=math.sqrt(hidden), query_scale=float(qpas) ** -0.5,
                          final_logit_softcap=m("final_logit_softcapping"),   # no attention cap: see above
                          activation="gelu_tanh", norm="rms", qk_norm=True, sandwich_norm=True, **common)
     if arch in ("llama", "qwen2", "mistral"):
