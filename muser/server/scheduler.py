@@ -2,8 +2,11 @@
 
 Owns: admitting leased requests (a cache-extending prefill of the new suffix,
 a cold prefill, or a shift's rebuild: prefill into staging, publish by swap,
-empty the old generation), one decode step for all active slots per round
-(batched through `engine.decode_batch`), sampling, stop conditions, text
+empty the old generation), the round: one prefill chunk (engine chunk_size,
+aligned as a single prefill call would cut it, so results are bitwise the
+same) for each job still prefilling, then one decode step for all decoding
+slots (batched through `engine.decode_batch`) -- so neither a long prompt
+nor a long generation starves the others -- sampling, stop conditions, text
 deltas, cancellation, and latching the pool unhealthy when a model step fails.
 Does not own: placement or the queue (slots.py), HTTP (app.py).
 
@@ -46,6 +49,10 @@ class Job:
     generator: Any = None
     done: bool = False
     shifted: bool = False
+    target: Any = None                 # the session being prefilled (the slot's, or staging)
+    feed: list[int] | None = None      # prompt ids still to prefill (None once decoding)
+    holds_staging: bool = False
+    prefill_time: float = 0.0
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -109,6 +116,7 @@ class Scheduler:
             try:
                 for job in new:
                     self._admit(job)
+                self._prefill_round()
                 self._retire()
                 if self._active:
                     self._decode_round()
@@ -124,19 +132,26 @@ class Scheduler:
         if job.done:
             return
         job.done = True
+        if job.holds_staging:                 # a rebuild that did not publish: drop its rows
+            job.holds_staging = False
+            try:
+                self.pool.staging.reset()
+            finally:
+                self.pool.staging_lock.release()
+        tail = ""
+        if error is None and job.text is not None and finish != "stop_string":
+            tail = job.text.flush()
+        # Free the slot before the client can see the end: its next request must find it free.
+        try:
+            job.loop.call_soon_threadsafe(self.pool.release, job.placement.slot)
+        except RuntimeError:                  # the loop is gone (shutdown)
+            pass
         if error is not None:
             job.emit("error", error)
-        else:
-            if job.text is not None:
-                tail = job.text.flush() if finish != "stop_string" else ""
-                if tail:
-                    job.emit("delta", tail)
-            job.emit("done", "stop" if finish == "stop_string" else finish, job.generated)
-        slot = job.placement.slot
-        try:
-            job.loop.call_soon_threadsafe(self.pool.release, slot)
-        except RuntimeError:
-            pass
+            return
+        if tail:
+            job.emit("delta", tail)
+        job.emit("done", "stop" if finish == "stop_string" else finish, job.generated)
 
     def _retire(self) -> None:
         for job in self._active:
@@ -154,64 +169,78 @@ class Scheduler:
 
     # ------------------------------------------------------------------ admission
     def _admit(self, job: Job) -> None:
+        """Choose what the job prefills into; the chunks run in `_prefill_round`."""
         p = job.placement
         if not self.pool.healthy:
             return self._finish(job, error=Unavailable(
                 f"the model pool is unhealthy: {self.pool.unhealthy_reason}"))
         if job.cancelled.is_set():            # the client left while queued: no prefill for it
             return self._finish(job, "cancelled")
-        t0 = time.perf_counter()
-        try:
-            if p.rebuild:
-                logits = self._rebuild(job)
-                if logits is None:
-                    return
+        if p.rebuild:                         # a shift: rebuild in staging, publish on success
+            if not self.pool.staging_lock.acquire(blocking=False):
+                return self._finish(job, error=Overloaded(
+                    "the staging session is busy with another context shift; retry later"))
+            job.holds_staging = True
+            job.target = self.pool.staging
+            job.target.reset()
+            job.feed = list(p.prompt)
+        else:
+            s = p.slot.session
+            job.target = s
+            if p.reuse and s.tokens == p.prompt[:p.reuse]:
+                job.feed = list(p.prompt[p.reuse:])
             else:
-                s = p.slot.session
-                if p.reuse and s.tokens == p.prompt[:p.reuse]:
-                    logits = s.prefill(p.prompt[p.reuse:])
-                else:
-                    p.reuse = 0
-                    s.reset()
-                    logits = s.prefill(p.prompt)
-        except SAFE_ERRORS as e:
-            p.slot.replay = None
-            return self._finish(job, error=e)
-        except Exception as e:                 # noqa: BLE001 -- any model failure latches
-            self._active.append(job)
-            return self._fail_all(f"prefill on slot {p.slot.id} raised {type(e).__name__}: {e}", e)
-        dt = time.perf_counter() - t0
-        self.metrics.observe("prefill_seconds", dt)
+                p.reuse = 0
+                s.reset()
+                job.feed = list(p.prompt)
+        self._active.append(job)
+
+    def _prefill_round(self) -> None:
+        """One chunk for every job still prefilling (chunks aligned as one prefill call's)."""
+        chunk = max(1, int(getattr(getattr(self.engine, "config", None), "chunk_size", 512) or 512))
+        for job in [j for j in self._active if not j.done and j.feed is not None]:
+            if job.cancelled.is_set():
+                self._finish(job, "cancelled")
+                continue
+            piece, rest = job.feed[:chunk], job.feed[chunk:]
+            t0 = time.perf_counter()
+            try:
+                logits = job.target.prefill(piece)
+            except SAFE_ERRORS as e:
+                job.placement.slot.replay = None
+                self._finish(job, error=e)
+                continue
+            except Exception as e:             # noqa: BLE001 -- any model failure latches
+                where = "staging" if job.holds_staging else f"slot {job.placement.slot.id}"
+                return self._fail_all(f"prefill on {where} raised {type(e).__name__}: {e}", e)
+            job.prefill_time += time.perf_counter() - t0
+            job.feed = rest
+            if not rest:
+                self._prefilled(job, logits)
+
+    def _prefilled(self, job: Job, logits) -> None:
+        p = job.placement
+        job.feed = None
+        if job.holds_staging:
+            self.pool.publish_staging(p.slot)       # swap: cannot fail halfway
+            job.holds_staging = False
+            try:
+                self.pool.staging.reset()           # empty the old generation, after the swap
+            finally:
+                self.pool.staging_lock.release()
+            job.shifted = True
+            self.metrics.inc("context_shifts_total")
+            log.info("context shift on slot %d -> epoch %d: %s", p.slot.id, p.slot.epoch,
+                     getattr(p.plan, "reason", ""))
+        self.metrics.observe("prefill_seconds", job.prefill_time)
         self.metrics.inc("prefill_tokens_total", len(p.prompt) - p.reuse)
         p.slot.replay = job.replay(p.slot.epoch) if job.replay else None
         job.text = TextStream(self.tokenizer, job.stops)
         job.generator = job.sampling.generator()
         job.emit("start", {"slot": p.slot.id, "context_epoch": p.slot.epoch, "shifted": job.shifted,
                            "cached_tokens": p.reuse, "prompt_tokens": len(p.prompt),
-                           "prefill_seconds": dt})
-        self._active.append(job)
+                           "prefill_seconds": job.prefill_time})
         self._take(job, logits)
-
-    def _rebuild(self, job: Job):
-        """A shift: prefill the retained context into staging; publish only on success."""
-        pool, slot = self.pool, job.placement.slot
-        if not pool.staging_lock.acquire(blocking=False):
-            self._finish(job, error=Overloaded("the staging session is busy with another "
-                                               "context shift; retry later"))
-            return None
-        try:
-            staging = pool.staging
-            staging.reset()
-            logits = staging.prefill(job.placement.prompt)   # raises: the live session is untouched
-            pool.publish_staging(slot)                       # swap: cannot fail halfway
-            pool.staging.reset()                             # empty the old generation, after the swap
-        finally:
-            pool.staging_lock.release()
-        job.shifted = True
-        self.metrics.inc("context_shifts_total")
-        log.info("context shift on slot %d -> epoch %d: %s", slot.id, slot.epoch,
-                 getattr(job.placement.plan, "reason", ""))
-        return logits
 
     # ------------------------------------------------------------------ decode
     def _take(self, job: Job, logits) -> None:
@@ -236,7 +265,7 @@ class Scheduler:
         job.pending = tok
 
     def _decode_round(self) -> None:
-        jobs = [j for j in self._active if not j.done and j.pending is not None]
+        jobs = [j for j in self._active if not j.done and j.feed is None and j.pending is not None]
         if not jobs:
             return
         sessions = [j.placement.slot.session for j in jobs]
