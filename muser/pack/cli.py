@@ -71,16 +71,15 @@ def cmd_inspect(args) -> int:
     ]
     for k, v in rows:
         summary.add_row(k, v)
-    planes = Table(title="planes (data offsets relative to the data section)")
-    for col in ("layer", "kind", "window", "start", "count", "dtype", "shape", "keys @ offset",
-                "bytes (K+V)", "sha256 K / V"):
-        planes.add_column(col, justify="right" if col in ("layer", "window", "start", "count") else "left")
+    planes = Table(title="planes (rows in logical order from `start`; offsets relative to the data section)")
+    for col in ("layer", "kind", "window", "start", "count", "offset", "K+V bytes", "sha256 K / V"):
+        planes.add_column(col, justify="left" if col in ("kind", "sha256 K / V") else "right", no_wrap=True)
     for p in m["planes"]:
-        planes.add_row(str(p["layer"]), p["kind"], str(p["window"]), f"{p['start']:,}", f"{p['count']:,}",
-                       p["dtype"], "x".join(map(str, p["shape"])), f"{p['keys']['offset']:,}",
+        planes.add_row(str(p["layer"]), p["kind"], str(p["window"] or "-"), f"{p['start']:,}",
+                       f"{p['count']:,}", f"{p['keys']['offset']:,}",
                        _fmt_bytes(p["keys"]["length"] + p["values"]["length"]),
                        f"{p['keys']['sha256'][:8]} / {p['values']['sha256'][:8]}")
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 120)
     console.print(summary)
     console.print(planes)
     return 0

@@ -3,14 +3,13 @@ file that loads as something else; stray temporaries never load as a wrong pack.
 import os
 import signal
 import stat
-import subprocess
-import sys
-import textwrap
 import time
 
 import pytest
+import torch
 from packutil import synthetic_snapshot
 
+from muser.cache import Encoding, PlaneCut, SessionSnapshot
 from muser.errors import PackError
 from muser.pack import format as pf
 
@@ -78,44 +77,59 @@ def test_save_fsyncs_the_file_and_its_directory(tmp_path, monkeypatch):
     assert stat.S_IMODE(os.stat(tmp_path / "a.pack").st_mode) == 0o600
 
 
-CHILD = textwrap.dedent("""
-    import os, sys, time, torch
-    from muser.cache import Encoding, PlaneCut, SessionSnapshot
-    from muser.pack import format as pf
-    path, mode = sys.argv[1], sys.argv[2]
+class Stall:
+    """A file wrapper that announces the third write on `fd` and then sleeps (is killed there)."""
+
+    def __init__(self, f, fd):
+        self.f, self.fd, self.n = f, fd, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return self.f.__exit__(*a)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def write(self, b):
+        self.n += 1
+        if self.n == 3:                                   # the header slot is reserved, data half written
+            self.f.flush()
+            os.write(self.fd, b"M")
+            time.sleep(60)
+        return self.f.write(b)
+
+
+def fork_and_kill(path, mode, delay):
+    """A forked writer saves a 48 MiB snapshot to `path` in a loop and is SIGKILLed:
+    mode "mid-write" at a known point inside the data, "loop" after `delay` seconds."""
     g = torch.Generator().manual_seed(0)
     planes = tuple(PlaneCut(i, "growing", None, 0, 4096, torch.randn(4096, 2, 256, generator=g),
-                            torch.randn(4096, 2, 256, generator=g)) for i in range(3))   # 48 MiB
+                            torch.randn(4096, 2, 256, generator=g)) for i in range(3))
     snap = SessionSnapshot(4096, Encoding("ring", "float32"), planes, (), {})
-    if mode == "mid-write":
-        real_open = open
-        class Slow:
-            def __init__(self, f): self.f, self.n = f, 0
-            def __enter__(self): return self
-            def __exit__(self, *a): return self.f.__exit__(*a)
-            def __getattr__(self, k): return getattr(self.f, k)
-            def write(self, b):
-                self.n += 1
-                if self.n == 3:
-                    self.f.flush(); print("MID", flush=True); time.sleep(30)
-                return self.f.write(b)
-        pf.open = lambda *a, **k: Slow(real_open(*a, **k))
-    print("READY", flush=True)
-    for i in range(1000):
-        snap.save(path)
-""")
-
-
-def run_and_kill(path, mode, delay):
-    p = subprocess.Popen([sys.executable, "-c", CHILD, str(path), mode], stdout=subprocess.PIPE, text=True)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                          # the child never returns into pytest
+        try:
+            os.close(r)
+            if mode == "mid-write":
+                pf.open = lambda *a, **k: Stall(open(*a, **k), w)
+            os.write(w, b"R")
+            while True:
+                pf.save_pack(snap, path)
+        finally:
+            os._exit(1)
+    os.close(w)
     try:
-        assert p.stdout.readline().strip() == "READY"
+        assert os.read(r, 1) == b"R"
         if mode == "mid-write":
-            assert p.stdout.readline().strip() == "MID"
+            assert os.read(r, 1) == b"M"
         time.sleep(delay)
     finally:
-        os.kill(p.pid, signal.SIGKILL)
-        p.wait()
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(r)
 
 
 def check_directory(old_snap, path):
@@ -134,11 +148,11 @@ def check_directory(old_snap, path):
 
 def test_writer_killed_mid_save_leaves_old_or_new(old):
     snap_old, path = old
-    run_and_kill(path, "mid-write", 0.0)
+    fork_and_kill(path, "mid-write", 0.0)
     assert pf.load_pack(path).equal(snap_old)                 # never renamed
     assert check_directory(snap_old, path) == 1               # the partial temporary is refused
     for f in leftovers(path.parent):
         os.unlink(f)
-    for delay in (0.4,):                                      # real saves in a loop, killed anywhere
-        run_and_kill(path, "loop", delay)
+    for delay in (0.05, 0.2, 0.45):                           # real saves in a loop, killed anywhere
+        fork_and_kill(path, "loop", delay)
         check_directory(snap_old, path)
