@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     print(f"pack: {n:,} bytes ({n / 2**20:.1f} MiB; header {info['header_bytes']:,}), {args.tokens} tokens, "
           f"{args.dtype}, hashing threads {pf._WORKERS}, cpus {info['cpus']}, "
           f"load average {info['load_average'][0]:.2f}")
-    print(f"| operation | wall s | GB/s (wall) | CPU s | GB per CPU-s |\n|---|---:|---:|---:|---:|")
+    print("| operation | wall s | GB/s (wall) | CPU s | GB per CPU-s |\n|---|---:|---:|---:|---:|")
     for k, (w, c) in rows.items():
         print(f"| {k} | {w:.3f} | {n / w / 1e9:.2f} | {c:.3f} | {n / c / 1e9 if c else float('inf'):.2f} |")
     return 0

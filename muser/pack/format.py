@@ -61,7 +61,7 @@ import torch
 from ..cache.snapshot import Encoding, PlaneCut, SessionSnapshot
 from ..errors import PackEncodingMismatch, PackError, PackIntegrityError, PackShapeError
 from . import manifest as mf
-from .manifest import check_model, load_key  # noqa: F401  (re-exported API)
+from .manifest import check_model
 
 log = logging.getLogger("muser.pack")
 MAX_HEADER = 64 << 20
