@@ -18,10 +18,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse
 
 from .config import ServerConfig
-from .http_errors import (InvalidRequest, NotFound, ServerError, to_http)
+from .http_errors import InvalidRequest, NotFound, ServerError, to_http
 from .persist import pack_path, parse_slot_id, restore_slot, save_slot
 from .policy import RawReplay
 from .schemas import ChatCompletionRequest, CompletionRequest

@@ -16,7 +16,7 @@ import asyncio
 import itertools
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from .http_errors import Overloaded, SlotBusy, Unavailable

@@ -5,7 +5,7 @@ import openai
 import pytest
 
 from harness import serve
-from muser.server.policy import Limits, plan_chat
+from muser.server.policy import plan_chat
 
 SYSTEM = {"role": "system", "content": "you are a helpful model. be brief."}
 
@@ -73,7 +73,7 @@ def test_shift_keeps_system_and_newest_turns_and_equals_cold_prefill(shift_serve
 
 
 def test_changed_system_is_a_new_conversation(shift_server):
-    srv, state = shift_server, shift_server.state
+    srv = shift_server
     msgs = conversation(8)
     r = srv.client().chat.completions.create(model="tiny", messages=msgs, max_tokens=1, temperature=0)
     other = [{"role": "system", "content": "you are terse."}] + msgs[1:] + [
