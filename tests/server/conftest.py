@@ -31,6 +31,6 @@ def gemma():
 
 @pytest.fixture()
 def tiny_server(tiny):
-    from harness import serve
+    from server_harness import serve
     with serve(tiny, model_id="tiny", slots=4, output_reserve=32) as srv:
         yield srv

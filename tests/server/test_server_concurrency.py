@@ -7,7 +7,7 @@ import time
 
 import openai
 
-from harness import serve
+from server_harness import serve
 
 WORDS = "the quick brown fox jumps over the lazy dog hybrid attention ring growing".split()
 

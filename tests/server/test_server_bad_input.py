@@ -6,7 +6,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from harness import serve
+from server_harness import serve
 
 OK_CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 OK_COMP = {"model": "tiny", "prompt": "hi", "max_tokens": 1}

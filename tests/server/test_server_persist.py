@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness import serve
-from test_shift import conversation
+from server_harness import serve
+from test_server_shift import conversation
 
 
 def test_save_restart_restore_continues_from_cache(tiny, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from harness import serve
+from server_harness import serve
 
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]
 

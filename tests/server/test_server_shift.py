@@ -4,7 +4,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from harness import serve
+from server_harness import serve
 from muser.server.policy import plan_chat
 
 SYSTEM = {"role": "system", "content": "you are a helpful model. be brief."}

@@ -9,8 +9,8 @@ import time
 import httpx
 import pytest
 
-from harness import serve
-from test_shift import conversation
+from server_harness import serve
+from test_server_shift import conversation
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import serve
+from server_harness import serve
 
 pytestmark = pytest.mark.slow
 

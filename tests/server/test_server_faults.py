@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from harness import serve
-from test_shift import conversation
+from server_harness import serve
+from test_server_shift import conversation
 
 
 def test_failed_staging_prefill_leaves_live_session_bitwise_unchanged(tiny):
