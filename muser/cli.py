@@ -8,7 +8,6 @@ muser.server.cli).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from .engine.loader import DEFAULT_MODEL
@@ -42,11 +41,9 @@ def load_engine(args):
 
 
 def read_key(key_file: str | None) -> bytes | None:
-    if key_file:
-        with open(key_file, "rb") as f:
-            return f.read().strip()
-    env = os.environ.get("MUSER_PACK_KEY")
-    return env.encode() if env else None
+    """The pack key, read exactly as `muser pack verify` reads it (--key-file, else MUSER_PACK_KEY)."""
+    from .pack.manifest import load_key
+    return load_key(key_file)
 
 
 def cmd_generate(args) -> int:

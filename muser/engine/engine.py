@@ -13,7 +13,7 @@ import torch
 
 from ..cache import Encoding, SessionSnapshot
 from ..config import EngineConfig, ModelSpec
-from ..errors import PackModelMismatch, RequestError, TokenizerUnavailable
+from ..errors import RequestError, TokenizerUnavailable
 from ..attention import select_attention
 from .sampling import SamplingParams
 from .session import Session
@@ -40,7 +40,9 @@ class Engine:
         self.weights = weights
         self._tokenizer = tokenizer
         self.max_context = min(config.max_context or spec.max_context, spec.max_context)
-        self.encoding = Encoding(config.backend, config.dtype)
+        # int8 weights compute different K/V bits than float weights: a distinct encoding.
+        self.encoding = Encoding(config.backend, config.dtype if config.quant == "none"
+                                 else f"{config.dtype}+{config.quant}")
         self.attention = select_attention(self.device)
         self.cuda_graphs = self.device.type == "cuda"   # decode through engine/cuda_graph.py
         self._runner = None
@@ -69,14 +71,9 @@ class Engine:
 
     def check_snapshot_model(self, snap: SessionSnapshot) -> None:
         """Refuse a cut made by another model (when the cut names its model)."""
-        if not snap.model:
-            return
-        for key, want in self.fingerprint.items():
-            got = snap.model.get(key)
-            if key == "layers" and got is not None:
-                got = [list(x) for x in got]
-            if got != want:
-                raise PackModelMismatch(f"snapshot model {key} expected {want!r}, got {got!r}")
+        if snap.model:
+            from ..pack.manifest import check_model
+            check_model(snap, self.fingerprint)
 
     def restore(self, snap: SessionSnapshot, into: Session | None = None) -> Session:
         s = into if into is not None else self.new_session()

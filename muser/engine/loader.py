@@ -17,6 +17,7 @@ from ..errors import ModelFormatError
 from .engine import DTYPES, Engine
 
 DEFAULT_MODEL = "gemma3-270m"
+QUANTS = ("none", "int8")
 
 
 def _embedded_gemma3_270m() -> Path:
@@ -75,6 +76,11 @@ def load(name_or_path: str | os.PathLike = DEFAULT_MODEL, device: str = "cpu", d
          quant: str = "none", progress: bool = True) -> Engine:
     config = EngineConfig(device=device, dtype=dtype, backend=backend, max_context=max_context,
                           chunk_size=chunk_size, quant=quant)
+    if quant not in QUANTS:
+        raise ModelFormatError(f"quant must be one of {QUANTS}, got {quant!r}")
+    if quant != "none" and (device != "cpu" or backend != "ring"):
+        raise ModelFormatError(f"quant={quant!r} is the CPU ring fast path; got device {device!r}, "
+                               f"backend {backend!r}")
     if dtype not in DTYPES:
         raise ModelFormatError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     name, path = resolve(name_or_path)
@@ -92,4 +98,7 @@ def load(name_or_path: str | os.PathLike = DEFAULT_MODEL, device: str = "cpu", d
         files = sorted(path.glob("*.safetensors"))
     tokenizer = load_tokenizer(path)
     weights = weights.to(device, torch_dtype)
+    if quant == "int8":
+        from ..model.quantize import quantize_weights
+        weights = quantize_weights(weights, embed_dtype=torch_dtype)
     return Engine(name, spec, weights, tokenizer, config, weights_digest(files))

@@ -24,6 +24,15 @@ from muser.model.weights import LayerWeights, Weights
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
+
+def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ w.T (+ b); `w` is a float matrix or a quant.QuantizedLinear (CPU int8 path)."""
+    if isinstance(w, torch.Tensor):
+        return F.linear(x, w, b)
+    from muser.model.quant import linear as qlinear
+    y = qlinear(x, w)
+    return y if b is None else y + b
+
 # ----------------------------------------------------------------------------- RoPE
 _ROPE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -93,7 +102,7 @@ def _act(x: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
 
 
 def mlp(lw: LayerWeights, spec: ModelSpec, x: torch.Tensor) -> torch.Tensor:
-    return F.linear(_act(F.linear(x, lw.w_gate), spec) * F.linear(x, lw.w_up), lw.w_down)
+    return linear(_act(linear(x, lw.w_gate), spec) * linear(x, lw.w_up), lw.w_down)
 
 
 # ----------------------------------------------------------------------------- model
@@ -116,9 +125,9 @@ def layer_forward(lw: LayerWeights, spec: ModelSpec, ls: LayerSpec, h: torch.Ten
     T = h.shape[0]
     H, KV, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
     x = norm(h, lw.attn_norm, spec)
-    q = F.linear(x, lw.wq, lw.bq).view(T, H, D)
-    k = F.linear(x, lw.wk, lw.bk).view(T, KV, D)
-    v = F.linear(x, lw.wv, lw.bv).view(T, KV, D)
+    q = linear(x, lw.wq, lw.bq).view(T, H, D)
+    k = linear(x, lw.wk, lw.bk).view(T, KV, D)
+    v = linear(x, lw.wv, lw.bv).view(T, KV, D)
     if spec.qk_norm:
         q, k = norm(q, lw.q_norm, spec), norm(k, lw.k_norm, spec)
     if ls.rope:
@@ -126,7 +135,7 @@ def layer_forward(lw: LayerWeights, spec: ModelSpec, ls: LayerSpec, h: torch.Ten
         q = apply_rope(q, cos, sin, spec.rope_interleaved)
         k = apply_rope(k, cos, sin, spec.rope_interleaved)
     a = attend(q, k, v)                                            # [T, H, D]
-    o = F.linear(a.reshape(T, H * D).to(h.dtype), lw.wo, lw.bo)    # [T, hidden]
+    o = linear(a.reshape(T, H * D).to(h.dtype), lw.wo, lw.bo)    # [T, hidden]
     if spec.parallel_block:                                        # Cohere: both read the same x
         return h + o + mlp(lw, spec, x)
     if spec.sandwich_norm:
@@ -145,7 +154,7 @@ def final_hidden(weights: Weights, spec: ModelSpec, h: torch.Tensor) -> torch.Te
 
 def logits(weights: Weights, spec: ModelSpec, h_normed: torch.Tensor) -> torch.Tensor:
     """h_normed [T, hidden] -> float32 [T, vocab], logit scale and final soft-cap applied."""
-    out = F.linear(h_normed, weights.output).float()
+    out = linear(h_normed, weights.output).float()
     if spec.logit_scale != 1.0:
         out = out * spec.logit_scale
     if spec.final_logit_softcap:

@@ -81,6 +81,9 @@ class Weights:
         """Bytes held (each storage counted once)."""
         seen, total = set(), 0
         for t in self.tensors():
+            if not isinstance(t, torch.Tensor):           # a quant.QuantizedLinear
+                total += t.nbytes()
+                continue
             key = (t.data_ptr(), t.numel(), t.device)     # views of one fused storage count once each
             if key not in seen:
                 seen.add(key)
