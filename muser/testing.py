@@ -83,7 +83,7 @@ def tiny_model_dir(arch: str = "gemma3", layers: int = 6, window: int = 4, vocab
 
 
 def tiny_model(arch: str = "gemma3", device: str = "cpu", dtype: str = "float32",
-               backend: str = "ring", chunk_size: int = 512, **kw):
+               backend: str = "ring", chunk_size: int = 512, quant: str = "none", **kw):
     from .engine import load
     return load(str(tiny_model_dir(arch, **kw)), device=device, dtype=dtype, backend=backend,
-                chunk_size=chunk_size, progress=False)
+                chunk_size=chunk_size, quant=quant, progress=False)
