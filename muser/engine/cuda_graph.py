@@ -142,7 +142,6 @@ class GraphRunner:
         if len({id(s) for s in sessions}) != len(sessions):
             raise RequestError("a session appears twice in one decode batch")
         tokens = [s._validate([t])[0] for s, t in zip(sessions, tokens)]
-        B = len(sessions)
         saved = [[(p.len, p.origin_logical, p.origin_physical) for p in s.planes] for s in sessions]
         try:
             positions = [s.position for s in sessions]
@@ -176,10 +175,11 @@ class GraphRunner:
             entry.uploaded = torch.cuda.Event()
             entry.uploaded.record()
         rows = [self._table_rows(s) for s in sessions]
-        key = tuple(r.data_ptr() for r in rows)
-        if key != entry.table_key:
+        # The entry keeps the row tensors it uploaded (strong references), so identity
+        # cannot be faked by a freed-and-reused address.
+        if entry.table_key is None or any(a is not b for a, b in zip(rows, entry.table_key)):
             entry.tables.copy_(torch.stack(rows, dim=1))
-            entry.table_key = key
+            entry.table_key = rows
             self.stats["table_uploads"] += 1
         if not self.capture:
             self.stats["eager"] += 1

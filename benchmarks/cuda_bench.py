@@ -1,0 +1,143 @@
+"""muser on CUDA vs transformers vs the bandwidth floor, in one run on one GPU.
+
+Builds random-weight models at real shapes with transformers (Gemma-3-1B, Gemma-3-4B and a
+Cohere2-style NoPE hybrid), saves them (safetensors, /dev/shm), loads them with
+`muser.load(dir, device="cuda", dtype="bfloat16")`, and measures, in the same process:
+  * the floor: weight bytes / device-to-device copy bandwidth (measured here, read + write);
+  * batch-1 decode ms/token at 2k and 32k context (the API path: `session.decode` + argmax
+    read back every token) and the bare graph replay;
+  * 16 sessions decoding together at 2k (`engine.decode_batch`), tokens/s;
+  * prefill of a 16k-token prompt, tokens/s (muser chunked; transformers one forward);
+  * transformers (same weights, sdpa, bf16) for the same decode and prefill;
+  * KV bytes allocated vs `muser.cache.plan`; a logits cross-check muser vs transformers.
+
+    PYTHONPATH=. python3 benchmarks/cuda_bench.py [--models 1b,4b,cohere2] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+from cuda_measure import (copy_bandwidth, build, cross_check, hf_decode, hf_prefill, kv_check,
+                          muser_batch, muser_decode, muser_prefill)
+
+SHAPES = {
+    "1b": dict(arch="gemma3", layers=26, hidden=1152, heads=4, kv=1, head_dim=256, window=512,
+               ffn=6912, vocab=262144, pattern=6, long=32768),
+    "4b": dict(arch="gemma3", layers=34, hidden=2560, heads=8, kv=4, head_dim=256, window=1024,
+               ffn=10240, vocab=262208, pattern=6, long=32768),
+    "cohere2": dict(arch="cohere2", layers=16, hidden=2048, heads=16, kv=4, head_dim=128, window=4096,
+                    ffn=8192, vocab=256000, pattern=4, long=0),
+}
+LOG = []
+
+
+def log(*a):
+    line = " ".join(str(x) for x in a)
+    LOG.append(line)
+    print(line, flush=True)
+
+
+def run_model(name, shape, bw, args, results):
+    import muser
+    t0 = time.perf_counter()
+    ctx = max(shape["long"], args.prefill) + 1024
+    model, path = build(shape, ctx)
+    engine = muser.load(path, device="cuda", dtype="bfloat16", progress=False)
+    r = results[name] = {"shape": shape, "setup_s": round(time.perf_counter() - t0, 1)}
+    wbytes = engine.weights.nbytes()
+    r["weight_bytes"] = wbytes
+    r["floor_ms"] = wbytes / bw * 1e3
+    vocab = shape["vocab"]
+
+    def section(key, fn):
+        try:
+            t = time.perf_counter()
+            r[key] = fn()
+            log(f"  {name} {key}: {r[key]}  ({time.perf_counter() - t:.1f}s)")
+        except Exception as e:                            # keep going; report the miss
+            r[key] = f"ERROR {type(e).__name__}: {e}"[:300]
+            log(f"  {name} {key}: {r[key]}")
+            traceback.print_exc()
+
+    section("cross_check", lambda: cross_check(engine, model, vocab))
+    section("kv_plan_2k", lambda: kv_check(engine, 2048 + 64))
+    section("decode_2k", lambda: muser_decode(engine, 2048, args.steps, vocab)[:2])
+    if shape["long"] and not args.quick:
+        section("decode_32k", lambda: muser_decode(engine, shape["long"], args.steps, vocab)[:2])
+    if name == "1b":
+        section("batch16_2k", lambda: muser_batch(engine, 16, 2048, 32, vocab))
+        section("hf_batch16_2k", lambda: 16 / hf_decode(model, 16, 2048, 8, vocab))
+    section("prefill_16k_chunk4096", lambda: muser_prefill(engine, args.prefill, vocab, 4096))
+    if not args.quick:
+        section("prefill_16k_chunk16384", lambda: muser_prefill(engine, args.prefill, vocab, args.prefill))
+    section("hf_prefill_16k", lambda: hf_prefill(model, args.prefill, vocab))
+    section("hf_decode_2k", lambda: hf_decode(model, 1, 2048, 16, vocab))
+    r["attention_routes"] = dict(engine.attention.stats)
+    r["runner"] = dict(engine.decode_runner().stats)
+    log(f"  {name} routes {r['attention_routes']} runner {r['runner']} flash_error "
+        f"{engine.attention.last_error}")
+
+
+def fmt(x, f="{:.3f}"):
+    return f.format(x) if isinstance(x, (int, float)) else str(x)[:40]
+
+
+def table(results, bw):
+    log(f"\ncopy bandwidth (read+write) {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}")
+    log("| model | weights GB | floor ms | muser ms/tok 2k (bare replay) | 32k | 32k/2k | HF ms/tok 2k "
+        "| muser prefill 16k tok/s c4096 / c16k | HF tok/s | x | B16 tok/s (HF) | KV = plan | xcheck |")
+    for name, r in results.items():
+        g = lambda k: r.get(k, "-")                                       # noqa: E731
+        d2, d32, kv, b16 = g("decode_2k"), g("decode_32k"), g("kv_plan_2k"), g("batch16_2k")
+        ok = lambda v: isinstance(v, (list, tuple))                       # noqa: E731
+        ms = lambda v, i=0: fmt(v[i] * 1e3) if ok(v) else str(v)[:40]      # noqa: E731
+        ratio = d32[0] / d2[0] if ok(d2) and ok(d32) else "-"
+        prefill = [x for x in (g("prefill_16k_chunk4096"), g("prefill_16k_chunk16384")) if isinstance(x, float)]
+        hp = g("hf_prefill_16k")
+        x = max(prefill) / hp if prefill and isinstance(hp, float) else "-"
+        hd = g("hf_decode_2k")
+        log(f"| {name} | {r['weight_bytes'] / 1e9:.2f} | {r['floor_ms']:.3f} | {ms(d2)} ({ms(d2, 1)}) | "
+            f"{ms(d32)} | {fmt(ratio)} | {fmt(hd * 1e3) if isinstance(hd, float) else hd} | "
+            f"{fmt(g('prefill_16k_chunk4096'), '{:,.0f}')} / {fmt(g('prefill_16k_chunk16384'), '{:,.0f}')} | "
+            f"{fmt(hp, '{:,.0f}')} | {fmt(x, '{:.2f}')} | "
+            f"{fmt(b16[0], '{:,.0f}') if ok(b16) else b16} ({fmt(g('hf_batch16_2k'), '{:,.0f}')}) | "
+            f"{(kv[0] == kv[1], kv[0]) if ok(kv) else kv} | {g('cross_check')} |")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="1b,4b,cohere2")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--prefill", type=int, default=16384)
+    ap.add_argument("--quick", action="store_true", help="skip 32k decode and the 16k-chunk prefill")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args(argv)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    log("torch", torch.__version__, "device", torch.cuda.get_device_name(), "date",
+        time.strftime("%Y-%m-%d %H:%M"), "argv", " ".join(sys.argv[1:]))
+    bw = copy_bandwidth()
+    results = {}
+    for name in args.models.split(","):
+        log(f"== {name}")
+        try:
+            run_model(name, SHAPES[name], bw, args, results)
+        except Exception as e:
+            log(f"  {name} FAILED {type(e).__name__}: {e}")
+            traceback.print_exc()
+        torch.cuda.empty_cache()
+        with open(os.path.join(args.out, "cuda_bench.json"), "w") as f:
+            json.dump({"bandwidth": bw, "results": results}, f, indent=1, default=str)
+    table(results, bw)
+    with open(os.path.join(args.out, "cuda_bench.log"), "w") as f:
+        f.write("\n".join(LOG) + "\n")
+
+
+if __name__ == "__main__":
+    main()

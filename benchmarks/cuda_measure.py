@@ -1,0 +1,197 @@
+"""Measurements for benchmarks/cuda_bench.py (one GPU, same process): the copy bandwidth,
+building random-weight models with transformers, muser decode / batched decode / prefill,
+the transformers peer, the KV-bytes-vs-plan check and a logits cross-check."""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import torch
+
+
+def sync():
+    torch.cuda.synchronize()
+
+
+def copy_bandwidth() -> float:
+    """Bytes read + written per second by a large device-to-device copy."""
+    n = 2 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    sync()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    times = []
+    for _ in range(10):
+        ev[0].record()
+        dst.copy_(src)
+        ev[1].record()
+        sync()
+        times.append(ev[0].elapsed_time(ev[1]) / 1e3)
+    del src, dst
+    return 2 * n / sorted(times)[len(times) // 2]
+
+
+def build(shape: dict, max_context: int):
+    import transformers as tr
+    types = ["full_attention" if (i + 1) % shape["pattern"] == 0 else "sliding_attention"
+             for i in range(shape["layers"])]
+    common = dict(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
+                  intermediate_size=shape["ffn"], num_hidden_layers=shape["layers"],
+                  num_attention_heads=shape["heads"], num_key_value_heads=shape["kv"],
+                  max_position_embeddings=max_context, sliding_window=shape["window"],
+                  layer_types=types, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+                  tie_word_embeddings=True)
+    if shape["arch"] == "gemma3":
+        cfg = tr.Gemma3TextConfig(head_dim=shape["head_dim"], query_pre_attn_scalar=shape["head_dim"],
+                                  **common)
+        cls = tr.Gemma3ForCausalLM
+    else:
+        cfg = tr.Cohere2Config(logit_scale=0.25, **common)
+        cls = tr.Cohere2ForCausalLM
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = cls(cfg).to(torch.bfloat16)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model.eval()
+    root = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    path = tempfile.mkdtemp(prefix="muser-bench-", dir=root)
+    model.save_pretrained(path, safe_serialization=True)
+    return model, path
+
+
+def rand_ids(n, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (n,), generator=g).tolist()
+
+
+def reserve(session, rows):
+    for p in session.planes:
+        if p.kind == "growing":
+            p.reserve(rows)
+
+
+def muser_decode(engine, context, steps, vocab, seed=1):
+    s = engine.new_session()
+    reserve(s, context + steps + 16)
+    s.prefill(rand_ids(context, vocab, seed), chunk_size=4096)
+    tok = 5
+    for _ in range(8):                                   # capture + warm
+        tok = int(s.decode(tok).argmax())
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        tok = int(s.decode(tok).argmax())
+    api = (time.perf_counter() - t0) / steps
+    entry = engine.decode_runner().entries[1]
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    ev[0].record()
+    for _ in range(steps):
+        entry.graph.replay()                             # same step again: the GPU work alone
+    ev[1].record()
+    sync()
+    return api, ev[0].elapsed_time(ev[1]) / 1e3 / steps, s
+
+
+def muser_batch(engine, batch, context, steps, vocab):
+    sessions = []
+    for i in range(batch):
+        s = engine.new_session()
+        reserve(s, context + steps + 16)
+        s.prefill(rand_ids(context, vocab, 100 + i), chunk_size=4096)
+        sessions.append(s)
+    toks = [5] * batch
+    for _ in range(3):
+        toks = engine.decode_batch(sessions, toks).argmax(-1).tolist()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        toks = engine.decode_batch(sessions, toks).argmax(-1).tolist()
+    dt = time.perf_counter() - t0
+    return batch * steps / dt, dt / steps
+
+
+def muser_prefill(engine, n, vocab, chunk, reps=2):
+    best = None
+    for r in range(reps + 1):
+        s = engine.new_session()
+        reserve(s, n)
+        ids = rand_ids(n, vocab, 7 + r)
+        sync()
+        t0 = time.perf_counter()
+        s.prefill(ids, chunk_size=chunk)
+        sync()
+        dt = time.perf_counter() - t0
+        if r:                                            # first run warms (kernels, tables)
+            best = dt if best is None else min(best, dt)
+        del s
+    return n / best
+
+
+@torch.no_grad()
+def hf_prefill(model, n, vocab, reps=2):
+    best = None
+    for r in range(reps + 1):
+        ids = torch.tensor([rand_ids(n, vocab, 7 + r)], device="cuda")
+        sync()
+        t0 = time.perf_counter()
+        model(ids, use_cache=True, logits_to_keep=1)
+        sync()
+        dt = time.perf_counter() - t0
+        if r:
+            best = dt if best is None else min(best, dt)
+    return n / best
+
+
+@torch.no_grad()
+def hf_decode(model, batch, context, steps, vocab):
+    ids = torch.tensor([rand_ids(context, vocab, 200 + b) for b in range(batch)], device="cuda")
+    out = model(ids, use_cache=True, logits_to_keep=1)
+    pkv, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+    for _ in range(3):
+        out = model(nxt, past_key_values=pkv, use_cache=True)
+        pkv, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        out = model(nxt, past_key_values=pkv, use_cache=True)
+        pkv = out.past_key_values
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        nxt.tolist()                                     # read back, as a server would
+    return (time.perf_counter() - t0) / steps
+
+
+@torch.no_grad()
+def cross_check(engine, model, vocab, n=96, steps=6):
+    """Relative error of muser's logits against transformers' (same weights), prefill + decode."""
+    ids = rand_ids(n, vocab, 3)
+    s = engine.new_session()
+    mine = [s.prefill(ids, chunk_size=32)]
+    out = model(torch.tensor([ids], device="cuda"), use_cache=True)
+    theirs, pkv = [out.logits[0, -1].float()], out.past_key_values
+    for _ in range(steps):
+        tok = int(theirs[-1].argmax())
+        mine.append(s.decode(tok))
+        out = model(torch.tensor([[tok]], device="cuda"), past_key_values=pkv, use_cache=True)
+        theirs.append(out.logits[0, -1].float())
+        pkv = out.past_key_values
+    errs = [float((a - b).norm() / b.norm()) for a, b in zip(mine, theirs)]
+    agree = sum(int(a.argmax() == b.argmax()) for a, b in zip(mine, theirs))
+    return max(errs), agree, len(mine)
+
+
+def kv_check(engine, context):
+    from muser.cache import CacheGeometry, plan
+    spec = engine.spec
+    s = engine.new_session()
+    reserve(s, context)
+    geo = CacheGeometry(tuple(l.window for l in spec.layers), spec.num_kv_heads, spec.head_dim,
+                        engine.cache_dtype.itemsize, engine.max_context)
+    got = sum(p.allocated_bytes() for p in s.planes)
+    return got, plan(geo, context).total_bytes

@@ -1,0 +1,35 @@
+"""Helpers for the CUDA tests: run on a GPU; skip cleanly elsewhere (CI is CPU-only).
+
+Kernel tests also run on the CPU under Triton's interpreter when
+MUSER_TRITON_INTERPRET=1 (float16: the interpreter has no bfloat16), which is
+how they were checked before any GPU time was spent.  Engine tests (graphs,
+flash attention) need a real GPU.
+"""
+import os
+
+import pytest
+import torch
+
+INTERPRET = os.environ.get("MUSER_TRITON_INTERPRET") == "1"
+if INTERPRET:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+needs_kernels = pytest.mark.skipif(not (HAS_CUDA or (INTERPRET and triton_available())),
+                                   reason="needs a CUDA GPU (or MUSER_TRITON_INTERPRET=1 with triton)")
+
+
+def rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))

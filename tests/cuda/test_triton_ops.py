@@ -1,0 +1,82 @@
+"""Fused decode element-wise kernels (muser.model.triton_ops) against muser.model.transformer."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from muser.cache import GrowingPlane, RingPlane
+from muser.model import transformer as tf
+
+from cudautil import needs_kernels, rel
+
+pytestmark = needs_kernels
+
+
+@pytest.mark.parametrize("layernorm", [False, True])
+@pytest.mark.parametrize("mode", ["first", "sandwich", "plain", "parallel"])
+def test_add_norm(dev, kdtype, layernorm, mode):
+    from muser.model.triton_ops import add_norm
+    spec = SimpleNamespace(norm="layernorm" if layernorm else "rms", norm_eps=1e-6)
+    B, N = 3, 1152
+    h, d1, d2 = (torch.randn(B, N).to(dev, kdtype) for _ in range(3))
+    wp, wn = torch.randn(N, device=dev), torch.randn(N, device=dev)
+    if mode == "first":
+        ho, xo = add_norm(h, wn, 1e-6, layernorm)
+        rh = h
+    elif mode == "sandwich":
+        ho, xo = add_norm(h, wn, 1e-6, layernorm, d1=d1, w_post=wp)
+        rh = h + tf.norm(d1, wp, spec)
+    elif mode == "plain":
+        ho, xo = add_norm(h, wn, 1e-6, layernorm, d1=d1)
+        rh = h + d1
+    else:
+        ho, xo = add_norm(h, wn, 1e-6, layernorm, d1=d1, d2=d2)
+        rh = h + d1 + d2
+    assert rel(ho, rh) < 1e-2 and rel(xo, tf.norm(rh, wn, spec)) < 1e-2
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("rope", [False, True])
+def test_qk_rope_store(dev, kdtype, interleaved, qk_norm, rope):
+    from muser.attention.triton_decode import plane_row
+    from muser.model.triton_ops import qk_rope_store
+    H, KV, D, B = 8, 2, 64, 2
+    spec = SimpleNamespace(norm="rms", norm_eps=1e-6)
+    planes = [RingPlane(0, 8, 100, KV, D, kdtype, dev), GrowingPlane(0, 100, KV, D, kdtype, dev)]
+    planes[1].reserve(32)
+    qkv = torch.randn(B, (H + 2 * KV) * D).to(dev, kdtype)
+    pos = torch.tensor([5, 17], device=dev)
+    cos, sin = tf.rope_tables(10000.0, 1.0, D, dev, 64)
+    qn = torch.randn(D, device=dev) if qk_norm else None
+    kn = torch.randn(D, device=dev) if qk_norm else None
+    table = torch.tensor([plane_row(p) for p in planes], dtype=torch.int64, device=dev)
+    meta = torch.tensor([[3, 4], [17, 18]], dtype=torch.int64, device=dev)
+    q = qk_rope_store(qkv, pos, cos if rope else None, sin if rope else None, qn, kn, 1e-6,
+                      table, meta, H, KV, D, interleaved)
+    rq = qkv[:, :H * D].view(B, H, D)
+    rk = qkv[:, H * D:(H + KV) * D].view(B, KV, D)
+    rv = qkv[:, (H + KV) * D:].view(B, KV, D)
+    if qk_norm:
+        rq, rk = tf.norm(rq, qn, spec), tf.norm(rk, kn, spec)
+    if rope:
+        rq = torch.cat([tf.apply_rope(rq[b:b + 1], cos[pos[b:b + 1]], sin[pos[b:b + 1]], interleaved)
+                        for b in range(B)])
+        rk = torch.cat([tf.apply_rope(rk[b:b + 1], cos[pos[b:b + 1]], sin[pos[b:b + 1]], interleaved)
+                        for b in range(B)])
+    assert rel(q, rq) < 1e-2
+    assert rel(planes[0].keys[3], rk[0]) < 1e-2 and torch.equal(planes[0].values[3], rv[0])
+    assert rel(planes[1].keys[:, 17], rk[1]) < 1e-2 and torch.equal(planes[1].values[:, 17], rv[1])
+    untouched = planes[0].keys.clone()
+    untouched[3] = 0
+    assert untouched.abs().sum() == 0
+
+
+@pytest.mark.parametrize("gelu", [True, False])
+def test_act_mul(dev, kdtype, gelu):
+    from muser.model.triton_ops import act_mul
+    gu = torch.randn(3, 2 * 1500).to(dev, kdtype)
+    g, u = gu[:, :1500], gu[:, 1500:]
+    ref = (F.gelu(g, approximate="tanh") if gelu else F.silu(g)) * u
+    assert rel(act_mul(gu, gelu), ref) < 1e-2
