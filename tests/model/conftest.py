@@ -69,6 +69,18 @@ def hf_reference(gguf_path, reference_cache):
     return lambda key, fn: reference_cache(key, lambda: fn(hf_model()))
 
 
+@pytest.fixture
+def one_thread():
+    """Run a test on one intra-op thread, restoring the setting after.  The slow tests do
+    thousands of small ops; when other processes share the 2 cores, each 2-thread op can
+    wait a scheduler slice for its second thread (measured: a 16-step greedy run took
+    40 s on 2 threads vs 8 s on 1 at load average 7).  Results agree to rounding either way."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def gguf_tokenizer(gguf_path):
     from muser.model.tokenizer import load_tokenizer

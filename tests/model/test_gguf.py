@@ -101,7 +101,7 @@ CHECK_LAYERS = (0, 1, 2, 3, 4, 5, 6, 11, 16)
 
 
 @pytest.mark.slow
-def test_hidden_states_match_transformers(muser_gguf, hf_reference):
+def test_hidden_states_match_transformers(muser_gguf, hf_reference, one_thread):
     """Per-layer hidden states and last logits agree with transformers on a prompt longer
     than the 512 window -- this is what shows the GGUF norms already include Gemma's +1."""
     spec, w, _ = muser_gguf
