@@ -87,7 +87,16 @@ class Engine:
         runner = self.decode_runner()
         if runner is not None and sessions:
             return runner.decode(sessions, tokens)     # one batched graph replay
+        if len(sessions) > 1 and self.row_invariant:
+            from .batch import decode_batch
+            return decode_batch(self, sessions, tokens)   # shared matmuls, bitwise = alone
         return torch.stack([s.decode(t) for s, t in zip(sessions, tokens)])
+
+    @property
+    def row_invariant(self) -> bool:
+        """Whether a row of a batched matmul equals the one-row matmul bit for bit
+        (the int8 CPU kernel: measured, benchmarks/NOTES.md)."""
+        return self.config.quant == "int8"
 
     def decode_runner(self):
         """The CUDA graph runner for decode steps, or None (CPU, oracle, or turned off)."""
