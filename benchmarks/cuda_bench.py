@@ -67,12 +67,20 @@ def run_model(name, shape, bw, args, results):
             traceback.print_exc()
 
     section("cross_check", lambda: cross_check(engine, model, vocab))
-    section("kv_plan_2k", lambda: kv_check(engine, 2048 + 64))
+    # rings allocate their whole capacity up front: compare where the plan's rings are full too
+    section("kv_plan_2k", lambda: kv_check(engine, max(2048, shape["window"]) + 64))
     section("decode_2k", lambda: muser_decode(engine, 2048, args.steps, vocab)[:2])
+    if args.profile and name in ("1b", "4b"):
+        section("profile_b1", lambda: muser_decode(engine, 2048, 16, vocab, prof=True)[2])
+        for mode in ("none", "all", "small"):             # A/B: batch-1 GEMVs (cuda_step.py)
+            os.environ["MUSER_GEMV"] = mode
+            engine._runner = None                         # a fresh runner reads the mode
+            section(f"decode_2k_gemv_{mode}", lambda: muser_decode(engine, 2048, args.steps, vocab)[:2])
+        os.environ.pop("MUSER_GEMV")
     if shape["long"] and not args.quick:
         section("decode_32k", lambda: muser_decode(engine, shape["long"], args.steps, vocab)[:2])
     if name == "1b":
-        section("batch16_2k", lambda: muser_batch(engine, 16, 2048, 32, vocab))
+        section("batch16_2k", lambda: muser_batch(engine, 16, 2048, 32, vocab, prof=args.profile))
         section("hf_batch16_2k", lambda: 16 / hf_decode(model, 16, 2048, 8, vocab))
     section("prefill_16k_chunk4096", lambda: muser_prefill(engine, args.prefill, vocab, 4096))
     if not args.quick:
@@ -117,6 +125,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--prefill", type=int, default=16384)
     ap.add_argument("--quick", action="store_true", help="skip 32k decode and the 16k-chunk prefill")
+    ap.add_argument("--profile", action="store_true", help="kernel breakdown + BLAS A/B (1b)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False

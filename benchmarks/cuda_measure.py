@@ -77,7 +77,28 @@ def reserve(session, rows):
             p.reserve(rows)
 
 
-def muser_decode(engine, context, steps, vocab, seed=1):
+def profile_step(engine, batch, reps=5):
+    """Kernel time of one decode step run eagerly (same launches as the graph): total us per step
+    and the top kernels [(name, launches per step, us per step)]."""
+    from torch.profiler import ProfilerActivity, profile
+    runner = engine.decode_runner()
+    entry = runner.entries[batch]
+    runner._step(entry)
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            runner._step(entry)
+        sync()
+    rows = []
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if t > 0 and ev.count:
+            rows.append((ev.key[:70], ev.count / reps, t / reps))
+    rows.sort(key=lambda r: -r[2])
+    return round(sum(r[2] for r in rows), 1), [(n, c, round(t, 1)) for n, c, t in rows[:14]]
+
+
+def muser_decode(engine, context, steps, vocab, seed=1, prof=False):
     s = engine.new_session()
     reserve(s, context + steps + 16)
     s.prefill(rand_ids(context, vocab, seed), chunk_size=4096)
@@ -96,10 +117,10 @@ def muser_decode(engine, context, steps, vocab, seed=1):
         entry.graph.replay()                             # same step again: the GPU work alone
     ev[1].record()
     sync()
-    return api, ev[0].elapsed_time(ev[1]) / 1e3 / steps, s
+    return api, ev[0].elapsed_time(ev[1]) / 1e3 / steps, profile_step(engine, 1) if prof else None
 
 
-def muser_batch(engine, batch, context, steps, vocab):
+def muser_batch(engine, batch, context, steps, vocab, prof=False):
     sessions = []
     for i in range(batch):
         s = engine.new_session()
@@ -114,7 +135,15 @@ def muser_batch(engine, batch, context, steps, vocab):
     for _ in range(steps):
         toks = engine.decode_batch(sessions, toks).argmax(-1).tolist()
     dt = time.perf_counter() - t0
-    return batch * steps / dt, dt / steps
+    entry = engine.decode_runner().entries[batch]
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    ev[0].record()
+    for _ in range(steps):
+        entry.graph.replay()
+    ev[1].record()
+    sync()
+    bare = ev[0].elapsed_time(ev[1]) / 1e3 / steps
+    return batch * steps / dt, dt / steps, bare, profile_step(engine, batch) if prof else None
 
 
 def muser_prefill(engine, n, vocab, chunk, reps=2):

@@ -41,8 +41,34 @@ class _Entry:
         self.ws = step.workspace(batch)
         self.graph = None
         self.logits = None
+        self.host_np = self.host.numpy()
         self.table_key = None
-        self.uploaded = None                  # event after the last host -> device copy
+        self.done = None                      # event after the last replay
+
+
+class _SessionView:
+    """A session's planes grouped as the runner groups them, and its plane-table rows."""
+
+    def __init__(self, session, members, growing):
+        self.planes = session.planes
+        self.groups = [[self.planes[i] for i in m] for m in members]
+        self.growing = [self.planes[i] for i in growing]
+        self._keys, self._rows = None, None
+
+    def state(self):
+        return [(g[0].len, g[0].origin_logical, g[0].origin_physical) for g in self.groups]
+
+    def restore(self, state) -> None:
+        for group, (ln, ol, op) in zip(self.groups, state):
+            for p in group:
+                p.len, p.origin_logical, p.origin_physical = ln, ol, op
+
+    def table_rows(self) -> torch.Tensor:
+        """[L, 4] int64 (triton_decode.plane_row per plane); rebuilt when a growing plane moved."""
+        if self._rows is None or any(p.keys is not k for p, k in zip(self.growing, self._keys)):
+            self._keys = [p.keys for p in self.growing]
+            self._rows = torch.tensor([plane_row(p) for p in self.planes], dtype=torch.int64)
+        return self._rows
 
 
 class GraphRunner:
@@ -67,52 +93,55 @@ class GraphRunner:
         self.capture = capture
         self.entries: dict[int, _Entry] = {}
         self.pool = None
-        self._rows = weakref.WeakKeyDictionary()     # session -> (signature, table rows)
+        self._views = weakref.WeakKeyDictionary()    # session -> _SessionView
         self.stats = {"captures": 0, "replays": 0, "eager": 0, "table_uploads": 0}
 
     # ------------------------------------------------------------------ bookkeeping
-    def _advance(self, s, pos: int) -> list[int]:
-        """Reserve position `pos` on every plane of `s`; returns [slot, n] per group."""
-        planes = s.planes
+    def _view(self, s) -> "_SessionView":
+        view = self._views.get(s)
+        if view is None:
+            view = self._views[s] = _SessionView(s, self.members, self.growing)
+        return view
+
+    def _advance(self, view: "_SessionView", pos: int) -> list[int]:
+        """Reserve position `pos` on every plane of the session; returns [slot, n] per group.
+
+        A session's planes move together (every forward touches all of them, a failed one
+        rolls all back), so each group's first plane decides and the rest are assigned.
+        """
         out = []
-        for key, members in zip(self.group_kinds, self.members):
-            rep = planes[members[0]]
+        for key, planes in zip(self.group_kinds, view.groups):
+            rep = planes[0]
             if rep.end != pos:
                 raise CacheError(f"layer {rep.layer}: session at {pos} but plane ends at {rep.end}")
-            state = (rep.len, rep.origin_logical, rep.origin_physical)
-            if any(planes[i].undo is not None for i in members):
-                out.extend(self._advance_logged(planes, members, pos))
+            if rep.undo is not None:                 # a caller's checkpoint: log evictions
+                out.extend(self._advance_logged(planes, pos))
                 continue
-            for i in members:
-                p = planes[i]
-                if (p.len, p.origin_logical, p.origin_physical) != state:
-                    raise CacheError(f"layer {p.layer}: planes of one group disagree")
             if key[0] == "growing":
-                for i in members:
-                    p = planes[i]
-                    if p.allocated <= pos:
+                if rep.keys.shape[1] <= pos:
+                    for p in planes:
                         p._ensure_storage(pos + 1)
+                for p in planes:
                     p.len = pos + 1
                 out.extend((pos, pos + 1))
                 continue
-            length, ol, op = state
-            cap = key[1]
+            length, op, cap = rep.len, rep.origin_physical, key[1]
             slot = (op + length) % cap
             if length < cap:
-                new = (length + 1, ol, op)
+                for p in planes:
+                    p.len = length + 1
+                out.extend((slot, length + 1))
             else:
-                new = (length, ol + 1, (op + 1) % cap)
-            for i in members:
-                p = planes[i]
-                p.len, p.origin_logical, p.origin_physical = new
-            out.extend((slot, new[0]))
+                ol, op = rep.origin_logical + 1, (op + 1) % cap
+                for p in planes:
+                    p.origin_logical, p.origin_physical = ol, op
+                out.extend((slot, length))
         return out
 
-    def _advance_logged(self, planes, members, pos) -> tuple[int, int]:
+    def _advance_logged(self, planes, pos) -> tuple[int, int]:
         """The slow path under an open checkpoint: exactly Plane.store's order, minus the write."""
         results = set()
-        for i in members:
-            p = planes[i]
+        for p in planes:
             dummy = torch.zeros((1, p.kv_heads, p.head_dim), dtype=p.dtype, device=p.device)
             p._check_reservation(pos, 1)
             if p.undo is not None:
@@ -124,16 +153,6 @@ class GraphRunner:
             raise CacheError(f"planes of one group disagree at position {pos}: {sorted(results)}")
         return results.pop()
 
-    def _table_rows(self, s) -> torch.Tensor:
-        planes = s.planes
-        sig = tuple((planes[i].keys.data_ptr(), planes[i].values.data_ptr(), planes[i].keys.shape[1])
-                    for i in self.growing)
-        hit = self._rows.get(s)
-        if hit is None or hit[0] != sig:
-            hit = (sig, torch.tensor([plane_row(p) for p in s.planes], dtype=torch.int64))
-            self._rows[s] = hit
-        return hit[1]
-
     # ------------------------------------------------------------------ step
     def decode(self, sessions, tokens) -> torch.Tensor:
         """One decode step for every session: float32 logits [B, vocab] (a fresh tensor)."""
@@ -142,22 +161,22 @@ class GraphRunner:
         if len({id(s) for s in sessions}) != len(sessions):
             raise RequestError("a session appears twice in one decode batch")
         tokens = [s._validate([t])[0] for s, t in zip(sessions, tokens)]
-        saved = [[(p.len, p.origin_logical, p.origin_physical) for p in s.planes] for s in sessions]
+        views = [self._view(s) for s in sessions]
+        saved = [v.state() for v in views]
         try:
             positions = [s.position for s in sessions]
-            metas = [self._advance(s, pos) for s, pos in zip(sessions, positions)]
-            logits = self._run(sessions, tokens, positions, metas)
+            metas = [self._advance(v, pos) for v, pos in zip(views, positions)]
+            logits = self._run(views, tokens, positions, metas)
         except BaseException:
-            for s, st in zip(sessions, saved):
-                for p, (ln, ol, op) in zip(s.planes, st):
-                    p.len, p.origin_logical, p.origin_physical = ln, ol, op
+            for v, st in zip(views, saved):
+                v.restore(st)
             raise
         for s, t in zip(sessions, tokens):
             s.tokens.append(t)
         return logits
 
-    def _run(self, sessions, tokens, positions, metas) -> torch.Tensor:
-        B = len(sessions)
+    def _run(self, views, tokens, positions, metas) -> torch.Tensor:
+        B = len(views)
         entry = self.entries.get(B)
         if entry is None:
             entry = self.entries[B] = _Entry(self.step, B, len(self.layer_group),
@@ -167,14 +186,10 @@ class GraphRunner:
         for g in range(len(self.group_kinds)):
             for m in metas:
                 flat.extend(m[2 * g: 2 * g + 2])
-        if entry.uploaded is not None:
-            entry.uploaded.synchronize()      # the pinned buffer may still be in flight
-        entry.host.copy_(torch.tensor(flat, dtype=torch.int64))
-        entry.packed.copy_(entry.host, non_blocking=True)
-        if entry.packed.is_cuda:
-            entry.uploaded = torch.cuda.Event()
-            entry.uploaded.record()
-        rows = [self._table_rows(s) for s in sessions]
+        if entry.done is not None:
+            entry.done.synchronize()          # the last replay has read the pinned buffer
+        entry.host_np[:] = flat
+        rows = [v.table_rows() for v in views]
         # The entry keeps the row tensors it uploaded (strong references), so identity
         # cannot be faked by a freed-and-reused address.
         if entry.table_key is None or any(a is not b for a, b in zip(rows, entry.table_key)):
@@ -183,12 +198,22 @@ class GraphRunner:
             self.stats["table_uploads"] += 1
         if not self.capture:
             self.stats["eager"] += 1
-            return self.step.run(entry.packed, entry.tables, entry.ws)
-        if entry.graph is None:
-            self._capture(entry)
-        entry.graph.replay()
-        self.stats["replays"] += 1
-        return entry.logits.clone()
+            out = self._step(entry)
+        else:
+            if entry.graph is None:
+                self._capture(entry)
+            entry.graph.replay()
+            self.stats["replays"] += 1
+            out = entry.logits.clone()
+        if entry.packed.is_cuda:
+            entry.done = entry.done or torch.cuda.Event()
+            entry.done.record()
+        return out
+
+    def _step(self, entry: _Entry) -> torch.Tensor:
+        """Upload (pinned -> device, inside the graph when captured), then the maths."""
+        entry.packed.copy_(entry.host, non_blocking=True)
+        return self.step.run(entry.packed, entry.tables, entry.ws)
 
     def _capture(self, entry: _Entry) -> None:
         """Warm up eagerly (compiles kernels; writes this step's rows, which the replay
@@ -196,13 +221,13 @@ class GraphRunner:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self.step.run(entry.packed, entry.tables, entry.ws)
+            self._step(entry)
         torch.cuda.current_stream().wait_stream(side)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            entry.logits = self.step.run(entry.packed, entry.tables, entry.ws)
+            entry.logits = self._step(entry)
         entry.graph = graph
         self.stats["captures"] += 1
 

@@ -9,18 +9,25 @@ Does not own: plane bookkeeping, plane tables or graph capture
 (cuda_graph.py), the kernels (muser.model.triton_ops,
 muser.attention.triton_decode).
 
+GEMVs at batch 1: cuBLAS runs the narrow matrices (q/k/v, o, down) at a
+fraction of the bandwidth, so they go through `triton_ops.gemv` instead;
+MUSER_GEMV=none keeps cuBLAS everywhere, =all also takes gate/up (not the
+head).  Fixed at construction, so every replay of an engine uses the same.
+
 Inputs live in device tensors so the step can be captured once and replayed:
 `packed` int64 = [ids (B) | positions (B) | per plane group: (slot, n) x B],
 `tables` int64 [L, B, 4] (see triton_decode).  Nothing here reads the host.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
 from ..attention.triton_decode import DecodeWorkspace, decode_attention
 from ..model import transformer as tf
-from ..model.triton_ops import act_mul, add_norm, qk_rope_store
+from ..model.triton_ops import act_mul, add_norm, gemv, qk_rope_store
 
 
 def _fuse(parts: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -80,6 +87,9 @@ class DecodeStep:
         self.embed_scale = (torch.tensor(spec.embed_scale, dtype=engine.dtype, device=dev)
                             if spec.embed_scale != 1.0 else None)
         self.layernorm = spec.norm != "rms"
+        mode = os.environ.get("MUSER_GEMV", "small")
+        self.gemv_for = {"none": (), "small": ("qkv", "o", "down"),
+                         "all": ("qkv", "o", "down", "gu")}[mode]
         self.gelu = spec.activation == "gelu_tanh"
 
     def workspace(self, batch: int) -> DecodeWorkspace:
@@ -87,8 +97,13 @@ class DecodeStep:
         return DecodeWorkspace(batch, s.num_kv_heads, s.num_heads // s.num_kv_heads, s.head_dim,
                                max(self.splits), self.engine.device)
 
+    def _linear(self, what, x, w, b=None):
+        if x.shape[0] == 1 and b is None and what in self.gemv_for:
+            return gemv(x, w)
+        return F.linear(x, w, b)
+
     def _mlp(self, lw, fz, x):
-        return F.linear(act_mul(F.linear(x, fz["wgu"]), self.gelu), lw.w_down)
+        return self._linear("down", act_mul(self._linear("gu", x, fz["wgu"]), self.gelu), lw.w_down)
 
     def run(self, packed: torch.Tensor, tables: torch.Tensor, ws: DecodeWorkspace) -> torch.Tensor:
         spec, w = self.spec, self.w
@@ -103,14 +118,14 @@ class DecodeStep:
         h, x = add_norm(h, layers[0].attn_norm, eps, self.layernorm)
         for i, (lw, ls, fz) in enumerate(zip(layers, spec.layers, self.fused)):
             meta, table = metas[self.groups[i]], tables[i]
-            qkv = F.linear(x, fz["wqkv"], fz["bqkv"])
+            qkv = self._linear("qkv", x, fz["wqkv"], fz["bqkv"])
             cos, sin = self.rope[i]
             q = qk_rope_store(qkv, pos, cos, sin, lw.q_norm if spec.qk_norm else None,
                               lw.k_norm if spec.qk_norm else None, eps, table, meta, H, KV, D,
                               spec.rope_interleaved)
             a = decode_attention(q, table, meta, KV, self.splits[i], spec.scale,
                                  spec.attn_logit_softcap, ws)
-            o = F.linear(a.view(B, H * D), lw.wo, lw.bo)
+            o = self._linear("o", a.view(B, H * D), lw.wo, lw.bo)
             nxt = layers[i + 1].attn_norm if i + 1 < len(layers) else w.final_norm
             if spec.parallel_block:
                 h, x = add_norm(h, nxt, eps, self.layernorm, d1=o, d2=self._mlp(lw, fz, x))

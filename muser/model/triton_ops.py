@@ -138,7 +138,22 @@ def _kernels():
         out = a.to(g.dtype).to(tl.float32) * u.to(tl.float32)
         tl.store(OUT + b * I + i, out.to(g.dtype), mask=mask)
 
-    return add_norm_kernel, qk_rope_store_kernel, act_mul_kernel
+    @triton.jit
+    def gemv_kernel(X, W, Y, N, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rmask = rows < N
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            kmask = ks < K
+            w = tl.load(W + rows[:, None].to(tl.int64) * K + ks[None, :],
+                        mask=rmask[:, None] & kmask[None, :], other=0.0)
+            x = tl.load(X + ks, mask=kmask, other=0.0)
+            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        y = tl.sum(acc, 1)
+        tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=rmask)
+
+    return add_norm_kernel, qk_rope_store_kernel, act_mul_kernel, gemv_kernel
 
 
 def add_norm(h: torch.Tensor, w_next: torch.Tensor, eps: float, layernorm: bool,
@@ -188,4 +203,17 @@ def act_mul(gate_up: torch.Tensor, gelu: bool, out: torch.Tensor | None = None) 
     out = out if out is not None else gate_up.new_empty(B, inter)
     block = 1024
     kern[(B, -(-inter // block))](gate_up, out, I=inter, BLOCK=block, GELU=gelu, num_warps=4)
+    return out
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [1, K] @ w[N, K].T -> [1, N] for one token: many narrow row blocks, so a small matrix
+    still spreads over every multiprocessor (cuBLAS runs these at a fraction of bandwidth).
+    Fixed float32 reduction order per output: deterministic."""
+    kern = _kernels()[3]
+    n, k = w.shape
+    out = out if out is not None else x.new_empty(1, n)
+    block_n = 8 if n < 2048 else 16
+    block_k = min(_pow2(k), 8192 // block_n)
+    kern[(-(-n // block_n),)](x, w, out, n, K=k, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
     return out

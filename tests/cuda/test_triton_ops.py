@@ -80,3 +80,12 @@ def test_act_mul(dev, kdtype, gelu):
     g, u = gu[:, :1500], gu[:, 1500:]
     ref = (F.gelu(g, approximate="tanh") if gelu else F.silu(g)) * u
     assert rel(act_mul(gu, gelu), ref) < 1e-2
+
+
+@pytest.mark.parametrize("n,k", [(1536, 1152), (1152, 6912), (100, 37), (4096, 2560)])
+def test_gemv(dev, kdtype, n, k):
+    from muser.model.triton_ops import gemv
+    x, w = torch.randn(1, k).to(dev, kdtype), torch.randn(n, k).to(dev, kdtype)
+    y = gemv(x, w)
+    assert y.shape == (1, n) and rel(y, x.float() @ w.float().T) < 1e-2
+    assert torch.equal(y, gemv(x, w))
