@@ -72,7 +72,7 @@ def run_model(name, shape, bw, args, results):
     section("decode_2k", lambda: muser_decode(engine, 2048, args.steps, vocab)[:2])
     if args.profile and name in ("1b", "4b"):
         section("profile_b1", lambda: muser_decode(engine, 2048, 16, vocab, prof=True)[2])
-        for mode in ("none", "all", "small"):             # A/B: batch-1 GEMVs (cuda_step.py)
+        for mode in ("small", "all", "none"):             # A/B: batch-1 GEMVs (cuda_step.py)
             os.environ["MUSER_GEMV"] = mode
             engine._runner = None                         # a fresh runner reads the mode
             section(f"decode_2k_gemv_{mode}", lambda: muser_decode(engine, 2048, args.steps, vocab)[:2])

@@ -87,6 +87,7 @@ def _kernels():
             offs = rows[:, None].to(tl.int64) * rs + kvh * hs + d[None, :]
             lmask = rmask[:, None] & dmask[None, :]
             k = tl.load(kp + offs, mask=lmask, other=0.0)
+            v = tl.load(vp + offs, mask=lmask, other=0.0)      # in flight with k (latency-bound)
             sc = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
             if SOFTCAP:
                 sc = (2.0 * tl.sigmoid(2.0 * sc / softcap) - 1.0) * softcap
@@ -95,7 +96,6 @@ def _kernels():
             alpha = tl.exp(m - m_new)
             p = tl.exp(sc - m_new[:, None])
             l = l * alpha + tl.sum(p, 1)
-            v = tl.load(vp + offs, mask=lmask, other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             m = m_new
         base = (b * KV + kvh) * NSPLIT + s

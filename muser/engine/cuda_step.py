@@ -9,10 +9,10 @@ Does not own: plane bookkeeping, plane tables or graph capture
 (cuda_graph.py), the kernels (muser.model.triton_ops,
 muser.attention.triton_decode).
 
-GEMVs at batch 1: cuBLAS runs the narrow matrices (q/k/v, o, down) at a
-fraction of the bandwidth, so they go through `triton_ops.gemv` instead;
-MUSER_GEMV=none keeps cuBLAS everywhere, =all also takes gate/up (not the
-head).  Fixed at construction, so every replay of an engine uses the same.
+GEMMs go through cuBLAS.  MUSER_GEMV=small routes the batch-1 narrow ones
+(q/k/v, o, down) through `triton_ops.gemv`, =all also gate/up: measured
+slower on an H200 (benchmarks/NOTES.md), kept as an experiment switch.  Read
+at construction, so every replay of an engine uses the same kernels.
 
 Inputs live in device tensors so the step can be captured once and replayed:
 `packed` int64 = [ids (B) | positions (B) | per plane group: (slot, n) x B],
@@ -87,7 +87,7 @@ class DecodeStep:
         self.embed_scale = (torch.tensor(spec.embed_scale, dtype=engine.dtype, device=dev)
                             if spec.embed_scale != 1.0 else None)
         self.layernorm = spec.norm != "rms"
-        mode = os.environ.get("MUSER_GEMV", "small")
+        mode = os.environ.get("MUSER_GEMV", "none")
         self.gemv_for = {"none": (), "small": ("qkv", "o", "down"),
                          "all": ("qkv", "o", "down", "gu")}[mode]
         self.gelu = spec.activation == "gelu_tanh"

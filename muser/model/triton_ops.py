@@ -78,6 +78,12 @@ def _kernels():
         else:
             i0 = i
             i1 = i + HALF
+        # Plane address and slot first: independent loads in flight together (latency-bound)
+        kp = tl.load(TAB + b * 4).to(tl.pointer_type(QKV.dtype.element_ty))
+        vp = tl.load(TAB + b * 4 + 1).to(tl.pointer_type(QKV.dtype.element_ty))
+        rs = tl.load(TAB + b * 4 + 2)
+        hs = tl.load(TAB + b * 4 + 3)
+        slot = tl.load(META + b * 2).to(tl.int64)
         row = QKV + b * (H + 2 * KV) * D
         src = row + j * D
         x0 = tl.load(src + i0, mask=mask, other=0.0)
@@ -110,11 +116,6 @@ def _kernels():
             tl.store(dst + i1, o1.to(dt), mask=mask)
         else:
             kvh = j - H
-            kp = tl.load(TAB + b * 4).to(tl.pointer_type(QKV.dtype.element_ty))
-            vp = tl.load(TAB + b * 4 + 1).to(tl.pointer_type(QKV.dtype.element_ty))
-            rs = tl.load(TAB + b * 4 + 2)
-            hs = tl.load(TAB + b * 4 + 3)
-            slot = tl.load(META + b * 2).to(tl.int64)
             off = slot * rs + kvh * hs
             tl.store(kp + off + i0, o0.to(dt), mask=mask)
             tl.store(kp + off + i1, o1.to(dt), mask=mask)
