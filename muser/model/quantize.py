@@ -1,35 +1,75 @@
-"""Turning a float `Weights` into the CPU int8 fast path.
+"""Turning a float `Weights` into the CPU fast path: int8 weights, fused projections.
 
-Owns: `quantize_weights(weights, embed_dtype)`: every projection matrix (q, k, v, o,
-gate, up, down) and the LM head become `quant.QuantizedLinear` (int8, one scale per
-output row); the embedding stays a float table for row lookups (only T rows are read
-per step).  Does not own: the kernels (`quant.py`) or the choice of when to use
-this (the engine's `quant=` setting, defaults.py).
+Owns: `FastLinear` (a projection with int8 weights for few rows -- decode steps
+and verification blocks -- and an optional dense bf16 copy for prefill chunks)
+and `quantize_weights`.  Does not own: the kernels (`quant.py`) or when the
+path is used (the engine's `quant=` setting, engine/defaults.py).
 
-Bytes per decode token for Gemma 3 270M: float32 ~1.07 GB + 0.67 GB LM head;
-int8 ~0.17 GB + 0.17 GB LM head -- the LM head (262,144 x 640) is the largest
-single read, which is why it is quantized with column equalization (its
-outlier columns otherwise cost accuracy; see benchmarks/NOTES.md).
+Why two copies: per token, decode reads every weight once, so bytes rule and
+int8 halves them against bf16; a 512-row prefill chunk is arithmetic-bound,
+where oneDNN's bf16 GEMM is ~4x faster than the int8 weight-only kernel.  The
+switch depends on the row count only (> DENSE_ROWS), so a given chunking always
+takes the same kernels: the restore contract holds, and verification blocks
+(<= 16 real rows, padded to 16) always run the row-invariant int8 kernel, so
+the rollback contract holds (benchmarks/NOTES.md, "CPU matmul kernels").
+
+q|k|v and gate|up are fused into one matrix each (per-row scales make the fused
+int8 matrix identical to the stacked separate ones): fewer, larger calls.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 import torch
+import torch.nn.functional as F
 
-from .quant import QuantizedLinear, quantize_rowwise_int8
+from .quant import QuantizedLinear, auto_kernel, linear as qlinear, quantize_rowwise_int8
 from .weights import LayerWeights, Weights
 
-PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+DENSE_ROWS = 64
 
 
-def _q(w: torch.Tensor, equalize: bool = False) -> QuantizedLinear:
-    return quantize_rowwise_int8(w.float(), equalize=equalize)
+class FastLinear:
+    __slots__ = ("q", "dense", "kernel", "_scale")
+
+    def __init__(self, q: QuantizedLinear, dense: torch.Tensor | None):
+        self.q, self.dense = q, dense
+        self.kernel = auto_kernel(q)
+        self._scale = q.scale.to(torch.bfloat16)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:       # x [T, K] -> [T, N]
+        if self.dense is not None and x.shape[0] > DENSE_ROWS:
+            return F.linear(x.to(self.dense.dtype), self.dense).to(x.dtype)
+        if self.kernel == "int8_bf16" and self.q.in_scale is None:
+            # The common decode call, without the generic dispatcher's reshapes.
+            return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.q.qweight,
+                                                      self._scale).to(x.dtype)
+        return qlinear(x, self.q, kernel=self.kernel)
+
+    def nbytes(self) -> int:
+        return self.q.nbytes() + (0 if self.dense is None else self.dense.numel() * self.dense.element_size())
+
+
+def _fast(w: torch.Tensor, equalize: bool = False, dense: bool = True) -> FastLinear:
+    q = quantize_rowwise_int8(w.float(), equalize=equalize)
+    return FastLinear(q, w.to(torch.bfloat16).contiguous() if dense else None)
 
 
 def quantize_weights(weights: Weights, embed_dtype: torch.dtype = torch.bfloat16) -> Weights:
-    layers: list[LayerWeights] = [replace(lw, **{n: _q(getattr(lw, n)) for n in PROJECTIONS})
-                                  for lw in weights.layers]
-    head = _q(weights.output, equalize=True)
+    layers: list[LayerWeights] = []
+    for lw in weights.layers:
+        fuse_qkv = lw.bq is None and lw.bk is None and lw.bv is None
+        fused = dict(
+            wqkv=_fast(torch.cat([lw.wq, lw.wk, lw.wv])) if fuse_qkv else None,
+            w_gate_up=_fast(torch.cat([lw.w_gate, lw.w_up])),
+            wo=_fast(lw.wo), w_down=_fast(lw.w_down), w_gate=None, w_up=None,
+        )
+        if fuse_qkv:
+            fused.update(wq=None, wk=None, wv=None)
+        else:
+            fused.update(wq=_fast(lw.wq), wk=_fast(lw.wk), wv=_fast(lw.wv))
+        layers.append(replace(lw, **fused))
+    # The LM head only ever sees the last row(s) of a chunk: no dense copy needed.
+    head = _fast(weights.output, equalize=True, dense=False)
     return Weights(embed=weights.embed.to(embed_dtype), final_norm=weights.final_norm,
                    layers=layers, lm_head=head)

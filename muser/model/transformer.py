@@ -26,11 +26,10 @@ Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ w.T (+ b); `w` is a float matrix or a quant.QuantizedLinear (CPU int8 path)."""
+    """y = x @ w.T (+ b); `w` is a float matrix or a callable fast linear (quantize.FastLinear)."""
     if isinstance(w, torch.Tensor):
         return F.linear(x, w, b)
-    from muser.model.quant import linear as qlinear
-    y = qlinear(x, w)
+    y = w(x)
     return y if b is None else y + b
 
 # ----------------------------------------------------------------------------- RoPE
@@ -102,6 +101,9 @@ def _act(x: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
 
 
 def mlp(lw: LayerWeights, spec: ModelSpec, x: torch.Tensor) -> torch.Tensor:
+    if lw.w_gate_up is not None:
+        gate, up = linear(x, lw.w_gate_up).chunk(2, dim=-1)
+        return linear(_act(gate, spec) * up, lw.w_down)
     return linear(_act(linear(x, lw.w_gate), spec) * linear(x, lw.w_up), lw.w_down)
 
 
@@ -125,9 +127,13 @@ def layer_forward(lw: LayerWeights, spec: ModelSpec, ls: LayerSpec, h: torch.Ten
     T = h.shape[0]
     H, KV, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
     x = norm(h, lw.attn_norm, spec)
-    q = linear(x, lw.wq, lw.bq).view(T, H, D)
-    k = linear(x, lw.wk, lw.bk).view(T, KV, D)
-    v = linear(x, lw.wv, lw.bv).view(T, KV, D)
+    if lw.wqkv is not None:
+        q, k, v = linear(x, lw.wqkv).split((H * D, KV * D, KV * D), dim=-1)
+        q, k, v = q.reshape(T, H, D), k.reshape(T, KV, D), v.reshape(T, KV, D)
+    else:
+        q = linear(x, lw.wq, lw.bq).view(T, H, D)
+        k = linear(x, lw.wk, lw.bk).view(T, KV, D)
+        v = linear(x, lw.wv, lw.bv).view(T, KV, D)
     if spec.qk_norm:
         q, k = norm(q, lw.q_norm, spec), norm(k, lw.k_norm, spec)
     if ls.rope:

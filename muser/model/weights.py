@@ -41,8 +41,14 @@ class LayerWeights:
     post_attn_norm: torch.Tensor | None = None    # [hidden] (Gemma sandwich)
     pre_ffn_norm: torch.Tensor | None = None      # [hidden] (Llama's post_attention_layernorm, Gemma's pre_feedforward)
     post_ffn_norm: torch.Tensor | None = None     # [hidden] (Gemma sandwich)
+    # Fused projections (the CPU fast path, model/quantize.py): when set, the
+    # transformer runs one matmul instead of three (q|k|v) or two (gate|up).
+    wqkv: object | None = None                    # [(H + 2 KV) * D, hidden]
+    w_gate_up: object | None = None               # [2 I, hidden]
 
     def to(self, device=None, dtype: torch.dtype | None = None) -> "LayerWeights":
+        if self.wqkv is not None or self.w_gate_up is not None:
+            raise ValueError("fused (quantized) layer weights are built in place; they do not move")
         return replace(self, **{f.name: _cast(f.name, getattr(self, f.name), device, dtype) for f in fields(self)})
 
     def tensors(self):
