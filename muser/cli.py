@@ -33,11 +33,8 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
 
 def load_engine(args):
     from .engine.loader import load
-    from .engine.defaults import default_dtype, default_quant
-    dtype = args.dtype or default_dtype(args.device, args.backend)
-    quant = args.quant or default_quant(args.device, dtype, args.backend)
-    return load(args.model, device=args.device, dtype=dtype, backend=args.backend,
-                max_context=args.max_context, quant=quant)
+    return load(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
+                max_context=args.max_context, quant=args.quant)
 
 
 def read_key(key_file: str | None) -> bytes | None:

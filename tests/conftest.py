@@ -5,4 +5,4 @@ import pytest
 @pytest.fixture(scope="session")
 def embedded():
     import muser
-    return muser.load("gemma3-270m", progress=False)
+    return muser.load("gemma3-270m", dtype="float32", quant="none", progress=False)

@@ -71,9 +71,15 @@ def weights_digest(files: list[Path]) -> str:
     return h.hexdigest()
 
 
-def load(name_or_path: str | os.PathLike = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32",
+def load(name_or_path: str | os.PathLike = DEFAULT_MODEL, device: str = "cpu", dtype: str | None = None,
          backend: str = "ring", max_context: int | None = None, chunk_size: int = 512,
-         quant: str = "none", progress: bool = True) -> Engine:
+         quant: str | None = None, progress: bool = True) -> Engine:
+    """Load a model.  dtype / quant default to the fastest accurate choice for the device
+    (engine/defaults.py: CPU ring -> bfloat16 activations + int8 weights; CUDA -> bfloat16;
+    the oracle -> float32)."""
+    from .defaults import default_dtype, default_quant
+    dtype = dtype or default_dtype(device, backend)
+    quant = quant or default_quant(device, dtype, backend)
     config = EngineConfig(device=device, dtype=dtype, backend=backend, max_context=max_context,
                           chunk_size=chunk_size, quant=quant)
     if quant not in QUANTS:

@@ -102,7 +102,7 @@ def _load_engine(args):
         return load_engine(args)
     except ImportError:
         from ..engine.loader import load
-        return load(args.model, device=args.device, dtype=args.dtype or "float32",
+        return load(args.model, device=args.device, dtype=args.dtype,
                     backend=args.backend, max_context=args.max_context)
 
 

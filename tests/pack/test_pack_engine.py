@@ -55,7 +55,7 @@ def test_restored_session_prefills_chunks_bitwise(tiny_engine, p, tmp_path):
 FRESH = textwrap.dedent("""
     import sys, torch, muser
     from muser.pack.manifest import load_key
-    engine = muser.load(sys.argv[1], backend="ring")
+    engine = muser.load(sys.argv[1], backend="ring", dtype="float32")
     expected = torch.load(sys.argv[2])
     for path, (ids, logits) in expected.items():
         s = engine.restore(muser.SessionSnapshot.load(path, key=load_key()))
@@ -147,7 +147,7 @@ def test_pack_restores_into_an_engine_with_another_max_context(tiny_engine):
     """Growing planes relocate into storage of another capacity; logits stay bitwise equal."""
     from muser.testing import tiny_model_dir
     engine = tiny_engine()
-    small = muser.load(str(tiny_model_dir("gemma3")), backend="ring", max_context=40, progress=False)
+    small = muser.load(str(tiny_model_dir("gemma3")), backend="ring", dtype="float32", max_context=40, progress=False)
     assert small.max_context != engine.max_context and small.fingerprint == engine.fingerprint
     ids = ids_for(engine, 30, seed=11)
     s = engine.new_session()
