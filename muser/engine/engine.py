@@ -41,8 +41,9 @@ class Engine:
         self._tokenizer = tokenizer
         self.max_context = min(config.max_context or spec.max_context, spec.max_context)
         # int8 weights compute different K/V bits than float weights: a distinct encoding.
-        self.encoding = Encoding(config.backend, config.dtype if config.quant == "none"
-                                 else f"{config.dtype}+{config.quant}")
+        # (the family names the weight path; the dtype is the rows' dtype on the wire)
+        self.encoding = Encoding(config.backend if config.quant == "none"
+                                 else f"{config.backend}+{config.quant}", config.dtype)
         self.attention = select_attention(self.device)
         self.cuda_graphs = self.device.type == "cuda"   # decode through engine/cuda_graph.py
         self._runner = None

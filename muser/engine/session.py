@@ -26,7 +26,7 @@ class Session:
     def __init__(self, engine):
         self.engine = engine
         spec = engine.spec
-        self.planes = build_planes(spec.layers, engine.encoding.family, engine.max_context,
+        self.planes = build_planes(spec.layers, engine.config.backend, engine.max_context,
                                    spec.num_kv_heads, spec.head_dim, engine.cache_dtype, engine.device)
         self.tokens: list[int] = []          # ids consumed, in order (the lineage)
         self._open: Checkpoint | None = None  # a caller's speculative checkpoint
