@@ -17,8 +17,21 @@ from .reference import attention as reference_attention
 
 def _reference(q, k, v, mask, scale, softcap=None):
     if mask is None:
-        mask = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool, device=q.device)
+        return _all_visible(q, k, v, scale, softcap)
     return reference_attention(q, k, v, mask, scale, softcap)
+
+
+def _all_visible(q, k, v, scale, softcap=None):
+    """The reference arithmetic when every key is visible (a decode step): no mask to
+    build or apply.  q [T, H, D], k/v [S, KV, D] -> [T, H, D]."""
+    T, H, D = q.shape
+    KV = k.shape[1]
+    qf = q.float().reshape(T, KV, H // KV, D).permute(1, 2, 0, 3)          # [KV, G, T, D]
+    scores = torch.matmul(qf, k.float().permute(1, 2, 0).unsqueeze(1)) * scale   # [KV, G, T, S]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    out = torch.matmul(torch.softmax(scores, dim=-1), v.float().permute(1, 0, 2).unsqueeze(1))
+    return out.permute(2, 0, 1, 3).reshape(T, H, D).to(q.dtype)
 
 
 def select_attention(device: torch.device):

@@ -138,3 +138,12 @@ def test_shape_gate_names_layer_field_expected_got(field, mutate):
     assert "layer 2" in str(e.value) and "expected" in str(e.value) and "got" in str(e.value)
     assert [(p.metadata(), p.keys) for p in target][0][0] == before[0][0]
     assert all(torch.equal(p.keys, b[1]) for p, b in zip(target, before))
+
+
+def test_unmasked_attention_equals_the_reference_with_an_all_true_mask():
+    from muser.attention import select_attention
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(1, 4, 8, generator=g), torch.randn(9, 2, 8, generator=g), torch.randn(9, 2, 8, generator=g)
+    fast = select_attention(torch.device("cpu"))(q, k, v, None, 0.3, None)
+    ref = attention(q, k, v, torch.ones(1, 9, dtype=torch.bool), 0.3)
+    torch.testing.assert_close(fast, ref, rtol=1e-6, atol=1e-6)
