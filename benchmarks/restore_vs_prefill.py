@@ -5,7 +5,7 @@ restore = load the session pack saved from that prefill (from disk, digests chec
 install it into a fresh session and decode the same token.  Same mode for both
 (the CPU default unless --dtype/--quant say otherwise).
 
-    python benchmarks/restore_vs_prefill.py --contexts 2048 8192 32768
+    python benchmarks/restore_vs_prefill.py --contexts 2048 8192 32000   (32,768 is the whole context: no room for the token)
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from muser.cache import SessionSnapshot
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--contexts", type=int, nargs="+", default=[2048, 8192, 32768])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[2048, 8192, 32000])
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--quant", default=None)
     args = ap.parse_args()
