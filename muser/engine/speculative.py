@@ -166,17 +166,19 @@ def speculative_generate(engine, session, ids: list[int], max_tokens: int, param
     logits = session.prefill(ids)
     stats["forwards"] += 1
     t = sample(logits, params, gen)
+    settled = [t]              # sampled, not yet emitted; the last one is not yet consumed
     emitted = 0
     k_max = block - 1
     k = k_max
     while True:
-        if t in eos:
-            return
-        yield t
-        emitted += 1
-        stats["emitted"] = emitted
-        if emitted >= max_tokens:
-            return
+        for tok in settled:
+            if tok in eos:
+                return
+            yield tok
+            emitted += 1
+            stats["emitted"] = emitted
+            if emitted >= max_tokens:
+                return
         k_now = max(0, min(k, max_tokens - emitted - 1, engine.max_context - session.position - 1))
         context = session.tokens + [t]
         drafts, qs = drafter.draft(context, k_now, params)
@@ -199,13 +201,6 @@ def speculative_generate(engine, session, ids: list[int], max_tokens: int, param
         stats["acceptance"] = stats["accepted"] / max(1, stats["drafted"])
         # Tokens settled per target forward: accepted drafts plus the correction/bonus.
         stats["tokens_per_forward"] = (stats["accepted"] + stats["rounds"]) / max(1, stats["rounds"])
-        for d in drafts[:accepted]:
-            if d in eos:
-                return
-            yield d
-            emitted += 1
-            stats["emitted"] = emitted
-            if emitted >= max_tokens:
-                return
         k = min(k_max, k + 2) if accepted == len(drafts) else max(1, accepted + 1)
+        settled = drafts[:accepted] + [nxt]
         t = nxt
