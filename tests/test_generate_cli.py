@@ -46,3 +46,13 @@ def test_resume_and_save_continue_a_session_across_processes(tmp_path):
                "--save", str(pack))
     assert r2.returncode == 0, r2.stderr
     assert "saved" in r2.stderr
+
+
+def test_chat_answers_each_line_and_exits_on_eof():
+    path = str(tiny_model_dir("gemma3", window=4))
+    r = subprocess.run([sys.executable, "-m", "muser.cli", "chat", "--model", path, "--max-tokens", "4",
+                        "--system", "be brief"], input="hello\nhow are you?\n", capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("you> ") == 3 and r.stdout.count("model> ") == 2
+    assert "Traceback" not in r.stderr
