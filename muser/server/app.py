@@ -89,10 +89,7 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
     # ------------------------------------------------------------------ routes
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        state.check_auth(request)
-        req = await state.parse(request, ChatCompletionRequest)
-        state.check_model(req.model)
-        state.pool.check_healthy()
+        req = await state.admit(request, ChatCompletionRequest)
         messages = req.plain_messages()
         candidate, _ = await asyncio.to_thread(state.chat_candidates, messages)
         return await state.serve(request, req, candidate, chat=True, max_tokens=req.token_limit,
@@ -100,10 +97,7 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        state.check_auth(request)
-        req = await state.parse(request, CompletionRequest)
-        state.check_model(req.model)
-        state.pool.check_healthy()
+        req = await state.admit(request, CompletionRequest)
         candidate, tokens = await asyncio.to_thread(state.raw_candidates, req.single_prompt())
 
         def replay(plan):

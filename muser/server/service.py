@@ -74,6 +74,14 @@ class ServerState:
             raise ModelNotFound(f"the model {model!r} does not exist; this server serves "
                                 f"{self.model_id!r}", param="model")
 
+    async def admit(self, request: Request, cls):
+        """The gates every generation request passes, in order: auth, body, model, health."""
+        self.check_auth(request)
+        req = await self.parse(request, cls)
+        self.check_model(req.model)
+        self.pool.check_healthy()
+        return req
+
     async def parse(self, request: Request, cls):
         n = request.headers.get("content-length")
         if n is not None and n.isdigit() and int(n) > self.config.max_body_bytes:
