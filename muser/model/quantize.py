@@ -13,6 +13,13 @@ takes the same kernels: the restore contract holds, and verification blocks
 (<= 16 real rows, padded to 16) always run the row-invariant int8 kernel, so
 the rollback contract holds (benchmarks/NOTES.md, "CPU matmul kernels").
 
+Few rows run muser's own int8 kernel (native.py, csrc/q8_linear.c: f32
+accumulation, row- and thread-invariant, ~2x aten's `_weight_int8pack_mm` at
+decode shapes) when it could be built; otherwise the aten kernels.  The choice
+is made once per process, never per call.  The LM head (`out_float=True`)
+returns float32 logits from the native kernel instead of rounding them to the
+activation dtype.
+
 q|k|v and gate|up are fused into one matrix each (per-row scales make the fused
 int8 matrix identical to the stacked separate ones): fewer, larger calls.
 """
@@ -23,6 +30,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
+from . import native
 from .quant import QuantizedLinear, auto_kernel, linear as qlinear, quantize_rowwise_int8
 from .weights import LayerWeights, Weights
 
@@ -30,16 +38,19 @@ DENSE_ROWS = 64
 
 
 class FastLinear:
-    __slots__ = ("q", "dense", "kernel", "_scale")
+    __slots__ = ("q", "dense", "kernel", "out_float", "_scale")
 
-    def __init__(self, q: QuantizedLinear, dense: torch.Tensor | None):
-        self.q, self.dense = q, dense
-        self.kernel = auto_kernel(q)
+    def __init__(self, q: QuantizedLinear, dense: torch.Tensor | None, out_float: bool = False):
+        self.q, self.dense, self.out_float = q, dense, out_float
+        self.kernel = "native" if native.available() else auto_kernel(q)
         self._scale = q.scale.to(torch.bfloat16)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:       # x [T, K] -> [T, N]
         if self.dense is not None and x.shape[0] > DENSE_ROWS:
             return F.linear(x.to(self.dense.dtype), self.dense).to(x.dtype)
+        if self.kernel == "native":
+            return native.q8_linear(x, self.q.qweight, self.q.scale, self.q.in_scale,
+                                    torch.float32 if self.out_float else x.dtype)
         if self.kernel == "int8_bf16" and self.q.in_scale is None:
             # The common decode call, without the generic dispatcher's reshapes.
             return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.q.qweight,
@@ -50,9 +61,9 @@ class FastLinear:
         return self.q.nbytes() + (0 if self.dense is None else self.dense.numel() * self.dense.element_size())
 
 
-def _fast(w: torch.Tensor, equalize: bool = False, dense: bool = True) -> FastLinear:
+def _fast(w: torch.Tensor, equalize: bool = False, dense: bool = True, out_float: bool = False) -> FastLinear:
     q = quantize_rowwise_int8(w.float(), equalize=equalize)
-    return FastLinear(q, w.to(torch.bfloat16).contiguous() if dense else None)
+    return FastLinear(q, w.to(torch.bfloat16).contiguous() if dense else None, out_float)
 
 
 def quantize_weights(weights: Weights, embed_dtype: torch.dtype = torch.bfloat16) -> Weights:
@@ -70,6 +81,6 @@ def quantize_weights(weights: Weights, embed_dtype: torch.dtype = torch.bfloat16
             fused.update(wq=_fast(lw.wq), wk=_fast(lw.wk), wv=_fast(lw.wv))
         layers.append(replace(lw, **fused))
     # The LM head only ever sees the last row(s) of a chunk: no dense copy needed.
-    head = _fast(weights.output, equalize=True, dense=False)
+    head = _fast(weights.output, equalize=True, dense=False, out_float=True)
     return Weights(embed=weights.embed.to(embed_dtype), final_norm=weights.final_norm,
                    layers=layers, lm_head=head)

@@ -11,6 +11,9 @@ sliding, its window and its RoPE base come from the spec, never from here.
 
 Dtypes: matmuls run in the weights' dtype; norms, RoPE and the logits run in
 float32 (the numerics need it), each casting back to the activation dtype.
+On CPU, RMS norms and qk-norm + RoPE go through one native kernel each
+(`native.norm_rope`, same maths in one pass: the eager version is a dozen tiny
+ops per call) when it could be built; other devices and LayerNorm stay eager.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from muser.config import LayerSpec, ModelSpec
+from muser.model import native
 from muser.model.weights import LayerWeights, Weights
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -86,14 +90,32 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave
 
 
 # ----------------------------------------------------------------------------- pieces
+def _native(x: torch.Tensor, spec: ModelSpec) -> bool:
+    return (x.device.type == "cpu" and spec.norm == "rms" and x.dtype in (torch.float32, torch.bfloat16)
+            and native.available())
+
+
 def norm(x: torch.Tensor, w: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
     """RMS norm or (bias-free) layer norm over the last dim, in float32; w is effective."""
+    if _native(x, spec):
+        return native.norm_rope(x, w, spec.norm_eps)
     xf = x.float()
     if spec.norm == "rms":
         out = F.rms_norm(xf, (xf.shape[-1],), w, spec.norm_eps)
     else:
         out = F.layer_norm(xf, (xf.shape[-1],), w, None, spec.norm_eps)
     return out.to(x.dtype)
+
+
+def norm_rope(x: torch.Tensor, w: torch.Tensor | None, spec: ModelSpec, cos, sin) -> torch.Tensor:
+    """qk-norm (when w is given) then RoPE (when cos/sin are given) of x [T, N, D]."""
+    if w is None and cos is None:
+        return x
+    if _native(x, spec):
+        return native.norm_rope(x, w, spec.norm_eps, cos, sin, spec.rope_interleaved)
+    if w is not None:
+        x = norm(x, w, spec)
+    return x if cos is None else apply_rope(x, cos, sin, spec.rope_interleaved)
 
 
 def _act(x: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
@@ -134,12 +156,9 @@ def layer_forward(lw: LayerWeights, spec: ModelSpec, ls: LayerSpec, h: torch.Ten
         q = linear(x, lw.wq, lw.bq).view(T, H, D)
         k = linear(x, lw.wk, lw.bk).view(T, KV, D)
         v = linear(x, lw.wv, lw.bv).view(T, KV, D)
-    if spec.qk_norm:
-        q, k = norm(q, lw.q_norm, spec), norm(k, lw.k_norm, spec)
-    if ls.rope:
-        cos, sin = rope_for(spec, ls, positions)
-        q = apply_rope(q, cos, sin, spec.rope_interleaved)
-        k = apply_rope(k, cos, sin, spec.rope_interleaved)
+    cos, sin = rope_for(spec, ls, positions) if ls.rope else (None, None)
+    q = norm_rope(q, lw.q_norm if spec.qk_norm else None, spec, cos, sin)
+    k = norm_rope(k, lw.k_norm if spec.qk_norm else None, spec, cos, sin)
     a = attend(q, k, v)                                            # [T, H, D]
     o = linear(a.reshape(T, H * D).to(h.dtype), lw.wo, lw.bo)    # [T, hidden]
     if spec.parallel_block:                                        # Cohere: both read the same x

@@ -1,0 +1,180 @@
+"""The native CPU kernels (muser/model/native.py) against plain-torch references: the maths,
+the exactness contract (row- and thread-invariance), the dtypes, and typed refusals."""
+import pytest
+import torch
+
+from muser.model import native
+from muser.model import transformer as tf
+from muser.model.quant import quantize_rowwise_int8
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler: native kernels not built")
+
+
+def _ref_q8(x, q, in_scale=None):
+    xs = x.double() * (1 if in_scale is None else in_scale.double())
+    return xs @ q.qweight.double().T * q.scale.double()
+
+
+@pytest.mark.parametrize("n,k,m,equalize", [
+    (1536, 640, 1, False), (640, 2048, 3, False), (37, 640, 5, True),   # N not a multiple of 4
+    (64, 40, 2, False),                                                 # K % 16 != 0: portable path
+    (256, 1024, 16, True),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_q8_linear_matches_float64_reference(n, k, m, equalize, dtype):
+    torch.manual_seed(n + k + m)
+    q = quantize_rowwise_int8(torch.randn(n, k), equalize=equalize)
+    x = torch.randn(m, k).to(dtype)
+    ref = _ref_q8(x, q, q.in_scale)
+    y = native.q8_linear(x, q.qweight, q.scale, q.in_scale, torch.float32)
+    assert y.dtype == torch.float32 and y.shape == (m, n)
+    assert float((y.double() - ref).abs().max() / ref.abs().max()) < 1e-5
+    yb = native.q8_linear(x, q.qweight, q.scale, q.in_scale, torch.bfloat16)
+    assert torch.equal(yb, y.to(torch.bfloat16))         # the bf16 output is the f32 one rounded (RNE)
+
+
+@pytest.mark.parametrize("k", [640, 40])
+def test_q8_linear_rows_do_not_depend_on_the_row_count(k):
+    torch.manual_seed(1)
+    q = quantize_rowwise_int8(torch.randn(300, k))
+    x = torch.randn(17, k).bfloat16()
+    full = native.q8_linear(x, q.qweight, q.scale)
+    for r in range(17):
+        assert torch.equal(full[r:r + 1], native.q8_linear(x[r:r + 1], q.qweight, q.scale))
+    assert torch.equal(full[3:9], native.q8_linear(x[3:9], q.qweight, q.scale))
+
+
+def test_q8_linear_does_not_depend_on_the_thread_count():
+    torch.manual_seed(2)
+    q = quantize_rowwise_int8(torch.randn(1000, 640), equalize=True)
+    x = torch.randn(5, 640)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = native.q8_linear(x, q.qweight, q.scale, q.in_scale)
+        torch.set_num_threads(max(2, threads))
+        many = native.q8_linear(x, q.qweight, q.scale, q.in_scale)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, many)
+
+
+def test_q8_linear_refuses_wrong_operands_with_what_it_expected():
+    q = quantize_rowwise_int8(torch.randn(8, 32))
+    with pytest.raises(ValueError, match=r"int8 \[N, 16\]"):
+        native.q8_linear(torch.randn(1, 16), q.qweight, q.scale)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        native.q8_linear(torch.randn(1, 32).half(), q.qweight, q.scale)
+    with pytest.raises(ValueError, match=r"scale must be contiguous float32 \[8\]"):
+        native.q8_linear(torch.randn(1, 32), q.qweight, q.scale[:4])
+
+
+def _ref_norm_rope(x, w, eps, cos, sin, interleaved):
+    v = x.double()
+    if w is not None:
+        v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+    if cos is not None:
+        c, s = cos.double()[:, None, :], sin.double()[:, None, :]
+        if interleaved:
+            a, b = v[..., 0::2], v[..., 1::2]
+            v = torch.stack((a * c - b * s, b * c + a * s), -1).flatten(-2)
+        else:
+            h = v.shape[-1] // 2
+            a, b = v[..., :h], v[..., h:]
+            v = torch.cat((a * c - b * s, b * c + a * s), -1)
+    return v
+
+
+@pytest.mark.parametrize("norm,rope,interleaved", [
+    (True, False, False), (True, True, False), (False, True, False), (True, True, True), (False, True, True),
+])
+@pytest.mark.parametrize("t", [1, 7, 40])
+def test_norm_rope_matches_float64_reference(norm, rope, interleaved, t):
+    torch.manual_seed(t)
+    n, d = 3, 32
+    x = torch.randn(t, n, d) * 3
+    w = torch.rand(d) + 0.5 if norm else None
+    ang = torch.rand(t, d // 2) * 6
+    cos, sin = (ang.cos(), ang.sin()) if rope else (None, None)
+    y = native.norm_rope(x, w, 1e-6, cos, sin, interleaved)
+    ref = _ref_norm_rope(x, w, 1e-6, cos, sin, interleaved)
+    assert y.shape == x.shape and y.is_contiguous()
+    assert float((y.double() - ref).abs().max()) < 1e-5
+
+
+def test_norm_rope_reads_strided_rows_and_is_row_invariant():
+    """q and k are column slices of the fused q|k|v output: strided rows, contiguous heads."""
+    torch.manual_seed(3)
+    qkv = torch.randn(9, 6 * 16).bfloat16()
+    k = qkv[:, 4 * 16:5 * 16].view(9, 1, 16)
+    w = torch.rand(16) + 0.5
+    ang = torch.rand(9, 8)
+    y = native.norm_rope(k, w, 1e-6, ang.cos(), ang.sin())
+    assert torch.equal(y, native.norm_rope(k.contiguous(), w, 1e-6, ang.cos(), ang.sin()))
+    for r in range(9):
+        assert torch.equal(y[r:r + 1], native.norm_rope(k[r:r + 1], w, 1e-6, ang.cos()[r:r + 1],
+                                                        ang.sin()[r:r + 1]))
+
+
+def test_norm_rope_refuses_tables_of_the_wrong_shape():
+    x = torch.randn(2, 1, 8)
+    with pytest.raises(ValueError, match=r"w must be contiguous float32 \[8\]"):
+        native.norm_rope(x, torch.ones(4), 1e-6)
+    with pytest.raises(ValueError, match=r"cos must be contiguous float32 \[2, 4\]"):
+        native.norm_rope(x, None, 1e-6, torch.ones(3, 4), torch.ones(3, 4))
+
+
+def test_the_model_norm_uses_the_kernel_and_agrees_with_the_eager_maths(monkeypatch):
+    """transformer.norm on CPU (native) vs the same call with the kernels switched off (eager)."""
+    from muser.testing import tiny_model
+    spec = tiny_model().spec
+    x = torch.randn(5, spec.hidden_size)
+    w = torch.rand(spec.hidden_size) + 0.5
+    fast = tf.norm(x, w, spec)
+    monkeypatch.setattr(tf, "_native", lambda x, spec: False)
+    slow = tf.norm(x, w, spec)
+    assert float((fast - slow).abs().max()) < 1e-5
+
+
+def _eager_visible(q, k, v, scale, softcap):
+    from muser.attention.reference import attention
+    mask = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool)
+    return attention(q.double(), k.double(), v.double(), mask, scale, softcap)
+
+
+@pytest.mark.parametrize("layout", ["token_major", "head_major"])
+@pytest.mark.parametrize("t,h,kv,s,softcap", [(1, 4, 1, 512, None), (1, 8, 4, 37, 50.0), (3, 4, 2, 1, None)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attend_visible_matches_the_reference_for_both_plane_layouts(layout, t, h, kv, s, softcap, dtype):
+    torch.manual_seed(s + h)
+    d = 32
+    if layout == "token_major":                               # a ring: [capacity, KV, D]
+        k, v = torch.randn(s, kv, d).to(dtype), torch.randn(s, kv, d).to(dtype)
+    else:                                                      # a growing plane [KV, allocated, D], a span of it
+        k = torch.randn(kv, s + 5, d).to(dtype)[:, :s].transpose(0, 1)
+        v = torch.randn(kv, s + 5, d).to(dtype)[:, :s].transpose(0, 1)
+    q = torch.randn(t, h, d).to(dtype)
+    out = native.attend_visible(q, k, v, 0.125, softcap)
+    ref = _eager_visible(q, k, v, 0.125, softcap)
+    assert out.dtype == dtype and out.shape == (t, h, d)
+    assert float((out.double() - ref).abs().max()) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_attend_visible_rows_and_threads_do_not_change_the_bits():
+    torch.manual_seed(4)
+    q, k, v = torch.randn(5, 4, 64), torch.randn(300, 2, 64), torch.randn(300, 2, 64)
+    full = native.attend_visible(q, k, v, 0.1)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(full, native.attend_visible(q, k, v, 0.1))
+    finally:
+        torch.set_num_threads(threads)
+    for r in range(5):
+        assert torch.equal(full[r:r + 1], native.attend_visible(q[r:r + 1], k, v, 0.1))
+
+
+def test_attend_visible_refuses_operands_it_cannot_read_in_place():
+    q, k = torch.randn(1, 2, 24), torch.randn(8, 1, 24)       # head dim not a multiple of 16
+    with pytest.raises(ValueError, match="unsupported operands"):
+        native.attend_visible(q, k, k, 0.1)
