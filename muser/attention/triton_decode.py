@@ -1,15 +1,17 @@
 """Decode attention on CUDA (Triton): rings read in place, long planes split across blocks.
 
-Owns: `decode_attention(q, table, meta, ...)` -- one query token per batch row
-attending over that row's plane, addressed through a *plane table*, and
-`plane_row(plane)` which fills one row of that table.  Does not own: writing
-the new row (muser.model.triton_ops stores it before this runs) or the plane
-bookkeeping (muser.cache; the engine's graph runner fills `meta`).
+Owns: `fused_decode_attention(qkv, ...)` -- one launch per layer that takes the
+qkv projection of one token per batch row, applies qk-norm and RoPE, stores the
+new K/V row into the row's plane, and attends over that plane (addressed
+through a *plane table*); `decode_attention(q, ...)`, the same attention for an
+already-prepared q and plane (no store); and `plane_row(plane)`, which fills
+one row of a plane table.  Does not own: the plane bookkeeping (muser.cache;
+the engine's graph runner fills `meta`).
 
 Plane table (int64 [B, 4]) per layer and batch row:
     k_ptr, v_ptr          data pointers of the plane's K and V storage
     row_stride, head_stride   in elements (ring: token-major; growing: head-major)
-Meta (int32 [B, 2]):  slot the new row went to, n = visible rows after the store.
+Meta ([B, 2]):  slot the new row goes to, n = visible rows after the store.
 
 Visible rows are physical slots [0, n): a growing plane holds positions
 [0, n) at slots [0, n); a ring holds only rows its query may see (capacity
@@ -17,20 +19,26 @@ Visible rows are physical slots [0, n): a growing plane holds positions
 muser.cache.staging, without its staging copy.  Rows are reduced in physical
 order, which a restored ring reproduces (rotation rebuilt on install).
 
-Flash-decoding, deterministic: grid (B * KV, NSPLIT).  Split s covers rows
-[s * per, (s + 1) * per) with per = ceil(ceil(n / NSPLIT) / BLOCK_N) * BLOCK_N
--- a function of n alone -- and writes its (max, sum, acc) partials; a second
-kernel combines the splits of each head in split order.  No atomics.  All
-query heads of a KV group share one pass over the rows (tl.dot, G padded to 16).
+Flash-decoding, deterministic, one launch: grid (B * KV, NSPLIT).  Split s
+covers rows [s * per, (s + 1) * per) with per = ceil(ceil(n / NSPLIT) /
+BLOCK_N) * BLOCK_N -- a function of n alone -- and writes its (max, sum, acc)
+partials.  The last split of a (row, KV head) to finish -- elected by a
+counter, which it resets -- combines the partials in split order, so the
+result never depends on which split that was.  No atomics touch values.
+All query heads of a KV group share one pass over the rows (tl.dot, G padded
+to 16).  The fused form computes q and the new row in every split (a few
+hundred elements) and substitutes the new row from registers where its slot
+falls, so no split reads a row another split of the same launch writes.
 """
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
 TAB_COLS = 4
-RING_BLOCK_ROWS = 32          # a ring split covers about this many rows
+RING_BLOCK_ROWS = int(os.environ.get("MUSER_RING_ROWS", "32"))   # a ring split covers ~this many rows
 GROWING_SPLITS = 128          # splits of a growing plane (static grid: graph capture)
 
 
@@ -51,43 +59,115 @@ def splits_for(capacity: int, growing: bool) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernels():
+def _kernel():
     import triton
     import triton.language as tl
 
     @triton.jit
-    def split_kernel(Q, TAB, META, MS, LS, ACC, scale, softcap,
-                     H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-                     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                     NSPLIT: tl.constexpr, SOFTCAP: tl.constexpr):
-        pid = tl.program_id(0)
-        s = tl.program_id(1)
+    def attn_kernel(QKV, Q, POS, COS, SIN, QN, KN, TAB, META, MS, LS, ACC, CNT, O,
+                    scale, softcap, eps,
+                    H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+                    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_G: tl.constexpr,
+                    BLOCK_GC: tl.constexpr, BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr,
+                    SB: tl.constexpr, FUSED: tl.constexpr, QK_NORM: tl.constexpr,
+                    ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, SOFTCAP: tl.constexpr):
+        pid = tl.program_id(0)                    # b * KV + kvh
+        s = tl.program_id(1)                      # split
         b = pid // KV
         kvh = pid % KV
+        # independent loads first (latency-bound): plane address, slot, length
+        kp = tl.load(TAB + b * 4).to(tl.pointer_type(O.dtype.element_ty))
+        vp = tl.load(TAB + b * 4 + 1).to(tl.pointer_type(O.dtype.element_ty))
+        rs = tl.load(TAB + b * 4 + 2)
+        hs = tl.load(TAB + b * 4 + 3)
         n = tl.load(META + b * 2 + 1)
+        # Columns of the [*, 2 * BLOCK_H] tiles: the two rotation halves joined.  `dm` is the
+        # memory dim of column c, `cv` whether it is a real dim (D need not be a power of 2).
+        c = tl.arange(0, 2 * BLOCK_H)
+        if INTERLEAVED:
+            dm = c
+            cv = c < D
+        else:
+            dm = tl.where(c < BLOCK_H, c, c - BLOCK_H + HALF)
+            cv = (c % BLOCK_H) < HALF
+        g = tl.arange(0, BLOCK_G)
+        gm = g < G
+        if FUSED:
+            slot = tl.load(META + b * 2)
+            j = tl.arange(0, BLOCK_H)
+            jm = j < HALF
+            if INTERLEAVED:
+                i0 = 2 * j
+                i1 = 2 * j + 1
+            else:
+                i0 = j
+                i1 = j + HALF
+            row = QKV + b * (H + 2 * KV) * D
+            qsrc = row + (kvh * G + g)[:, None] * D
+            qm = gm[:, None] & jm[None, :]
+            q0 = tl.load(qsrc + i0[None, :], mask=qm, other=0.0)
+            q1 = tl.load(qsrc + i1[None, :], mask=qm, other=0.0)
+            ksrc = row + (H + kvh) * D
+            k0 = tl.load(ksrc + i0, mask=jm, other=0.0)
+            k1 = tl.load(ksrc + i1, mask=jm, other=0.0)
+            v_new = tl.load(row + (H + KV + kvh) * D + dm, mask=cv, other=0.0)
+            dt = q0.dtype
+            q0 = q0.to(tl.float32)
+            q1 = q1.to(tl.float32)
+            k0 = k0.to(tl.float32)
+            k1 = k1.to(tl.float32)
+            if QK_NORM:                       # rounded to the activation dtype, as torch does
+                wq0 = tl.load(QN + i0, mask=jm, other=0.0)
+                wq1 = tl.load(QN + i1, mask=jm, other=0.0)
+                wk0 = tl.load(KN + i0, mask=jm, other=0.0)
+                wk1 = tl.load(KN + i1, mask=jm, other=0.0)
+                rq = tl.rsqrt((tl.sum(q0 * q0, 1) + tl.sum(q1 * q1, 1)) / D + eps)
+                q0 = (q0 * rq[:, None] * wq0[None, :]).to(dt).to(tl.float32)
+                q1 = (q1 * rq[:, None] * wq1[None, :]).to(dt).to(tl.float32)
+                rk = tl.rsqrt((tl.sum(k0 * k0, 0) + tl.sum(k1 * k1, 0)) / D + eps)
+                k0 = (k0 * rk * wk0).to(dt).to(tl.float32)
+                k1 = (k1 * rk * wk1).to(dt).to(tl.float32)
+            if ROPE:
+                pos = tl.load(POS + b)
+                cs = tl.load(COS + pos * HALF + j, mask=jm, other=0.0)
+                sn = tl.load(SIN + pos * HALF + j, mask=jm, other=0.0)
+                q0, q1 = q0 * cs[None, :] - q1 * sn[None, :], q1 * cs[None, :] + q0 * sn[None, :]
+                k0, k1 = k0 * cs - k1 * sn, k1 * cs + k0 * sn
+            qj = tl.join(q0.to(dt), q1.to(dt))                  # [BLOCK_G, BLOCK_H, 2]
+            kj = tl.join(k0.to(dt), k1.to(dt))                  # [BLOCK_H, 2]
+            if INTERLEAVED:
+                q = tl.reshape(qj, (BLOCK_G, 2 * BLOCK_H))
+                k_new = tl.reshape(kj, (2 * BLOCK_H,))
+            else:
+                q = tl.reshape(tl.permute(qj, (0, 2, 1)), (BLOCK_G, 2 * BLOCK_H))
+                k_new = tl.reshape(tl.permute(kj, (1, 0)), (2 * BLOCK_H,))
+            # the new row goes into the plane once; no program of this launch reads it back
+            # (each uses k_new / v_new from registers for that row)
+            off = slot.to(tl.int64) * rs + kvh * hs
+            smask = cv & (s == 0)
+            tl.store(kp + off + dm, k_new, mask=smask)
+            tl.store(vp + off + dm, v_new, mask=smask)
+        else:
+            slot = -1
+            q = tl.load(Q + (b * H + kvh * G + g)[:, None] * D + dm[None, :],
+                        mask=gm[:, None] & cv[None, :], other=0.0)
         per = tl.cdiv(tl.cdiv(n, NSPLIT), BLOCK_N) * BLOCK_N
         lo = s * per
         hi = tl.minimum(lo + per, n)
-        kp = tl.load(TAB + b * 4).to(tl.pointer_type(Q.dtype.element_ty))
-        vp = tl.load(TAB + b * 4 + 1).to(tl.pointer_type(Q.dtype.element_ty))
-        rs = tl.load(TAB + b * 4 + 2)
-        hs = tl.load(TAB + b * 4 + 3)
-        g = tl.arange(0, BLOCK_G)
-        d = tl.arange(0, BLOCK_D)
-        gmask = g < G
-        dmask = d < D
-        q = tl.load(Q + (b * H + kvh * G + g)[:, None] * D + d[None, :],
-                    mask=gmask[:, None] & dmask[None, :], other=0.0)
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        acc = tl.zeros([BLOCK_G, 2 * BLOCK_H], tl.float32)
         for start in range(lo, hi, BLOCK_N):
             rows = start + tl.arange(0, BLOCK_N)
             rmask = rows < hi
-            offs = rows[:, None].to(tl.int64) * rs + kvh * hs + d[None, :]
-            lmask = rmask[:, None] & dmask[None, :]
+            fresh = rows == slot
+            offs = rows[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
+            lmask = (rmask & (rows != slot))[:, None] & cv[None, :]
             k = tl.load(kp + offs, mask=lmask, other=0.0)
-            v = tl.load(vp + offs, mask=lmask, other=0.0)      # in flight with k (latency-bound)
+            v = tl.load(vp + offs, mask=lmask, other=0.0)       # in flight with k (latency-bound)
+            if FUSED:
+                k = tl.where(fresh[:, None], k_new[None, :], k)
+                v = tl.where(fresh[:, None], v_new[None, :], v)
             sc = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
             if SOFTCAP:
                 sc = (2.0 * tl.sigmoid(2.0 * sc / softcap) - 1.0) * softcap
@@ -98,49 +178,46 @@ def _kernels():
             l = l * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             m = m_new
-        base = (b * KV + kvh) * NSPLIT + s
+        base = pid * NSPLIT + s
         live = lo < hi
-        tl.store(MS + base * G + g, m, mask=gmask & live)
-        tl.store(LS + base * G + g, l, mask=gmask & live)
-        tl.store(ACC + (base * G + g)[:, None] * D + d[None, :], acc,
-                 mask=gmask[:, None] & dmask[None, :] & live)
+        tl.store(MS + base * G + g, m, mask=gm & live)
+        tl.store(LS + base * G + g, l, mask=gm & live)
+        tl.store(ACC + (base * G + g)[:, None] * D + dm[None, :], acc,
+                 mask=gm[:, None] & cv[None, :] & live)
+        # The last split of this (row, kv head) to finish combines all of them, in split order
+        # (so the result does not depend on which one it is).  The counter only elects it; it
+        # is back at 0 when the launch ends.  Stores, barrier, one gpu-scope acq_rel atomic:
+        # the release/acquire pattern of CUTLASS's split-K semaphore.
+        tl.debug_barrier()
+        ticket = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
+        if ticket == NSPLIT - 1:
+            nact = tl.cdiv(n, per)
+            gc = tl.arange(0, BLOCK_GC)
+            gcm = gc < G
+            M = tl.full([BLOCK_GC], float("-inf"), tl.float32)
+            L = tl.zeros([BLOCK_GC], tl.float32)
+            A = tl.zeros([BLOCK_GC, 2 * BLOCK_H], tl.float32)
+            for s0 in range(0, nact, SB):
+                ss = s0 + tl.arange(0, SB)
+                msk = (ss < nact)[:, None] & gcm[None, :]                  # [SB, GC]
+                idx = (pid * NSPLIT + ss)[:, None] * G + gc[None, :]
+                mm = tl.load(MS + idx, mask=msk, other=float("-inf"), cache_modifier=".cg")
+                ll = tl.load(LS + idx, mask=msk, other=0.0, cache_modifier=".cg")
+                aa = tl.load(ACC + idx[:, :, None] * D + dm[None, None, :],
+                             mask=msk[:, :, None] & cv[None, None, :], other=0.0,
+                             cache_modifier=".cg")
+                M_new = tl.maximum(M, tl.max(mm, 0))
+                w = tl.where(msk, tl.exp(mm - M_new[None, :]), 0.0)
+                alpha = tl.exp(M - M_new)
+                L = L * alpha + tl.sum(w * ll, 0)
+                A = A * alpha[:, None] + tl.sum(w[:, :, None] * aa, 0)
+                M = M_new
+            out = A / L[:, None]
+            tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
+                     out.to(O.dtype.element_ty), mask=gcm[:, None] & cv[None, :])
+            tl.store(CNT + pid, 0)
 
-    @triton.jit
-    def combine_kernel(MS, LS, ACC, META, O,
-                       H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NSPLIT: tl.constexpr,
-                       SB: tl.constexpr):
-        pid = tl.program_id(0)                 # b * H + h
-        b = pid // H
-        h = pid % H
-        kvh = h // G
-        g = h % G
-        n = tl.load(META + b * 2 + 1)
-        per = tl.cdiv(tl.cdiv(n, NSPLIT), BLOCK_N) * BLOCK_N
-        nact = tl.cdiv(n, per)
-        d = tl.arange(0, BLOCK_D)
-        dmask = d < D
-        M = tl.full([1], float("-inf"), tl.float32)
-        L = tl.zeros([1], tl.float32)
-        acc = tl.zeros([BLOCK_D], tl.float32)
-        for s0 in range(0, nact, SB):
-            s = s0 + tl.arange(0, SB)
-            smask = s < nact
-            idx = ((b * KV + kvh) * NSPLIT + s) * G + g
-            m = tl.load(MS + idx, mask=smask, other=float("-inf"))
-            l = tl.load(LS + idx, mask=smask, other=0.0)
-            a = tl.load(ACC + idx[:, None] * D + d[None, :], mask=smask[:, None] & dmask[None, :],
-                        other=0.0)
-            M_new = tl.maximum(M, tl.max(m, 0))
-            w = tl.exp(m - M_new)                   # empty splits: exp(-inf) = 0
-            alpha = tl.exp(M - M_new)
-            L = L * alpha + tl.sum(w * l, 0)
-            acc = acc * alpha + tl.sum(w[:, None] * a, 0)
-            M = M_new
-        out = acc / L
-        tl.store(O + (b * H + h) * D + d, out.to(O.dtype.element_ty), mask=dmask)
-
-    return split_kernel, combine_kernel
+    return attn_kernel
 
 
 def _pow2(x: int, lo: int = 1) -> int:
@@ -151,7 +228,8 @@ def _pow2(x: int, lo: int = 1) -> int:
 
 
 class DecodeWorkspace:
-    """Split partials for one (batch size, geometry); reused by every layer of a step."""
+    """Split partials and election counters for one (batch size, geometry); reused by every
+    layer of a step (launches on one stream run one after another; counters end at 0)."""
 
     def __init__(self, batch: int, kv_heads: int, group: int, head_dim: int, nsplit: int, device):
         f32 = dict(dtype=torch.float32, device=device)
@@ -159,30 +237,64 @@ class DecodeWorkspace:
         self.ms = torch.empty(batch * kv_heads * nsplit * group, **f32)
         self.ls = torch.empty_like(self.ms)
         self.acc = torch.empty(batch * kv_heads * nsplit * group * head_dim, **f32)
+        self.cnt = torch.zeros(batch * kv_heads, dtype=torch.int32, device=device)
+
+
+def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads, head_dim,
+            nsplit, scale, softcap, interleaved, ws, out):
+    kern = _kernel()
+    B = table.shape[0]
+    G = heads // kv_heads
+    if ws is None or ws.nsplit < nsplit or ws.cnt.numel() < B * kv_heads:
+        ws = DecodeWorkspace(B, kv_heads, G, head_dim, nsplit, table.device)
+    half = head_dim // 2
+    block_h = _pow2(half, 8)
+    block_n = 32 if 2 * block_h >= 256 else 64
+    src = qkv if qkv is not None else q
+    rope = cos is not None
+    kern[(B * kv_heads, nsplit)](
+        src, src, pos if pos is not None else meta, cos if rope else ws.ms, sin if rope else ws.ms,
+        q_norm if q_norm is not None else ws.ms, k_norm if k_norm is not None else ws.ms,
+        table, meta, ws.ms, ws.ls, ws.acc, ws.cnt, out,
+        float(scale), float(softcap or 1.0), float(eps),
+        H=heads, KV=kv_heads, G=G, D=head_dim, HALF=half, BLOCK_H=block_h,
+        BLOCK_G=_pow2(G, 16), BLOCK_GC=_pow2(G), BLOCK_N=block_n, NSPLIT=nsplit, SB=max(2, 32 // _pow2(G)),
+        FUSED=qkv is not None, QK_NORM=q_norm is not None, ROPE=rope,
+        INTERLEAVED=bool(interleaved), SOFTCAP=softcap is not None, num_warps=4, num_stages=2)
+    return out
+
+
+def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor | None,
+                           sin: torch.Tensor | None, q_norm: torch.Tensor | None,
+                           k_norm: torch.Tensor | None, eps: float, table: torch.Tensor,
+                           meta: torch.Tensor, heads: int, kv_heads: int, head_dim: int,
+                           nsplit: int, scale: float, softcap: float | None, interleaved: bool,
+                           ws: DecodeWorkspace | None = None,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
+    """qkv [B, (H + 2KV) * D] -> attention output [B, H, D], one launch.
+
+    Per batch row: qk-norm (if given) and RoPE (if cos/sin) of q and k in float32, each
+    rounded to the activation dtype as muser.model.transformer rounds; the k/v row stored at
+    meta's slot of the row's plane; attention over the plane's n visible rows.  pos int64 [B].
+    Graph-capturable: no host reads, static grid.
+    """
+    B = qkv.shape[0]
+    if out is None:
+        out = qkv.new_empty(B, heads, head_dim)
+    return _launch(qkv, None, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads,
+                   head_dim, nsplit, scale, softcap, interleaved, ws, out)
 
 
 def decode_attention(q: torch.Tensor, table: torch.Tensor, meta: torch.Tensor, kv_heads: int,
                      nsplit: int, scale: float, softcap: float | None,
                      ws: DecodeWorkspace | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """q [B, H, D] (cache dtype) over each row's plane -> [B, H, D].
+    """q [B, H, D] (cache dtype, already normed/rotated) over each row's plane -> [B, H, D].
 
-    table int64 [B, 4] (see module doc), meta int32 [B, 2]; `nsplit` from
+    table int64 [B, 4] (see module doc), meta [B, 2] (only n is read); `nsplit` from
     `splits_for`.  Graph-capturable: no host reads, static grid.
     """
-    split_kernel, combine_kernel = _kernels()
     B, H, D = q.shape
-    G = H // kv_heads
-    if ws is None or ws.nsplit < nsplit:
-        ws = DecodeWorkspace(B, kv_heads, G, D, nsplit, q.device)
     if out is None:
         out = torch.empty_like(q)
-    block_d = _pow2(D, 16)
-    block_n = 32 if block_d >= 256 else 64
-    split_kernel[(B * kv_heads, nsplit)](
-        q, table, meta, ws.ms, ws.ls, ws.acc, float(scale), float(softcap or 1.0),
-        H=H, KV=kv_heads, G=G, D=D, BLOCK_G=_pow2(G, 16), BLOCK_N=block_n, BLOCK_D=block_d,
-        NSPLIT=nsplit, SOFTCAP=softcap is not None, num_warps=4, num_stages=2)
-    combine_kernel[(B * H,)](
-        ws.ms, ws.ls, ws.acc, meta, out, H=H, KV=kv_heads, G=G, D=D, BLOCK_N=block_n,
-        BLOCK_D=block_d, NSPLIT=nsplit, SB=16, num_warps=4)
-    return out
+    return _launch(None, q, None, None, None, None, None, 0.0, table, meta, H, kv_heads, D,
+                   nsplit, scale, softcap, False, ws, out)

@@ -3,16 +3,21 @@
 Owns: `fuse_weights` (q/k/v and gate/up concatenated once; the engine's
 per-matrix tensors become views of the fused ones, so nothing is held twice)
 and `DecodeStep`, the maths of one token for B sessions: 1 embedding, then
-per layer 1 qkv GEMM, 1 qk-norm/RoPE/store, 2 attention, 1 o GEMM,
-1 add+norm, 1 gate/up GEMM, 1 act*mul, 1 down GEMM, 1 add+norm; the head.
+per layer 1 qkv GEMM, 1 attention (qk-norm, RoPE, the store of the new row and
+the attention itself, triton_decode.fused_decode_attention), 1 o GEMM, 1
+add+norm, 1 gate/up GEMM (+ 1 act*mul when it is not fused into the GEMV), 1
+down GEMM, 1 add+norm; the head.
 Does not own: plane bookkeeping, plane tables or graph capture
 (cuda_graph.py), the kernels (muser.model.triton_ops,
 muser.attention.triton_decode).
 
-GEMMs go through cuBLAS.  MUSER_GEMV=small routes the batch-1 narrow ones
-(q/k/v, o, down) through `triton_ops.gemv`, =all also gate/up: measured
-slower on an H200 (benchmarks/NOTES.md), kept as an experiment switch.  Read
-at construction, so every replay of an engine uses the same kernels.
+Batch 1: every projection but the head through `triton_ops.gemv` (whole
+weight tiles in flight per program; gate/up with act*mul fused in); larger
+batches and the head through cuBLAS (benchmarks/NOTES.md, CUDA, has the
+measurements).  Experiment switches, read at construction so every replay of
+an engine uses the same kernels: MUSER_GEMV=none (cuBLAS for all) | small
+(q/k/v, o, down only) | all (default); MUSER_ATTN=separate (qk_rope_store +
+attention as two launches) | fused (default).
 
 Inputs live in device tensors so the step can be captured once and replayed:
 `packed` int64 = [ids (B) | positions (B) | per plane group: (slot, n) x B],
@@ -25,7 +30,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from ..attention.triton_decode import DecodeWorkspace, decode_attention
+from ..attention.triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention
 from ..model import transformer as tf
 from ..model.triton_ops import act_mul, add_norm, gemv, qk_rope_store
 
@@ -87,10 +92,11 @@ class DecodeStep:
         self.embed_scale = (torch.tensor(spec.embed_scale, dtype=engine.dtype, device=dev)
                             if spec.embed_scale != 1.0 else None)
         self.layernorm = spec.norm != "rms"
-        mode = os.environ.get("MUSER_GEMV", "none")
+        mode = os.environ.get("MUSER_GEMV", "all")
         self.gemv_for = {"none": (), "small": ("qkv", "o", "down"),
                          "all": ("qkv", "o", "down", "gu")}[mode]
         self.gelu = spec.activation == "gelu_tanh"
+        self.fused_attn = os.environ.get("MUSER_ATTN", "fused") != "separate"
 
     def workspace(self, batch: int) -> DecodeWorkspace:
         s = self.spec
@@ -98,12 +104,16 @@ class DecodeStep:
                                max(self.splits), self.engine.device)
 
     def _linear(self, what, x, w, b=None):
-        if x.shape[0] == 1 and b is None and what in self.gemv_for:
+        if x.shape[0] == 1 and b is None and what in self.gemv_for and w.is_contiguous():
             return gemv(x, w)
         return F.linear(x, w, b)
 
     def _mlp(self, lw, fz, x):
-        return self._linear("down", act_mul(self._linear("gu", x, fz["wgu"]), self.gelu), lw.w_down)
+        if x.shape[0] == 1 and "gu" in self.gemv_for:
+            a = gemv(x, fz["wgu"], glu=True, gelu=self.gelu)         # act*mul fused in
+        else:
+            a = act_mul(F.linear(x, fz["wgu"]), self.gelu)
+        return self._linear("down", a, lw.w_down)
 
     def run(self, packed: torch.Tensor, tables: torch.Tensor, ws: DecodeWorkspace) -> torch.Tensor:
         spec, w = self.spec, self.w
@@ -120,11 +130,16 @@ class DecodeStep:
             meta, table = metas[self.groups[i]], tables[i]
             qkv = self._linear("qkv", x, fz["wqkv"], fz["bqkv"])
             cos, sin = self.rope[i]
-            q = qk_rope_store(qkv, pos, cos, sin, lw.q_norm if spec.qk_norm else None,
-                              lw.k_norm if spec.qk_norm else None, eps, table, meta, H, KV, D,
-                              spec.rope_interleaved)
-            a = decode_attention(q, table, meta, KV, self.splits[i], spec.scale,
-                                 spec.attn_logit_softcap, ws)
+            qn, kn = (lw.q_norm, lw.k_norm) if spec.qk_norm else (None, None)
+            if self.fused_attn:
+                a = fused_decode_attention(qkv, pos, cos, sin, qn, kn, eps, table, meta, H, KV, D,
+                                           self.splits[i], spec.scale, spec.attn_logit_softcap,
+                                           spec.rope_interleaved, ws)
+            else:
+                q = qk_rope_store(qkv, pos, cos, sin, qn, kn, eps, table, meta, H, KV, D,
+                                  spec.rope_interleaved)
+                a = decode_attention(q, table, meta, KV, self.splits[i], spec.scale,
+                                     spec.attn_logit_softcap, ws)
             o = self._linear("o", a.view(B, H * D), lw.wo, lw.bo)
             nxt = layers[i + 1].attn_norm if i + 1 < len(layers) else w.final_norm
             if spec.parallel_block:

@@ -140,18 +140,31 @@ def _kernels():
         tl.store(OUT + b * I + i, out.to(g.dtype), mask=mask)
 
     @triton.jit
-    def gemv_kernel(X, W, Y, N, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    def gemv_kernel(X, W, Y, N, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    GLU: tl.constexpr, GELU: tl.constexpr):
+        # The whole [BLOCK_N, K] tile is loaded at once (K padded to a power of 2, masked):
+        # every load of a program is in flight together -- batch-1 GEMV is latency-bound.
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rmask = rows < N
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            kmask = ks < K
-            w = tl.load(W + rows[:, None].to(tl.int64) * K + ks[None, :],
-                        mask=rmask[:, None] & kmask[None, :], other=0.0)
-            x = tl.load(X + ks, mask=kmask, other=0.0)
-            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-        y = tl.sum(acc, 1)
+        ks = tl.arange(0, BLOCK_K)
+        kmask = ks < K
+        m2 = rmask[:, None] & kmask[None, :]
+        wp = W + rows[:, None].to(tl.int64) * K + ks[None, :]
+        w = tl.load(wp, mask=m2, other=0.0)
+        if GLU:
+            wu = tl.load(wp + N * K, mask=m2, other=0.0)        # the up row of each gate row
+        xv = tl.load(X + ks, mask=kmask, other=0.0)
+        x = xv.to(tl.float32)
+        y = tl.sum(w.to(tl.float32) * x[None, :], 1)
+        if GLU:      # act(gate) * up, rounded where torch rounds (each product, then the act)
+            u = tl.sum(wu.to(tl.float32) * x[None, :], 1).to(xv.dtype).to(tl.float32)
+            gf = y.to(xv.dtype).to(tl.float32)
+            if GELU:
+                t = 0.7978845608028654 * (gf + 0.044715 * gf * gf * gf)
+                a = 0.5 * gf * (1.0 + (2.0 * tl.sigmoid(2.0 * t) - 1.0))
+            else:
+                a = gf * tl.sigmoid(gf)
+            y = a.to(xv.dtype).to(tl.float32) * u
         tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=rmask)
 
     return add_norm_kernel, qk_rope_store_kernel, act_mul_kernel, gemv_kernel
@@ -207,14 +220,37 @@ def act_mul(gate_up: torch.Tensor, gelu: bool, out: torch.Tensor | None = None) 
     return out
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [1, K] @ w[N, K].T -> [1, N] for one token: many narrow row blocks, so a small matrix
-    still spreads over every multiprocessor (cuBLAS runs these at a fraction of bandwidth).
+GEMV_BLOCK_N = {}      # (n, k, glu) -> rows per program, measured (benchmarks/NOTES.md, CUDA)
+
+
+def gemv_config(n: int, k: int, glu: bool = False) -> tuple[int, int]:
+    """(rows per program, warps): about 8-16 KB of weights in flight per program, and at
+    least ~2 programs per multiprocessor."""
+    hit = GEMV_BLOCK_N.get((n, k, glu))
+    if hit:
+        return hit
+    kp = _pow2(k)
+    block_n = max(1, min(16, 8192 // kp))
+    if glu:
+        block_n = max(1, block_n // 2)
+    while block_n > 1 and -(-n // block_n) < 264:
+        block_n //= 2
+    return block_n, (4 if kp * block_n <= 8192 else 8)
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, glu: bool = False,
+         gelu: bool = False, block_n: int | None = None, warps: int | None = None) -> torch.Tensor:
+    """x [1, K] @ w[N, K].T -> [1, N] for one token; with glu, w is gate|up [2I, K] and the
+    result act(x @ gate.T) * (x @ up.T) [1, I] (act_mul fused in).  Each program loads its
+    whole [rows, K] tile at once (many loads in flight: the batch-1 product is latency-bound).
     Fixed float32 reduction order per output: deterministic."""
     kern = _kernels()[3]
     n, k = w.shape
+    if glu:
+        n //= 2
+    bn, nw = gemv_config(n, k, glu)
+    bn, nw = block_n or bn, warps or nw
     out = out if out is not None else x.new_empty(1, n)
-    block_n = 8 if n < 2048 else 16
-    block_k = min(_pow2(k), 8192 // block_n)
-    kern[(-(-n // block_n),)](x, w, out, n, K=k, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+    kern[(-(-n // bn),)](x, w, out, n, K=k, BLOCK_N=bn, BLOCK_K=_pow2(k), GLU=glu, GELU=gelu,
+                         num_warps=nw)
     return out

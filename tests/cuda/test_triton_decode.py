@@ -1,11 +1,13 @@
-"""Decode attention kernel (muser.attention.triton_decode) against the plain-torch reference:
+"""Decode attention kernels (muser.attention.triton_decode) against the plain-torch reference:
 rings filling and wrapped (read in place, physical order), growing planes across many splits,
-several sessions of different lengths in one launch, soft-cap, determinism."""
+several sessions of different lengths in one launch, soft-cap, determinism; the fused form
+(qk-norm + RoPE + store + attention in one launch) against the separate kernels, bitwise."""
 import pytest
 import torch
 
 from muser.attention.reference import attention as reference
 from muser.cache import GrowingPlane, RingPlane
+from muser.model import transformer as tf
 
 from cudautil import needs_kernels, rel
 
@@ -31,14 +33,16 @@ def visible(p):
 
 
 def run(planes, heads, kv, d, dtype, dev, softcap=None, scale=0.125):
-    from muser.attention.triton_decode import decode_attention, plane_row, splits_for
+    from muser.attention.triton_decode import DecodeWorkspace, decode_attention, plane_row, splits_for
     growing = planes[0].kind == "growing"
     q = torch.randn(len(planes), heads, d).to(dev, dtype)
     table = torch.tensor([plane_row(p) for p in planes], dtype=torch.int64, device=dev)
     meta = torch.tensor([[0, p.len] for p in planes], dtype=torch.int64, device=dev)
     nsplit = splits_for(planes[0].capacity, growing)
+    ws = DecodeWorkspace(len(planes), kv, heads // kv, d, nsplit, dev)
     out = torch.full_like(q, float("nan"))
-    decode_attention(q, table, meta, kv, nsplit, scale, softcap, out=out)
+    decode_attention(q, table, meta, kv, nsplit, scale, softcap, ws=ws, out=out)
+    assert int(ws.cnt.abs().sum()) == 0                 # the election counters are back at 0
     for b, p in enumerate(planes):
         k, v = visible(p)
         mask = torch.ones(1, k.shape[0], dtype=torch.bool, device=dev)
@@ -66,5 +70,88 @@ def test_softcap_and_determinism(dev, kdtype):
     planes = [filled("growing", m, 1, 32, kdtype, dev, chunk=50, seed=m) for m in (700, 90)]
     q, table, meta, nsplit, out = run(planes, 4, 1, 32, kdtype, dev, softcap=3.0, scale=0.3)
     from muser.attention.triton_decode import decode_attention
-    again = decode_attention(q, table, meta, 1, nsplit, 0.3, 3.0)
-    assert torch.equal(out, again)
+    for _ in range(3):
+        assert torch.equal(out, decode_attention(q, table, meta, 1, nsplit, 0.3, 3.0))
+
+
+def _torch_qk(qkv, pos, cos, sin, qn, kn, heads, kv, d, interleaved):
+    """q [B, H, D], k [B, KV, D], v [B, KV, D] as muser.model.transformer computes them."""
+    from types import SimpleNamespace
+    spec = SimpleNamespace(norm="rms", norm_eps=1e-6)
+    B = qkv.shape[0]
+    q = qkv[:, :heads * d].view(B, heads, d)
+    k = qkv[:, heads * d:(heads + kv) * d].view(B, kv, d)
+    v = qkv[:, (heads + kv) * d:].view(B, kv, d)
+    if qn is not None:
+        q, k = tf.norm(q, qn, spec), tf.norm(k, kn, spec)
+    if cos is not None:
+        q = tf.apply_rope(q, cos[pos], sin[pos], interleaved)
+        k = tf.apply_rope(k, cos[pos], sin[pos], interleaved)
+    return q, k, v
+
+
+def _fused_case(kind, lens, heads, kv, d, dtype, dev, cap, qk_norm, rope, interleaved, seed):
+    """Planes at `lens`, then one decode token per row, fused and separate:
+    ([fused out, separate out], [planes after fused, planes after separate], inputs)."""
+    from muser.attention.triton_decode import (DecodeWorkspace, decode_attention,
+                                               fused_decode_attention, plane_row, splits_for)
+    from muser.model.triton_ops import qk_rope_store
+    g = torch.Generator().manual_seed(seed)
+    B = len(lens)
+    qkv = torch.randn(B, (heads + 2 * kv) * d, generator=g).to(dev, dtype)
+    qn = (torch.rand(d, generator=g) + 0.5).to(dev) if qk_norm else None
+    kn = (torch.rand(d, generator=g) + 0.5).to(dev) if qk_norm else None
+    cos, sin = tf.rope_tables(10000.0, 1.0, d, dev, 4096) if rope else (None, None)
+    pos = torch.tensor(lens, dtype=torch.int64, device=dev)
+    outs, plane_sets = [], []
+    for fused in (True, False):
+        planes = [filled(kind, n, kv, d, dtype, dev, cap=cap, seed=seed + n) for n in lens]
+        meta = []
+        for p, n in zip(planes, lens):                 # reserve position n (Plane.store's arithmetic)
+            if kind == "ring":
+                slot = (p.origin_physical + p.len) % p.capacity
+            else:
+                p.reserve(n + 1)
+                slot = n
+            p.append_batch(n, 1)
+            meta.append([slot, p.len])
+        table = torch.tensor([plane_row(p) for p in planes], dtype=torch.int64, device=dev)
+        meta = torch.tensor(meta, dtype=torch.int64, device=dev)
+        nsplit = splits_for(planes[0].capacity, kind == "growing")
+        ws = DecodeWorkspace(B, kv, heads // kv, d, nsplit, dev)
+        out = torch.full((B, heads, d), float("nan"), dtype=dtype, device=dev)
+        if fused:
+            fused_decode_attention(qkv, pos, cos, sin, qn, kn, 1e-6, table, meta, heads, kv, d,
+                                   nsplit, 0.0625, None, interleaved, ws=ws, out=out)
+        else:
+            q = qk_rope_store(qkv, pos, cos, sin, qn, kn, 1e-6, table, meta, heads, kv, d, interleaved)
+            decode_attention(q, table, meta, kv, nsplit, 0.0625, None, ws=ws, out=out)
+        assert int(ws.cnt.abs().sum()) == 0
+        outs.append(out)
+        plane_sets.append(planes)
+    return outs, plane_sets, (qkv, pos, cos, sin, qn, kn)
+
+
+@pytest.mark.parametrize("kind,lens,cap", [("ring", (1, 37, 64, 100, 131), 64),
+                                           ("growing", (0, 4, 300, 2049), None)])
+@pytest.mark.parametrize("heads,kv,d", [(4, 1, 256), (8, 4, 256), (4, 2, 16), (16, 4, 128)])
+@pytest.mark.parametrize("qk_norm,rope,interleaved", [(True, True, False), (False, True, True),
+                                                      (False, False, False)])
+def test_fused_equals_separate_and_reference(dev, kdtype, kind, lens, cap, heads, kv, d, qk_norm,
+                                             rope, interleaved):
+    (fo, so), (fp, sp), inputs = _fused_case(kind, lens, heads, kv, d, kdtype, dev, cap, qk_norm,
+                                             rope, interleaved, seed=len(lens) + d)
+    assert not fo.isnan().any()
+    assert torch.equal(fo, so)                          # same maths, one launch instead of two
+    for a, b in zip(fp, sp):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    q, k_new, v_new = _torch_qk(*inputs, heads, kv, d, interleaved)
+    for b, p in enumerate(fp):                          # against plain torch + the reference
+        slot = (p.origin_physical + p.len - 1) % p.capacity if p.kind == "ring" else lens[b]
+        row_k = p.keys[slot] if p.kind == "ring" else p.keys[:, slot]
+        row_v = p.values[slot] if p.kind == "ring" else p.values[:, slot]
+        assert rel(row_k, k_new[b]) < 1e-2 and torch.equal(row_v, v_new[b])
+        k, v = visible(p)
+        mask = torch.ones(1, k.shape[0], dtype=torch.bool, device=dev)
+        ref = reference(q[b:b + 1].float(), k.float(), v.float(), mask, 0.0625, None)
+        assert rel(fo[b:b + 1], ref) < 1.5e-2, (p.kind, lens[b])

@@ -82,10 +82,28 @@ def test_act_mul(dev, kdtype, gelu):
     assert rel(act_mul(gu, gelu), ref) < 1e-2
 
 
-@pytest.mark.parametrize("n,k", [(1536, 1152), (1152, 6912), (100, 37), (4096, 2560)])
+@pytest.mark.parametrize("n,k", [(1536, 1152), (1152, 6912), (100, 37), (4096, 2560), (1152, 1024)])
 def test_gemv(dev, kdtype, n, k):
     from muser.model.triton_ops import gemv
     x, w = torch.randn(1, k).to(dev, kdtype), torch.randn(n, k).to(dev, kdtype)
-    y = gemv(x, w)
-    assert y.shape == (1, n) and rel(y, x.float() @ w.float().T) < 1e-2
+    y = torch.full((1, n), float("nan"), dtype=kdtype, device=dev)
+    gemv(x, w, out=y)
+    assert not y.isnan().any() and rel(y, x.float() @ w.float().T) < 1e-2
     assert torch.equal(y, gemv(x, w))
+    for bn, nw in ((1, 4), (4, 8), (16, 4)):              # every tiling computes the same function
+        assert rel(gemv(x, w, block_n=bn, warps=nw), x.float() @ w.float().T) < 1e-2
+
+
+@pytest.mark.parametrize("gelu", [True, False])
+@pytest.mark.parametrize("i,k", [(6912, 1152), (50, 24), (10240, 2560)])
+def test_gemv_glu(dev, kdtype, gelu, i, k):
+    """gate|up GEMV with act*mul fused in == linear, then act_mul (muser.model.transformer.mlp)."""
+    from muser.model.triton_ops import gemv
+    x, w = torch.randn(1, k).to(dev, kdtype), (torch.randn(2 * i, k) / k ** 0.5).to(dev, kdtype)
+    y = torch.full((1, i), float("nan"), dtype=kdtype, device=dev)
+    gemv(x, w, out=y, glu=True, gelu=gelu)
+    gu = (x.float() @ w.float().T).to(kdtype)
+    g, u = gu[:, :i], gu[:, i:]
+    ref = (F.gelu(g, approximate="tanh") if gelu else F.silu(g)) * u
+    assert not y.isnan().any() and rel(y, ref) < 1e-2
+    assert torch.equal(y, gemv(x, w, glu=True, gelu=gelu))
