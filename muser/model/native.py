@@ -103,33 +103,56 @@ def available() -> bool:
     return library() is not None
 
 
+_FLOATS = (torch.float32, torch.bfloat16)
+
+
+def _lib() -> ctypes.CDLL:
+    lib = library()
+    if lib is None:
+        raise RuntimeError("muser native kernels are not available (no C compiler, or MUSER_NATIVE=0)")
+    return lib
+
+
+class BoundQ8:
+    """`q8_linear` with the weight operands checked once: a decode step calls it ~70 times,
+    so per call only x is checked.  Holds references to the weight tensors it points at."""
+
+    __slots__ = ("n", "k", "_f", "_ptrs", "_keep")
+
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, in_scale: torch.Tensor | None = None):
+        n, k = qweight.shape if qweight.dim() == 2 else (-1, -1)
+        if qweight.dtype != torch.int8 or n < 1 or not qweight.is_contiguous() or qweight.device.type != "cpu":
+            raise ValueError(f"qweight must be a contiguous 2-D int8 CPU tensor, got {qweight.dtype} "
+                             f"{tuple(qweight.shape)} on {qweight.device}")
+        for name, t, size in (("scale", scale, n), ("in_scale", in_scale, k)):
+            if t is not None and (t.dtype != torch.float32 or t.shape != (size,) or not t.is_contiguous()):
+                raise ValueError(f"{name} must be contiguous float32 [{size}], got {t.dtype} {tuple(t.shape)}")
+        self.n, self.k, self._f = n, k, _lib().muser_q8_linear
+        self._ptrs = (qweight.data_ptr(), scale.data_ptr(), None if in_scale is None else in_scale.data_ptr())
+        self._keep = (qweight, scale, in_scale)
+
+    def __call__(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.k or x.dtype not in _FLOATS or x.device.type != "cpu":
+            raise ValueError(f"x must be a 2-D float32/bfloat16 CPU tensor [M, {self.k}], got {x.dtype} "
+                             f"{tuple(x.shape)} on {x.device}")
+        if out_dtype not in _FLOATS:
+            raise ValueError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
+        if not x.is_contiguous():
+            x = x.contiguous()
+        m = x.shape[0]
+        y = torch.empty((m, self.n), dtype=out_dtype)
+        w, s, i = self._ptrs
+        if self._f(x.data_ptr(), x.dtype is torch.bfloat16, m, self.k, w, s, i, self.n, y.data_ptr(),
+                   out_dtype is torch.bfloat16, torch.get_num_threads()) != 0:
+            raise MemoryError(f"q8_linear: could not allocate {m * self.k * 4} bytes of scratch")
+        return y
+
+
 def q8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
               in_scale: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [M, K] f32/bf16, qweight int8 [N, K], scale f32 [N], in_scale f32 [K] or None
     -> y [M, N] in `out_dtype` (default x's dtype): y = ((x * in_scale) @ qweight.T) * scale."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("muser native kernels are not available (no C compiler, or MUSER_NATIVE=0)")
-    if x.dtype not in (torch.float32, torch.bfloat16) or x.dim() != 2:
-        raise ValueError(f"x must be 2-D float32 or bfloat16, got {x.dtype} {tuple(x.shape)}")
-    m, k = x.shape
-    n = qweight.shape[0]
-    if qweight.dtype != torch.int8 or qweight.shape != (n, k) or not qweight.is_contiguous():
-        raise ValueError(f"qweight must be contiguous int8 [N, {k}], got {qweight.dtype} {tuple(qweight.shape)}")
-    for name, t, size in (("scale", scale, n), ("in_scale", in_scale, k)):
-        if t is not None and (t.dtype != torch.float32 or t.shape != (size,) or not t.is_contiguous()):
-            raise ValueError(f"{name} must be contiguous float32 [{size}], got {t.dtype} {tuple(t.shape)}")
-    out_dtype = out_dtype or x.dtype
-    if out_dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
-    x = x.contiguous()
-    y = torch.empty((m, n), dtype=out_dtype)
-    rc = lib.muser_q8_linear(x.data_ptr(), int(x.dtype == torch.bfloat16), m, k, qweight.data_ptr(),
-                             scale.data_ptr(), None if in_scale is None else in_scale.data_ptr(), n,
-                             y.data_ptr(), int(out_dtype == torch.bfloat16), torch.get_num_threads())
-    if rc != 0:
-        raise MemoryError(f"q8_linear: could not allocate {m * k * 4} bytes of scratch")
-    return y
+    return BoundQ8(qweight, scale, in_scale)(x, out_dtype or x.dtype)
 
 
 def norm_rope(x: torch.Tensor, w: torch.Tensor | None, eps: float, cos: torch.Tensor | None = None,
@@ -137,32 +160,34 @@ def norm_rope(x: torch.Tensor, w: torch.Tensor | None, eps: float, cos: torch.Te
               out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """RMS norm over the last dim (when `w` is given) then RoPE (when `cos`/`sin` [T, D/2] are given),
     in float32.  x [T, D] or [T, N, D] (rows may be strided, heads contiguous), f32 or bf16
-    -> contiguous, same shape, `out_dtype` (default x's dtype)."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("muser native kernels are not available (no C compiler, or MUSER_NATIVE=0)")
-    if x.dtype not in (torch.float32, torch.bfloat16) or x.dim() not in (2, 3):
-        raise ValueError(f"x must be [T, D] or [T, N, D] float32/bfloat16, got {x.dtype} {tuple(x.shape)}")
-    x3 = x if x.dim() == 3 else x.unsqueeze(1)
-    t, n, d = x3.shape
-    if x3.stride(2) != 1 or (n > 1 and x3.stride(1) != d):
-        x3 = x3.contiguous()
-    tables = []
-    for name, tab in (("w", w), ("cos", cos), ("sin", sin)):
-        want = (d,) if name == "w" else (t, d // 2)
-        if tab is not None and (tab.dtype != torch.float32 or tab.shape != want or not tab.is_contiguous()):
+    -> contiguous, same shape, `out_dtype` (default x's dtype).  Called ~110 times per decode
+    step: the checks are written to be cheap."""
+    shape, stride = x.shape, x.stride()
+    three = len(shape) == 3
+    if not three and len(shape) != 2 or x.dtype not in _FLOATS or x.device.type != "cpu":
+        raise ValueError(f"x must be a [T, D] or [T, N, D] float32/bfloat16 CPU tensor, got {x.dtype} "
+                         f"{tuple(shape)} on {x.device}")
+    t, n, d = shape if three else (shape[0], 1, shape[1])
+    if stride[-1] != 1 or (three and n > 1 and stride[1] != d):
+        x = x.contiguous()
+        stride = x.stride()
+    ptrs = []
+    for name, tab, want in (("w", w, (d,)), ("cos", cos, (t, d // 2)), ("sin", sin, (t, d // 2))):
+        if tab is None:
+            ptrs.append(None)
+        elif tab.dtype is torch.float32 and tab.shape == want and tab.is_contiguous():
+            ptrs.append(tab.data_ptr())
+        else:
             raise ValueError(f"{name} must be contiguous float32 {list(want)}, got {tab.dtype} {tuple(tab.shape)}")
-        tables.append(None if tab is None else tab.data_ptr())
     if (cos is None) != (sin is None):
         raise ValueError("cos and sin go together")
     out_dtype = out_dtype or x.dtype
-    y = torch.empty((t, n, d), dtype=out_dtype)
-    rc = lib.muser_norm_rope(x3.data_ptr(), int(x3.dtype == torch.bfloat16), t, n, d, x3.stride(0),
-                             tables[0], float(eps), tables[1], tables[2], int(interleaved), y.data_ptr(),
-                             int(out_dtype == torch.bfloat16), torch.get_num_threads())
-    if rc != 0:
+    y = torch.empty(shape, dtype=out_dtype)
+    if _lib().muser_norm_rope(x.data_ptr(), x.dtype is torch.bfloat16, t, n, d, stride[0], ptrs[0],
+                              eps, ptrs[1], ptrs[2], interleaved, y.data_ptr(),
+                              out_dtype is torch.bfloat16, torch.get_num_threads()) != 0:
         raise ValueError(f"norm_rope: unsupported head size {d}")
-    return y if x.dim() == 3 else y.squeeze(1)
+    return y
 
 
 def attend_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -170,6 +195,7 @@ def attend_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return (q.dtype in (torch.float32, torch.bfloat16) and k.dtype == v.dtype
             and k.dtype in (torch.float32, torch.bfloat16) and k.stride() == v.stride()
             and k.stride(2) == 1 and q.shape[-1] % 16 == 0 and q.shape[-1] <= 1024
+            and q.shape[1] % k.shape[1] == 0 and q.shape[1] // k.shape[1] <= 16
             and q.device.type == "cpu" and k.device.type == "cpu" and library() is not None)
 
 

@@ -38,19 +38,19 @@ DENSE_ROWS = 64
 
 
 class FastLinear:
-    __slots__ = ("q", "dense", "kernel", "out_float", "_scale")
+    __slots__ = ("q", "dense", "kernel", "out_float", "_scale", "_native")
 
     def __init__(self, q: QuantizedLinear, dense: torch.Tensor | None, out_float: bool = False):
         self.q, self.dense, self.out_float = q, dense, out_float
         self.kernel = "native" if native.available() else auto_kernel(q)
+        self._native = native.BoundQ8(q.qweight, q.scale, q.in_scale) if self.kernel == "native" else None
         self._scale = q.scale.to(torch.bfloat16)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:       # x [T, K] -> [T, N]
         if self.dense is not None and x.shape[0] > DENSE_ROWS:
             return F.linear(x.to(self.dense.dtype), self.dense).to(x.dtype)
         if self.kernel == "native":
-            return native.q8_linear(x, self.q.qweight, self.q.scale, self.q.in_scale,
-                                    torch.float32 if self.out_float else x.dtype)
+            return self._native(x, torch.float32 if self.out_float else x.dtype)
         if self.kernel == "int8_bf16" and self.q.in_scale is None:
             # The common decode call, without the generic dispatcher's reshapes.
             return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.q.qweight,
