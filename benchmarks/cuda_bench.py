@@ -7,7 +7,8 @@ Cohere2-style NoPE hybrid), saves them (safetensors, /dev/shm), loads them with
   * batch-1 decode ms/token at 2k and 32k context (the API path: `session.decode` + argmax
     read back every token) and the bare graph replay;
   * 16 sessions decoding together at 2k (`engine.decode_batch`), tokens/s;
-  * prefill of a 16k-token prompt, tokens/s (muser chunked; transformers one forward);
+  * prefill of a 16k-token prompt, tokens/s (muser with the engine's default CUDA chunk, and with
+    4k chunks; transformers one forward);
   * transformers (same weights, sdpa, bf16) for the same decode and prefill;
   * KV bytes allocated vs `muser.cache.plan`; a logits cross-check muser vs transformers.
 
@@ -25,7 +26,7 @@ import traceback
 import torch
 
 from cuda_measure import (copy_bandwidth, build, cross_check, hf_decode, hf_prefill, kv_check,
-                          muser_batch, muser_decode, muser_prefill)
+                          muser_batch, muser_decode, muser_prefill, prefill_profile)
 
 SHAPES = {
     "1b": dict(arch="gemma3", layers=26, hidden=1152, heads=4, kv=1, head_dim=256, window=512,
@@ -72,19 +73,26 @@ def run_model(name, shape, bw, args, results):
     section("decode_2k", lambda: muser_decode(engine, 2048, args.steps, vocab)[:2])
     if args.profile and name in ("1b", "4b"):
         section("profile_b1", lambda: muser_decode(engine, 2048, 16, vocab, prof=True)[2])
-        for mode in ("small", "all", "none"):             # A/B: batch-1 GEMVs (cuda_step.py)
-            os.environ["MUSER_GEMV"] = mode
+        for gemv, attn in (("none", "separate"), ("none", "fused"), ("small", "fused"),
+                           ("all", "separate"), ("all", "fused")):   # A/B switches (cuda_step.py)
+            os.environ["MUSER_GEMV"], os.environ["MUSER_ATTN"] = gemv, attn
             engine._runner = None                         # a fresh runner reads the mode
-            section(f"decode_2k_gemv_{mode}", lambda: muser_decode(engine, 2048, args.steps, vocab)[:2])
+            section(f"decode_2k_gemv_{gemv}_attn_{attn}",
+                    lambda: muser_decode(engine, 2048, args.steps, vocab)[:2])
         os.environ.pop("MUSER_GEMV")
+        os.environ.pop("MUSER_ATTN")
+        engine._runner = None
     if shape["long"] and not args.quick:
         section("decode_32k", lambda: muser_decode(engine, shape["long"], args.steps, vocab)[:2])
     if name == "1b":
         section("batch16_2k", lambda: muser_batch(engine, 16, 2048, 32, vocab, prof=args.profile))
         section("hf_batch16_2k", lambda: 16 / hf_decode(model, 16, 2048, 8, vocab))
-    section("prefill_16k_chunk4096", lambda: muser_prefill(engine, args.prefill, vocab, 4096))
+    r["default_chunk"] = engine.config.chunk_size
+    section("prefill_16k_default", lambda: muser_prefill(engine, args.prefill, vocab, None))
     if not args.quick:
-        section("prefill_16k_chunk16384", lambda: muser_prefill(engine, args.prefill, vocab, args.prefill))
+        section("prefill_16k_chunk4096", lambda: muser_prefill(engine, args.prefill, vocab, 4096))
+    if args.prefill_profile:
+        section("prefill_profile", lambda: prefill_profile(engine, args.prefill, vocab))
     section("hf_prefill_16k", lambda: hf_prefill(model, args.prefill, vocab))
     section("hf_decode_2k", lambda: hf_decode(model, 1, 2048, 16, vocab))
     r["attention_routes"] = dict(engine.attention.stats)
@@ -100,20 +108,19 @@ def fmt(x, f="{:.3f}"):
 def table(results, bw):
     log(f"\ncopy bandwidth (read+write) {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}")
     log("| model | weights GB | floor ms | muser ms/tok 2k (bare replay) | 32k | 32k/2k | HF ms/tok 2k "
-        "| muser prefill 16k tok/s c4096 / c16k | HF tok/s | x | B16 tok/s (HF) | KV = plan | xcheck |")
+        "| muser prefill 16k tok/s default chunk (size) / c4096 | HF tok/s | x (default chunk) | B16 tok/s (HF) | KV = plan | xcheck |")
     for name, r in results.items():
         g = lambda k: r.get(k, "-")                                       # noqa: E731
         d2, d32, kv, b16 = g("decode_2k"), g("decode_32k"), g("kv_plan_2k"), g("batch16_2k")
         ok = lambda v: isinstance(v, (list, tuple))                       # noqa: E731
         ms = lambda v, i=0: fmt(v[i] * 1e3) if ok(v) else str(v)[:40]      # noqa: E731
         ratio = d32[0] / d2[0] if ok(d2) and ok(d32) else "-"
-        prefill = [x for x in (g("prefill_16k_chunk4096"), g("prefill_16k_chunk16384")) if isinstance(x, float)]
-        hp = g("hf_prefill_16k")
-        x = max(prefill) / hp if prefill and isinstance(hp, float) else "-"
+        pd, hp = g("prefill_16k_default"), g("hf_prefill_16k")
+        x = pd / hp if isinstance(pd, float) and isinstance(hp, float) else "-"
         hd = g("hf_decode_2k")
         log(f"| {name} | {r['weight_bytes'] / 1e9:.2f} | {r['floor_ms']:.3f} | {ms(d2)} ({ms(d2, 1)}) | "
             f"{ms(d32)} | {fmt(ratio)} | {fmt(hd * 1e3) if isinstance(hd, float) else hd} | "
-            f"{fmt(g('prefill_16k_chunk4096'), '{:,.0f}')} / {fmt(g('prefill_16k_chunk16384'), '{:,.0f}')} | "
+            f"{fmt(pd, '{:,.0f}')} ({g('default_chunk')}) / {fmt(g('prefill_16k_chunk4096'), '{:,.0f}')} | "
             f"{fmt(hp, '{:,.0f}')} | {fmt(x, '{:.2f}')} | "
             f"{fmt(b16[0], '{:,.0f}') if ok(b16) else b16} ({fmt(g('hf_batch16_2k'), '{:,.0f}')}) | "
             f"{(kv[0] == kv[1], kv[0]) if ok(kv) else kv} | {g('cross_check')} |")
@@ -124,7 +131,8 @@ def main(argv=None):
     ap.add_argument("--models", default="1b,4b,cohere2")
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--prefill", type=int, default=16384)
-    ap.add_argument("--quick", action="store_true", help="skip 32k decode and the 16k-chunk prefill")
+    ap.add_argument("--quick", action="store_true", help="skip 32k decode and the 4k-chunk prefill")
+    ap.add_argument("--prefill-profile", action="store_true", help="kernel breakdown of one 16k prefill")
     ap.add_argument("--profile", action="store_true", help="kernel breakdown + BLAS A/B (1b)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)

@@ -146,6 +146,28 @@ def muser_batch(engine, batch, context, steps, vocab, prof=False):
     return batch * steps / dt, dt / steps, bare, profile_step(engine, batch) if prof else None
 
 
+def prefill_profile(engine, n, vocab):
+    """Kernel time of one n-token prefill with the engine's default chunk: total ms, wall ms,
+    top kernels [(name, launches, ms)]."""
+    from torch.profiler import ProfilerActivity, profile
+    s = engine.new_session()
+    reserve(s, n)
+    ids = rand_ids(n, vocab, 11)
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        s.prefill(ids)
+        sync()
+        wall = time.perf_counter() - t0
+    rows = []
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if t > 0 and ev.count:
+            rows.append((ev.key[:60], ev.count, round(t / 1e3, 2)))
+    rows.sort(key=lambda r: -r[2])
+    return round(sum(r[2] for r in rows), 1), round(wall * 1e3, 1), rows[:16]
+
+
 def muser_prefill(engine, n, vocab, chunk, reps=2):
     best = None
     for r in range(reps + 1):

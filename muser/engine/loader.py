@@ -72,12 +72,13 @@ def weights_digest(files: list[Path]) -> str:
 
 
 def load(name_or_path: str | os.PathLike = DEFAULT_MODEL, device: str = "cpu", dtype: str | None = None,
-         backend: str = "ring", max_context: int | None = None, chunk_size: int = 512,
+         backend: str = "ring", max_context: int | None = None, chunk_size: int | None = None,
          quant: str | None = None, progress: bool = True) -> Engine:
     """Load a model.  dtype / quant default to the fastest accurate choice for the device
     (engine/defaults.py: CPU ring -> bfloat16 activations + int8 weights; CUDA -> bfloat16;
-    the oracle -> float32)."""
-    from .defaults import default_dtype, default_quant
+    the oracle -> float32); chunk_size to the device's prefill chunk (CPU 512, CUDA 8k-16k)."""
+    from .defaults import default_chunk_size, default_dtype, default_quant
+    chunk_size = chunk_size or default_chunk_size(device)
     dtype = dtype or default_dtype(device, backend)
     quant = quant or default_quant(device, dtype, backend)
     config = EngineConfig(device=device, dtype=dtype, backend=backend, max_context=max_context,
