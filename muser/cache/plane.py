@@ -215,8 +215,9 @@ class RingPlane(Plane):
         self.values = torch.zeros(shape, dtype=dtype, device=self.device)
 
     def read_slots(self, first_slot, count):
-        if count == 0 or (first_slot == 0 and count == self.capacity):
-            return self.keys[:count].clone(), self.values[:count].clone()
+        if first_slot + count <= self.capacity:          # one run, no wrap (every decode step)
+            return (self.keys[first_slot:first_slot + count].clone(),
+                    self.values[first_slot:first_slot + count].clone())
         idx = (torch.arange(count, device=self.device) + first_slot) % self.capacity
         return self.keys.index_select(0, idx), self.values.index_select(0, idx)
 

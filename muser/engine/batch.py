@@ -32,6 +32,7 @@ def decode_batch(engine, sessions, tokens: list[int]) -> torch.Tensor:
         ids_t = torch.tensor(ids, dtype=torch.long, device=engine.device)
         positions = torch.tensor(starts, dtype=torch.long, device=engine.device)   # [B]
         h = tf.embed(engine.weights, spec, ids_t)                                  # [B, hidden]
+        memo: dict = {}
         for li, (layer_spec, lw) in enumerate(zip(spec.layers, engine.weights.layers)):
             planes = [s.planes[li] for s in sessions]
 
@@ -46,7 +47,7 @@ def decode_batch(engine, sessions, tokens: list[int]) -> torch.Tensor:
                                                  spec.scale, spec.attn_logit_softcap))
                     staged.commit()
                 return torch.cat(outs, dim=0)
-            h = tf.layer_forward(lw, spec, layer_spec, h, positions, attend)
+            h = tf.layer_forward(lw, spec, layer_spec, h, positions, attend, memo)
         logits = tf.logits(engine.weights, spec, tf.final_hidden(engine.weights, spec, h))
     except BaseException:
         for g in guards:

@@ -83,9 +83,10 @@ class Session:
             ids_t = torch.tensor(ids + [0] * (t_pad - t), dtype=torch.long, device=engine.device)
             positions = torch.arange(start, start + t_pad, device=engine.device)
             h = tf.embed(engine.weights, spec, ids_t)
+            memo: dict = {}
             for plane, layer_spec, lw in zip(self.planes, spec.layers, engine.weights.layers):
                 h = tf.layer_forward(lw, spec, layer_spec, h, positions,
-                                     self._attend_fn(plane, start, positions, t))
+                                     self._attend_fn(plane, start, positions, t), memo)
             h = h[:t] if all_logits else h[t - 1:t]
             logits = tf.logits(engine.weights, spec, tf.final_hidden(engine.weights, spec, h))
         except BaseException:

@@ -62,8 +62,17 @@ def rope_tables(theta: float, scale: float, head_dim: int, device, length: int):
     return _ROPE[key]
 
 
-def rope_for(spec: ModelSpec, ls: LayerSpec, positions: torch.Tensor):
-    """cos, sin float32 [T, D/2] for this layer's RoPE at `positions` [T]."""
+def rope_for(spec: ModelSpec, ls: LayerSpec, positions: torch.Tensor, memo: dict | None = None):
+    """cos, sin float32 [T, D/2] for this layer's RoPE at `positions` [T].
+
+    `memo`: a dict the caller keeps for one forward pass (one `positions`), so the
+    layers sharing a RoPE base (all sliding layers, all full layers) gather once."""
+    if memo is not None:
+        key = (ls.rope_theta, ls.rope_scale)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = rope_for(spec, ls, positions)
+        return hit
     # On CPU size the table to what is asked; elsewhere build it once for the whole
     # context, so no step ever reads a position back to the host (a device sync).
     need = int(positions.max()) + 1 if positions.device.type == "cpu" else spec.max_context
@@ -140,11 +149,12 @@ def embed(weights: Weights, spec: ModelSpec, ids: torch.Tensor) -> torch.Tensor:
 
 
 def layer_forward(lw: LayerWeights, spec: ModelSpec, ls: LayerSpec, h: torch.Tensor,
-                  positions: torch.Tensor, attend: Attend) -> torch.Tensor:
+                  positions: torch.Tensor, attend: Attend, rope_memo: dict | None = None) -> torch.Tensor:
     """One decoder layer.  h [T, hidden], positions [T] int64 -> h [T, hidden].
 
     `attend(q [T,H,D], k [T,KV,D], v [T,KV,D]) -> [T,H,D]` receives q/k already
     qk-normed and rotated (NoPE layers: not rotated) and v as projected.
+    `rope_memo`: see `rope_for` (one dict per forward pass, shared by its layers).
     """
     T = h.shape[0]
     H, KV, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
@@ -156,7 +166,7 @@ def layer_forward(lw: LayerWeights, spec: ModelSpec, ls: LayerSpec, h: torch.Ten
         q = linear(x, lw.wq, lw.bq).view(T, H, D)
         k = linear(x, lw.wk, lw.bk).view(T, KV, D)
         v = linear(x, lw.wv, lw.bv).view(T, KV, D)
-    cos, sin = rope_for(spec, ls, positions) if ls.rope else (None, None)
+    cos, sin = rope_for(spec, ls, positions, rope_memo) if ls.rope else (None, None)
     q = norm_rope(q, lw.q_norm if spec.qk_norm else None, spec, cos, sin)
     k = norm_rope(k, lw.k_norm if spec.qk_norm else None, spec, cos, sin)
     a = attend(q, k, v)                                            # [T, H, D]
@@ -197,12 +207,13 @@ def forward_reference(weights: Weights, spec: ModelSpec, ids, all_logits: bool =
     ids = torch.as_tensor(ids, dtype=torch.long, device=dev)
     pos = torch.arange(ids.shape[0], device=dev)
     h = embed(weights, spec, ids)
+    memo: dict = {}
     for lw, ls in zip(weights.layers, spec.layers):
         mask = visibility_mask(pos, pos, ls.window)
 
         def attend(q, k, v, mask=mask):
             return attention(q, k, v, mask, spec.scale, spec.attn_logit_softcap)
-        h = layer_forward(lw, spec, ls, h, pos, attend)
+        h = layer_forward(lw, spec, ls, h, pos, attend, memo)
     if not all_logits:
         h = h[-1:]
     return logits(weights, spec, final_hidden(weights, spec, h))
