@@ -1,9 +1,11 @@
-"""Batch-1 GEMV tilings vs cuBLAS at the decode shapes (one GPU), weights rotated past the L2.
+"""Decode kernels at the Gemma-3-1B / 4B shapes on one GPU: batch-1 GEMV tilings vs cuBLAS, and
+the one-launch decode attention's split / warp settings (rings full, growing planes at 2k / 32k).
 
 For each shape (Gemma-3-1B / 4B projections; gate|up with act*mul fused), a CUDA graph of calls
 over enough distinct weight copies to exceed the L2 several times is replayed; per-call time is
 the median replay over the calls.  Prints one table (us per call, TB/s of weight bytes) and the
-best tiling per shape -- the numbers behind `triton_ops.GEMV_BLOCK_N`.
+best tiling per shape -- the numbers behind `triton_ops.GEMV_TILES`.  Attention: a graph of 26
+launches over 26 distinct planes, per-launch us (and the separate qk_rope_store + attention).
 
     PYTHONPATH=. python3 benchmarks/cuda_kernels.py [--out DIR]
 """
@@ -47,12 +49,88 @@ def time_graph(fn, copies, reps=15):
     return sorted(ts)[len(ts) // 2]
 
 
+ATTN = {"1b": dict(H=4, KV=1, D=256, window=512), "4b": dict(H=8, KV=4, D=256, window=1024)}
+
+
+def attention_sweep(rows_out):
+    from types import SimpleNamespace
+
+    from muser.attention import triton_decode as td
+    from muser.model import transformer as tf
+    from muser.model.triton_ops import qk_rope_store
+    dt, dev, L = torch.bfloat16, "cuda", 26
+    cos, sin = tf.rope_tables(10000.0, 1.0, 256, dev, 40000)
+    for model, a in ATTN.items():
+        H, KV, D = a["H"], a["KV"], a["D"]
+        qkv = torch.randn(1, (H + 2 * KV) * D, device=dev).to(dt)
+        qn, kn = torch.rand(D, device=dev) + 0.5, torch.rand(D, device=dev) + 0.5
+        cases = [("ring", a["window"], None)] + [("growing", n, None) for n in (2049, 32769)]
+        for kind, n, _ in cases:
+            planes = []
+            for _ in range(L):
+                if kind == "ring":
+                    k = torch.randn(n, KV, D, device=dev).to(dt)
+                    planes.append(SimpleNamespace(keys=k, values=torch.randn_like(k), head_major=False, layer=0))
+                else:
+                    k = torch.randn(KV, n + 64, D, device=dev).to(dt)
+                    planes.append(SimpleNamespace(keys=k, values=torch.randn_like(k), head_major=True, layer=0))
+            tables = [torch.tensor([td.plane_row(p)], dtype=torch.int64, device=dev) for p in planes]
+            slot = 100 if kind == "ring" else n - 1
+            meta = torch.tensor([[slot, n]], dtype=torch.int64, device=dev)
+            pos = torch.tensor([n - 1], dtype=torch.int64, device=dev)
+            if kind == "ring":
+                grid = [dict(nsplit=-(-n // r), min_rows=0, warps=w, tag=f"rows={r} w={w}")
+                        for r in (32, 64) for w in (4, 8)]
+            else:
+                grid = [dict(nsplit=ns, min_rows=mr, warps=w, tag=f"splits={ns} min={mr} w={w}")
+                        for ns, mr in ((128, 32), (128, 128), (64, 128)) for w in (4, 8)]
+            ref = None
+            for cfg in grid:
+                ws = td.DecodeWorkspace(1, KV, H // KV, D, cfg["nsplit"], dev)
+                out = torch.empty(1, H, D, device=dev, dtype=dt)
+
+                def call(t, cfg=cfg, ws=ws, out=out):
+                    td.fused_decode_attention(qkv, pos, cos, sin, qn, kn, 1e-6, t, meta, H, KV, D,
+                                              cfg["nsplit"], 0.0625, None, False, ws=ws, out=out,
+                                              min_rows=cfg["min_rows"], warps=cfg["warps"])
+                try:
+                    t = time_graph(call, tables)
+                except Exception as e:
+                    print(model, kind, cfg["tag"], "FAILED", type(e).__name__, str(e)[:300], flush=True)
+                    continue
+                call(tables[0])
+                if ref is None:
+                    ref = out.float().clone()
+                err = float((out.float() - ref).norm() / ref.norm())
+                rows_out.append((f"attn {model} {kind} n={n}", f"fused {cfg['tag']}", t, err))
+            cfg = grid[0]
+            ws = td.DecodeWorkspace(1, KV, H // KV, D, cfg["nsplit"], dev)
+
+            def sep(t, cfg=cfg, ws=ws):
+                q = qk_rope_store(qkv, pos, cos, sin, qn, kn, 1e-6, t, meta, H, KV, D, False)
+                td.decode_attention(q, t, meta, KV, cfg["nsplit"], 0.0625, None, ws=ws,
+                                    min_rows=cfg["min_rows"])
+            rows_out.append((f"attn {model} {kind} n={n}", f"separate {cfg['tag']}",
+                             time_graph(sep, tables), 0.0))
+            del planes, tables
+            torch.cuda.empty_cache()
+
+
 def main(argv=None):
     from muser.model.triton_ops import act_mul, gemv, gemv_config
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--what", default="gemv,attn")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
+    if "attn" in args.what:
+        arows = []
+        attention_sweep(arows)
+        print("\n| attention case | kernel | us/launch | rel diff vs first config |")
+        for case, tag, t, err in arows:
+            print(f"| {case} | {tag} | {t:.2f} | {err:.1e} |", flush=True)
+    if "gemv" not in args.what:
+        return
     dt = torch.bfloat16
     rows, best = [], {}
     for name, n, k, glu in SHAPES:

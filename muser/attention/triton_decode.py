@@ -20,9 +20,9 @@ muser.cache.staging, without its staging copy.  Rows are reduced in physical
 order, which a restored ring reproduces (rotation rebuilt on install).
 
 Flash-decoding, deterministic, one launch: grid (B * KV, NSPLIT).  Split s
-covers rows [s * per, (s + 1) * per) with per = ceil(ceil(n / NSPLIT) /
-BLOCK_N) * BLOCK_N -- a function of n alone -- and writes its (max, sum, acc)
-partials.  The last split of a (row, KV head) to finish -- elected by a
+covers rows [s * per, (s + 1) * per) with per = max(ceil(ceil(n / NSPLIT) /
+BLOCK_N) * BLOCK_N, MIN_PER) -- a function of n alone -- and writes its (max,
+sum, acc) partials.  The last split of a (row, KV head) to finish -- elected by a
 counter, which it resets -- combines the partials in split order, so the
 result never depends on which split that was.  No atomics touch values.
 All query heads of a KV group share one pass over the rows (tl.dot, G padded
@@ -40,6 +40,7 @@ import torch
 TAB_COLS = 4
 RING_BLOCK_ROWS = int(os.environ.get("MUSER_RING_ROWS", "32"))   # a ring split covers ~this many rows
 GROWING_SPLITS = 128          # splits of a growing plane (static grid: graph capture)
+GROWING_MIN_ROWS = int(os.environ.get("MUSER_GROWING_MIN_ROWS", "32"))   # fewest rows per split
 
 
 def plane_row(plane) -> list[int]:
@@ -49,6 +50,11 @@ def plane_row(plane) -> list[int]:
     if k.stride() != v.stride():
         raise ValueError(f"layer {plane.layer}: K and V storage strides differ")
     return [k.data_ptr(), v.data_ptr(), k.stride(row_dim), k.stride(head_dim)]
+
+
+def min_rows_for(growing: bool) -> int:
+    """Fewest rows a split covers (fewer active splits = less to combine at short lengths)."""
+    return GROWING_MIN_ROWS if growing else 0
 
 
 def splits_for(capacity: int, growing: bool) -> int:
@@ -69,6 +75,7 @@ def _kernel():
                     H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                     HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_G: tl.constexpr,
                     BLOCK_GC: tl.constexpr, BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr,
+                    MIN_PER: tl.constexpr,
                     SB: tl.constexpr, FUSED: tl.constexpr, QK_NORM: tl.constexpr,
                     ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, SOFTCAP: tl.constexpr):
         pid = tl.program_id(0)                    # b * KV + kvh
@@ -94,6 +101,21 @@ def _kernel():
         gm = g < G
         if FUSED:
             slot = tl.load(META + b * 2)
+        else:
+            slot = -1
+        per = tl.maximum(tl.cdiv(tl.cdiv(n, NSPLIT), BLOCK_N) * BLOCK_N, MIN_PER)
+        lo = s * per
+        hi = tl.minimum(lo + per, n)
+        # this split's first tile is in flight while q and the new row are prepared
+        rows0 = lo + tl.arange(0, BLOCK_N)
+        offs0 = rows0[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
+        mask0 = ((rows0 < hi) & (rows0 != slot))[:, None] & cv[None, :]
+        k = tl.load(kp + offs0, mask=mask0, other=0.0)
+        v = tl.load(vp + offs0, mask=mask0, other=0.0)
+        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, 2 * BLOCK_H], tl.float32)
+        if FUSED:
             j = tl.arange(0, BLOCK_H)
             jm = j < HALF
             if INTERLEAVED:
@@ -148,24 +170,19 @@ def _kernel():
             tl.store(kp + off + dm, k_new, mask=smask)
             tl.store(vp + off + dm, v_new, mask=smask)
         else:
-            slot = -1
             q = tl.load(Q + (b * H + kvh * G + g)[:, None] * D + dm[None, :],
                         mask=gm[:, None] & cv[None, :], other=0.0)
-        per = tl.cdiv(tl.cdiv(n, NSPLIT), BLOCK_N) * BLOCK_N
-        lo = s * per
-        hi = tl.minimum(lo + per, n)
-        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, 2 * BLOCK_H], tl.float32)
         for start in range(lo, hi, BLOCK_N):
             rows = start + tl.arange(0, BLOCK_N)
             rmask = rows < hi
-            fresh = rows == slot
-            offs = rows[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
-            lmask = (rmask & (rows != slot))[:, None] & cv[None, :]
-            k = tl.load(kp + offs, mask=lmask, other=0.0)
-            v = tl.load(vp + offs, mask=lmask, other=0.0)       # in flight with k (latency-bound)
+            # the next tile's loads go out before this tile's maths (latency-bound)
+            nrows = rows + BLOCK_N
+            nmask = ((nrows < hi) & (nrows != slot))[:, None] & cv[None, :]
+            noffs = nrows[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
+            k_next = tl.load(kp + noffs, mask=nmask, other=0.0)
+            v_next = tl.load(vp + noffs, mask=nmask, other=0.0)
             if FUSED:
+                fresh = rows == slot
                 k = tl.where(fresh[:, None], k_new[None, :], k)
                 v = tl.where(fresh[:, None], v_new[None, :], v)
             sc = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
@@ -178,6 +195,8 @@ def _kernel():
             l = l * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             m = m_new
+            k = k_next
+            v = v_next
         base = pid * NSPLIT + s
         live = lo < hi
         tl.store(MS + base * G + g, m, mask=gm & live)
@@ -241,7 +260,8 @@ class DecodeWorkspace:
 
 
 def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads, head_dim,
-            nsplit, scale, softcap, interleaved, ws, out):
+            nsplit, scale, softcap, interleaved, ws, out, min_rows=0, warps=None, sb=None,
+            stages=1):
     kern = _kernel()
     B = table.shape[0]
     G = heads // kv_heads
@@ -250,6 +270,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
     half = head_dim // 2
     block_h = _pow2(half, 8)
     block_n = 32 if 2 * block_h >= 256 else 64
+    min_per = -(-max(min_rows, block_n) // block_n) * block_n
     src = qkv if qkv is not None else q
     rope = cos is not None
     kern[(B * kv_heads, nsplit)](
@@ -258,9 +279,10 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         table, meta, ws.ms, ws.ls, ws.acc, ws.cnt, out,
         float(scale), float(softcap or 1.0), float(eps),
         H=heads, KV=kv_heads, G=G, D=head_dim, HALF=half, BLOCK_H=block_h,
-        BLOCK_G=_pow2(G, 16), BLOCK_GC=_pow2(G), BLOCK_N=block_n, NSPLIT=nsplit, SB=max(2, 32 // _pow2(G)),
-        FUSED=qkv is not None, QK_NORM=q_norm is not None, ROPE=rope,
-        INTERLEAVED=bool(interleaved), SOFTCAP=softcap is not None, num_warps=4, num_stages=2)
+        BLOCK_G=_pow2(G, 16), BLOCK_GC=_pow2(G), BLOCK_N=block_n, NSPLIT=nsplit, MIN_PER=min_per,
+        SB=sb or max(2, 32 // _pow2(G)), FUSED=qkv is not None, QK_NORM=q_norm is not None,
+        ROPE=rope, INTERLEAVED=bool(interleaved), SOFTCAP=softcap is not None,
+        num_warps=warps or 4, num_stages=stages)
     return out
 
 
@@ -270,24 +292,27 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
                            meta: torch.Tensor, heads: int, kv_heads: int, head_dim: int,
                            nsplit: int, scale: float, softcap: float | None, interleaved: bool,
                            ws: DecodeWorkspace | None = None,
-                           out: torch.Tensor | None = None) -> torch.Tensor:
+                           out: torch.Tensor | None = None, min_rows: int = 0,
+                           **tune) -> torch.Tensor:
     """qkv [B, (H + 2KV) * D] -> attention output [B, H, D], one launch.
 
     Per batch row: qk-norm (if given) and RoPE (if cos/sin) of q and k in float32, each
     rounded to the activation dtype as muser.model.transformer rounds; the k/v row stored at
     meta's slot of the row's plane; attention over the plane's n visible rows.  pos int64 [B].
-    Graph-capturable: no host reads, static grid.
+    `min_rows`: fewest rows per split (`min_rows_for`).  `tune`: warps / sb / stages, for
+    benchmarks/cuda_kernels.py.  Graph-capturable: no host reads, static grid.
     """
     B = qkv.shape[0]
     if out is None:
         out = qkv.new_empty(B, heads, head_dim)
     return _launch(qkv, None, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads,
-                   head_dim, nsplit, scale, softcap, interleaved, ws, out)
+                   head_dim, nsplit, scale, softcap, interleaved, ws, out, min_rows, **tune)
 
 
 def decode_attention(q: torch.Tensor, table: torch.Tensor, meta: torch.Tensor, kv_heads: int,
                      nsplit: int, scale: float, softcap: float | None,
-                     ws: DecodeWorkspace | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                     ws: DecodeWorkspace | None = None, out: torch.Tensor | None = None,
+                     min_rows: int = 0, **tune) -> torch.Tensor:
     """q [B, H, D] (cache dtype, already normed/rotated) over each row's plane -> [B, H, D].
 
     table int64 [B, 4] (see module doc), meta [B, 2] (only n is read); `nsplit` from
@@ -297,4 +322,4 @@ def decode_attention(q: torch.Tensor, table: torch.Tensor, meta: torch.Tensor, k
     if out is None:
         out = torch.empty_like(q)
     return _launch(None, q, None, None, None, None, None, 0.0, table, meta, H, kv_heads, D,
-                   nsplit, scale, softcap, False, ws, out)
+                   nsplit, scale, softcap, False, ws, out, min_rows, **tune)

@@ -220,22 +220,33 @@ def act_mul(gate_up: torch.Tensor, gelu: bool, out: torch.Tensor | None = None) 
     return out
 
 
-GEMV_BLOCK_N = {}      # (n, k, glu) -> rows per program, measured (benchmarks/NOTES.md, CUDA)
+# (n, k, glu) -> (rows per program, warps), the fastest of a sweep on an H200 (2026-12,
+# benchmarks/cuda_kernels.py; benchmarks/NOTES.md, CUDA): Gemma-3-1B and -4B decode shapes.
+GEMV_TILES = {
+    (1536, 1152, False): (2, 8), (1152, 1024, False): (2, 8), (6912, 1152, True): (1, 2),
+    (1152, 6912, False): (2, 8), (4096, 2560, False): (1, 4), (2560, 2048, False): (2, 4),
+    (10240, 2560, True): (1, 2), (2560, 10240, False): (2, 4),
+}
 
 
 def gemv_config(n: int, k: int, glu: bool = False) -> tuple[int, int]:
-    """(rows per program, warps): about 8-16 KB of weights in flight per program, and at
-    least ~2 programs per multiprocessor."""
-    hit = GEMV_BLOCK_N.get((n, k, glu))
+    """(rows per program, warps) for an [n, k] product: the measured table, else the shape of
+    its winners -- 1-2 rows of K per program, and at least ~2 programs per multiprocessor."""
+    hit = GEMV_TILES.get((n, k, glu))
     if hit:
         return hit
     kp = _pow2(k)
-    block_n = max(1, min(16, 8192 // kp))
     if glu:
-        block_n = max(1, block_n // 2)
+        block_n, warps = 1, (2 if kp <= 4096 else 4)
+    elif kp <= 2048:
+        block_n, warps = 2, 8
+    elif kp <= 4096:
+        block_n, warps = 1, 4
+    else:
+        block_n, warps = 2 if kp <= 16384 else 1, 4 if kp <= 16384 else 8
     while block_n > 1 and -(-n // block_n) < 264:
         block_n //= 2
-    return block_n, (4 if kp * block_n <= 8192 else 8)
+    return block_n, warps
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, glu: bool = False,
