@@ -45,7 +45,10 @@ def _cache_dir() -> Path:
     return Path(root) / "native"
 
 
-def _build() -> Path | None:
+def build(extra_flags: tuple[str, ...] = ()) -> Path | None:
+    """Compile the kernels (or find the cached build); None without a working compiler.
+    `extra_flags` (e.g. -mno-avx512f, to test the portable paths) get their own build."""
+    flags = (*CFLAGS, *extra_flags)
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return None
@@ -54,7 +57,7 @@ def _build() -> Path | None:
     key = hashlib.sha256()
     for s in sources:
         key.update(s.read_bytes())
-    key.update(" ".join((cc, *CFLAGS, _cpu_flags(), torch.__version__)).encode())
+    key.update(" ".join((cc, *flags, _cpu_flags(), torch.__version__)).encode())
     out = _cache_dir() / f"muser_native_{key.hexdigest()[:16]}.so"
     if out.exists():
         return out
@@ -62,7 +65,7 @@ def _build() -> Path | None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)   # build aside, then rename: atomic
     os.close(fd)
     try:
-        subprocess.run([cc, *CFLAGS, *map(str, sources), "-o", tmp], check=True,
+        subprocess.run([cc, *flags, *map(str, sources), "-o", tmp], check=True,
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         os.replace(tmp, out)
     except (OSError, subprocess.CalledProcessError):
@@ -76,9 +79,12 @@ def library() -> ctypes.CDLL | None:
     """The loaded kernels, or None (no compiler, a failed build, or MUSER_NATIVE=0)."""
     if os.environ.get("MUSER_NATIVE", "1") == "0":
         return None
-    path = _build()
-    if path is None:
-        return None
+    path = build()
+    return None if path is None else load(path)
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """Load a build and declare its functions' signatures."""
     lib = ctypes.CDLL(str(path))
     f = lib.muser_q8_linear
     f.restype = ctypes.c_int
@@ -106,8 +112,8 @@ def available() -> bool:
 _FLOATS = (torch.float32, torch.bfloat16)
 
 
-def _lib() -> ctypes.CDLL:
-    lib = library()
+def _lib(lib: ctypes.CDLL | None = None) -> ctypes.CDLL:
+    lib = lib or library()
     if lib is None:
         raise RuntimeError("muser native kernels are not available (no C compiler, or MUSER_NATIVE=0)")
     return lib
@@ -119,7 +125,8 @@ class BoundQ8:
 
     __slots__ = ("n", "k", "_f", "_ptrs", "_keep")
 
-    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, in_scale: torch.Tensor | None = None):
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, in_scale: torch.Tensor | None = None,
+                 lib: ctypes.CDLL | None = None):
         n, k = qweight.shape if qweight.dim() == 2 else (-1, -1)
         if qweight.dtype != torch.int8 or n < 1 or not qweight.is_contiguous() or qweight.device.type != "cpu":
             raise ValueError(f"qweight must be a contiguous 2-D int8 CPU tensor, got {qweight.dtype} "
@@ -127,7 +134,7 @@ class BoundQ8:
         for name, t, size in (("scale", scale, n), ("in_scale", in_scale, k)):
             if t is not None and (t.dtype != torch.float32 or t.shape != (size,) or not t.is_contiguous()):
                 raise ValueError(f"{name} must be contiguous float32 [{size}], got {t.dtype} {tuple(t.shape)}")
-        self.n, self.k, self._f = n, k, _lib().muser_q8_linear
+        self.n, self.k, self._f = n, k, _lib(lib).muser_q8_linear
         self._ptrs = (qweight.data_ptr(), scale.data_ptr(), None if in_scale is None else in_scale.data_ptr())
         self._keep = (qweight, scale, in_scale)
 
@@ -149,15 +156,16 @@ class BoundQ8:
 
 
 def q8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
-              in_scale: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+              in_scale: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+              lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """x [M, K] f32/bf16, qweight int8 [N, K], scale f32 [N], in_scale f32 [K] or None
     -> y [M, N] in `out_dtype` (default x's dtype): y = ((x * in_scale) @ qweight.T) * scale."""
-    return BoundQ8(qweight, scale, in_scale)(x, out_dtype or x.dtype)
+    return BoundQ8(qweight, scale, in_scale, lib)(x, out_dtype or x.dtype)
 
 
 def norm_rope(x: torch.Tensor, w: torch.Tensor | None, eps: float, cos: torch.Tensor | None = None,
               sin: torch.Tensor | None = None, interleaved: bool = False,
-              out_dtype: torch.dtype | None = None) -> torch.Tensor:
+              out_dtype: torch.dtype | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """RMS norm over the last dim (when `w` is given) then RoPE (when `cos`/`sin` [T, D/2] are given),
     in float32.  x [T, D] or [T, N, D] (rows may be strided, heads contiguous), f32 or bf16
     -> contiguous, same shape, `out_dtype` (default x's dtype).  Called ~110 times per decode
@@ -183,7 +191,7 @@ def norm_rope(x: torch.Tensor, w: torch.Tensor | None, eps: float, cos: torch.Te
         raise ValueError("cos and sin go together")
     out_dtype = out_dtype or x.dtype
     y = torch.empty(shape, dtype=out_dtype)
-    if _lib().muser_norm_rope(x.data_ptr(), x.dtype is torch.bfloat16, t, n, d, stride[0], ptrs[0],
+    if _lib(lib).muser_norm_rope(x.data_ptr(), x.dtype is torch.bfloat16, t, n, d, stride[0], ptrs[0],
                               eps, ptrs[1], ptrs[2], interleaved, y.data_ptr(),
                               out_dtype is torch.bfloat16, torch.get_num_threads()) != 0:
         raise ValueError(f"norm_rope: unsupported head size {d}")
@@ -200,7 +208,7 @@ def attend_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def attend_visible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                   softcap: float | None = None) -> torch.Tensor:
+                   softcap: float | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """Attention with every key visible.  q [T, H, D], k/v [S, KV, D] (any strides with the
     head dim contiguous and k, v laid out alike) -> [T, H, D] in q's dtype (float32 maths)."""
     if not attend_supported(q, k, v):
@@ -210,7 +218,7 @@ def attend_visible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     s, kv, _ = k.shape
     q = q.contiguous()
     out = torch.empty((t, h, d), dtype=q.dtype)
-    rc = library().muser_attend_visible(
+    rc = _lib(lib).muser_attend_visible(
         q.data_ptr(), int(q.dtype == torch.bfloat16), t, h, d, k.data_ptr(), v.data_ptr(),
         int(k.dtype == torch.bfloat16), s, kv, k.stride(0), k.stride(1), float(scale),
         float(softcap or 0.0), out.data_ptr(), int(q.dtype == torch.bfloat16), torch.get_num_threads())

@@ -178,3 +178,26 @@ def test_attend_visible_refuses_operands_it_cannot_read_in_place():
     q, k = torch.randn(1, 2, 24), torch.randn(8, 1, 24)       # head dim not a multiple of 16
     with pytest.raises(ValueError, match="unsupported operands"):
         native.attend_visible(q, k, k, 0.1)
+
+
+@pytest.fixture(scope="module")
+def portable():
+    """The kernels built without AVX-512: what a CPU without it runs (the scalar paths)."""
+    path = native.build(("-mno-avx512f",))
+    if path is None:
+        pytest.skip("the compiler refused -mno-avx512f")
+    return native.load(path)
+
+
+def test_the_portable_build_computes_the_same_maths(portable):
+    torch.manual_seed(5)
+    q = quantize_rowwise_int8(torch.randn(50, 64), equalize=True)
+    x = torch.randn(3, 64).bfloat16()
+    a = native.q8_linear(x, q.qweight, q.scale, q.in_scale, torch.float32, lib=portable)
+    assert float((a.double() - _ref_q8(x, q, q.in_scale)).abs().max()) < 1e-4
+    qq, k, v = torch.randn(2, 4, 32), torch.randn(300, 2, 32), torch.randn(300, 2, 32)
+    out = native.attend_visible(qq, k, v, 0.2, 30.0, lib=portable)
+    assert float((out.double() - _eager_visible(qq, k, v, 0.2, 30.0)).abs().max()) < 1e-5
+    xs, w, ang = torch.randn(4, 2, 32), torch.rand(32) + 0.5, torch.rand(4, 16)
+    y = native.norm_rope(xs, w, 1e-6, ang.cos(), ang.sin(), lib=portable)
+    assert float((y.double() - _ref_norm_rope(xs, w, 1e-6, ang.cos(), ang.sin(), False)).abs().max()) < 1e-5
