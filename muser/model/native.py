@@ -21,6 +21,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -55,8 +56,8 @@ def build(extra_flags: tuple[str, ...] = ()) -> Path | None:
     src_dir = Path(__file__).with_name("csrc")
     sources = [src_dir / s for s in SOURCES]
     key = hashlib.sha256()
-    for s in sources:
-        key.update(s.read_bytes())
+    for s in sorted(src_dir.glob("*.[ch]")):           # sources and the header they share
+        key.update(s.name.encode() + s.read_bytes())
     key.update(" ".join((cc, *flags, _cpu_flags(), torch.__version__)).encode())
     out = _cache_dir() / f"muser_native_{key.hexdigest()[:16]}.so"
     if out.exists():
@@ -68,8 +69,11 @@ def build(extra_flags: tuple[str, ...] = ()) -> Path | None:
         subprocess.run([cc, *flags, *map(str, sources), "-o", tmp], check=True,
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         os.replace(tmp, out)
-    except (OSError, subprocess.CalledProcessError):
+    except (OSError, subprocess.CalledProcessError) as e:
         Path(tmp).unlink(missing_ok=True)
+        detail = e.stderr.decode(errors="replace")[-500:] if isinstance(e, subprocess.CalledProcessError) else e
+        warnings.warn(f"muser: the native CPU kernels did not build with {cc} {' '.join(extra_flags)}: "
+                      f"{detail}; using PyTorch's kernels (slower, same contract)", RuntimeWarning)
         return None
     return out
 

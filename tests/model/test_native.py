@@ -201,3 +201,9 @@ def test_the_portable_build_computes_the_same_maths(portable):
     xs, w, ang = torch.randn(4, 2, 32), torch.rand(32) + 0.5, torch.rand(4, 16)
     y = native.norm_rope(xs, w, 1e-6, ang.cos(), ang.sin(), lib=portable)
     assert float((y.double() - _ref_norm_rope(xs, w, 1e-6, ang.cos(), ang.sin(), False)).abs().max()) < 1e-5
+
+
+def test_a_failed_build_warns_and_reports_no_library(monkeypatch, tmp_path):
+    monkeypatch.setenv("MUSER_CACHE", str(tmp_path))
+    with pytest.warns(RuntimeWarning, match="did not build"):
+        assert native.build(("-fno-such-flag-for-muser",)) is None

@@ -25,6 +25,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -32,23 +34,6 @@
 #define CHUNK 256
 #define GMAX 16       /* heads per KV group */
 #define DMAX 1024
-
-static inline float ld(const void *p, int bf16, int64_t i) {
-    if (!bf16) return ((const float *)p)[i];
-    uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline void st(void *p, int bf16, int64_t i, float f) {
-    if (!bf16) { ((float *)p)[i] = f; return; }
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) { ((uint16_t *)p)[i] = (uint16_t)((u >> 16) | 0x40u); return; }
-    u += 0x7fffu + ((u >> 16) & 1u);                       /* round to nearest even, as torch */
-    ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
-}
 
 #ifdef __AVX512F__
 static inline __m512 vld(const void *p, int bf16, int64_t i) {   /* 16 values as f32 */

@@ -21,22 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float ld(const void *p, int bf16, int64_t i) {
-    if (!bf16) return ((const float *)p)[i];
-    uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline void st(void *p, int bf16, int64_t i, float f) {
-    if (!bf16) { ((float *)p)[i] = f; return; }
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) { ((uint16_t *)p)[i] = (uint16_t)((u >> 16) | 0x40u); return; }
-    u += 0x7fffu + ((u >> 16) & 1u);                       /* round to nearest even, as torch */
-    ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
-}
+#include "common.h"
 
 /* D <= 8192.  Returns 0, or -1 for an unsupported head size. */
 int muser_norm_rope(const void *x, int x_bf16, int64_t T, int64_t N, int64_t D, int64_t stride_t,

@@ -18,30 +18,11 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
+
+#include "common.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {      /* round to nearest even, as torch does */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);   /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static inline void put(void *y, int y_bf16, int64_t i, float v) {
-    if (y_bf16) ((uint16_t *)y)[i] = f32_to_bf16(v);
-    else ((float *)y)[i] = v;
-}
 
 #define NB 4   /* output rows per block: 4 weight streams in flight per thread */
 #define MB 4   /* activation rows per pass: 4 x 4 accumulators + 4 weights fit the 32 zmm */
@@ -79,7 +60,7 @@ static void block(const float *xs, int64_t m0, int mb, int64_t K, const int8_t *
     }
     for (int i = 0; i < mb; i++)
         for (int j = 0; j < nb; j++)
-            put(y, y_bf16, (m0 + i) * N + n0 + j, _mm512_reduce_add_ps(acc[i][j]) * scale[n0 + j]);
+            st(y, y_bf16, (m0 + i) * N + n0 + j, _mm512_reduce_add_ps(acc[i][j]) * scale[n0 + j]);
 }
 #endif
 
@@ -94,7 +75,7 @@ static void block_generic(const float *xs, int64_t m0, int mb, int64_t K, const 
             for (int64_t k = 0; k < K; k++) lane[k & 15] += (float)wr[k] * xr[k];
             float s = 0.0f;
             for (int l = 0; l < 16; l++) s += lane[l];
-            put(y, y_bf16, (m0 + i) * N + n0 + j, s * scale[n0 + j]);
+            st(y, y_bf16, (m0 + i) * N + n0 + j, s * scale[n0 + j]);
         }
     }
 }
@@ -106,7 +87,7 @@ int muser_q8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const int8_
     float *xs = (float *)aligned_alloc(64, (size_t)((M * K * 4 + 63) / 64 * 64));
     if (!xs) return -1;
     for (int64_t i = 0; i < M * K; i++) {
-        float v = x_bf16 ? bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+        float v = ld(x, x_bf16, i);
         xs[i] = in_scale ? v * in_scale[i % K] : v;
     }
     int64_t blocks = (N + NB - 1) / NB;
