@@ -11,15 +11,30 @@ on CUDA use `triton_decode` through the engine's graph runner.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..model import native
 from .reference import attention as reference_attention
 
 
-def _reference(q, k, v, mask, scale, softcap=None):
+def _cpu(q, k, v, mask, scale, softcap=None):
     if mask is None:
         return _all_visible(q, k, v, scale, softcap)
+    if softcap is None and q.shape[0] > 1:
+        return _fused_masked(q, k, v, mask, scale)
     return reference_attention(q, k, v, mask, scale, softcap)
+
+
+def _fused_masked(q, k, v, mask, scale):
+    """A chunk's masked attention through PyTorch's fused CPU kernel (flash attention with a
+    boolean mask): the [T, S] scores are never materialized, which is what long-context
+    prefill pays for in the reference (0.89 -> 0.49 s for a 512-row chunk over 32k keys).
+    Each output row is reduced over the keys in a fixed blocked order by one thread, so the
+    result depends on neither the thread count nor the other rows.  q [T, H, D], k/v [S, KV, D]."""
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                         v.transpose(0, 1)[None], attn_mask=mask, scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    return out[0].transpose(0, 1)                                  # [T, H, D]
 
 
 def _all_visible(q, k, v, scale, softcap=None):
@@ -42,4 +57,4 @@ def select_attention(device: torch.device):
     if torch.device(device).type == "cuda":
         from .cuda_prefill import CudaAttention
         return CudaAttention()
-    return _reference
+    return _cpu

@@ -147,3 +147,30 @@ def test_unmasked_attention_equals_the_reference_with_an_all_true_mask():
     fast = select_attention(torch.device("cpu"))(q, k, v, None, 0.3, None)
     ref = attention(q, k, v, torch.ones(1, 9, dtype=torch.bool), 0.3)
     torch.testing.assert_close(fast, ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_masked_chunk_attention_on_cpu_equals_the_reference_and_ignores_threads_and_other_rows(window, dtype):
+    """Prefill chunks on CPU go through PyTorch's fused attention with the window mask."""
+    from muser.attention import select_attention
+    from muser.attention.reference import visibility_mask
+    g = torch.Generator().manual_seed(1)
+    t, s = 16, 40
+    q = torch.randn(t, 4, 32, generator=g).to(dtype)
+    k, v = torch.randn(s, 2, 32, generator=g).to(dtype), torch.randn(s, 2, 32, generator=g).to(dtype)
+    mask = visibility_mask(torch.arange(s - t, s), torch.arange(s), window)
+    attend = select_attention(torch.device("cpu"))
+    fast = attend(q, k, v, mask, 0.3, None)
+    ref = attention(q.double(), k.double(), v.double(), mask, 0.3)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert fast.dtype == dtype and float((fast.double() - ref).abs().max()) < tol
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(attend(q, k, v, mask, 0.3, None), fast)
+    finally:
+        torch.set_num_threads(threads)
+    other = q.clone()
+    other[5:] = torch.randn(t - 5, 4, 32, generator=g).to(dtype)     # change the later rows only
+    assert torch.equal(attend(other, k, v, mask, 0.3, None)[:5], fast[:5])
