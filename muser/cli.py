@@ -80,9 +80,19 @@ def cmd_generate(args) -> int:
 
 
 def cmd_chat(args) -> int:
+    """Multi-turn chat that keeps its cache between turns.
+
+    Each turn re-renders the conversation with the chat template.  If that
+    extends what the session holds (the reply re-tokenizes as sampled), only
+    the new suffix is prefilled; otherwise the session goes back to `mark`, a
+    snapshot taken just before the last reply, so at least the earlier
+    conversation is never prefilled twice.
+    """
+    import time
     from .engine.generate import stream_text
     engine = load_engine(args)
     session = engine.new_session()
+    mark = None
     messages = [{"role": "system", "content": args.system}] if args.system else []
     while True:
         try:
@@ -94,22 +104,38 @@ def cmd_chat(args) -> int:
             return 0
         messages.append({"role": "user", "content": line})
         ids = engine.tokenizer.apply_chat_template(messages)
-        # Reuse the live cache when the new prompt extends what the session holds.
-        if session.tokens and ids[:len(session.tokens)] == session.tokens:
-            new = ids[len(session.tokens):]
-        else:
-            session.reset()
-            new = ids
+        held = session.tokens
+        if not (held and len(held) < len(ids) and ids[:len(held)] == held):
+            if mark is not None and ids[:mark.position] == list(mark.tokens):
+                session.install(mark)
+            else:
+                session.reset()
+        reused = len(session.tokens)
+        new = ids[reused:]
+        t0 = time.perf_counter()
+        if len(new) > 1:
+            session.prefill(new[:-1])
+        mark = session.snapshot()
         sys.stdout.write("model> ")
-        reply = []
-        for piece in stream_text(engine, engine.stream(new, args.max_tokens, args.temperature, args.top_p,
-                                                       args.top_k, args.seed, session=session), args.stop):
+        reply, reply_ids = [], []
+        tokens = _counting(engine.stream(new[-1:], args.max_tokens, args.temperature, args.top_p, args.top_k,
+                                         args.seed, session=session), reply_ids)
+        for piece in stream_text(engine, tokens, args.stop):
             reply.append(piece)
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
+        if args.stats:
+            print(f"[prompt {len(ids)} tokens, {reused} reused from the cache; {len(reply_ids)} generated "
+                  f"in {time.perf_counter() - t0:.2f} s]", file=sys.stderr)
         messages.append({"role": "assistant", "content": "".join(reply)})
-        session.reset()          # the template may render the reply differently from the sampled ids
+
+
+def _counting(ids, seen: list):
+    """Pass token ids through, recording them in `seen`."""
+    for i in ids:
+        seen.append(i)
+        yield i
 
 
 def cmd_cache_plan(args) -> int:
@@ -137,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(c)
     _sampling_args(c)
     c.add_argument("--system", default=None)
+    c.add_argument("--stats", action="store_true", help="after each reply, print prompt reuse and speed to stderr")
     c.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("cache-plan", help="bytes of the sliding and full planes at N tokens (config only)")

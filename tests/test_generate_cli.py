@@ -56,3 +56,19 @@ def test_chat_answers_each_line_and_exits_on_eof():
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("you> ") == 3 and r.stdout.count("model> ") == 2
     assert "Traceback" not in r.stderr
+
+
+def test_chat_keeps_its_cache_between_turns():
+    """Turn 2's prompt re-renders turn 1: at least turn 1's prompt comes from the cache, never
+    prefilled again (the reply too, when it re-tokenizes as sampled)."""
+    import re
+    path = str(tiny_model_dir("gemma3", window=4))
+    r = subprocess.run([sys.executable, "-m", "muser.cli", "chat", "--model", path, "--max-tokens", "4",
+                        "--stats"], input="hello\nhow are you?\nand then?\n", capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    turns = [tuple(map(int, m)) for m in re.findall(r"\[prompt (\d+) tokens, (\d+) reused", r.stderr)]
+    assert len(turns) == 3, r.stderr
+    assert turns[0][1] == 0
+    for (prev_len, _), (length, reused) in zip(turns, turns[1:]):
+        assert prev_len - 1 <= reused < length       # everything up to the last reply is reused
