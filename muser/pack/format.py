@@ -42,7 +42,9 @@ then, if asked, the model fingerprint and the encoding.
 Writing goes to a temporary file in the target's directory (mode 0600), fsynced,
 then os.replace'd over the target, then the directory is fsynced: a crash leaves
 either the old file or the new one, and a partial temporary never loads (its
-length cannot match its header).
+length cannot match its header).  Temporaries are named `.<name>.<writer pid>.<random>.tmp`;
+after a successful save, those of the same target whose writer is no longer
+running (killed mid-save) are removed.
 """
 from __future__ import annotations
 
@@ -151,7 +153,8 @@ def save_pack(snap: SessionSnapshot, path, key=None) -> None:
     """Write `snap` to `path` atomically and durably (see the module docstring)."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    name = os.path.basename(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.{os.getpid()}.", suffix=".tmp", dir=directory)
     try:
         with open(fd, "wb") as f:
             _write(snap, key, f)
@@ -169,6 +172,32 @@ def save_pack(snap: SessionSnapshot, path, key=None) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+    _remove_stale_temporaries(directory, name)
+
+
+def _remove_stale_temporaries(directory: str, name: str) -> None:
+    """Delete `.<name>.<pid>.*.tmp` left by writers that are gone (a live writer's is kept)."""
+    prefix = f".{name}."
+    for entry in os.listdir(directory):
+        if not (entry.startswith(prefix) and entry.endswith(".tmp")):
+            continue
+        pid = entry[len(prefix):].split(".", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            os.unlink(os.path.join(directory, entry))
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # exists, owned by someone else
+        return True
+    return True
 
 
 # ---------------------------------------------------------------------------- reading

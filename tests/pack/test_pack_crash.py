@@ -156,3 +156,24 @@ def test_writer_killed_mid_save_leaves_old_or_new(old):
     for delay in (0.05, 0.2, 0.45):                           # real saves in a loop, killed anywhere
         fork_and_kill(path, "loop", delay)
         check_directory(snap_old, path)
+
+
+def test_a_successful_save_removes_temporaries_of_dead_writers_only(tmp_path):
+    import subprocess
+    import sys
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stale = tmp_path / f".session.pack.{dead}.abc123.tmp"
+        running = tmp_path / f".session.pack.{live.pid}.def456.tmp"
+        other = tmp_path / f".other.pack.{dead}.ghi789.tmp"
+        for f in (stale, running, other):
+            f.write_bytes(b"partial")
+        synthetic_snapshot()[0].save(tmp_path / "session.pack")
+        assert not stale.exists()                   # its writer is gone
+        assert running.exists() and other.exists()  # a live writer's, another target's
+        assert pf.load_pack(tmp_path / "session.pack") is not None
+    finally:
+        live.kill()
+        live.wait()
