@@ -62,15 +62,17 @@ def build(extra_flags: tuple[str, ...] = ()) -> Path | None:
     out = _cache_dir() / f"muser_native_{key.hexdigest()[:16]}.so"
     if out.exists():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)   # build aside, then rename: atomic
-    os.close(fd)
+    tmp = None
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)   # build aside, then rename: atomic
+        os.close(fd)
         subprocess.run([cc, *flags, *map(str, sources), "-o", tmp], check=True,
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         os.replace(tmp, out)
     except (OSError, subprocess.CalledProcessError) as e:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         detail = e.stderr.decode(errors="replace")[-500:] if isinstance(e, subprocess.CalledProcessError) else e
         warnings.warn(f"muser: the native CPU kernels did not build with {cc} {' '.join(extra_flags)}: "
                       f"{detail}; using PyTorch's kernels (slower, same contract)", RuntimeWarning)
