@@ -215,3 +215,27 @@ def test_an_unwritable_cache_directory_warns_instead_of_failing(monkeypatch, tmp
     monkeypatch.setenv("MUSER_CACHE", str(blocker))
     with pytest.warns(RuntimeWarning, match="did not build"):
         assert native.build(("-DMUSER_UNWRITABLE_TEST",)) is None
+
+
+def test_the_fast_path_runs_without_the_native_kernels_and_agrees():
+    """MUSER_NATIVE=0 (or no compiler): the int8 path falls back to aten and eager ops."""
+    import os
+    import subprocess
+    import sys
+    code = ("import torch; from muser.model import native; from muser.testing import tiny_model\n"
+            "e = tiny_model(dtype='bfloat16', quant='int8', seed=3)\n"
+            "s = e.new_session(); s.prefill(list(range(3, 40)))\n"
+            "torch.save(torch.stack([s.decode(t) for t in (5, 6, 7)]), __import__('sys').argv[1])\n"
+            "print(native.available())")
+    outs = {}
+    for flag in ("0", "1"):
+        path = f"/tmp/muser-native-{os.getpid()}-{flag}.pt"
+        r = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, MUSER_NATIVE=flag))
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stdout.strip() == ("True" if flag == "1" else "False")
+        outs[flag] = torch.load(path)
+        os.unlink(path)
+    a, b = outs["0"], outs["1"]
+    assert torch.isfinite(a).all()
+    assert float((a - b).abs().max() / (b.max() - b.min())) < 0.05
