@@ -37,6 +37,10 @@ SHAPES = {
                     ffn=8192, vocab=256000, pattern=4, long=0),
 }
 LOG = []
+ATTN_AB = [{}, {"MUSER_GROWING_MIN_ROWS": "128"},
+           {"MUSER_ATTN_GROWING": "64,8", "MUSER_GROWING_MIN_ROWS": "64"},
+           {"MUSER_RING_ROWS": "64", "MUSER_ATTN_RING": "64,8"},
+           {"MUSER_ATTN_RING": "16,4", "MUSER_ATTN_GROWING": "16,4"}]
 
 
 def log(*a):
@@ -73,14 +77,24 @@ def run_model(name, shape, bw, args, results):
     section("decode_2k", lambda: muser_decode(engine, 2048, args.steps, vocab)[:2])
     if args.profile and name in ("1b", "4b"):
         section("profile_b1", lambda: muser_decode(engine, 2048, 16, vocab, prof=True)[2])
-        for gemv, attn in (("none", "separate"), ("none", "fused"), ("small", "fused"),
-                           ("all", "separate"), ("all", "fused")):   # A/B switches (cuda_step.py)
+        for gemv, attn in (("none", "fused"), ("small", "fused"), ("all", "separate"),
+                           ("all", "fused")):                # A/B switches (cuda_step.py)
             os.environ["MUSER_GEMV"], os.environ["MUSER_ATTN"] = gemv, attn
             engine._runner = None                         # a fresh runner reads the mode
             section(f"decode_2k_gemv_{gemv}_attn_{attn}",
                     lambda: muser_decode(engine, 2048, args.steps, vocab)[:2])
         os.environ.pop("MUSER_GEMV")
         os.environ.pop("MUSER_ATTN")
+        engine._runner = None
+    if args.attn_ab and name in ("1b", "4b"):
+        for i, env in enumerate(ATTN_AB):                 # decode attention settings (triton_decode)
+            os.environ.update(env)
+            engine._runner = None
+            section(f"attn_ab{i}_2k {env}", lambda: muser_decode(engine, 2048, args.steps, vocab)[:2])
+            section(f"attn_ab{i}_32k {env}",
+                    lambda: muser_decode(engine, shape["long"], args.steps, vocab)[:2])
+            for k in env:
+                os.environ.pop(k)
         engine._runner = None
     if shape["long"] and not args.quick:
         section("decode_32k", lambda: muser_decode(engine, shape["long"], args.steps, vocab)[:2])
@@ -133,6 +147,7 @@ def main(argv=None):
     ap.add_argument("--prefill", type=int, default=16384)
     ap.add_argument("--quick", action="store_true", help="skip 32k decode and the 4k-chunk prefill")
     ap.add_argument("--prefill-profile", action="store_true", help="kernel breakdown of one 16k prefill")
+    ap.add_argument("--attn-ab", action="store_true", help="decode attention settings A/B, 2k and 32k")
     ap.add_argument("--profile", action="store_true", help="kernel breakdown + BLAS A/B (1b)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)

@@ -78,12 +78,16 @@ def attention_sweep(rows_out):
             slot = 100 if kind == "ring" else n - 1
             meta = torch.tensor([[slot, n]], dtype=torch.int64, device=dev)
             pos = torch.tensor([n - 1], dtype=torch.int64, device=dev)
+            # (block_n, warps) pairs that compile without spills at D = 256 (ptxas, sm_90)
             if kind == "ring":
-                grid = [dict(nsplit=-(-n // r), min_rows=0, warps=w, tag=f"rows={r} w={w}")
-                        for r in (32, 64) for w in (4, 8)]
+                grid = [dict(nsplit=-(-n // r), min_rows=0, block_n=bn, warps=w,
+                             tag=f"rows={r} bn={bn} w={w}")
+                        for r, bn, w in ((32, 32, 4), (32, 16, 4), (64, 32, 4), (64, 64, 8), (128, 64, 8))]
             else:
-                grid = [dict(nsplit=ns, min_rows=mr, warps=w, tag=f"splits={ns} min={mr} w={w}")
-                        for ns, mr in ((128, 32), (128, 128), (64, 128)) for w in (4, 8)]
+                grid = [dict(nsplit=ns, min_rows=mr, block_n=bn, warps=w,
+                             tag=f"splits={ns} min={mr} bn={bn} w={w}")
+                        for ns, mr, bn, w in ((128, 32, 32, 4), (128, 128, 32, 4), (128, 64, 64, 8),
+                                              (64, 128, 64, 8), (128, 32, 16, 4))]
             ref = None
             for cfg in grid:
                 ws = td.DecodeWorkspace(1, KV, H // KV, D, cfg["nsplit"], dev)
@@ -92,7 +96,8 @@ def attention_sweep(rows_out):
                 def call(t, cfg=cfg, ws=ws, out=out):
                     td.fused_decode_attention(qkv, pos, cos, sin, qn, kn, 1e-6, t, meta, H, KV, D,
                                               cfg["nsplit"], 0.0625, None, False, ws=ws, out=out,
-                                              min_rows=cfg["min_rows"], warps=cfg["warps"])
+                                              min_rows=cfg["min_rows"], warps=cfg["warps"],
+                                              block_n=cfg["block_n"])
                 try:
                     t = time_graph(call, tables)
                 except Exception as e:

@@ -22,9 +22,11 @@ order, which a restored ring reproduces (rotation rebuilt on install).
 Flash-decoding, deterministic, one launch: grid (B * KV, NSPLIT).  Split s
 covers rows [s * per, (s + 1) * per) with per = max(ceil(ceil(n / NSPLIT) /
 BLOCK_N) * BLOCK_N, MIN_PER) -- a function of n alone -- and writes its (max,
-sum, acc) partials.  The last split of a (row, KV head) to finish -- elected by a
-counter, which it resets -- combines the partials in split order, so the
-result never depends on which split that was.  No atomics touch values.
+sum, acc) partials.  Combining is two-level and in fixed order: the last split
+of each group of GROUP_SPLITS to finish -- elected by a counter, which it resets
+-- merges its group in split order; the last group to finish merges the groups
+in group order.  Which program does a merge never changes its order, so the
+result is bitwise reproducible.  No atomics touch values.
 All query heads of a KV group share one pass over the rows (tl.dot, G padded
 to 16).  The fused form computes q and the new row in every split (a few
 hundred elements) and substitutes the new row from registers where its slot
@@ -38,9 +40,10 @@ import os
 import torch
 
 TAB_COLS = 4
-RING_BLOCK_ROWS = int(os.environ.get("MUSER_RING_ROWS", "32"))   # a ring split covers ~this many rows
+RING_BLOCK_ROWS = 32          # a ring split covers ~this many rows (MUSER_RING_ROWS: experiments)
 GROWING_SPLITS = 128          # splits of a growing plane (static grid: graph capture)
-GROWING_MIN_ROWS = int(os.environ.get("MUSER_GROWING_MIN_ROWS", "32"))   # fewest rows per split
+GROUP_SPLITS = 16             # first-level merge groups (two-level combine)
+GROWING_MIN_ROWS = 32         # fewest rows per growing split (MUSER_GROWING_MIN_ROWS: experiments)
 
 
 def plane_row(plane) -> list[int]:
@@ -52,16 +55,30 @@ def plane_row(plane) -> list[int]:
     return [k.data_ptr(), v.data_ptr(), k.stride(row_dim), k.stride(head_dim)]
 
 
-def min_rows_for(growing: bool) -> int:
-    """Fewest rows a split covers (fewer active splits = less to combine at short lengths)."""
-    return GROWING_MIN_ROWS if growing else 0
+def _env_tune(name: str) -> dict:
+    """MUSER_ATTN_RING / MUSER_ATTN_GROWING = "block_n,warps" (experiments; see cuda_kernels.py)."""
+    v = os.environ.get(name)
+    if not v:
+        return {}
+    bn, w = (int(x) for x in v.split(","))
+    return {"block_n": bn, "warps": w}
+
+
+def tune_for(growing: bool) -> dict:
+    """Launch settings for a plane kind: fewest rows per split (fewer active splits = less to
+    combine at short lengths), and the tile (block_n, warps) when not the default."""
+    if growing:
+        rows = int(os.environ.get("MUSER_GROWING_MIN_ROWS", GROWING_MIN_ROWS))
+        return {"min_rows": rows, **_env_tune("MUSER_ATTN_GROWING")}
+    return _env_tune("MUSER_ATTN_RING")
 
 
 def splits_for(capacity: int, growing: bool) -> int:
     """Grid width for a plane of this capacity: static, so one graph serves every length."""
     if growing:
         return GROWING_SPLITS
-    return max(1, min(64, -(-capacity // RING_BLOCK_ROWS)))
+    rows = int(os.environ.get("MUSER_RING_ROWS", RING_BLOCK_ROWS))
+    return max(1, min(64, -(-capacity // rows)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -70,12 +87,38 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
+    def merge(MS, LS, ACC, first, stride, count, nvalid, gc, gcm, dm, cv,
+              G: tl.constexpr, D: tl.constexpr, SB: tl.constexpr, BLOCK_GC: tl.constexpr,
+              BLOCK_D: tl.constexpr):
+        """Combine partials first + i * stride, i in [0, nvalid) (< count), in that order."""
+        M = tl.full([BLOCK_GC], float("-inf"), tl.float32)
+        L = tl.zeros([BLOCK_GC], tl.float32)
+        A = tl.zeros([BLOCK_GC, BLOCK_D], tl.float32)
+        for i0 in range(0, count, SB):
+            ii = i0 + tl.arange(0, SB)
+            msk = ((ii < count) & (ii < nvalid))[:, None] & gcm[None, :]            # [SB, GC]
+            idx = (first + ii * stride)[:, None] * G + gc[None, :]
+            mm = tl.load(MS + idx, mask=msk, other=float("-inf"), cache_modifier=".cg")
+            ll = tl.load(LS + idx, mask=msk, other=0.0, cache_modifier=".cg")
+            aa = tl.load(ACC + idx[:, :, None] * D + dm[None, None, :],
+                         mask=msk[:, :, None] & cv[None, None, :], other=0.0, cache_modifier=".cg")
+            M_new = tl.maximum(M, tl.max(mm, 0))
+            w = tl.where(msk, tl.exp(mm - M_new[None, :]), 0.0)
+            alpha = tl.exp(M - M_new)
+            L = L * alpha + tl.sum(w * ll, 0)
+            A = A * alpha[:, None] + tl.sum(w[:, :, None] * aa, 0)
+            M = M_new
+        return M, L, A
+
+    globals()["_merge"] = merge          # a module global: the interpreter resolves names there
+
+    @triton.jit
     def attn_kernel(QKV, Q, POS, COS, SIN, QN, KN, TAB, META, MS, LS, ACC, CNT, O,
                     scale, softcap, eps,
                     H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                     HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_G: tl.constexpr,
                     BLOCK_GC: tl.constexpr, BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr,
-                    MIN_PER: tl.constexpr,
+                    MIN_PER: tl.constexpr, GS: tl.constexpr, NG: tl.constexpr, NROWS: tl.constexpr,
                     SB: tl.constexpr, FUSED: tl.constexpr, QK_NORM: tl.constexpr,
                     ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, SOFTCAP: tl.constexpr):
         pid = tl.program_id(0)                    # b * KV + kvh
@@ -101,21 +144,6 @@ def _kernel():
         gm = g < G
         if FUSED:
             slot = tl.load(META + b * 2)
-        else:
-            slot = -1
-        per = tl.maximum(tl.cdiv(tl.cdiv(n, NSPLIT), BLOCK_N) * BLOCK_N, MIN_PER)
-        lo = s * per
-        hi = tl.minimum(lo + per, n)
-        # this split's first tile is in flight while q and the new row are prepared
-        rows0 = lo + tl.arange(0, BLOCK_N)
-        offs0 = rows0[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
-        mask0 = ((rows0 < hi) & (rows0 != slot))[:, None] & cv[None, :]
-        k = tl.load(kp + offs0, mask=mask0, other=0.0)
-        v = tl.load(vp + offs0, mask=mask0, other=0.0)
-        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, 2 * BLOCK_H], tl.float32)
-        if FUSED:
             j = tl.arange(0, BLOCK_H)
             jm = j < HALF
             if INTERLEAVED:
@@ -170,17 +198,22 @@ def _kernel():
             tl.store(kp + off + dm, k_new, mask=smask)
             tl.store(vp + off + dm, v_new, mask=smask)
         else:
+            slot = -1
             q = tl.load(Q + (b * H + kvh * G + g)[:, None] * D + dm[None, :],
                         mask=gm[:, None] & cv[None, :], other=0.0)
+        per = tl.maximum(tl.cdiv(tl.cdiv(n, NSPLIT), BLOCK_N) * BLOCK_N, MIN_PER)
+        lo = s * per
+        hi = tl.minimum(lo + per, n)
+        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, 2 * BLOCK_H], tl.float32)
         for start in range(lo, hi, BLOCK_N):
             rows = start + tl.arange(0, BLOCK_N)
             rmask = rows < hi
-            # the next tile's loads go out before this tile's maths (latency-bound)
-            nrows = rows + BLOCK_N
-            nmask = ((nrows < hi) & (nrows != slot))[:, None] & cv[None, :]
-            noffs = nrows[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
-            k_next = tl.load(kp + noffs, mask=nmask, other=0.0)
-            v_next = tl.load(vp + noffs, mask=nmask, other=0.0)
+            offs = rows[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
+            lmask = (rmask & (rows != slot))[:, None] & cv[None, :]
+            k = tl.load(kp + offs, mask=lmask, other=0.0)
+            v = tl.load(vp + offs, mask=lmask, other=0.0)       # in flight with k (latency-bound)
             if FUSED:
                 fresh = rows == slot
                 k = tl.where(fresh[:, None], k_new[None, :], k)
@@ -195,46 +228,52 @@ def _kernel():
             l = l * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             m = m_new
-            k = k_next
-            v = v_next
         base = pid * NSPLIT + s
         live = lo < hi
         tl.store(MS + base * G + g, m, mask=gm & live)
         tl.store(LS + base * G + g, l, mask=gm & live)
         tl.store(ACC + (base * G + g)[:, None] * D + dm[None, :], acc,
                  mask=gm[:, None] & cv[None, :] & live)
-        # The last split of this (row, kv head) to finish combines all of them, in split order
-        # (so the result does not depend on which one it is).  The counter only elects it; it
-        # is back at 0 when the launch ends.  Stores, barrier, one gpu-scope acq_rel atomic:
-        # the release/acquire pattern of CUTLASS's split-K semaphore.
+        # Combine, deterministically, in two levels: the last split of each group of GS to
+        # finish merges the group (in split order) into the group's first slot; the last group
+        # to finish merges the groups (in group order) into the output.  Which program does a
+        # merge never changes its order.  Counters only elect (stores, barrier, one gpu-scope
+        # acq_rel atomic: CUTLASS's split-K semaphore pattern) and are back at 0 at the end.
+        nact = tl.cdiv(n, per)
+        gc = tl.arange(0, BLOCK_GC)
+        gcm = gc < G
+        grp = s // GS
+        g0 = grp * GS
         tl.debug_barrier()
-        ticket = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
-        if ticket == NSPLIT - 1:
-            nact = tl.cdiv(n, per)
-            gc = tl.arange(0, BLOCK_GC)
-            gcm = gc < G
-            M = tl.full([BLOCK_GC], float("-inf"), tl.float32)
-            L = tl.zeros([BLOCK_GC], tl.float32)
-            A = tl.zeros([BLOCK_GC, 2 * BLOCK_H], tl.float32)
-            for s0 in range(0, nact, SB):
-                ss = s0 + tl.arange(0, SB)
-                msk = (ss < nact)[:, None] & gcm[None, :]                  # [SB, GC]
-                idx = (pid * NSPLIT + ss)[:, None] * G + gc[None, :]
-                mm = tl.load(MS + idx, mask=msk, other=float("-inf"), cache_modifier=".cg")
-                ll = tl.load(LS + idx, mask=msk, other=0.0, cache_modifier=".cg")
-                aa = tl.load(ACC + idx[:, :, None] * D + dm[None, None, :],
-                             mask=msk[:, :, None] & cv[None, None, :], other=0.0,
-                             cache_modifier=".cg")
-                M_new = tl.maximum(M, tl.max(mm, 0))
-                w = tl.where(msk, tl.exp(mm - M_new[None, :]), 0.0)
-                alpha = tl.exp(M - M_new)
-                L = L * alpha + tl.sum(w * ll, 0)
-                A = A * alpha[:, None] + tl.sum(w[:, :, None] * aa, 0)
-                M = M_new
-            out = A / L[:, None]
-            tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
-                     out.to(O.dtype.element_ty), mask=gcm[:, None] & cv[None, :])
-            tl.store(CNT + pid, 0)
+        if NG == 1:
+            ticket = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
+        else:
+            ticket = tl.atomic_add(CNT + NROWS + pid * NG + grp, 1, sem="acq_rel", scope="gpu")
+        if ticket == tl.minimum(GS, NSPLIT - g0) - 1:
+            M, L, A = _merge(MS, LS, ACC, pid * NSPLIT + g0, 1, GS, tl.minimum(GS, nact - g0),
+                            gc, gcm, dm, cv, G, D, SB, BLOCK_GC, 2 * BLOCK_H)
+            if NG == 1:
+                tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
+                         (A / L[:, None]).to(O.dtype.element_ty), mask=gcm[:, None] & cv[None, :])
+                tl.store(CNT + pid, 0)
+            else:
+                tl.store(CNT + NROWS + pid * NG + grp, 0)
+                gl = g0 < nact
+                gb = pid * NSPLIT + g0
+                tl.debug_barrier()
+                tl.store(MS + gb * G + gc, M, mask=gcm & gl)
+                tl.store(LS + gb * G + gc, L, mask=gcm & gl)
+                tl.store(ACC + (gb * G + gc)[:, None] * D + dm[None, :], A,
+                         mask=gcm[:, None] & cv[None, :] & gl)
+                tl.debug_barrier()
+                top = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
+                if top == NG - 1:
+                    M2, L2, A2 = _merge(MS, LS, ACC, pid * NSPLIT, GS, NG, tl.cdiv(nact, GS),
+                                       gc, gcm, dm, cv, G, D, SB, BLOCK_GC, 2 * BLOCK_H)
+                    tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
+                             (A2 / L2[:, None]).to(O.dtype.element_ty),
+                             mask=gcm[:, None] & cv[None, :])
+                    tl.store(CNT + pid, 0)
 
     return attn_kernel
 
@@ -256,20 +295,26 @@ class DecodeWorkspace:
         self.ms = torch.empty(batch * kv_heads * nsplit * group, **f32)
         self.ls = torch.empty_like(self.ms)
         self.acc = torch.empty(batch * kv_heads * nsplit * group * head_dim, **f32)
-        self.cnt = torch.zeros(batch * kv_heads, dtype=torch.int32, device=device)
+        # per (row, kv head): one top counter, then one per group of GROUP_SPLITS splits
+        self.cnt = torch.zeros(batch * kv_heads * (1 + -(-nsplit // GROUP_SPLITS)),
+                               dtype=torch.int32, device=device)
 
 
 def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads, head_dim,
             nsplit, scale, softcap, interleaved, ws, out, min_rows=0, warps=None, sb=None,
-            stages=1):
+            stages=2, block_n=None):
     kern = _kernel()
     B = table.shape[0]
     G = heads // kv_heads
-    if ws is None or ws.nsplit < nsplit or ws.cnt.numel() < B * kv_heads:
+    ng = -(-nsplit // GROUP_SPLITS)
+    if ws is None or ws.nsplit < nsplit or ws.cnt.numel() < B * kv_heads * (1 + ng):
         ws = DecodeWorkspace(B, kv_heads, G, head_dim, nsplit, table.device)
     half = head_dim // 2
     block_h = _pow2(half, 8)
-    block_n = 32 if 2 * block_h >= 256 else 64
+    # (32, 4) at D = 256 and (64, 4) below: the largest tiles that compile without spilling
+    # (ptxas, sm_90; a [16, D] f32 accumulator and [block_n, D] K/V tiles in registers)
+    # (the unfused form holds q in another layout: 16 rows at D = 256)
+    block_n = block_n or ((32 if qkv is not None else 16) if 2 * block_h >= 256 else 64)
     min_per = -(-max(min_rows, block_n) // block_n) * block_n
     src = qkv if qkv is not None else q
     rope = cos is not None
@@ -280,6 +325,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         float(scale), float(softcap or 1.0), float(eps),
         H=heads, KV=kv_heads, G=G, D=head_dim, HALF=half, BLOCK_H=block_h,
         BLOCK_G=_pow2(G, 16), BLOCK_GC=_pow2(G), BLOCK_N=block_n, NSPLIT=nsplit, MIN_PER=min_per,
+        GS=GROUP_SPLITS, NG=ng, NROWS=B * kv_heads,
         SB=sb or max(2, 32 // _pow2(G)), FUSED=qkv is not None, QK_NORM=q_norm is not None,
         ROPE=rope, INTERLEAVED=bool(interleaved), SOFTCAP=softcap is not None,
         num_warps=warps or 4, num_stages=stages)
@@ -299,8 +345,7 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
     Per batch row: qk-norm (if given) and RoPE (if cos/sin) of q and k in float32, each
     rounded to the activation dtype as muser.model.transformer rounds; the k/v row stored at
     meta's slot of the row's plane; attention over the plane's n visible rows.  pos int64 [B].
-    `min_rows`: fewest rows per split (`min_rows_for`).  `tune`: warps / sb / stages, for
-    benchmarks/cuda_kernels.py.  Graph-capturable: no host reads, static grid.
+    `min_rows` and `tune` (block_n / warps / sb / stages): `tune_for(growing)`.  Graph-capturable: no host reads, static grid.
     """
     B = qkv.shape[0]
     if out is None:

@@ -23,7 +23,7 @@ import weakref
 
 import torch
 
-from ..attention.triton_decode import min_rows_for, plane_row, splits_for
+from ..attention.triton_decode import plane_row, splits_for, tune_for
 from ..errors import CacheError, RequestError
 from .cuda_step import DecodeStep, unsupported
 
@@ -89,8 +89,8 @@ class GraphRunner:
         self.group_kinds = keys
         self.growing = [i for key, m in zip(keys, self.members) if key[0] == "growing" for i in m]
         splits = [splits_for(p.capacity, p.kind == "growing") for p in probe]
-        min_rows = [min_rows_for(p.kind == "growing") for p in probe]
-        self.step = DecodeStep(engine, self.layer_group, splits, len(keys), min_rows)
+        tunes = [tune_for(p.kind == "growing") for p in probe]
+        self.step = DecodeStep(engine, self.layer_group, splits, len(keys), tunes)
         self.capture = capture
         self.entries: dict[int, _Entry] = {}
         self.pool = None

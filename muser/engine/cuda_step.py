@@ -76,13 +76,13 @@ class DecodeStep:
     """One decode step for a fixed batch size; `run(packed, tables, ws)` -> logits [B, vocab] f32."""
 
     def __init__(self, engine, layer_groups: list[int], layer_splits: list[int], n_groups: int,
-                 layer_min_rows: list[int] | None = None):
+                 layer_tunes: list[dict] | None = None):
         self.engine = engine
         self.spec = spec = engine.spec
         self.w = engine.weights
         self.fused = fuse_weights(engine.weights)
         self.groups, self.splits, self.n_groups = layer_groups, layer_splits, n_groups
-        self.min_rows = layer_min_rows or [0] * len(layer_splits)
+        self.tunes = layer_tunes or [{}] * len(layer_splits)     # triton_decode.tune_for
         dev = engine.device
         self.rope = []
         for ls in spec.layers:
@@ -136,12 +136,12 @@ class DecodeStep:
             if self.fused_attn:
                 a = fused_decode_attention(qkv, pos, cos, sin, qn, kn, eps, table, meta, H, KV, D,
                                            self.splits[i], spec.scale, spec.attn_logit_softcap,
-                                           spec.rope_interleaved, ws, min_rows=self.min_rows[i])
+                                           spec.rope_interleaved, ws, **self.tunes[i])
             else:
                 q = qk_rope_store(qkv, pos, cos, sin, qn, kn, eps, table, meta, H, KV, D,
                                   spec.rope_interleaved)
                 a = decode_attention(q, table, meta, KV, self.splits[i], spec.scale,
-                                     spec.attn_logit_softcap, ws, min_rows=self.min_rows[i])
+                                     spec.attn_logit_softcap, ws, **self.tunes[i])
             o = self._linear("o", a.view(B, H * D), lw.wo, lw.bo)
             nxt = layers[i + 1].attn_norm if i + 1 < len(layers) else w.final_norm
             if spec.parallel_block:
