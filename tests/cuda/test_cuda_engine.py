@@ -157,3 +157,13 @@ def test_kv_bytes_match_the_plan(pair):
                         2, engine.max_context)
     assert sum(p.allocated_bytes() for p in s.planes) == plan(geo, context).total_bytes
     assert all(p.keys.is_cuda for p in s.planes)
+
+
+def test_default_prefill_chunk_on_cuda():
+    """muser.load on CUDA prefills in 8k-16k-token chunks unless told otherwise (engine/defaults.py)."""
+    import muser
+    from muser.testing import tiny_model_dir
+    engine = muser.load(str(tiny_model_dir("gemma3", tokenizer=False)), device="cuda", progress=False)
+    assert engine.config.chunk_size in (8192, 16384)
+    big = torch.cuda.get_device_properties(0).total_memory >= 64 << 30
+    assert engine.config.chunk_size == (16384 if big else 8192)
