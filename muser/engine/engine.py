@@ -99,6 +99,13 @@ class Engine:
         (the int8 CPU kernel: measured, benchmarks/NOTES.md)."""
         return self.config.quant == "int8"
 
+    def compact_chunk(self, padded_rows: int) -> bool:
+        """Whether a chunk padded to `padded_rows` may run everything but attention on its real
+        rows only: true when every row-wise op takes the row-invariant int8 kernels (few rows;
+        more than DENSE_ROWS take the dense bf16 copy, which is not row-invariant)."""
+        from ..model.quantize import DENSE_ROWS
+        return self.row_invariant and padded_rows <= DENSE_ROWS
+
     def decode_runner(self):
         """The CUDA graph runner for decode steps, or None (CPU, oracle, or turned off)."""
         if not self.cuda_graphs:

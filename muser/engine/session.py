@@ -73,19 +73,22 @@ class Session:
         is later rolled back to `keep` tokens left exactly the rows a `keep`-token
         extend would have left.  Scratch rows are attended by nobody real
         (they are in the future) and never appended.  Decode (one token) is not
-        padded: it is its own shape.
+        padded: it is its own shape.  When the row-wise ops are row-invariant
+        (`engine.compact_chunk`), only the attention needs the padded shape: the
+        rest runs on the real rows and the scratch rows enter attention as zeros.
         """
         engine, spec = self.engine, self.engine.spec
         start, t = self.position, len(ids)
         t_pad = -(-t // PAD_ROWS) * PAD_ROWS if pad else t
+        rows = t if engine.compact_chunk(t_pad) else t_pad          # rows the matmuls see
         guard = Checkpoint(self.planes, start, t) if self._open is None else None
         try:
-            ids_t = torch.tensor(ids + [0] * (t_pad - t), dtype=torch.long, device=engine.device)
+            ids_t = torch.tensor(ids + [0] * (rows - t), dtype=torch.long, device=engine.device)
             positions = torch.arange(start, start + t_pad, device=engine.device)
             h = tf.embed(engine.weights, spec, ids_t)
             memo: dict = {}
             for plane, layer_spec, lw in zip(self.planes, spec.layers, engine.weights.layers):
-                h = tf.layer_forward(lw, spec, layer_spec, h, positions,
+                h = tf.layer_forward(lw, spec, layer_spec, h, positions[:rows],
                                      self._attend_fn(plane, start, positions, t), memo)
             h = h[:t] if all_logits else h[t - 1:t]
             logits = tf.logits(engine.weights, spec, tf.final_hidden(engine.weights, spec, h))
@@ -102,6 +105,12 @@ class Session:
         engine = self.engine
 
         def attend(q, k, v):                     # q [T, H, D], k/v [T, KV, D]
+            n, t_pad = q.shape[0], positions.shape[0]
+            if n < t_pad:                        # compact chunk: scratch rows enter as zeros
+                q, k, v = (torch.cat([x, x.new_zeros((t_pad - n, *x.shape[1:]))]) for x in (q, k, v))
+            return _attend(q, k, v)[:n]
+
+        def _attend(q, k, v):
             staged = stage(plane, start, k, v, real)
             mask = None
             banded = getattr(engine.attention, "banded", None)

@@ -18,6 +18,7 @@ def _ref_q8(x, q, in_scale=None):
 @pytest.mark.parametrize("n,k,m,equalize", [
     (1536, 640, 1, False), (640, 2048, 3, False), (37, 640, 5, True),   # N not a multiple of 4
     (64, 40, 2, False),                                                 # K % 16 != 0: portable path
+    (64, 48, 5, True),                                                  # K % 32 != 0: the f32 FMA form
     (256, 1024, 16, True),
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
