@@ -20,6 +20,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="ring", choices=["ring", "oracle"])
     p.add_argument("--quant", default=None, help="CPU weight path: none | int8 (default: fastest accurate)")
     p.add_argument("--max-context", type=int, default=None)
+    p.add_argument("--chunk-size", type=int, default=None,
+                   help="prefill chunk in tokens (default: 512 on CPU, 8k-16k on CUDA by GPU memory); "
+                        "a server with many users may want smaller chunks, so decode steps are not held up")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -34,7 +37,7 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
 def load_engine(args):
     from .engine.loader import load
     return load(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
-                max_context=args.max_context, quant=args.quant)
+                max_context=args.max_context, quant=args.quant, chunk_size=args.chunk_size)
 
 
 def read_key(key_file: str | None) -> bytes | None:
@@ -171,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, required=True)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--max-context", type=int, default=None)
+    p.add_argument("--chunk-size", type=int, default=None,
+                   help="prefill chunk in tokens (default: 512 on CPU, 8k-16k on CUDA by GPU memory); "
+                        "a server with many users may want smaller chunks, so decode steps are not held up")
     p.add_argument("--plot", default=None, help="draw both cost curves to this PNG")
     p.set_defaults(func=cmd_cache_plan)
 

@@ -72,3 +72,12 @@ def test_chat_keeps_its_cache_between_turns():
     assert turns[0][1] == 0
     for (prev_len, _), (length, reused) in zip(turns, turns[1:]):
         assert prev_len - 1 <= reused < length       # everything up to the last reply is reused
+
+
+def test_chunk_size_option_reaches_the_engine():
+    from muser.cli import build_parser, load_engine
+    path = str(tiny_model_dir("gemma3", window=4))
+    args = build_parser().parse_args(["generate", "hi", "--model", path, "--chunk-size", "7"])
+    assert load_engine(args).config.chunk_size == 7
+    r = muser("generate", "hi", "--model", path, "--chunk-size", "0")
+    assert r.returncode != 0 and "chunk" in r.stderr and "Traceback" not in r.stderr

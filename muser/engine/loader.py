@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from ..config import EngineConfig
-from ..errors import ModelFormatError
+from ..errors import ModelFormatError, RequestError
 from .engine import DTYPES, Engine
 
 DEFAULT_MODEL = "gemma3-270m"
@@ -78,6 +78,8 @@ def load(name_or_path: str | os.PathLike = DEFAULT_MODEL, device: str = "cpu", d
     (engine/defaults.py: CPU ring -> bfloat16 activations + int8 weights; CUDA -> bfloat16;
     the oracle -> float32); chunk_size to the device's prefill chunk (CPU 512, CUDA 8k-16k)."""
     from .defaults import default_chunk_size, default_dtype, default_quant
+    if chunk_size is not None and chunk_size < 1:
+        raise RequestError(f"chunk_size must be >= 1 token, got {chunk_size}")
     chunk_size = chunk_size or default_chunk_size(device)
     dtype = dtype or default_dtype(device, backend)
     quant = quant or default_quant(device, dtype, backend)

@@ -156,7 +156,7 @@ def test_masked_chunk_attention_on_cpu_equals_the_reference_and_ignores_threads_
     from muser.attention import select_attention
     from muser.attention.reference import visibility_mask
     g = torch.Generator().manual_seed(1)
-    t, s = 16, 40
+    t, s = 80, 120                                          # a prefill-sized chunk (> FUSED_MIN_ROWS)
     q = torch.randn(t, 4, 32, generator=g).to(dtype)
     k, v = torch.randn(s, 2, 32, generator=g).to(dtype), torch.randn(s, 2, 32, generator=g).to(dtype)
     mask = visibility_mask(torch.arange(s - t, s), torch.arange(s), window)
