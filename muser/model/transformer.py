@@ -13,7 +13,10 @@ Dtypes: matmuls run in the weights' dtype; norms, RoPE and the logits run in
 float32 (the numerics need it), each casting back to the activation dtype.
 On CPU, RMS norms and qk-norm + RoPE go through one native kernel each
 (`native.norm_rope`, same maths in one pass: the eager version is a dozen tiny
-ops per call) when it could be built; other devices and LayerNorm stay eager.
+ops per call) when it could be built; LayerNorm stays eager.  On CUDA, norms,
+residual add (+ norm), qk-norm + RoPE and act * up go through Triton row
+kernels (`triton_rows`, one pass each over a chunk's rows; MUSER_ROWS=eager
+turns them off).  Other devices stay eager.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from muser.config import LayerSpec, ModelSpec
-from muser.model import native
+from muser.model import native, triton_rows
 from muser.model.weights import LayerWeights, Weights
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -104,10 +107,18 @@ def _native(x: torch.Tensor, spec: ModelSpec) -> bool:
             and native.available())
 
 
+def _fused(x: torch.Tensor, *others: torch.Tensor | None) -> bool:
+    """CUDA tensors of one dtype: the Triton row kernels (`triton_rows`)."""
+    return (x.is_cuda and x.dtype in triton_rows.DTYPES and triton_rows.enabled()
+            and all(o is None or o.dtype == x.dtype for o in others))
+
+
 def norm(x: torch.Tensor, w: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
     """RMS norm or (bias-free) layer norm over the last dim, in float32; w is effective."""
     if _native(x, spec):
         return native.norm_rope(x, w, spec.norm_eps)
+    if _fused(x):
+        return triton_rows.norm(x, w, spec.norm_eps, spec.norm != "rms")
     xf = x.float()
     if spec.norm == "rms":
         out = F.rms_norm(xf, (xf.shape[-1],), w, spec.norm_eps)
@@ -122,6 +133,9 @@ def norm_rope(x: torch.Tensor, w: torch.Tensor | None, spec: ModelSpec, cos, sin
         return x
     if _native(x, spec):
         return native.norm_rope(x, w, spec.norm_eps, cos, sin, spec.rope_interleaved)
+    if _fused(x) and x.shape[-1] % 2 == 0:
+        return triton_rows.norm_rope(x, w, spec.norm_eps, spec.norm != "rms", cos, sin,
+                                     spec.rope_interleaved)
     if w is not None:
         x = norm(x, w, spec)
     return x if cos is None else apply_rope(x, cos, sin, spec.rope_interleaved)
@@ -131,11 +145,30 @@ def _act(x: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
     return F.gelu(x, approximate="tanh") if spec.activation == "gelu_tanh" else F.silu(x)
 
 
+def act_mul(gate: torch.Tensor, up: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
+    if _fused(gate, up) and gate.dim() == 2:
+        return triton_rows.act_mul(gate, up, spec.activation == "gelu_tanh")
+    return _act(gate, spec) * up
+
+
 def mlp(lw: LayerWeights, spec: ModelSpec, x: torch.Tensor) -> torch.Tensor:
     if lw.w_gate_up is not None:
         gate, up = linear(x, lw.w_gate_up).chunk(2, dim=-1)
-        return linear(_act(gate, spec) * up, lw.w_down)
-    return linear(_act(linear(x, lw.w_gate), spec) * linear(x, lw.w_up), lw.w_down)
+        return linear(act_mul(gate, up, spec), lw.w_down)
+    return linear(act_mul(linear(x, lw.w_gate), linear(x, lw.w_up), spec), lw.w_down)
+
+
+def residual(h: torch.Tensor, d: torch.Tensor, spec: ModelSpec, w_post: torch.Tensor | None = None,
+             w_next: torch.Tensor | None = None, d2: torch.Tensor | None = None):
+    """h' = h + norm(d, w_post) (d as is without w_post) [+ d2]; returns (h', norm(h', w_next) or None)."""
+    if _fused(h, d, d2) and h.dim() == 2:
+        return triton_rows.residual(h, d, spec.norm_eps, spec.norm != "rms", w_post, w_next, d2)
+    if w_post is not None:
+        d = norm(d, w_post, spec)
+    h = h + d
+    if d2 is not None:
+        h = h + d2
+    return h, (None if w_next is None else norm(h, w_next, spec))
 
 
 # ----------------------------------------------------------------------------- model
@@ -172,15 +205,11 @@ def layer_forward(lw: LayerWeights, spec: ModelSpec, ls: LayerSpec, h: torch.Ten
     a = attend(q, k, v)                                            # [T, H, D]
     o = linear(a.reshape(T, H * D).to(h.dtype), lw.wo, lw.bo)    # [T, hidden]
     if spec.parallel_block:                                        # Cohere: both read the same x
-        return h + o + mlp(lw, spec, x)
-    if spec.sandwich_norm:
-        o = norm(o, lw.post_attn_norm, spec)
-    h = h + o
-    x = norm(h, lw.pre_ffn_norm, spec)
+        return residual(h, o, spec, d2=mlp(lw, spec, x))[0]
+    sandwich = spec.sandwich_norm                                  # Gemma: norm o and m first
+    h, x = residual(h, o, spec, lw.post_attn_norm if sandwich else None, lw.pre_ffn_norm)
     m = mlp(lw, spec, x)
-    if spec.sandwich_norm:
-        m = norm(m, lw.post_ffn_norm, spec)
-    return h + m
+    return residual(h, m, spec, lw.post_ffn_norm if sandwich else None)[0]
 
 
 def final_hidden(weights: Weights, spec: ModelSpec, h: torch.Tensor) -> torch.Tensor:

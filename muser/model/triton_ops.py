@@ -1,7 +1,8 @@
 """Fused element-wise pieces of one decode step on CUDA (Triton), one launch each.
 
 Owns: `add_norm` (residual add(s), optional sandwich norm of the delta, the
-next norm), `qk_rope_store` (qk-norm + RoPE of q and k, and the store of the
+next norm; rows of any count, so prefill chunks use it too, via
+`muser.model.triton_rows`), `qk_rope_store` (qk-norm + RoPE of q and k, and the store of the
 new k/v row straight into each batch row's plane through a plane table) and
 `act_mul` (gelu-tanh / silu gate times up).  Does not own: matmuls (cuBLAS
 through F.linear), attention (muser.attention.triton_decode) or plane
@@ -34,8 +35,9 @@ def _kernels():
     @triton.jit
     def add_norm_kernel(H, D1, D2, W_POST, W_NEXT, H_OUT, X_OUT, eps,
                         N: tl.constexpr, BLOCK: tl.constexpr, HAS_D1: tl.constexpr,
-                        HAS_D2: tl.constexpr, POST: tl.constexpr, LAYERNORM: tl.constexpr):
-        row = tl.program_id(0)
+                        HAS_D2: tl.constexpr, POST: tl.constexpr, LAYERNORM: tl.constexpr,
+                        NEXT: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)        # chunks: rows x N can pass 2**31
         i = tl.arange(0, BLOCK)
         mask = i < N
         h = tl.load(H + row * N + i, mask=mask, other=0.0)
@@ -54,14 +56,15 @@ def _kernels():
                 d2 = tl.load(D2 + row * N + i, mask=mask, other=0.0).to(tl.float32)
                 h = (h.to(tl.float32) + d2).to(h.dtype)
             tl.store(H_OUT + row * N + i, h, mask=mask)
-        wn = tl.load(W_NEXT + i, mask=mask, other=0.0)
-        x = h.to(tl.float32)
-        if LAYERNORM:
-            xc = tl.where(mask, x - tl.sum(x, 0) / N, 0.0)
-            x = xc * tl.rsqrt(tl.sum(xc * xc, 0) / N + eps) * wn
-        else:
-            x = x * tl.rsqrt(tl.sum(x * x, 0) / N + eps) * wn
-        tl.store(X_OUT + row * N + i, x.to(h.dtype), mask=mask)
+        if NEXT:
+            wn = tl.load(W_NEXT + i, mask=mask, other=0.0)
+            x = h.to(tl.float32)
+            if LAYERNORM:
+                xc = tl.where(mask, x - tl.sum(x, 0) / N, 0.0)
+                x = xc * tl.rsqrt(tl.sum(xc * xc, 0) / N + eps) * wn
+            else:
+                x = x * tl.rsqrt(tl.sum(x * x, 0) / N + eps) * wn
+            tl.store(X_OUT + row * N + i, x.to(h.dtype), mask=mask)
 
     @triton.jit
     def qk_rope_store_kernel(QKV, POS, COS, SIN, QN, KN, TAB, META, Q_OUT, eps,
@@ -170,23 +173,29 @@ def _kernels():
     return add_norm_kernel, qk_rope_store_kernel, act_mul_kernel, gemv_kernel
 
 
-def add_norm(h: torch.Tensor, w_next: torch.Tensor, eps: float, layernorm: bool,
+def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm: bool,
              d1: torch.Tensor | None = None, d2: torch.Tensor | None = None,
              w_post: torch.Tensor | None = None, h_out: torch.Tensor | None = None,
              x_out: torch.Tensor | None = None):
-    """h' = h + norm?(d1) [+ d2]; x = norm(h', w_next).  Returns (h', x); rows [B, N].
+    """h' = h + norm?(d1) [+ d2]; x = norm(h', w_next).  Returns (h', x); contiguous rows [B, N],
+    any B (the decode step's batch, or a prefill chunk's rows: `triton_rows`).
 
-    With d1 None, h' is h and only the norm runs (the first layer's input norm).
+    With d1 None, h' is h and only the norm runs (the first layer's input norm); with w_next
+    None, only h' is computed and x is None.
     """
     kern = _kernels()[0]
     B, N = h.shape
     h_out = h if d1 is None else (h_out if h_out is not None else torch.empty_like(h))
-    x_out = x_out if x_out is not None else torch.empty_like(h)
+    if w_next is not None:
+        x_out = x_out if x_out is not None else torch.empty_like(h)
+    w_any = w_next if w_next is not None else (w_post if w_post is not None else h)
     kern[(B,)](h, d1 if d1 is not None else h, d2 if d2 is not None else h,
-               w_post if w_post is not None else w_next, w_next, h_out, x_out, float(eps),
+               w_post if w_post is not None else w_any, w_any, h_out,
+               x_out if w_next is not None else h_out, float(eps),
                N=N, BLOCK=_pow2(N), HAS_D1=d1 is not None, HAS_D2=d2 is not None,
-               POST=w_post is not None, LAYERNORM=layernorm, num_warps=8 if N >= 2048 else 4)
-    return h_out, x_out
+               POST=w_post is not None, LAYERNORM=layernorm, NEXT=w_next is not None,
+               num_warps=8 if N >= 2048 else 4)
+    return h_out, (x_out if w_next is not None else None)
 
 
 def qk_rope_store(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor | None,

@@ -14,6 +14,12 @@ from cudautil import needs_kernels, rel
 pytestmark = needs_kernels
 
 
+@pytest.fixture(autouse=True)
+def eager_reference(monkeypatch):
+    """tf.norm as the plain-torch maths (on CUDA it would run triton_rows)."""
+    monkeypatch.setenv("MUSER_ROWS", "eager")
+
+
 def filled(kind, n, kv, d, dtype, dev, cap=None, chunk=7, seed=0):
     g = torch.Generator().manual_seed(seed)
     p = (RingPlane(0, cap, 1 << 20, kv, d, dtype, dev) if kind == "ring"

@@ -13,6 +13,12 @@ from cudautil import needs_kernels, rel
 pytestmark = needs_kernels
 
 
+@pytest.fixture(autouse=True)
+def eager_reference(monkeypatch):
+    """tf.norm / tf.norm_rope as the plain-torch maths (on CUDA they would run triton_rows)."""
+    monkeypatch.setenv("MUSER_ROWS", "eager")
+
+
 @pytest.mark.parametrize("layernorm", [False, True])
 @pytest.mark.parametrize("mode", ["first", "sandwich", "plain", "parallel"])
 def test_add_norm(dev, kdtype, layernorm, mode):
