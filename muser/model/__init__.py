@@ -8,6 +8,10 @@
     safetensors_loader.py load_hf_dir
     tokenizer.py          Tokenizer, StreamDecoder, load_tokenizer, require_tokenizer
     transformer.py        embed / layer_forward(attend callback) / final_hidden / logits, RoPE tables
+    quant.py, quantize.py int8 weights and FastLinear (the CPU fast path)
+    native.py + csrc/     CPU kernels in C (int8 GEMV, norm + RoPE, decode attention), built on first use
+    triton_ops.py         CUDA decode-step kernels (GEMV, add + norm, ...)
+    triton_rows.py        CUDA row kernels for prefill chunks (norm, residual + norm, qk-norm + RoPE, act * up)
 
 Submodules are imported on demand (transformers and gguf are heavy), so this
 package file imports nothing.
