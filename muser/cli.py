@@ -174,9 +174,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, required=True)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--max-context", type=int, default=None)
-    p.add_argument("--chunk-size", type=int, default=None,
-                   help="prefill chunk in tokens (default: 512 on CPU, 8k-16k on CUDA by GPU memory); "
-                        "a server with many users may want smaller chunks, so decode steps are not held up")
     p.add_argument("--plot", default=None, help="draw both cost curves to this PNG")
     p.set_defaults(func=cmd_cache_plan)
 
