@@ -49,8 +49,9 @@ def _all_visible(q, k, v, scale, softcap=None):
     """The reference arithmetic when every key is visible (a decode step): no mask to
     build or apply.  q [T, H, D], k/v [S, KV, D] -> [T, H, D].  On CPU one native
     call (muser.model.native, tested against this eager version) when it applies."""
-    if native.attend_supported(q, k, v):
-        return native.attend_visible(q, k, v, scale, softcap)
+    out = native.try_attend_visible(q, k, v, scale, softcap)
+    if out is not None:
+        return out
     T, H, D = q.shape
     KV = k.shape[1]
     qf = q.float().reshape(T, KV, H // KV, D).permute(1, 2, 0, 3)          # [KV, G, T, D]

@@ -3,7 +3,7 @@
 Owns: compiling `csrc/*.c` into a shared library cached under
 ~/.cache/muser/native (keyed by the source, the compiler and the CPU flags, so
 a changed file or another machine gets its own build), loading it, and thin
-tensor wrappers (`q8_linear`, `norm_rope`, `attend_visible`).  Does not own: when a kernel is used
+tensor wrappers (`q8_linear`, `norm_rope`, `attend_visible` / `try_attend_visible`).  Does not own: when a kernel is used
 (quantize.FastLinear decides) or the kernels' maths (documented in the C file).
 
 Why ctypes and not a torch extension: the build needs only `cc` (about a
@@ -206,30 +206,40 @@ def norm_rope(x: torch.Tensor, w: torch.Tensor | None, eps: float, cos: torch.Te
 
 def attend_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether `attend_visible` takes these operands as they are (no copy)."""
-    return (q.dtype in (torch.float32, torch.bfloat16) and k.dtype == v.dtype
-            and k.dtype in (torch.float32, torch.bfloat16) and k.stride() == v.stride()
-            and k.stride(2) == 1 and q.shape[-1] % 16 == 0 and q.shape[-1] <= 1024
+    return (q.dtype in _FLOATS and k.dtype == v.dtype and k.dtype in _FLOATS
+            and k.stride() == v.stride() and k.stride(2) == 1
+            and q.shape[-1] % 16 == 0 and q.shape[-1] <= 1024
             and q.shape[1] % k.shape[1] == 0 and q.shape[1] // k.shape[1] <= 16
             and q.device.type == "cpu" and k.device.type == "cpu" and library() is not None)
+
+
+def try_attend_visible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                       softcap: float | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+    """`attend_visible`, or None when the operands are not supported (checked once: the
+    decode step's attention asks this 18 times a token)."""
+    if not attend_supported(q, k, v):
+        return None
+    t, h, d = q.shape
+    s, kv, _ = k.shape
+    q = q.contiguous()
+    out = torch.empty((t, h, d), dtype=q.dtype)
+    rc = _lib(lib).muser_attend_visible(
+        q.data_ptr(), q.dtype is torch.bfloat16, t, h, d, k.data_ptr(), v.data_ptr(),
+        k.dtype is torch.bfloat16, s, kv, k.stride(0), k.stride(1), float(scale),
+        float(softcap or 0.0), out.data_ptr(), q.dtype is torch.bfloat16, torch.get_num_threads())
+    if rc == -2:
+        raise MemoryError(f"attend_visible: could not allocate {s} scores")
+    if rc != 0:
+        raise ValueError(f"attend_visible: unsupported shape q {tuple(q.shape)} k {tuple(k.shape)}")
+    return out
 
 
 def attend_visible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                    softcap: float | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """Attention with every key visible.  q [T, H, D], k/v [S, KV, D] (any strides with the
     head dim contiguous and k, v laid out alike) -> [T, H, D] in q's dtype (float32 maths)."""
-    if not attend_supported(q, k, v):
+    out = try_attend_visible(q, k, v, scale, softcap, lib)
+    if out is None:
         raise ValueError(f"attend_visible: unsupported operands q {q.dtype} {tuple(q.shape)}, "
                          f"k {k.dtype} {tuple(k.shape)} strides {k.stride()}, v strides {v.stride()}")
-    t, h, d = q.shape
-    s, kv, _ = k.shape
-    q = q.contiguous()
-    out = torch.empty((t, h, d), dtype=q.dtype)
-    rc = _lib(lib).muser_attend_visible(
-        q.data_ptr(), int(q.dtype == torch.bfloat16), t, h, d, k.data_ptr(), v.data_ptr(),
-        int(k.dtype == torch.bfloat16), s, kv, k.stride(0), k.stride(1), float(scale),
-        float(softcap or 0.0), out.data_ptr(), int(q.dtype == torch.bfloat16), torch.get_num_threads())
-    if rc == -2:
-        raise MemoryError(f"attend_visible: could not allocate {s} scores")
-    if rc != 0:
-        raise ValueError(f"attend_visible: unsupported shape q {tuple(q.shape)} k {tuple(k.shape)}")
     return out
