@@ -1,6 +1,5 @@
 """The HTTP server on a CUDA engine: the graph runner behind the scheduler's batched decode,
 with the real `openai` client.  Skips without a GPU (and without the server's packages)."""
-import asyncio
 import os
 import sys
 
@@ -12,11 +11,11 @@ pytest.importorskip("openai")
 pytestmark = needs_gpu
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "server"))
+from server_harness import chat_burst, serve  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def served():
-    from server_harness import serve
     from muser.testing import tiny_model
     engine = tiny_model(device="cuda", dtype="bfloat16", window=4)
     with serve(engine, model_id="tiny", slots=4, output_reserve=32) as srv:
@@ -44,28 +43,7 @@ def test_eight_clients_at_once_all_complete_and_batch_on_the_gpu(served):
     assert runner is not None                       # the scheduler's decode goes through CUDA graphs
     replays = runner.stats["replays"]
 
-    async def one(ac, i):
-        if i % 2:
-            text, n = "", 0
-            async for ch in await ac.chat.completions.create(
-                    model="tiny", messages=ask(i), max_tokens=10, temperature=0, stream=True,
-                    stream_options={"include_usage": True}):
-                if ch.choices:
-                    text += ch.choices[0].delta.content or ""
-                if ch.usage:
-                    n = ch.usage.completion_tokens
-            return text, n
-        r = await ac.chat.completions.create(model="tiny", messages=ask(i), max_tokens=10, temperature=0)
-        return r.choices[0].message.content, r.usage.completion_tokens
-
-    async def burst():
-        ac = served.async_client()
-        try:
-            return await asyncio.gather(*(one(ac, i) for i in range(8)))
-        finally:
-            await ac.close()
-
-    results = asyncio.run(burst())
+    results = chat_burst(served, [(ask(i), 10) for i in range(8)])
     assert len(results) == 8
     assert all(1 <= n <= 10 for _, n in results)
     served.wait_idle()

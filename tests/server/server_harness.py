@@ -1,6 +1,7 @@
 """A real uvicorn server on 127.0.0.1 (random free port) in a thread, for black-box tests."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
@@ -63,3 +64,33 @@ def serve(engine, **config):
         server.should_exit = True
         thread.join(15)
         sock.close()
+
+
+async def chat_once(ac, messages: list[dict], max_tokens: int, stream: bool) -> tuple[str, int]:
+    """One greedy chat completion through an async openai client: (text, completion_tokens)."""
+    if not stream:
+        r = await ac.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens,
+                                             temperature=0)
+        return r.choices[0].message.content, r.usage.completion_tokens
+    text, n = "", 0
+    async for ch in await ac.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens,
+                                                     temperature=0, stream=True,
+                                                     stream_options={"include_usage": True}):
+        if ch.choices:
+            text += ch.choices[0].delta.content or ""
+        if ch.usage:
+            n = ch.usage.completion_tokens
+    return text, n
+
+
+def chat_burst(srv: Running, requests: list[tuple[list[dict], int]]) -> list[tuple[str, int]]:
+    """Send every (messages, max_tokens) at once from one async client, odd ones streamed;
+    results in request order."""
+    async def burst():
+        ac = srv.async_client()
+        try:
+            return await asyncio.gather(*(chat_once(ac, m, n, stream=bool(i % 2))
+                                          for i, (m, n) in enumerate(requests)))
+        finally:
+            await ac.close()
+    return asyncio.run(burst())

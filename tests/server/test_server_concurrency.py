@@ -7,7 +7,7 @@ import time
 
 import openai
 
-from server_harness import serve
+from server_harness import chat_burst, serve
 
 WORDS = "the quick brown fox jumps over the lazy dog hybrid attention ring growing".split()
 
@@ -29,28 +29,6 @@ def test_16_clients_on_4_slots_match_served_alone(tiny):
         srv.state.scheduler.eos = set(srv.state.engine.spec.eos_token_ids) | set(
             srv.state.engine.tokenizer.eos_token_ids)
 
-        async def one(ac, i):
-            if i % 2:                       # half stream, half do not
-                text, n = "", 0
-                async for ch in await ac.chat.completions.create(
-                        model="tiny", messages=prompt(i), max_tokens=3 + i % 4, temperature=0,
-                        stream=True, stream_options={"include_usage": True}):
-                    if ch.choices:
-                        text += ch.choices[0].delta.content or ""
-                    if ch.usage:
-                        n = ch.usage.completion_tokens
-                return text, n
-            r = await ac.chat.completions.create(model="tiny", messages=prompt(i),
-                                                 max_tokens=3 + i % 4, temperature=0)
-            return r.choices[0].message.content, r.usage.completion_tokens
-
-        async def burst():
-            ac = srv.async_client()
-            try:
-                return await asyncio.gather(*(one(ac, i) for i in range(16)))
-            finally:
-                await ac.close()
-
         seen_busy = []
         stop = threading.Event()
 
@@ -61,7 +39,7 @@ def test_16_clients_on_4_slots_match_served_alone(tiny):
         t = threading.Thread(target=watch)
         t.start()
         try:
-            together = asyncio.run(burst())
+            together = chat_burst(srv, [(prompt(i), 3 + i % 4) for i in range(16)])
         finally:
             stop.set()
             t.join()
