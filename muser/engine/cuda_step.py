@@ -11,13 +11,17 @@ Does not own: plane bookkeeping, plane tables or graph capture
 (cuda_graph.py), the kernels (muser.model.triton_ops,
 muser.attention.triton_decode).
 
-Batch 1: every projection but the head through `triton_ops.gemv` (whole
-weight tiles in flight per program; gate/up with act*mul fused in); larger
-batches and the head through cuBLAS (benchmarks/NOTES.md, CUDA, has the
-measurements).  Experiment switches, read at construction so every replay of
-an engine uses the same kernels: MUSER_GEMV=none (cuBLAS for all) | small
-(q/k/v, o, down only) | all (default); MUSER_ATTN=separate (qk_rope_store +
-attention as two launches) | fused (default).
+Every projection and the head, for any batch size, go through
+`triton_ops.gemv` (whole weight tiles in flight per program, reused for each
+row; gate/up with act*mul fused in): its launch depends on the weight's shape
+only and each row takes the same reduction, so a session's logits and K/V rows
+are bitwise the same whether it is decoded alone or beside 15 others (cuBLAS
+picks its kernel by the row count, so it is batch-variant; benchmarks/NOTES.md,
+CUDA, has the measurements).  Experiment switches, read at construction so
+every replay of an engine uses the same kernels: MUSER_GEMV=none (cuBLAS for
+all: fast at large batches, NOT batch-invariant) | small (q/k/v, o, down only)
+| all (default); MUSER_ATTN=separate (qk_rope_store + attention as two
+launches) | fused (default).
 
 Inputs live in device tensors so the step can be captured once and replayed:
 `packed` int64 = [ids (B) | positions (B) | per plane group: (slot, n) x B],
@@ -96,7 +100,7 @@ class DecodeStep:
         self.layernorm = spec.norm != "rms"
         mode = os.environ.get("MUSER_GEMV", "all")
         self.gemv_for = {"none": (), "small": ("qkv", "o", "down"),
-                         "all": ("qkv", "o", "down", "gu")}[mode]
+                         "all": ("qkv", "o", "down", "gu", "head")}[mode]
         self.gelu = spec.activation == "gelu_tanh"
         self.fused_attn = os.environ.get("MUSER_ATTN", "fused") != "separate"
 
@@ -106,12 +110,12 @@ class DecodeStep:
                                max(self.splits), self.engine.device)
 
     def _linear(self, what, x, w, b=None):
-        if x.shape[0] == 1 and b is None and what in self.gemv_for and w.is_contiguous():
-            return gemv(x, w)
+        if what in self.gemv_for and w.is_contiguous():
+            return gemv(x, w, bias=b)
         return F.linear(x, w, b)
 
     def _mlp(self, lw, fz, x):
-        if x.shape[0] == 1 and "gu" in self.gemv_for:
+        if "gu" in self.gemv_for:
             a = gemv(x, fz["wgu"], glu=True, gelu=self.gelu)         # act*mul fused in
         else:
             a = act_mul(F.linear(x, fz["wgu"]), self.gelu)
@@ -152,4 +156,6 @@ class DecodeStep:
             m = self._mlp(lw, fz, x)
             post_ffn = lw.post_ffn_norm if spec.sandwich_norm else None
             h, x = add_norm(h, nxt, eps, self.layernorm, d1=m, w_post=post_ffn)
+        if "head" in self.gemv_for and w.output.is_contiguous():
+            return tf.finish_logits(gemv(x, w.output), spec)
         return tf.logits(w, spec, x)

@@ -218,7 +218,12 @@ def final_hidden(weights: Weights, spec: ModelSpec, h: torch.Tensor) -> torch.Te
 
 def logits(weights: Weights, spec: ModelSpec, h_normed: torch.Tensor) -> torch.Tensor:
     """h_normed [T, hidden] -> float32 [T, vocab], logit scale and final soft-cap applied."""
-    out = linear(h_normed, weights.output).float()
+    return finish_logits(linear(h_normed, weights.output), spec)
+
+
+def finish_logits(raw: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
+    """The head's output [T, vocab] -> float32 logits: logit scale, then the final soft-cap."""
+    out = raw.float()
     if spec.logit_scale != 1.0:
         out = out * spec.logit_scale
     if spec.final_logit_softcap:

@@ -2,9 +2,10 @@
 
 Owns: `add_norm` (residual add(s), optional sandwich norm of the delta, the
 next norm; rows of any count, so prefill chunks use it too, via
-`muser.model.triton_rows`), `qk_rope_store` (qk-norm + RoPE of q and k, and the store of the
+`muser.model.triton_rows`), `gemv` (the decode step's projections and head for 1..B rows,
+batch-invariant: row b of a batch is bitwise the row computed alone), `qk_rope_store` (qk-norm + RoPE of q and k, and the store of the
 new k/v row straight into each batch row's plane through a plane table) and
-`act_mul` (gelu-tanh / silu gate times up).  Does not own: matmuls (cuBLAS
+`act_mul` (gelu-tanh / silu gate times up).  Does not own: prefill matmuls (cuBLAS
 through F.linear), attention (muser.attention.triton_decode) or plane
 bookkeeping.
 
@@ -143,10 +144,14 @@ def _kernels():
         tl.store(OUT + b * I + i, out.to(g.dtype), mask=mask)
 
     @triton.jit
-    def gemv_kernel(X, W, Y, N, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    GLU: tl.constexpr, GELU: tl.constexpr):
-        # The whole [BLOCK_N, K] tile is loaded at once (K padded to a power of 2, masked):
-        # every load of a program is in flight together -- batch-1 GEMV is latency-bound.
+    def gemv_kernel(X, W, BIAS, Y, B, N, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, GLU: tl.constexpr, GELU: tl.constexpr,
+                    HAS_BIAS: tl.constexpr):
+        # The whole [BLOCK_N, K] tile is loaded once (K padded to a power of 2, masked): every
+        # load of a program is in flight together -- a few-row GEMV is latency-bound.  Then the
+        # tile serves each of the B rows in turn with the SAME reduction (one tl.sum over the
+        # same layout): row b's bits do not depend on B -- a session decoded in a batch equals
+        # the session decoded alone ("one arithmetic per token", docs/exactness.md).
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rmask = rows < N
         ks = tl.arange(0, BLOCK_K)
@@ -156,19 +161,24 @@ def _kernels():
         w = tl.load(wp, mask=m2, other=0.0)
         if GLU:
             wu = tl.load(wp + N * K, mask=m2, other=0.0)        # the up row of each gate row
-        xv = tl.load(X + ks, mask=kmask, other=0.0)
-        x = xv.to(tl.float32)
-        y = tl.sum(w.to(tl.float32) * x[None, :], 1)
-        if GLU:      # act(gate) * up, rounded where torch rounds (each product, then the act)
-            u = tl.sum(wu.to(tl.float32) * x[None, :], 1).to(xv.dtype).to(tl.float32)
-            gf = y.to(xv.dtype).to(tl.float32)
-            if GELU:
-                t = 0.7978845608028654 * (gf + 0.044715 * gf * gf * gf)
-                a = 0.5 * gf * (1.0 + (2.0 * tl.sigmoid(2.0 * t) - 1.0))
-            else:
-                a = gf * tl.sigmoid(gf)
-            y = a.to(xv.dtype).to(tl.float32) * u
-        tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=rmask)
+        if HAS_BIAS:
+            bias = tl.load(BIAS + rows, mask=rmask, other=0.0).to(tl.float32)
+        for b in range(B):
+            xv = tl.load(X + b * K + ks, mask=kmask, other=0.0)
+            x = xv.to(tl.float32)
+            y = tl.sum(w.to(tl.float32) * x[None, :], 1)
+            if HAS_BIAS:
+                y = y + bias
+            if GLU:      # act(gate) * up, rounded where torch rounds (each product, then the act)
+                u = tl.sum(wu.to(tl.float32) * x[None, :], 1).to(xv.dtype).to(tl.float32)
+                gf = y.to(xv.dtype).to(tl.float32)
+                if GELU:
+                    t = 0.7978845608028654 * (gf + 0.044715 * gf * gf * gf)
+                    a = 0.5 * gf * (1.0 + (2.0 * tl.sigmoid(2.0 * t) - 1.0))
+                else:
+                    a = gf * tl.sigmoid(gf)
+                y = a.to(xv.dtype).to(tl.float32) * u
+            tl.store(Y + b.to(tl.int64) * N + rows, y.to(Y.dtype.element_ty), mask=rmask)
 
     return add_norm_kernel, qk_rope_store_kernel, act_mul_kernel, gemv_kernel
 
@@ -259,18 +269,23 @@ def gemv_config(n: int, k: int, glu: bool = False) -> tuple[int, int]:
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, glu: bool = False,
-         gelu: bool = False, block_n: int | None = None, warps: int | None = None) -> torch.Tensor:
-    """x [1, K] @ w[N, K].T -> [1, N] for one token; with glu, w is gate|up [2I, K] and the
-    result act(x @ gate.T) * (x @ up.T) [1, I] (act_mul fused in).  Each program loads its
-    whole [rows, K] tile at once (many loads in flight: the batch-1 product is latency-bound).
-    Fixed float32 reduction order per output: deterministic."""
+         gelu: bool = False, block_n: int | None = None, warps: int | None = None,
+         bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [B, K] @ w[N, K].T (+ bias) -> [B, N] for B decode rows; with glu, w is gate|up [2I, K]
+    and the result act(x @ gate.T) * (x @ up.T) [B, I] (act_mul fused in).  Each program loads
+    its whole [rows, K] tile once (many loads in flight: the few-row product is latency-bound)
+    and reuses it for every row.  The launch configuration depends on (N, K) only and every row
+    takes the same float32 reduction: row b of a B-row call is bitwise the 1-row call on it."""
     kern = _kernels()[3]
     n, k = w.shape
     if glu:
         n //= 2
+    x = x.contiguous()
+    B = x.shape[0]
     bn, nw = gemv_config(n, k, glu)
     bn, nw = block_n or bn, warps or nw
-    out = out if out is not None else x.new_empty(1, n)
-    kern[(-(-n // bn),)](x, w, out, n, K=k, BLOCK_N=bn, BLOCK_K=_pow2(k), GLU=glu, GELU=gelu,
+    out = out if out is not None else x.new_empty(B, n)
+    kern[(-(-n // bn),)](x, w, bias if bias is not None else w, out, B, n, K=k, BLOCK_N=bn,
+                         BLOCK_K=_pow2(k), GLU=glu, GELU=gelu, HAS_BIAS=bias is not None,
                          num_warps=nw)
     return out

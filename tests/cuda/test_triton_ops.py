@@ -113,3 +113,23 @@ def test_gemv_glu(dev, kdtype, gelu, i, k):
     ref = (F.gelu(g, approximate="tanh") if gelu else F.silu(g)) * u
     assert not y.isnan().any() and rel(y, ref) < 1e-2
     assert torch.equal(y, gemv(x, w, glu=True, gelu=gelu))
+
+
+@pytest.mark.parametrize("glu", [False, True])
+@pytest.mark.parametrize("n,k", [(1152, 1024), (640, 2048), (100, 37)])
+def test_gemv_rows_do_not_depend_on_the_batch(dev, kdtype, glu, n, k):
+    """Row b of a B-row call is bitwise the 1-row call on it (the decode step's batch invariance),
+    with and without bias."""
+    from muser.model.triton_ops import gemv
+    w = (torch.randn(2 * n if glu else n, k) / k ** 0.5).to(dev, kdtype)
+    bias = None if glu else torch.randn(n).to(dev, kdtype)
+    x = torch.randn(16, k).to(dev, kdtype)
+    full = gemv(x, w, glu=glu, bias=bias)
+    for b in (1, 3, 16):
+        part = gemv(x[:b], w, glu=glu, bias=bias)
+        assert torch.equal(part, full[:b])
+    for r in range(16):
+        assert torch.equal(gemv(x[r:r + 1], w, glu=glu, bias=bias), full[r:r + 1])
+    if not glu:
+        ref = x.float() @ w.float().T + bias.float()
+        assert rel(full, ref) < 1e-2
