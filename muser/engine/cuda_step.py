@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from ..attention.triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention
 from ..model import transformer as tf
-from ..model.triton_ops import act_mul, add_norm, gemv, qk_rope_store
+from ..model.triton_ops import act_mul, add_norm, dot_rows, gemv, qk_rope_store
 
 
 def _fuse(parts: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -100,7 +100,9 @@ class DecodeStep:
         self.layernorm = spec.norm != "rms"
         mode = os.environ.get("MUSER_GEMV", "all")
         self.gemv_for = {"none": (), "small": ("qkv", "o", "down"),
-                         "all": ("qkv", "o", "down", "gu", "head")}[mode]
+                         "all": ("qkv", "o", "down", "gu", "head"),
+                         "dot": ("qkv", "o", "down", "gu", "head")}[mode]
+        self.gemv = gemv if mode != "dot" else dot_rows
         self.gelu = spec.activation == "gelu_tanh"
         self.fused_attn = os.environ.get("MUSER_ATTN", "fused") != "separate"
 
@@ -111,12 +113,12 @@ class DecodeStep:
 
     def _linear(self, what, x, w, b=None):
         if what in self.gemv_for and w.is_contiguous():
-            return gemv(x, w, bias=b)
+            return self.gemv(x, w, bias=b)
         return F.linear(x, w, b)
 
     def _mlp(self, lw, fz, x):
         if "gu" in self.gemv_for:
-            a = gemv(x, fz["wgu"], glu=True, gelu=self.gelu)         # act*mul fused in
+            a = self.gemv(x, fz["wgu"], glu=True, gelu=self.gelu)         # act*mul fused in
         else:
             a = act_mul(F.linear(x, fz["wgu"]), self.gelu)
         return self._linear("down", a, lw.w_down)
@@ -157,5 +159,5 @@ class DecodeStep:
             post_ffn = lw.post_ffn_norm if spec.sandwich_norm else None
             h, x = add_norm(h, nxt, eps, self.layernorm, d1=m, w_post=post_ffn)
         if "head" in self.gemv_for and w.output.is_contiguous():
-            return tf.finish_logits(gemv(x, w.output), spec)
+            return tf.finish_logits(self.gemv(x, w.output), spec)
         return tf.logits(w, spec, x)

@@ -117,18 +117,20 @@ def test_gemv_glu(dev, kdtype, gelu, i, k):
 
 @pytest.mark.parametrize("glu", [False, True])
 @pytest.mark.parametrize("n,k", [(1152, 1024), (640, 2048), (100, 37)])
-def test_gemv_rows_do_not_depend_on_the_batch(dev, kdtype, glu, n, k):
+@pytest.mark.parametrize("kernel", ["gemv", "dot_rows"])
+def test_gemv_rows_do_not_depend_on_the_batch(dev, kdtype, glu, n, k, kernel):
     """Row b of a B-row call is bitwise the 1-row call on it (the decode step's batch invariance),
     with and without bias."""
-    from muser.model.triton_ops import gemv
+    from muser.model import triton_ops
+    gemv = getattr(triton_ops, kernel)
     w = (torch.randn(2 * n if glu else n, k) / k ** 0.5).to(dev, kdtype)
     bias = None if glu else torch.randn(n).to(dev, kdtype)
-    x = torch.randn(16, k).to(dev, kdtype)
+    x = torch.randn(40, k).to(dev, kdtype)
     full = gemv(x, w, glu=glu, bias=bias)
-    for b in (1, 3, 16):
+    for b in (1, 3, 16, 17, 40):
         part = gemv(x[:b], w, glu=glu, bias=bias)
         assert torch.equal(part, full[:b])
-    for r in range(16):
+    for r in range(40):
         assert torch.equal(gemv(x[r:r + 1], w, glu=glu, bias=bias), full[r:r + 1])
     if not glu:
         ref = x.float() @ w.float().T + bias.float()
