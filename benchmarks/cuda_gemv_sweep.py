@@ -30,14 +30,19 @@ def main():
             cub = us(lambda: F.linear(x, w))
             gv = us(lambda: gemv(x, w, glu=glu))
             best = None
-            for bn, bk, st in itertools.product((16, 32, 64), (128, 256, 512), (3, 4)):
+            dflt = us(lambda: dot_rows(x, w, glu=glu))
+            for bn, bk, st, pc in itertools.product((16, 32, 64), (128, 256, 512), (3, 4),
+                                                    (0, 1024, 2048) if k >= 4096 else (0,)):
+                if pc and pc % bk:
+                    continue
                 try:
-                    t = us(lambda: dot_rows(x, w, glu=glu, block_n=bn, block_k=bk, stages=st))
+                    t = us(lambda: dot_rows(x, w, glu=glu, config=(bn, bk, 4, st, pc)))
                 except Exception:
                     continue
                 if best is None or t < best[0]:
-                    best = (t, bn, bk, st)
-            line.append(f"B{B}: cublas {cub:.1f} gemv {gv:.1f} dot {best[0]:.1f} {best[1:]}")
+                    best = (t, bn, bk, st, pc)
+            line.append(f"B{B}: cublas {cub:.1f} gemv {gv:.1f} dot(table) {dflt:.1f} "
+                        f"best {best[0]:.1f} {best[1:]}")
         print(" | ".join(line), flush=True)
 
 

@@ -181,47 +181,86 @@ def _kernels():
             tl.store(Y + b.to(tl.int64) * N + rows, y.to(Y.dtype.element_ty), mask=rmask)
 
     @triton.jit
-    def dot_rows_kernel(X, W, BIAS, Y, B, N, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, GLU: tl.constexpr, GELU: tl.constexpr,
-                        HAS_BIAS: tl.constexpr):
-        # Rows in tiles of 16 (padded with zeros) through the tensor cores, K in fixed BLOCK_K
-        # steps: an output element's sum is the same instruction sequence whatever B is, and the
-        # other rows of a tile never enter it -- row b of a B-row call == the 1-row call.
+    def dot_rows_kernel(X, W, BIAS, Y, P, B, N, K: tl.constexpr, KS: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
+                        GELU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr):
+        # Rows in tiles of 16 (padded with zeros) through the tensor cores; K cut into pieces of
+        # KS (program axis 2) walked in fixed BLOCK_K steps.  An output element's sum is the same
+        # instruction sequence whatever B is, and the other rows of a tile never enter it: row b
+        # of a B-row call == the 1-row call.  SPLIT: write the piece's partial sums to
+        # P [pieces, B, N(*2)]; `split_sum_kernel` adds the pieces in order 0, 1, 2, ...
         rm = tl.program_id(1) * 16 + tl.arange(0, 16)
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        piece = tl.program_id(2)
         cmask = cols < N
+        rmask = rm < B
         acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
         if GLU:
             accu = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            kmask = ks < K
+        for k0 in range(0, KS, BLOCK_K):
+            kin = k0 + tl.arange(0, BLOCK_K)
+            ks = piece * KS + kin
+            kmask = (ks < K) & (kin < KS)
             x = tl.load(X + rm[:, None].to(tl.int64) * K + ks[None, :],
-                        mask=(rm < B)[:, None] & kmask[None, :], other=0.0)
+                        mask=rmask[:, None] & kmask[None, :], other=0.0)
             wp = W + cols[:, None].to(tl.int64) * K + ks[None, :]
             m2 = cmask[:, None] & kmask[None, :]
-            w = tl.load(wp, mask=m2, other=0.0)
-            acc = tl.dot(x, tl.trans(w), acc)
+            acc = tl.dot(x, tl.trans(tl.load(wp, mask=m2, other=0.0)), acc)
             if GLU:
-                wu = tl.load(wp + N * K, mask=m2, other=0.0)
-                accu = tl.dot(x, tl.trans(wu), accu)
-        y = acc
+                accu = tl.dot(x, tl.trans(tl.load(wp + N * K, mask=m2, other=0.0)), accu)
+        om = rmask[:, None] & cmask[None, :]
+        if SPLIT:
+            width = 2 * N if GLU else N
+            pp = P + (piece * B + rm[:, None]).to(tl.int64) * width + cols[None, :]
+            tl.store(pp, acc, mask=om)
+            if GLU:
+                tl.store(pp + N, accu, mask=om)
+        else:
+            y = acc
+            if HAS_BIAS:
+                y = y + tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+            if GLU:       # act(gate) * up, rounded where torch rounds (each product, then the act)
+                xdt = X.dtype.element_ty
+                gf = y.to(xdt).to(tl.float32)
+                uf = accu.to(xdt).to(tl.float32)
+                if GELU:
+                    t = 0.7978845608028654 * (gf + 0.044715 * gf * gf * gf)
+                    a = 0.5 * gf * (1.0 + (2.0 * tl.sigmoid(2.0 * t) - 1.0))
+                else:
+                    a = gf * tl.sigmoid(gf)
+                y = a.to(xdt).to(tl.float32) * uf
+            tl.store(Y + rm[:, None].to(tl.int64) * N + cols[None, :], y.to(Y.dtype.element_ty),
+                     mask=om)
+
+    @triton.jit
+    def split_sum_kernel(P, BIAS, Y, B, N, PIECES: tl.constexpr, BLOCK: tl.constexpr,
+                         GLU: tl.constexpr, GELU: tl.constexpr, HAS_BIAS: tl.constexpr):
+        b = tl.program_id(1)
+        cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cmask = cols < N
+        width = 2 * N if GLU else N
+        y = tl.zeros((BLOCK,), dtype=tl.float32)
+        u = tl.zeros((BLOCK,), dtype=tl.float32)
+        for piece in range(PIECES):                       # fixed order: 0, 1, 2, ...
+            pp = P + (piece * B + b).to(tl.int64) * width + cols
+            y += tl.load(pp, mask=cmask, other=0.0)
+            if GLU:
+                u += tl.load(pp + N, mask=cmask, other=0.0)
         if HAS_BIAS:
-            y = y + tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+            y = y + tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)
         if GLU:
-            xdt = X.dtype.element_ty
-            u = accu.to(xdt).to(tl.float32)
+            xdt = Y.dtype.element_ty
             gf = y.to(xdt).to(tl.float32)
+            uf = u.to(xdt).to(tl.float32)
             if GELU:
                 t = 0.7978845608028654 * (gf + 0.044715 * gf * gf * gf)
                 a = 0.5 * gf * (1.0 + (2.0 * tl.sigmoid(2.0 * t) - 1.0))
             else:
                 a = gf * tl.sigmoid(gf)
-            y = a.to(xdt).to(tl.float32) * u
-        tl.store(Y + rm[:, None].to(tl.int64) * N + cols[None, :], y.to(Y.dtype.element_ty),
-                 mask=(rm < B)[:, None] & cmask[None, :])
+            y = a.to(xdt).to(tl.float32) * uf
+        tl.store(Y + b.to(tl.int64) * N + cols, y.to(Y.dtype.element_ty), mask=cmask)
 
-    return add_norm_kernel, qk_rope_store_kernel, act_mul_kernel, gemv_kernel, dot_rows_kernel
+    return add_norm_kernel, qk_rope_store_kernel, act_mul_kernel, gemv_kernel, dot_rows_kernel, split_sum_kernel
 
 
 def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm: bool,
@@ -332,21 +371,52 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, glu:
     return out
 
 
+# (n, k, glu) -> (block_n, block_k, warps, stages, piece): measured on an H200 at B = 1 and 16
+# (benchmarks/cuda_gemv_sweep.py); `piece` (keys per split-K piece) depends on the shape only.
+DOT_TILES = {
+    (1536, 1152, False): (16, 256, 4, 4, 0), (1152, 1024, False): (16, 512, 4, 4, 0),
+    (6912, 1152, True): (32, 128, 4, 3, 0), (1152, 6912, False): (32, 256, 4, 3, 1152),
+    (4096, 2560, False): (32, 512, 4, 3, 0), (10240, 2560, True): (64, 128, 4, 3, 0),
+    (2560, 10240, False): (32, 512, 4, 4, 2560),
+}
+
+
+def dot_config(n: int, k: int, glu: bool) -> tuple[int, int, int, int, int]:
+    hit = DOT_TILES.get((n, k, glu))
+    if hit:
+        return hit
+    if n >= 65536:                                        # the LM head
+        return 64, 128, 4, 4, 0
+    piece = 1024 if k >= 4096 and n <= 4096 else 0      # few output tiles, long K: split K
+    return 32, 256, 4, 3, piece
+
+
 def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, glu: bool = False,
-             gelu: bool = False, bias: torch.Tensor | None = None, block_n: int = 32,
-             block_k: int = 256, warps: int = 4, stages: int = 3) -> torch.Tensor:
+             gelu: bool = False, bias: torch.Tensor | None = None,
+             config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """The same function as `gemv`, for rows in tiles of 16 on the tensor cores (K in fixed
-    `block_k` steps): batch-invariant too, and far cheaper per extra row than `gemv`'s loop."""
+    steps, optionally in fixed split-K pieces summed in order): batch-invariant too, and far
+    cheaper per extra row than `gemv`'s loop.  `config` = (block_n, block_k, warps, stages,
+    keys per piece or 0) overrides `dot_config`."""
     import triton
-    kern = _kernels()[4]
+    kern, ssum = _kernels()[4], _kernels()[5]
     n, k = w.shape
     if glu:
         n //= 2
     x = x.contiguous()
     B = x.shape[0]
+    bn, bk, nw, st, piece = config or dot_config(n, k, glu)
     out = out if out is not None else x.new_empty(B, n)
-    grid = (triton.cdiv(n, block_n), triton.cdiv(B, 16))
-    kern[grid](x, w, bias if bias is not None else w, out, B, n, K=k, BLOCK_N=block_n,
-               BLOCK_K=block_k, GLU=glu, GELU=gelu, HAS_BIAS=bias is not None,
-               num_warps=warps, num_stages=stages)
+    pieces = triton.cdiv(k, piece) if piece else 1
+    split = pieces > 1
+    ks = piece if split else triton.cdiv(k, bk) * bk
+    part = (torch.empty((pieces, B, 2 * n if glu else n), dtype=torch.float32, device=x.device)
+            if split else out)
+    b_arg = bias if bias is not None else w
+    kern[(triton.cdiv(n, bn), triton.cdiv(B, 16), pieces)](
+        x, w, b_arg, out, part, B, n, K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu, GELU=gelu,
+        HAS_BIAS=bias is not None, SPLIT=split, num_warps=nw, num_stages=st)
+    if split:
+        ssum[(triton.cdiv(n, 1024), B)](part, b_arg, out, B, n, PIECES=pieces, BLOCK=1024, GLU=glu,
+                                         GELU=gelu, HAS_BIAS=bias is not None, num_warps=4)
     return out

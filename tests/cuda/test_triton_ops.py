@@ -116,7 +116,7 @@ def test_gemv_glu(dev, kdtype, gelu, i, k):
 
 
 @pytest.mark.parametrize("glu", [False, True])
-@pytest.mark.parametrize("n,k", [(1152, 1024), (640, 2048), (100, 37)])
+@pytest.mark.parametrize("n,k", [(1152, 1024), (640, 2048), (100, 37), (1152, 6912), (300, 5000)])
 @pytest.mark.parametrize("kernel", ["gemv", "dot_rows"])
 def test_gemv_rows_do_not_depend_on_the_batch(dev, kdtype, glu, n, k, kernel):
     """Row b of a B-row call is bitwise the 1-row call on it (the decode step's batch invariance),
