@@ -84,8 +84,8 @@ def run_model(name, shape, bw, args, results):
         section("hf_batch16_2k", lambda: 16 / hf_decode(model, 16, 2048, 8, vocab))
     if args.profile and name in ("1b", "4b"):
         section("profile_b1", lambda: muser_decode(engine, 2048, 16, vocab, prof=True)[2])
-        for gemv, attn in (("none", "fused"), ("small", "fused"), ("all", "separate"),
-                           ("all", "fused")):                # A/B switches (cuda_step.py)
+        for gemv, attn in (("none", "fused"), ("fast", "fused"), ("dot", "separate"),
+                           ("dot", "fused")):                # A/B switches (cuda_step.py)
             os.environ["MUSER_GEMV"], os.environ["MUSER_ATTN"] = gemv, attn
             engine._runner = None                         # a fresh runner reads the mode
             section(f"decode_2k_gemv_{gemv}_attn_{attn}",

@@ -12,16 +12,17 @@ Does not own: plane bookkeeping, plane tables or graph capture
 muser.attention.triton_decode).
 
 Every projection and the head, for any batch size, go through
-`triton_ops.gemv` (whole weight tiles in flight per program, reused for each
-row; gate/up with act*mul fused in): its launch depends on the weight's shape
-only and each row takes the same reduction, so a session's logits and K/V rows
-are bitwise the same whether it is decoded alone or beside 15 others (cuBLAS
-picks its kernel by the row count, so it is batch-variant; benchmarks/NOTES.md,
-CUDA, has the measurements).  Experiment switches, read at construction so
-every replay of an engine uses the same kernels: MUSER_GEMV=none (cuBLAS for
-all: fast at large batches, NOT batch-invariant) | small (q/k/v, o, down only)
-| all (default); MUSER_ATTN=separate (qk_rope_store + attention as two
-launches) | fused (default).
+`triton_ops.dot_rows` (rows in tiles of 16 on the tensor cores, K in fixed
+steps and fixed split-K pieces): its launch depends on the weight's shape only
+and a row's sums never see the other rows, so a session's logits and K/V rows
+are bitwise the same decoded alone or beside 15 others.  cuBLAS picks its
+kernel by the row count (batch-variant), and the batch-1 `gemv` is ~10% faster
+at batch 1 but cannot serve a batch at speed (benchmarks/NOTES.md, CUDA).
+Experiment switches, read at construction so every replay of an engine uses
+the same kernels: MUSER_GEMV=dot (default, batch-invariant) | fast (batch 1
+through `gemv`, larger batches and the head through cuBLAS: the previous
+default, NOT batch-invariant) | none (cuBLAS for all); MUSER_ATTN=separate
+(qk_rope_store + attention as two launches) | fused (default).
 
 Inputs live in device tensors so the step can be captured once and replayed:
 `packed` int64 = [ids (B) | positions (B) | per plane group: (slot, n) x B],
@@ -98,11 +99,11 @@ class DecodeStep:
         self.embed_scale = (torch.tensor(spec.embed_scale, dtype=engine.dtype, device=dev)
                             if spec.embed_scale != 1.0 else None)
         self.layernorm = spec.norm != "rms"
-        mode = os.environ.get("MUSER_GEMV", "all")
-        self.gemv_for = {"none": (), "small": ("qkv", "o", "down"),
-                         "all": ("qkv", "o", "down", "gu", "head"),
+        mode = os.environ.get("MUSER_GEMV", "dot")
+        self.gemv_for = {"none": (), "fast": ("qkv", "o", "down", "gu"),
                          "dot": ("qkv", "o", "down", "gu", "head")}[mode]
-        self.gemv = gemv if mode != "dot" else dot_rows
+        self.batch1_only = mode == "fast"         # gemv: batch 1 only (batch-variant)
+        self.gemv = gemv if mode == "fast" else dot_rows
         self.gelu = spec.activation == "gelu_tanh"
         self.fused_attn = os.environ.get("MUSER_ATTN", "fused") != "separate"
 
@@ -112,12 +113,12 @@ class DecodeStep:
                                max(self.splits), self.engine.device)
 
     def _linear(self, what, x, w, b=None):
-        if what in self.gemv_for and w.is_contiguous():
+        if what in self.gemv_for and w.is_contiguous() and (x.shape[0] == 1 or not self.batch1_only):
             return self.gemv(x, w, bias=b)
         return F.linear(x, w, b)
 
     def _mlp(self, lw, fz, x):
-        if "gu" in self.gemv_for:
+        if "gu" in self.gemv_for and (x.shape[0] == 1 or not self.batch1_only):
             a = self.gemv(x, fz["wgu"], glu=True, gelu=self.gelu)         # act*mul fused in
         else:
             a = act_mul(F.linear(x, fz["wgu"]), self.gelu)
