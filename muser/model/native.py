@@ -27,8 +27,10 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("q8_linear.c", "norm_rope.c", "attend.c")
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
+SOURCES = ("q8_linear.c", "a8w8.c", "norm_rope.c", "attend.c")
+# -ffp-contract=off: no a*b+c fused behind the source's back, so vector and scalar code paths
+# (and the torch reference of a8w8) compute the same bits.
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11", "-ffp-contract=off")
 
 
 def _cpu_flags() -> str:
@@ -102,6 +104,15 @@ def load(path: Path) -> ctypes.CDLL:
     g.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p,
                   ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    p = lib.muser_a8w8_packed_bytes
+    p.restype = ctypes.c_int64
+    p.argtypes = [ctypes.c_int64, ctypes.c_int64]
+    lib.muser_a8w8_pack.restype = None
+    lib.muser_a8w8_pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    b = lib.muser_a8w8_linear
+    b.restype = ctypes.c_int
+    b.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                  ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     a = lib.muser_attend_visible
     a.restype = ctypes.c_int
     a.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
@@ -167,6 +178,69 @@ def q8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
     """x [M, K] f32/bf16, qweight int8 [N, K], scale f32 [N], in_scale f32 [K] or None
     -> y [M, N] in `out_dtype` (default x's dtype): y = ((x * in_scale) @ qweight.T) * scale."""
     return BoundQ8(qweight, scale, in_scale, lib)(x, out_dtype or x.dtype)
+
+
+class BoundA8W8:
+    """The exact-integer linear (csrc/a8w8.c) over weights packed once: y = x @ W.T with
+    W = qweight * scale[:, None], x quantized per row to two int8 planes inside the call.
+    Row-, thread- and tiling-invariant by construction; `a8w8_reference` is the same
+    arithmetic in torch, bit for bit."""
+
+    __slots__ = ("n", "k", "_f", "_packed", "_scale")
+
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, lib: ctypes.CDLL | None = None):
+        n, k = qweight.shape if qweight.dim() == 2 else (-1, -1)
+        if qweight.dtype != torch.int8 or n < 1 or not qweight.is_contiguous() or qweight.device.type != "cpu":
+            raise ValueError(f"qweight must be a contiguous 2-D int8 CPU tensor, got {qweight.dtype} "
+                             f"{tuple(qweight.shape)} on {qweight.device}")
+        if scale.dtype != torch.float32 or scale.shape != (n,) or not scale.is_contiguous():
+            raise ValueError(f"scale must be contiguous float32 [{n}], got {scale.dtype} {tuple(scale.shape)}")
+        if int(qweight.min()) < -127:
+            raise ValueError("qweight must lie in [-127, 127] (symmetric int8)")
+        lib = _lib(lib)
+        self.n, self.k, self._f = n, k, lib.muser_a8w8_linear
+        self._packed = torch.empty(lib.muser_a8w8_packed_bytes(n, k), dtype=torch.uint8)
+        lib.muser_a8w8_pack(qweight.data_ptr(), n, k, self._packed.data_ptr())
+        self._scale = scale
+
+    def nbytes(self) -> int:
+        return self._packed.nbytes + self._scale.nbytes
+
+    def __call__(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.k or x.dtype not in _FLOATS or x.device.type != "cpu":
+            raise ValueError(f"x must be a 2-D float32/bfloat16 CPU tensor [M, {self.k}], got {x.dtype} "
+                             f"{tuple(x.shape)} on {x.device}")
+        if out_dtype not in _FLOATS:
+            raise ValueError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
+        if not x.is_contiguous():
+            x = x.contiguous()
+        m = x.shape[0]
+        y = torch.empty((m, self.n), dtype=out_dtype)
+        if self._f(x.data_ptr(), x.dtype is torch.bfloat16, m, self.k, self._packed.data_ptr(),
+                   self._scale.data_ptr(), self.n, y.data_ptr(), out_dtype is torch.bfloat16,
+                   torch.get_num_threads()) != 0:
+            raise MemoryError(f"a8w8_linear: could not allocate {2 * m * self.k} bytes of scratch")
+        return y
+
+
+def a8w8_reference(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """csrc/a8w8.c's arithmetic in torch (exact int64 sums, the same element-wise float steps):
+    the bitwise reference its tests compare against.  x [M, K] -> [M, N]."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=1, keepdim=True)
+    inv = torch.tensor(127.0) / amax
+    s1 = amax / torch.tensor(127.0)
+    q1 = torch.round(xf * inv).clamp_(-127, 127)
+    r = xf - q1 * s1
+    q2 = torch.round(r * (inv * 256.0)).clamp_(-127, 127)
+    s2 = s1 / 256.0
+    w = qweight.long().T
+    a1 = (q1.long() @ w).float()                              # exact sums, then int -> float (RNE)
+    a2 = (q2.long() @ w).float()
+    y = (a1 * s1 + a2 * s2) * scale
+    y = torch.where(amax == 0, torch.zeros_like(y), y)
+    return y.to(out_dtype or x.dtype)
 
 
 def norm_rope(x: torch.Tensor, w: torch.Tensor | None, eps: float, cos: torch.Tensor | None = None,
