@@ -1,12 +1,16 @@
 """muser.attention: the attention arithmetic, selected per device.
 
-Owns: `select_attention(device)` -> a function
+Owns: `select_attention(device)` -> a callable
 `(q [T,H,D], k [S,KV,D], v [S,KV,D], mask bool [T,S] | None, scale, softcap) -> [T,H,D]`.
-`reference.py` is the specification; faster paths (fused CPU, Triton on CUDA)
-must agree with it and are tested against it.  On CUDA the function is a
+`reference.py` is the specification; faster paths (native CPU, Triton on CUDA)
+must agree with it and are tested against it.  On CUDA the callable is a
 `cuda_prefill.CudaAttention`, which also offers `banded(...)` (the window rule
 stated as positions, for flash attention without a dense mask); decode steps
-on CUDA use `triton_decode` through the engine's graph runner.
+on CUDA use `triton_decode` through the engine's graph runner.  On CPU it is a
+`CpuAttention`, which also offers `positional(...)` when the native kernels are
+built: query rows at absolute positions over keys addressed by position
+(csrc/attend.c), one arithmetic per row whether the row is a decode step, a
+verification row or a row of any prefill chunk (issue 12).
 """
 from __future__ import annotations
 
@@ -62,8 +66,30 @@ def _all_visible(q, k, v, scale, softcap=None):
     return out.permute(2, 0, 1, 3).reshape(T, H, D).to(q.dtype)
 
 
+class CpuAttention:
+    """The CPU attention path: called like every path (masked / all-visible), plus
+    `positional` (None without the native kernels)."""
+
+    def __call__(self, q, k, v, mask, scale, softcap=None):
+        return _cpu(q, k, v, mask, scale, softcap)
+
+    @property
+    def positional(self):
+        return self._positional if native.available() else None
+
+    @staticmethod
+    def _positional(q, first_position: int, window: int | None, keys, values, key_pos0: int, count: int,
+                    rotation: int, scale: float, softcap: float | None = None):
+        """q [T, H, D] at positions first_position .. + T - 1, each row seeing keys
+        [max(0, p - window + 1), p]; key position j is row (rotation + j - key_pos0) % len(keys)
+        of keys/values [cap, KV, D] (a ring read in place, a growing plane's span or a staged
+        shadow), `count` keys held from key_pos0."""
+        return native.attend_rows(q, keys, values, first_position, window, key_pos0, scale, softcap,
+                                  count=count, rotation=rotation)
+
+
 def select_attention(device: torch.device):
     if torch.device(device).type == "cuda":
         from .cuda_prefill import CudaAttention
         return CudaAttention()
-    return _cpu
+    return CpuAttention()

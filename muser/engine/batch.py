@@ -19,6 +19,7 @@ from ..attention.reference import visibility_mask
 from ..cache import Checkpoint, stage
 from ..errors import RequestError
 from ..model import transformer as tf
+from .session import attend_positional
 
 
 def decode_batch(engine, sessions, tokens: list[int]) -> torch.Tensor:
@@ -38,8 +39,13 @@ def decode_batch(engine, sessions, tokens: list[int]) -> torch.Tensor:
 
             def attend(q, k, v, planes=planes):          # q [B, H, D], k/v [B, KV, D]
                 outs = []
+                positional = engine.positional_attention
                 for b, plane in enumerate(planes):
                     staged = stage(plane, starts[b], k[b:b + 1], v[b:b + 1])
+                    if positional is not None:            # the same kernel as a lone decode step
+                        outs.append(attend_positional(positional, plane, staged, q[b:b + 1], starts[b], spec))
+                        staged.commit()
+                        continue
                     mask = None
                     if staged.needs_mask:
                         mask = visibility_mask(positions[b:b + 1], staged.key_positions(), plane.window)

@@ -99,6 +99,25 @@ class Engine:
         (the int8 CPU kernel: measured, benchmarks/NOTES.md)."""
         return self.config.quant == "int8"
 
+    @property
+    def positional_attention(self):
+        """CPU ring engines with the native kernels: attention by absolute position
+        (`CpuAttention.positional`, csrc/attend.c) for every step -- decode, verification,
+        prefill chunks, batched decode; None elsewhere (CUDA, the oracle, no compiler)."""
+        if self.config.backend != "ring":
+            return None
+        return getattr(self.attention, "positional", None)
+
+    @property
+    def exact_rows(self) -> bool:
+        """Whether every op of a forward computes each row the same way whatever else shares the
+        call (one arithmetic per token, issue 12): the int8 CPU path with the native kernels --
+        a8w8 projections, the f32-activation LM head, row-wise norms, positional attention."""
+        if not self.row_invariant or self.positional_attention is None:
+            return False
+        head = self.weights.lm_head
+        return bool(getattr(head, "exact_rows", False))
+
     def compact_chunk(self, padded_rows: int) -> bool:
         """Whether a chunk padded to `padded_rows` may run everything but attention on its real
         rows only: true when every row-wise op takes the row-invariant int8 kernels (few rows;

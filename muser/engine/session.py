@@ -22,6 +22,18 @@ from ..model import transformer as tf
 PAD_ROWS = 16   # chunk row counts are rounded up to this (see Session._forward)
 
 
+def attend_positional(positional, plane, staged, q, start: int, spec):
+    """Attention of q [T, H, D] (positions start ..) over a staged chunk, keys read by position
+    (CPU native kernel): an ordered view (in place, shadow) from its first position, or the
+    ring in place (ring decode) through its origins."""
+    if staged.ordered:
+        keys, values, pos0, rot, count = staged.keys, staged.values, staged.first_position, 0, staged.keys.shape[0]
+    else:
+        keys, values = plane.keys, plane.values
+        pos0, rot, count = plane.origin_logical, plane.origin_physical, plane.len
+    return positional(q, start, plane.window, keys, values, pos0, count, rot, spec.scale, spec.attn_logit_softcap)
+
+
 class Session:
     def __init__(self, engine):
         self.engine = engine
@@ -79,7 +91,9 @@ class Session:
         """
         engine, spec = self.engine, self.engine.spec
         start, t = self.position, len(ids)
-        t_pad = -(-t // PAD_ROWS) * PAD_ROWS if pad else t
+        # Every op row-invariant (the CPU int8 path): a row's bits do not depend on the chunk's
+        # shape, so there is nothing for scratch rows to pin.
+        t_pad = -(-t // PAD_ROWS) * PAD_ROWS if pad and not engine.exact_rows else t
         rows = t if engine.compact_chunk(t_pad) else t_pad          # rows the matmuls see
         guard = Checkpoint(self.planes, start, t) if self._open is None else None
         try:
@@ -112,6 +126,11 @@ class Session:
 
         def _attend(q, k, v):
             staged = stage(plane, start, k, v, real)
+            positional = engine.positional_attention
+            if positional is not None:
+                out = attend_positional(positional, plane, staged, q, start, engine.spec)
+                staged.commit()
+                return out
             mask = None
             banded = getattr(engine.attention, "banded", None)
             if staged.needs_mask and staged.ordered and banded is not None:

@@ -119,6 +119,13 @@ def load(path: Path) -> ctypes.CDLL:
                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                   ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_float, ctypes.c_void_p,
                   ctypes.c_int, ctypes.c_int]
+    r = lib.muser_attend_rows
+    r.restype = ctypes.c_int
+    r.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                  ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                  ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                  ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_float, ctypes.c_void_p,
+                  ctypes.c_int, ctypes.c_int]
     return lib
 
 
@@ -316,4 +323,43 @@ def attend_visible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     if out is None:
         raise ValueError(f"attend_visible: unsupported operands q {q.dtype} {tuple(q.shape)}, "
                          f"k {k.dtype} {tuple(k.shape)} strides {k.stride()}, v strides {v.stride()}")
+    return out
+
+
+def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions, window: int | None,
+                key_pos0: int, scale: float, softcap: float | None = None, count: int | None = None,
+                rotation: int = 0, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """Attention of query rows at absolute positions over keys addressed by position
+    (csrc/attend.c: one arithmetic per row, whatever the call).
+
+    q [T, H, D] (f32/bf16); `positions`: int64 [T] tensor, or an int p0 for rows p0 .. p0+T-1.
+    Row t sees the keys at [max(0, p - window + 1), p] (window None: [0, p]).
+    k/v [cap, KV, D] with the head dim contiguous (any row / head strides, k and v alike):
+    key position j is row (rotation + j - key_pos0) % cap; `count` keys from key_pos0 are
+    held (default cap).  Returns [T, H, D] in q's dtype."""
+    if not attend_supported(q, k, v):
+        raise ValueError(f"attend_rows: unsupported operands q {q.dtype} {tuple(q.shape)}, "
+                         f"k {k.dtype} {tuple(k.shape)} strides {k.stride()}, v strides {v.stride()}")
+    t, h, d = q.shape
+    cap, kv, _ = k.shape
+    if isinstance(positions, int):
+        pos = torch.arange(positions, positions + t, dtype=torch.int64)
+    else:
+        pos = positions.to(torch.int64).contiguous()
+        if pos.shape != (t,):
+            raise ValueError(f"positions must be int64 [{t}], got {tuple(pos.shape)}")
+    q = q.contiguous()
+    out = torch.empty((t, h, d), dtype=q.dtype)
+    n = cap if count is None else count
+    rc = _lib(lib).muser_attend_rows(
+        q.data_ptr(), q.dtype is torch.bfloat16, t, h, d, pos.data_ptr(), int(window or 0),
+        k.data_ptr(), v.data_ptr(), k.dtype is torch.bfloat16, kv, int(key_pos0), n, int(rotation), cap,
+        k.stride(0), k.stride(1), float(scale), float(softcap or 0.0), out.data_ptr(),
+        q.dtype is torch.bfloat16, torch.get_num_threads())
+    if rc == -2:
+        raise MemoryError("attend_rows: could not allocate its scratch")
+    if rc != 0:
+        raise ValueError(f"attend_rows: rows at positions {int(pos.min())}..{int(pos.max())} (window {window}) "
+                         f"need keys the source does not hold (keys {key_pos0}..{key_pos0 + n - 1}, "
+                         f"capacity {cap}, rotation {rotation}), or an unsupported shape q {tuple(q.shape)}")
     return out

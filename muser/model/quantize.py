@@ -1,27 +1,26 @@
 """Turning a float `Weights` into the CPU fast path: int8 weights, fused projections.
 
-Owns: `FastLinear` (a projection with int8 weights for few rows -- decode steps
-and verification blocks -- and an optional dense bf16 copy for prefill chunks)
-and `quantize_weights`.  Does not own: the kernels (`quant.py`) or when the
+Owns: `FastLinear` (a projection with int8 weights, the kernel it runs for any row count) and
+`quantize_weights`.  Does not own: the kernels (`native.py` + csrc/, `quant.py`) or when the
 path is used (the engine's `quant=` setting, engine/defaults.py).
 
-Why two copies: per token, decode reads every weight once, so bytes rule and
-int8 halves them against bf16; a 512-row prefill chunk is arithmetic-bound,
-where oneDNN's bf16 GEMM is ~4x faster than the int8 weight-only kernel.  The
-switch depends on the row count only (> DENSE_ROWS), so a given chunking always
-takes the same kernels: the restore contract holds, and verification blocks
-(<= 16 real rows, padded to 16) always run the row-invariant int8 kernel, so
-the rollback contract holds (benchmarks/NOTES.md, "CPU matmul kernels").
+One arithmetic per token (issue 12): with the native kernels built, every projection -- a
+decode row, a verification block, a 512-row prefill chunk, a batched step -- runs one kernel,
+csrc/a8w8.c: the row quantized to two int8 planes (~15-bit activations), exact int32 sums on
+AVX512-VNNI, an element-wise epilogue.  Integer sums do not depend on tiling, row count or
+thread count, so a token's projections are bit-identical however it is computed, and the
+kernel is as fast as oneDNN's bf16 GEMM at 512 rows and faster than the old f32 GEMV at 1-16
+(benchmarks/NOTES.md, "One arithmetic per token").  The LM head (`out_float=True`, column-
+equalized, only ever <= 16 rows: decode, verification, a chunk's last row) keeps the f32-
+activation int8 GEMV (csrc/q8_linear.c, row-invariant): its accuracy is what greedy depends
+on most.
 
-Few rows run muser's own int8 kernel (native.py, csrc/q8_linear.c: f32
-accumulation, row- and thread-invariant, ~2x aten's `_weight_int8pack_mm` at
-decode shapes) when it could be built; otherwise the aten kernels.  The choice
-is made once per process, never per call.  The LM head (`out_float=True`)
-returns float32 logits from the native kernel instead of rounding them to the
-activation dtype.
+Without the native kernels (no compiler, MUSER_NATIVE=0) the aten kernels run, with a dense
+bf16 copy for chunks of more than DENSE_ROWS rows (oneDNN is ~4x aten's int8 kernel there);
+that fallback is deterministic but not row-invariant.
 
-q|k|v and gate|up are fused into one matrix each (per-row scales make the fused
-int8 matrix identical to the stacked separate ones): fewer, larger calls.
+q|k|v and gate|up are fused into one matrix each (per-row scales make the fused int8 matrix
+identical to the stacked separate ones): fewer, larger calls.
 """
 from __future__ import annotations
 
@@ -41,16 +40,28 @@ class FastLinear:
     __slots__ = ("q", "dense", "kernel", "out_float", "_scale", "_native")
 
     def __init__(self, q: QuantizedLinear, dense: torch.Tensor | None, out_float: bool = False):
-        self.q, self.dense, self.out_float = q, dense, out_float
-        self.kernel = "native" if native.available() else auto_kernel(q)
-        self._native = native.BoundQ8(q.qweight, q.scale, q.in_scale) if self.kernel == "native" else None
+        self.q, self.out_float = q, out_float
         self._scale = q.scale.to(torch.bfloat16)
+        if not native.available():
+            self.kernel, self._native, self.dense = auto_kernel(q), None, dense
+        elif out_float or q.in_scale is not None:
+            self.kernel, self.dense = "native", None
+            self._native = native.BoundQ8(q.qweight, q.scale, q.in_scale)
+        else:
+            self.kernel, self.dense = "a8w8", None
+            self._native = native.BoundA8W8(q.qweight, q.scale)
+            self.q = None                     # the packed copy is all the kernel reads
+
+    @property
+    def exact_rows(self) -> bool:
+        """Whether row i of any call is bitwise the one-row call (every native kernel is)."""
+        return self._native is not None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:       # x [T, K] -> [T, N]
+        if self._native is not None:
+            return self._native(x, torch.float32 if self.out_float else x.dtype)
         if self.dense is not None and x.shape[0] > DENSE_ROWS:
             return F.linear(x.to(self.dense.dtype), self.dense).to(x.dtype)
-        if self.kernel == "native":
-            return self._native(x, torch.float32 if self.out_float else x.dtype)
         if self.kernel == "int8_bf16" and self.q.in_scale is None:
             # The common decode call, without the generic dispatcher's reshapes.
             return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.q.qweight,
@@ -58,12 +69,15 @@ class FastLinear:
         return qlinear(x, self.q, kernel=self.kernel)
 
     def nbytes(self) -> int:
+        if self.kernel == "a8w8":
+            return self._native.nbytes()
         return self.q.nbytes() + (0 if self.dense is None else self.dense.numel() * self.dense.element_size())
 
 
 def _fast(w: torch.Tensor, equalize: bool = False, dense: bool = True, out_float: bool = False) -> FastLinear:
     q = quantize_rowwise_int8(w.float(), equalize=equalize)
-    return FastLinear(q, w.to(torch.bfloat16).contiguous() if dense else None, out_float)
+    keep_dense = dense and not native.available()          # only the aten fallback uses it
+    return FastLinear(q, w.to(torch.bfloat16).contiguous() if keep_dense else None, out_float)
 
 
 def quantize_weights(weights: Weights, embed_dtype: torch.dtype = torch.bfloat16) -> Weights:
