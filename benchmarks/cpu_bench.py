@@ -9,6 +9,9 @@ tok/s at short context (after 16 tokens) and after 2,048 tokens; median of --rep
     python benchmarks/cpu_bench.py                      # everything available
     python benchmarks/cpu_bench.py --only muser         # just muser's modes
     python benchmarks/cpu_bench.py --decode-tokens 32 --repeats 3 --json out.json
+    # A/B against another checkout of muser (e.g. `git archive main | tar -x -C /tmp/base`),
+    # in the same run, repeats interleaved runner by runner:
+    python benchmarks/cpu_bench.py --only muser:bfloat16:int8,llama.cpp --baseline /tmp/base
 
 llama.cpp is optional (`pip install -e ".[bench]"` compiles llama-cpp-python).
 """
@@ -145,7 +148,7 @@ def one(name: str, decode_tokens: int, threads: int) -> dict:
     torch.set_num_threads(threads)
     ids = token_ids(2048)
     kind, *rest = name.split(":")
-    if kind == "muser":
+    if kind in ("muser", "baseline"):            # baseline: the same runner, muser from --baseline
         return run_muser(rest[0], rest[1], ids, decode_tokens)
     if kind == "transformers":
         return run_transformers(rest[0], ids, decode_tokens)
@@ -156,7 +159,10 @@ def one(name: str, decode_tokens: int, threads: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default=None, help="muser | transformers | llama.cpp")
+    ap.add_argument("--only", default=None, help="comma-separated runner prefixes: muser | muser:bfloat16:int8 | "
+                                                 "transformers | llama.cpp")
+    ap.add_argument("--baseline", default=None, help="another muser checkout: adds baseline:<mode> runners for the "
+                                                     "selected muser modes, importing muser from there")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
@@ -173,20 +179,31 @@ def main() -> None:
     except ImportError:
         print("llama-cpp-python not installed: skipping llama.cpp (pip install -e '.[bench]')", file=sys.stderr)
     if args.only:
-        runners = [r for r in runners if r.startswith(args.only)]
-    results = {}
-    for r in runners:
-        runs = []
-        for _ in range(args.repeats):
+        runners = [r for r in runners if any(r.startswith(o) for o in args.only.split(","))]
+    if args.baseline:
+        runners += [r.replace("muser:", "baseline:") for r in runners if r.startswith("muser:")]
+    # Repeats go round the runners (r1 r2 r3 r1 r2 r3 ...), so slow drift in what else the
+    # machine is doing hits every runner alike.
+    runs: dict[str, list[dict]] = {r: [] for r in runners}
+    failed: set[str] = set()
+    for _ in range(args.repeats):
+        for r in runners:
+            if r in failed:
+                continue
+            env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+            if r.startswith("baseline:"):
+                env["PYTHONPATH"] = os.path.abspath(args.baseline)
             p = subprocess.run([sys.executable, __file__, "--one", r, "--decode-tokens", str(args.decode_tokens),
-                                "--threads", str(args.threads)], capture_output=True, text=True,
-                               env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+                                "--threads", str(args.threads)], capture_output=True, text=True, env=env)
             if p.returncode != 0:
                 print(f"{r} failed:\n{p.stderr[-2000:]}", file=sys.stderr)
-                break
-            runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
-        if runs:
-            results[r] = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
+                failed.add(r)
+                continue
+            runs[r].append(json.loads(p.stdout.strip().splitlines()[-1]))
+    results = {}
+    for r, rs in runs.items():
+        if rs:
+            results[r] = {k: statistics.median(x[k] for x in rs) for k in rs[0]}
             print(f"{r:24s} " + "  ".join(f"{k} {v:8.1f}" for k, v in results[r].items()), flush=True)
     cols = ["prefill_512", "prefill_2048", "decode_16", "decode_2048"]
     print("\n| runner | " + " | ".join(c + " tok/s" for c in cols) + " |")

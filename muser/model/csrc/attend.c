@@ -475,7 +475,9 @@ static int attend(Args *a, int nthreads) {
             #pragma omp atomic write
             failed = 1;
         }
-        #pragma omp for schedule(static)
+        /* round robin: a window's first and last pieces are partial ([203, 256, 53] keys for a
+         * 512-key window): dealt alternately, two threads get 256 keys each */
+        #pragma omp for schedule(static, 1)
         for (int64_t task = 0; task < tasks; task++) {
             if (!qf) continue;
             int64_t c = gmin + task % NP, bg = task / NP, b = bg / KV, g = bg % KV, t0 = b * R;
