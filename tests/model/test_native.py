@@ -240,3 +240,154 @@ def test_the_fast_path_runs_without_the_native_kernels_and_agrees():
     a, b = outs["0"], outs["1"]
     assert torch.isfinite(a).all()
     assert float((a - b).abs().max() / (b.max() - b.min())) < 0.05
+
+
+# ----------------------------------------------------------------------------- a8w8 (every projection)
+@pytest.mark.parametrize("n,k,m", [
+    (1536, 640, 1), (640, 2048, 3), (37, 640, 5),      # N not a multiple of the 64-row panel
+    (64, 42, 7),                                       # K not a multiple of 4: zero padded
+    (300, 96, 130),                                    # more rows than a tile, odd tile tail
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a8w8_is_bitwise_its_torch_reference_and_close_to_float64(n, k, m, dtype):
+    torch.manual_seed(n + k + m)
+    q = quantize_rowwise_int8(torch.randn(n, k))
+    x = (torch.randn(m, k) * 3).to(dtype)
+    x[0, k // 2] = 60.0                                # an outlier column in one row
+    if m > 1:
+        x[-1] = 0.0                                    # an all-zero row -> zeros
+    lin = native.BoundA8W8(q.qweight, q.scale)
+    for out in (torch.float32, torch.bfloat16):
+        y = lin(x, out)
+        assert y.dtype == out and y.shape == (m, n)
+        assert torch.equal(y, native.a8w8_reference(x, q.qweight, q.scale, out))
+    y = lin(x, torch.float32)
+    if m > 1:
+        assert torch.equal(y[-1], torch.zeros(n))
+    ref = _ref_q8(x, q)                                # exact float64 maths of the int8 weights
+    # two int8 planes: ~15-bit activations, error ~ row max / 2^15 per product
+    assert float((y.double() - ref).abs().max() / ref.abs().max()) < 5e-4
+
+
+def test_a8w8_rows_tiles_and_threads_do_not_change_a_bit():
+    torch.manual_seed(6)
+    q = quantize_rowwise_int8(torch.randn(200, 640))
+    lin = native.BoundA8W8(q.qweight, q.scale)
+    x = torch.randn(37, 640).bfloat16()
+    full = lin(x, torch.bfloat16)
+    for r in range(37):
+        assert torch.equal(full[r:r + 1], lin(x[r:r + 1], torch.bfloat16))
+    for a, b in ((0, 5), (3, 12), (7, 37)):
+        assert torch.equal(full[a:b], lin(x[a:b], torch.bfloat16))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(full, lin(x, torch.bfloat16))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a8w8_a_row_with_inf_or_nan_gives_nan_and_leaves_the_others_alone():
+    torch.manual_seed(7)
+    q = quantize_rowwise_int8(torch.randn(70, 64))
+    lin = native.BoundA8W8(q.qweight, q.scale)
+    x = torch.randn(3, 64)
+    clean = lin(x, torch.float32)
+    for bad in (float("inf"), float("nan")):
+        xb = x.clone()
+        xb[1, 5] = bad
+        y = lin(xb, torch.float32)
+        assert bool(y[1].isnan().all())
+        assert torch.equal(y[0], clean[0]) and torch.equal(y[2], clean[2])
+
+
+def test_a8w8_refuses_operands_with_what_it_expected():
+    q = quantize_rowwise_int8(torch.randn(8, 32))
+    with pytest.raises(ValueError, match=r"\[-127, 127\]"):
+        native.BoundA8W8(torch.full((8, 32), -128, dtype=torch.int8), q.scale)
+    lin = native.BoundA8W8(q.qweight, q.scale)
+    with pytest.raises(ValueError, match=r"\[M, 32\], got torch.float32 \(1, 16\)"):
+        lin(torch.randn(1, 16), torch.float32)
+    with pytest.raises(ValueError, match="out_dtype"):
+        lin(torch.randn(1, 32), torch.float16)
+
+
+# ----------------------------------------------------------------------------- attend_rows
+def _ref_rows(q, keys, values, positions, window, key_positions, scale, softcap=None):
+    """float64 masked attention: keys/values [S, KV, D] at key_positions [S]."""
+    from muser.attention.reference import attention, visibility_mask
+    mask = visibility_mask(positions, key_positions, window)
+    return attention(q.double(), keys.double(), values.double(), mask, scale, softcap)
+
+
+@pytest.mark.parametrize("h,kv,d,softcap", [(4, 1, 256, None), (8, 2, 64, 30.0), (6, 2, 32, None), (16, 1, 32, None),
+                                            (2, 2, 16, None)])
+@pytest.mark.parametrize("window,start,t", [(None, 0, 9), (None, 700, 40), (64, 300, 37), (512, 1000, 21)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attend_rows_matches_the_reference_and_no_row_depends_on_the_others(h, kv, d, softcap, window, start, t,
+                                                                          dtype):
+    torch.manual_seed(h + d + start)
+    s = start + t                                             # keys 0 .. s-1, positions ascending
+    k, v = torch.randn(s, kv, d).to(dtype), torch.randn(s, kv, d).to(dtype)
+    q = torch.randn(t, h, d).to(dtype)
+    out = native.attend_rows(q, k, v, start, window, 0, 0.125, softcap)
+    ref = _ref_rows(q, k, v, torch.arange(start, s), window, torch.arange(s), 0.125, softcap)
+    assert out.dtype == dtype and out.shape == (t, h, d)
+    assert float((out.double() - ref).abs().max()) < (2e-5 if dtype == torch.float32 else 2e-2)
+    for r in range(t):                                        # each row alone (a decode step)
+        assert torch.equal(out[r:r + 1], native.attend_rows(q[r:r + 1], k, v, start + r, window, 0, 0.125, softcap))
+    parts = [native.attend_rows(q[a:a + 7], k, v, start + a, window, 0, 0.125, softcap) for a in range(0, t, 7)]
+    assert torch.equal(out, torch.cat(parts))                 # any chunking
+
+
+def test_attend_rows_reads_a_rotated_ring_and_a_head_major_span_like_ordered_keys():
+    torch.manual_seed(8)
+    d, cap, s = 64, 128, 300                                  # a ring of 128 rows holding positions 172..299
+    k, v = torch.randn(s, 1, d).bfloat16(), torch.randn(s, 1, d).bfloat16()
+    q = torch.randn(1, 4, d).bfloat16()
+    ordered = native.attend_rows(q, k, v, s - 1, cap, 0, 0.1)
+    rot = 77
+    ring_k, ring_v = torch.empty(cap, 1, d, dtype=torch.bfloat16), torch.empty(cap, 1, d, dtype=torch.bfloat16)
+    slots = (rot + torch.arange(cap)) % cap
+    ring_k[slots], ring_v[slots] = k[s - cap:], v[s - cap:]
+    assert torch.equal(ordered, native.attend_rows(q, ring_k, ring_v, s - 1, cap, s - cap, 0.1, rotation=rot))
+    hk = torch.zeros(1, s + 40, d, dtype=torch.bfloat16)      # a growing plane [KV, allocated, D]
+    hv = torch.zeros_like(hk)
+    hk[:, :s], hv[:, :s] = k.transpose(0, 1), v.transpose(0, 1)
+    span_k, span_v = hk[:, :s].transpose(0, 1), hv[:, :s].transpose(0, 1)
+    assert torch.equal(ordered, native.attend_rows(q, span_k, span_v, s - 1, cap, 0, 0.1))
+
+
+def test_attend_rows_threads_do_not_change_a_bit():
+    torch.manual_seed(9)
+    q, k, v = torch.randn(30, 4, 64), torch.randn(600, 1, 64), torch.randn(600, 1, 64)
+    full = native.attend_rows(q, k, v, 570, 512, 0, 0.1)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(full, native.attend_rows(q, k, v, 570, 512, 0, 0.1))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_attend_rows_refuses_rows_whose_keys_the_source_does_not_hold():
+    q, k = torch.randn(4, 4, 32), torch.randn(100, 1, 32)
+    with pytest.raises(ValueError, match="need keys the source does not hold"):
+        native.attend_rows(q, k, k, 98, None, 0, 0.1)          # rows 98..101, keys 0..99
+    with pytest.raises(ValueError, match="need keys the source does not hold"):
+        native.attend_rows(q, k, k, 150, 100, 60, 0.1)         # row 150 sees 51.., the keys start at 60
+
+
+def test_the_portable_build_gives_the_same_bits_as_the_vector_one(portable):
+    """Integer sums and the fixed reduction trees are the same maths in scalar code."""
+    torch.manual_seed(10)
+    q = quantize_rowwise_int8(torch.randn(90, 100))
+    x = torch.randn(5, 100).bfloat16()
+    assert torch.equal(native.BoundA8W8(q.qweight, q.scale)(x, torch.float32),
+                       native.BoundA8W8(q.qweight, q.scale, lib=portable)(x, torch.float32))
+    qq, k, v = torch.randn(13, 8, 64).bfloat16(), torch.randn(700, 2, 64).bfloat16(), torch.randn(700, 2, 64).bfloat16()
+    fast = native.attend_rows(qq, k, v, 650, 512, 0, 0.0625)
+    slow = native.attend_rows(qq, k, v, 650, 512, 0, 0.0625, lib=portable)
+    assert torch.equal(fast, slow)
+    for r in range(13):
+        assert torch.equal(slow[r:r + 1], native.attend_rows(qq[r:r + 1], k, v, 650 + r, 512, 0, 0.0625, lib=portable))
