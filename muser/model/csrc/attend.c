@@ -38,6 +38,8 @@
 #endif
 
 #define PIECE 256
+#define SC_RG 8       /* query vectors per score tile of 16 (x 2 keys): each q load feeds 2 fmas;
+                         16 x 1 measured 20% slower (benchmarks/NOTES.md) */
 #define GMAX 16       /* heads per KV group */
 #define DMAX 1024
 
@@ -146,25 +148,37 @@ static inline int64_t key_off(const Args *a, int64_t j, int64_t g) {
 }
 
 /* ------------------------------------------------------------------ one piece of one block */
+/* A piece's work for a block: the keys [A, B) (the union of its rows' ranges) and, per (row,
+ * head) vector rg < nrg, its own range [klo, khi).  Scores are kept key-major,
+ * St[(j - c0) * NP2 + rg] (NP2 = nrg rounded up to a power of two), so one reduction's 16 dots
+ * (KB = 16 / NP2 keys x NP2 vectors) are one contiguous vector. */
+typedef struct {
+    int64_t c0, A, B, klo[16], khi[16];
+    int nrg, np2;
+    int64_t off[PIECE];                 /* element offset of key j's row (group g): off[j - A] */
+} Piece;
+
 /* Slot of (rg, piece index pc) in a block's scratch: m, l, o[D]. */
 static inline float *slot(float *base, int64_t rg, int64_t pc, int64_t NP, int64_t D) {
     return base + (rg * NP + pc) * (D + 2);
 }
 
-/* Scores of keys [A, B) for query vectors qf (layout [D / 16][NP2][16], NP2 = the row count
- * rounded up to a power of two, padding rows zero) into S[rg][j - c0], rg < nrg. */
+static inline int active(const Piece *pc, int i, int64_t j) {
+    return i < pc->nrg && j >= pc->klo[i] && j < pc->khi[i];
+}
+
 #ifdef __AVX512F__
-/* Tiles of RG query vectors x KB keys (RG * KB = 16 dots per reduction): rg0 .. rg0 + RG. */
-static inline __attribute__((always_inline)) void scores_n(const Args *a, int64_t g, const float *qf, const int NP2,
-                                                           const int RG, int nrg, int64_t A, int64_t B, int64_t c0,
-                                                           float (*S)[PIECE]) {
+/* RG query vectors x KB = 16 / RG keys per reduction; NP2 / RG groups of vectors per key step. */
+static inline __attribute__((always_inline)) void scores_n(const Args *a, const Piece *pc, const float *qf,
+                                                           const int NP2, const int RG, float *St) {
     const int KB = 16 / RG;
-    int64_t D = a->D;
+    int64_t D = a->D, A = pc->A, B = pc->B;
+    __m512 vscale = _mm512_set1_ps(a->scale);
     for (int64_t j = A; j < B; j += KB) {
         const char *kp[16];
         for (int kk = 0; kk < KB; kk++)
-            kp[kk] = (const char *)a->k + key_off(a, j + kk < B ? j + kk : B - 1, g) * (a->kv_bf16 ? 2 : 4);
-        for (int rg0 = 0; rg0 < NP2 && rg0 < nrg; rg0 += RG) {
+            kp[kk] = (const char *)a->k + pc->off[(j + kk < B ? j + kk : B - 1) - A] * (a->kv_bf16 ? 2 : 4);
+        for (int rg0 = 0; rg0 < NP2; rg0 += RG) {
             __m512 acc[16];
             for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
 #define SCORE_LOOP(BF16)                                                                       \
@@ -174,181 +188,222 @@ static inline __attribute__((always_inline)) void scores_n(const Args *a, int64_
                 for (int kk = 0; kk < KB; kk++) kv[kk] = vld(kp[kk], BF16, d);                 \
                 for (int i = 0; i < RG; i++) {                                                 \
                     __m512 qv = _mm512_loadu_ps(qd + 16 * i);                                  \
+                    __asm__("" : "+v"(qv));        /* one load, used by KB fmas */             \
                     for (int kk = 0; kk < KB; kk++)                                            \
                         acc[kk * RG + i] = _mm512_fmadd_ps(qv, kv[kk], acc[kk * RG + i]);      \
                 }                                                                              \
             }
             if (a->kv_bf16) { SCORE_LOOP(1) } else { SCORE_LOOP(0) }
 #undef SCORE_LOOP
-            float dots[16];
-            _mm512_storeu_ps(dots, reduce16(acc));
-            for (int kk = 0; kk < KB && j + kk < B; kk++)
-                for (int i = 0; i < RG && rg0 + i < nrg; i++)
-                    S[rg0 + i][j + kk - c0] = score_post(dots[kk * RG + i], a->scale, a->softcap);
+            float r[16];
+            _mm512_storeu_ps(r, _mm512_mul_ps(reduce16(acc), vscale));
+            for (int kk = 0; kk < KB; kk++) {
+                float *dst = St + (j + kk - pc->c0) * NP2 + rg0;
+                for (int i = 0; i < RG; i++)
+                    dst[i] = a->softcap > 0.0f ? a->softcap * tanhf(r[kk * RG + i] / a->softcap) : r[kk * RG + i];
+            }
         }
     }
 }
-#endif
 
-static void scores(const Args *a, int64_t g, const float *qf, int np2, int nrg, int64_t A, int64_t B, int64_t c0,
-                   float (*S)[PIECE]) {
-#ifdef __AVX512F__
-    switch (np2) {
-    case 16: scores_n(a, g, qf, 16, 16, nrg, A, B, c0, S); break;
-    case 8: scores_n(a, g, qf, 8, 8, nrg, A, B, c0, S); break;
-    case 4: scores_n(a, g, qf, 4, 4, nrg, A, B, c0, S); break;
-    case 2: scores_n(a, g, qf, 2, 2, nrg, A, B, c0, S); break;
-    default: scores_n(a, g, qf, 1, 1, nrg, A, B, c0, S); break;
-    }
-#else
-    int64_t D = a->D;
-    for (int64_t j = A; j < B; j++) {
-        int64_t off = key_off(a, j, g);
-        for (int i = 0; i < nrg; i++) {
-            float lane[16] = {0};
-            for (int64_t d = 0; d < D; d++)
-                lane[d & 15] = fmaf(qf[(d / 16 * np2 + i) * 16 + (d & 15)], ld(a->k, a->kv_bf16, off + d), lane[d & 15]);
-            S[i][j - c0] = score_post(tree16(lane), a->scale, a->softcap);
-        }
-    }
-#endif
+/* Per-element mask of the flat score chunk starting at key j (lane l = (kk, i)). */
+static inline __mmask16 chunk_mask(const Piece *pc, const int NP2, int64_t j) {
+    __mmask16 mk = 0;
+    for (int l = 0; l < 16; l++)
+        if (active(pc, l % NP2, j + l / NP2)) mk |= (__mmask16)(1u << l);
+    return mk;
 }
 
-/* m, l of one (row, head) over its keys [lo, hi) of the piece starting at c0; E = exp(S - m) in place. */
-static void softmax_piece(float *Srow, int64_t lo, int64_t hi, int64_t c0, float *m_out, float *l_out) {
-    int64_t a0 = lo - c0, a1 = hi - c0;           /* indices into Srow; lanes = absolute j mod 16 */
-    float mx = -INFINITY;
-#ifdef __AVX512F__
-    int64_t b0 = a0 & ~(int64_t)15;
+/* m, l per rg and St = exp(St - m) over the active elements; lanes of l by j mod 16. */
+static inline __attribute__((always_inline)) void softmax_n(const Piece *pc, const int NP2, float *St,
+                                                            float *m, float *l) {
+    const int KB = 16 / NP2;
+    int64_t all_lo = pc->A, all_hi = pc->B;
+    for (int i = 0; i < pc->nrg; i++) {
+        all_lo = pc->klo[i] > all_lo ? pc->klo[i] : all_lo;
+        all_hi = pc->khi[i] < all_hi ? pc->khi[i] : all_hi;
+    }
+    __mmask16 full = 0;
+    for (int ll = 0; ll < 16; ll++)
+        if (ll % NP2 < pc->nrg) full |= (__mmask16)(1u << ll);
+    int64_t j0 = pc->A - (pc->A - pc->c0) % 16;          /* chunks start at multiples of 16 keys */
     __m512 vm = _mm512_set1_ps(-INFINITY);
-    for (int64_t i = b0; i < a1; i += 16) {
-        __mmask16 mk = (__mmask16)0xffff;
-        if (i < a0) mk &= (__mmask16)(0xffffu << (a0 - i));
-        if (a1 - i < 16) mk &= (__mmask16)((1u << (a1 - i)) - 1);
-        vm = _mm512_mask_max_ps(vm, mk, vm, _mm512_maskz_loadu_ps(mk, Srow + i));
-    }
-    mx = _mm512_reduce_max_ps(vm);                /* max: exact in any order */
-    __m512 vmx = _mm512_set1_ps(mx), acc = _mm512_setzero_ps();
-    for (int64_t i = b0; i < a1; i += 16) {
-        __mmask16 mk = (__mmask16)0xffff;
-        if (i < a0) mk &= (__mmask16)(0xffffu << (a0 - i));
-        if (a1 - i < 16) mk &= (__mmask16)((1u << (a1 - i)) - 1);
-        __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, Srow + i), vmx));
-        _mm512_mask_storeu_ps(Srow + i, mk, e);
-        acc = _mm512_mask_add_ps(acc, mk, acc, e);
+    for (int64_t j = j0; j < pc->B; j += KB) {
+        __mmask16 mk = (j >= all_lo && j + KB <= all_hi) ? full : chunk_mask(pc, NP2, j);
+        vm = _mm512_mask_max_ps(vm, mk, vm, _mm512_maskz_loadu_ps(mk, St + (j - pc->c0) * NP2));
     }
     float lanes[16];
-    _mm512_storeu_ps(lanes, acc);
-#else
-    for (int64_t i = a0; i < a1; i++) mx = Srow[i] > mx ? Srow[i] : mx;
-    float lanes[16] = {0};
-    for (int64_t i = a0; i < a1; i++) {
-        Srow[i] = exp_s(Srow[i] - mx);
-        lanes[i & 15] += Srow[i];
+    _mm512_storeu_ps(lanes, vm);
+    for (int i = 0; i < NP2; i++) {                       /* max: exact in any order */
+        float mx = -INFINITY;
+        for (int kk = 0; kk < KB; kk++) mx = lanes[kk * NP2 + i] > mx ? lanes[kk * NP2 + i] : mx;
+        m[i] = mx;
     }
-#endif
-    *m_out = mx;
-    *l_out = tree16(lanes);
+    for (int ll = 0; ll < 16; ll++) lanes[ll] = m[ll % NP2];
+    __m512 vmx = _mm512_loadu_ps(lanes);
+    __m512 L[16];                                         /* L[t] element f: key j = t mod 16 (flat) */
+    for (int t = 0; t < NP2; t++) L[t] = _mm512_setzero_ps();
+    for (int64_t j = j0; j < pc->B; j += KB) {
+        __mmask16 mk = (j >= all_lo && j + KB <= all_hi) ? full : chunk_mask(pc, NP2, j);
+        float *src = St + (j - pc->c0) * NP2;
+        __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, src), vmx));
+        _mm512_mask_storeu_ps(src, mk, e);
+        int t = (int)(((j - pc->c0) / KB) % NP2);
+        L[t] = _mm512_mask_add_ps(L[t], mk, L[t], e);
+    }
+    float flat[16 * 16];
+    for (int t = 0; t < NP2; t++) _mm512_storeu_ps(flat + 16 * t, L[t]);
+    for (int i = 0; i < pc->nrg; i++) {
+        float ln[16];
+        for (int t = 0; t < 16; t++) ln[t] = flat[t * NP2 + i];
+        l[i] = tree16(ln);
+    }
 }
 
-/* o[rg][d] = sum over that rg's keys of E[rg][j] v_j[d] (j ascending), for keys [A, B). */
-#ifdef __AVX512F__
-/* Tiles of RG (row, head) accumulators x DC d-chunks of 16 (RG * DC <= 16 registers): each v
- * chunk converted once for RG rows, each weight e broadcast once for DC chunks.  Keys
- * [j0, j1) for every rg of the tile, or only where the rg sees them (`MASKED`). */
+/* o[rg] += E[j][rg] v_j (j ascending) for tiles of NP2 / RGS vectors x DC d-chunks. */
 #define PV_RANGE(BF16, MASKED)                                                                 \
     for (int64_t j = j0; j < j1; j++) {                                                        \
-        const char *vr = vb + key_off(a, j, g) * esz;                                          \
+        const char *vr = vb + pc->off[j - pc->A] * esz;                                        \
         __m512 vv[16];                                                                         \
         for (int c = 0; c < DC; c++) vv[c] = vld(vr, BF16, d + 16 * c);                        \
-        const float *e = &E[rg0][j - c0];                                                      \
+        const float *e = St + (j - pc->c0) * NP2 + rg0;                                        \
         for (int i = 0; i < RG; i++)                                                           \
-            if (!(MASKED) || (rg0 + i < nrg && j >= klo[rg0 + i] && j < khi[rg0 + i])) {       \
-                __m512 ev = _mm512_set1_ps(e[i * PIECE]);                                      \
+            if (!(MASKED) || active(pc, rg0 + i, j)) {                                         \
+                __m512 ev = _mm512_set1_ps(e[i]);                                              \
                 for (int c = 0; c < DC; c++) acc[i * DC + c] = _mm512_fmadd_ps(ev, vv[c], acc[i * DC + c]); \
             }                                                                                  \
     }
 
-static inline __attribute__((always_inline)) void pv_n(const Args *a, int64_t g, float (*E)[PIECE], const int NP2,
-                                                       const int RG, const int DC, int nrg, const int64_t *klo,
-                                                       const int64_t *khi, int64_t all_lo, int64_t all_hi,
-                                                       int64_t A, int64_t B, int64_t c0, float **o) {
+static inline __attribute__((always_inline)) void pv_n(const Args *a, const Piece *pc, const int NP2, const int RG,
+                                                       const int DC, const float *St, float **o) {
     int64_t D = a->D;
     int esz = a->kv_bf16 ? 2 : 4;
     const char *vb = (const char *)a->v;
-    for (int rg0 = 0; rg0 < NP2 && rg0 < nrg; rg0 += RG)
+    int64_t all_lo = pc->A, all_hi = pc->B;
+    for (int i = 0; i < pc->nrg; i++) {
+        all_lo = pc->klo[i] > all_lo ? pc->klo[i] : all_lo;
+        all_hi = pc->khi[i] < all_hi ? pc->khi[i] : all_hi;
+    }
+    if (all_hi < all_lo) all_hi = all_lo;
+    for (int rg0 = 0; rg0 < NP2 && rg0 < pc->nrg; rg0 += RG)
         for (int64_t d = 0; d < D; d += 16 * DC) {
             __m512 acc[16];
             for (int i = 0; i < RG * DC; i++) acc[i] = _mm512_setzero_ps();
-            int64_t j0 = A, j1 = all_lo;
+            int64_t j0 = pc->A, j1 = all_lo;
             if (a->kv_bf16) { PV_RANGE(1, 1) } else { PV_RANGE(0, 1) }
             j0 = all_lo; j1 = all_hi;
             if (a->kv_bf16) { PV_RANGE(1, 0) } else { PV_RANGE(0, 0) }
-            j0 = all_hi; j1 = B;
+            j0 = all_hi; j1 = pc->B;
             if (a->kv_bf16) { PV_RANGE(1, 1) } else { PV_RANGE(0, 1) }
-            for (int i = 0; i < RG && rg0 + i < nrg; i++)
+            for (int i = 0; i < RG && rg0 + i < pc->nrg; i++)
                 for (int c = 0; c < DC; c++) _mm512_storeu_ps(o[rg0 + i] + d + 16 * c, acc[i * DC + c]);
         }
 }
 #undef PV_RANGE
+
+static void piece_vector(const Args *a, const Piece *pc, const float *qf, float *St, float *m, float *l, float **o) {
+    int64_t dch = a->D / 16;
+    switch (pc->np2) {
+    case 16:
+        scores_n(a, pc, qf, 16, SC_RG, St); softmax_n(pc, 16, St, m, l);
+        if (dch % 2 == 0) pv_n(a, pc, 16, 8, 2, St, o); else pv_n(a, pc, 16, 16, 1, St, o);
+        break;
+    case 8:
+        scores_n(a, pc, qf, 8, 8, St); softmax_n(pc, 8, St, m, l);
+        if (dch % 2 == 0) pv_n(a, pc, 8, 8, 2, St, o); else pv_n(a, pc, 8, 8, 1, St, o);
+        break;
+    case 4:
+        scores_n(a, pc, qf, 4, 4, St); softmax_n(pc, 4, St, m, l);
+        if (dch % 4 == 0) pv_n(a, pc, 4, 4, 4, St, o); else pv_n(a, pc, 4, 4, 1, St, o);
+        break;
+    case 2:
+        scores_n(a, pc, qf, 2, 2, St); softmax_n(pc, 2, St, m, l);
+        pv_n(a, pc, 2, 2, 1, St, o);
+        break;
+    default:
+        scores_n(a, pc, qf, 1, 1, St); softmax_n(pc, 1, St, m, l);
+        pv_n(a, pc, 1, 1, 1, St, o);
+        break;
+    }
+}
 #endif
 
-static void pv(const Args *a, int64_t g, float (*E)[PIECE], int np2, int nrg, const int64_t *klo,
-               const int64_t *khi, int64_t A, int64_t B, int64_t c0, float **o) {
-    int64_t all_lo = A, all_hi = B;
-    for (int i = 0; i < nrg; i++) {
-        all_lo = klo[i] > all_lo ? klo[i] : all_lo;
-        all_hi = khi[i] < all_hi ? khi[i] : all_hi;
-    }
-    if (all_hi < all_lo) all_hi = all_lo;
-#ifdef __AVX512F__
-    int64_t dch = a->D / 16;                     /* d-chunks: the tile takes 2 or 4 when they divide */
-    if (np2 >= 8 && dch % 2 == 0) pv_n(a, g, E, np2, 8, 2, nrg, klo, khi, all_lo, all_hi, A, B, c0, o);
-    else if (np2 <= 4 && dch % 4 == 0) pv_n(a, g, E, np2, 4, 4, nrg, klo, khi, all_lo, all_hi, A, B, c0, o);
-    else pv_n(a, g, E, np2, 16, 1, nrg, klo, khi, all_lo, all_hi, A, B, c0, o);
-#else
-    (void)np2;
-    int64_t D = a->D;
-    for (int i = 0; i < nrg; i++) {
-        for (int64_t d = 0; d < D; d++) o[i][d] = 0.0f;
-        for (int64_t j = klo[i]; j < khi[i]; j++) {
-            int64_t off = key_off(a, j, g);
-            for (int64_t d = 0; d < D; d++) o[i][d] = fmaf(E[i][j - c0], ld(a->v, a->kv_bf16, off + d), o[i][d]);
+/* The same maths element by element (no AVX-512): same dots (16 fma lanes + tree16), same
+ * exp_s, same lanes for l, same j order for o. */
+static void piece_scalar(const Args *a, const Piece *pc, const float *qf, float *St, float *m, float *l, float **o) {
+    int64_t D = a->D, NP2 = pc->np2;
+    for (int64_t j = pc->A; j < pc->B; j++) {
+        const char *kr = (const char *)a->k + pc->off[j - pc->A] * (a->kv_bf16 ? 2 : 4);
+        for (int i = 0; i < NP2; i++) {
+            float lane[16] = {0};
+            for (int64_t d = 0; d < D; d++)
+                lane[d & 15] = fmaf(qf[(d / 16 * NP2 + i) * 16 + (d & 15)], ld(kr, a->kv_bf16, d), lane[d & 15]);
+            St[(j - pc->c0) * NP2 + i] = score_post(tree16(lane), a->scale, a->softcap);
         }
     }
-#endif
+    for (int i = 0; i < pc->nrg; i++) {
+        float mx = -INFINITY, lanes[16] = {0};
+        for (int64_t j = pc->klo[i]; j < pc->khi[i]; j++) {
+            float s = St[(j - pc->c0) * NP2 + i];
+            mx = s > mx ? s : mx;
+        }
+        for (int64_t j = pc->klo[i]; j < pc->khi[i]; j++) {
+            float *s = &St[(j - pc->c0) * NP2 + i];
+            *s = exp_s(*s - mx);
+            lanes[(j - pc->c0) & 15] += *s;
+        }
+        m[i] = mx;
+        l[i] = tree16(lanes);
+        for (int64_t d = 0; d < D; d++) o[i][d] = 0.0f;
+        for (int64_t j = pc->klo[i]; j < pc->khi[i]; j++) {
+            const char *vr = (const char *)a->v + pc->off[j - pc->A] * (a->kv_bf16 ? 2 : 4);
+            float e = St[(j - pc->c0) * NP2 + i];
+            for (int64_t d = 0; d < D; d++) o[i][d] = fmaf(e, ld(vr, a->kv_bf16, d), o[i][d]);
+        }
+    }
 }
 
 /* Rows [t0, t0 + nr) of group g, piece c: partials into slots (rg, c - cb0) of `base`. */
 static void block_piece(const Args *a, int64_t t0, int nr, int64_t g, int64_t c, const float *qf,
                         float *base, int64_t cb0, int64_t NP) {
-    int64_t G = a->G, D = a->D, c0 = c * PIECE;
-    int nrg = (int)(nr * G), np2 = 1;
-    while (np2 < nrg) np2 *= 2;
-    int64_t klo[16], khi[16], A = INT64_MAX, B = INT64_MIN;
+    int64_t G = a->G, D = a->D;
+    Piece pc;
+    pc.c0 = c * PIECE;
+    pc.nrg = (int)(nr * G);
+    pc.np2 = 1;
+    while (pc.np2 < pc.nrg) pc.np2 *= 2;
+    pc.A = INT64_MAX;
+    pc.B = INT64_MIN;
     for (int r = 0; r < nr; r++) {
         int64_t p = a->qpos[t0 + r], lo = lo_of(a, p);
-        int64_t x0 = lo > c0 ? lo : c0, x1 = p + 1 < c0 + PIECE ? p + 1 : c0 + PIECE;
+        int64_t x0 = lo > pc.c0 ? lo : pc.c0, x1 = p + 1 < pc.c0 + PIECE ? p + 1 : pc.c0 + PIECE;
+        if (x0 >= x1) x0 = x1 = pc.c0;                  /* this row does not see this piece */
         for (int hh = 0; hh < G; hh++) {
-            klo[r * G + hh] = x0;
-            khi[r * G + hh] = x1;
+            pc.klo[r * G + hh] = x0;
+            pc.khi[r * G + hh] = x1;
         }
         if (x0 < x1) {
-            A = x0 < A ? x0 : A;
-            B = x1 > B ? x1 : B;
+            pc.A = x0 < pc.A ? x0 : pc.A;
+            pc.B = x1 > pc.B ? x1 : pc.B;
         }
     }
-    if (A >= B) return;
-    float S[16][PIECE];
-    scores(a, g, qf, np2, nrg, A, B, c0, S);
-    float *o[16];
-    for (int i = 0; i < nrg; i++) {
-        float *sl = slot(base, i, c - cb0, NP, D);
-        o[i] = sl + 2;
-        if (klo[i] < khi[i]) softmax_piece(S[i], klo[i], khi[i], c0, sl, sl + 1);
-        else { klo[i] = khi[i] = A; }             /* this row does not see this piece */
-    }
-    pv(a, g, S, np2, nrg, klo, khi, A, B, c0, o);
+    if (pc.A >= pc.B) return;
+    for (int i = 0; i < pc.nrg; i++)                    /* empty ranges inside [A, B) */
+        if (pc.klo[i] == pc.khi[i]) pc.klo[i] = pc.khi[i] = pc.A;
+    for (int64_t j = pc.A; j < pc.B; j++) pc.off[j - pc.A] = key_off(a, j, g);
+    float St[(PIECE + 16) * 16], m[16], l[16], *o[16];
+    for (int i = 0; i < pc.nrg; i++) o[i] = slot(base, i, c - cb0, NP, D) + 2;
+#ifdef __AVX512F__
+    piece_vector(a, &pc, qf, St, m, l, o);
+#else
+    piece_scalar(a, &pc, qf, St, m, l, o);
+#endif
+    for (int i = 0; i < pc.nrg; i++)
+        if (pc.klo[i] < pc.khi[i]) {
+            float *sl = slot(base, i, c - cb0, NP, D);
+            sl[0] = m[i];
+            sl[1] = l[i];
+        }
 }
 
 /* The pieces row p sees: [c_lo, c_hi]. */
