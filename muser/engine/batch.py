@@ -6,8 +6,9 @@ session attends over its own planes at its own position.  Does not own: the
 CUDA graph runner (cuda_graph.py) or sessions' caches.
 
 Exactness: row i of a batched matmul equals the one-row matmul only when the
-kernel is row-invariant.  The int8 fast path's kernel is (measured, see
-benchmarks/NOTES.md), so there a batched step is bitwise equal to each session
+kernel is row-invariant.  The int8 fast path's kernels are (exact integer sums,
+csrc/a8w8.c), and each session's attention runs the same positional kernel as a
+lone decode step, so there a batched step is bitwise equal to each session
 decoding alone; `Engine.decode_batch` takes this path only then.  Every session
 is guarded by its own checkpoint: a failure rolls all of them back.
 """

@@ -88,11 +88,13 @@ class Session:
         padded: it is its own shape.  When the row-wise ops are row-invariant
         (`engine.compact_chunk`), only the attention needs the padded shape: the
         rest runs on the real rows and the scratch rows enter attention as zeros.
+        When every op is (`engine.exact_rows`: the CPU int8 path, whose attention
+        reads keys by absolute position), a row's bits depend on nothing but its
+        token's history -- not on the chunk's size, alignment or neighbours -- so
+        there is nothing for scratch rows to pin and chunks are not padded at all.
         """
         engine, spec = self.engine, self.engine.spec
         start, t = self.position, len(ids)
-        # Every op row-invariant (the CPU int8 path): a row's bits do not depend on the chunk's
-        # shape, so there is nothing for scratch rows to pin.
         t_pad = -(-t // PAD_ROWS) * PAD_ROWS if pad and not engine.exact_rows else t
         rows = t if engine.compact_chunk(t_pad) else t_pad          # rows the matmuls see
         guard = Checkpoint(self.planes, start, t) if self._open is None else None

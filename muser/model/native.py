@@ -3,8 +3,13 @@
 Owns: compiling `csrc/*.c` into a shared library cached under
 ~/.cache/muser/native (keyed by the source, the compiler and the CPU flags, so
 a changed file or another machine gets its own build), loading it, and thin
-tensor wrappers (`q8_linear`, `norm_rope`, `attend_visible` / `try_attend_visible`).  Does not own: when a kernel is used
-(quantize.FastLinear decides) or the kernels' maths (documented in the C file).
+tensor wrappers: `BoundA8W8` (every projection of the int8 path: exact integer
+sums, `a8w8_reference` is its arithmetic in torch), `q8_linear` / `BoundQ8` (the
+f32-activation int8 GEMV: the LM head), `norm_rope`, `attend_rows` (attention by
+absolute position: decode, verification and prefill rows alike) and
+`attend_visible` / `try_attend_visible` (every key visible, for callers without
+positions).  Does not own: when a kernel is used (quantize.FastLinear and the
+engine decide) or the kernels' maths (documented in each C file).
 
 Why ctypes and not a torch extension: the build needs only `cc` (about a
 second, no torch headers, no ninja), and loading the library after torch makes
