@@ -181,12 +181,14 @@ def test_attend_visible_refuses_operands_it_cannot_read_in_place():
         native.attend_visible(q, k, k, 0.1)
 
 
-@pytest.fixture(scope="module")
-def portable():
-    """The kernels built without AVX-512: what a CPU without it runs (the scalar paths)."""
-    path = native.build(("-mno-avx512f",))
+@pytest.fixture(scope="module", params=[("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2", "-mno-fma")],
+                ids=["no-avx512", "scalar"])
+def portable(request):
+    """The kernels built without AVX-512 (the AVX2 paths, on an x86 that has AVX2) and without any
+    vector extension (the scalar paths): what other CPUs run."""
+    path = native.build(request.param)
     if path is None:
-        pytest.skip("the compiler refused -mno-avx512f")
+        pytest.skip(f"the compiler refused {' '.join(request.param)}")
     return native.load(path)
 
 

@@ -35,6 +35,9 @@
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define A8_VNNI 1
+#elif defined(__AVX2__)
+#include <immintrin.h>
+#define A8_AVX2 1
 #endif
 
 #ifdef A8_VNNI
@@ -177,6 +180,42 @@ static void tile_generic(const int8_t *xq, int rows, int64_t Kp, const uint8_t *
         }
 }
 
+#ifdef A8_AVX2
+/* The same sums on AVX2 (no VNNI), llama.cpp's sign trick: |x| (u8) times w carrying x's sign
+ * (s8), so vpmaddubsw's pair sums stay within int16 (2 * 127 * 127 < 32767: never saturate),
+ * then vpmaddwd by ones into int32.  Half a panel (32 outputs) per pass: 8 accumulators. */
+static void tile_avx2(const int8_t *xq, int rows, int64_t Kp, const uint8_t *wp, int32_t *acc) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    for (int half = 0; half < 2; half++) {
+        __m256i a[2][4];
+        for (int r = 0; r < 2; r++)
+            for (int v = 0; v < 4; v++) a[r][v] = _mm256_setzero_si256();
+        for (int r0 = 0; r0 < rows; r0 += 2) {
+            for (int64_t k4 = 0; k4 < Kp / 4; k4++) {
+                const uint8_t *w = wp + k4 * 256 + half * 128;
+                __m256i ws[4];
+                for (int v = 0; v < 4; v++)      /* u8 (w + 128) -> s8 w */
+                    ws[v] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 32 * v)), flip);
+                for (int r = 0; r < 2; r++) {
+                    int32_t xv;
+                    memcpy(&xv, xq + (r0 + r) * Kp + 4 * k4, 4);
+                    __m256i xb = _mm256_set1_epi32(xv), xa = _mm256_abs_epi8(xb);
+                    for (int v = 0; v < 4; v++) {
+                        __m256i p16 = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(ws[v], xb));
+                        a[r][v] = _mm256_add_epi32(a[r][v], _mm256_madd_epi16(p16, ones));
+                    }
+                }
+            }
+            for (int r = 0; r < 2; r++)
+                for (int v = 0; v < 4; v++) {
+                    _mm256_storeu_si256((__m256i *)(acc + (r0 + r) * PANEL + half * 32 + 8 * v), a[r][v]);
+                    a[r][v] = _mm256_setzero_si256();
+                }
+        }
+    }
+}
+#endif
+
 #ifdef A8_VNNI
 /* The same sums with vpdpbusd: `rows` (2 or 4) plane rows x 64 outputs, 16 accumulators, the
  * 4 weight vectors of a k4 step loaded once and the 4-byte activation groups broadcast. */
@@ -293,7 +332,13 @@ int muser_a8w8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uin
                 tile_vnni(xr, rows, Kp, panel, acc, pf);
             }
 #endif
+#ifdef A8_AVX2
+            tile_avx2(xr, rows, Kp, panel, acc);  /* sums in the packed order: u8 - 128 = w */
+            for (int r = 0; r < rows; r++)        /* the VNNI path's raw sums include + 128 sum x */
+                for (int j = 0; j < PANEL; j++) acc[r * PANEL + j] += c[r0 + r];
+#else
             if (!fast) tile_generic(xr, rows, Kp, panel, acc);
+#endif
             for (int r = 0; r < rows; r += 2) {
                 int64_t m = (r0 + r) / 2;
                 int64_t n0 = p * PANEL, cnt = N - n0 < PANEL ? N - n0 : PANEL;

@@ -33,7 +33,7 @@
 #include <string.h>
 
 #include "common.h"
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -331,13 +331,29 @@ static void piece_vector(const Args *a, const Piece *pc, const float *qf, float 
 /* The same maths element by element (no AVX-512): same dots (16 fma lanes + tree16), same
  * exp_s, same lanes for l, same j order for o. */
 static void piece_scalar(const Args *a, const Piece *pc, const float *qf, float *St, float *m, float *l, float **o) {
+    /* written so that a compiler vectorizes the 16-lane and the d loops (AVX2 builds) */
     int64_t D = a->D, NP2 = pc->np2;
+    float row[DMAX];
     for (int64_t j = pc->A; j < pc->B; j++) {
         const char *kr = (const char *)a->k + pc->off[j - pc->A] * (a->kv_bf16 ? 2 : 4);
+        for (int64_t d = 0; d < D; d++) row[d] = ld(kr, a->kv_bf16, d);
         for (int i = 0; i < NP2; i++) {
             float lane[16] = {0};
-            for (int64_t d = 0; d < D; d++)
-                lane[d & 15] = fmaf(qf[(d / 16 * NP2 + i) * 16 + (d & 15)], ld(kr, a->kv_bf16, d), lane[d & 15]);
+#if defined(__AVX2__) && defined(__FMA__)
+            __m256 l0 = _mm256_setzero_ps(), l1 = _mm256_setzero_ps();   /* lanes 0-7, 8-15 */
+            for (int64_t d0 = 0; d0 < D; d0 += 16) {
+                const float *qv = qf + (d0 / 16 * NP2 + i) * 16;
+                l0 = _mm256_fmadd_ps(_mm256_loadu_ps(qv), _mm256_loadu_ps(row + d0), l0);
+                l1 = _mm256_fmadd_ps(_mm256_loadu_ps(qv + 8), _mm256_loadu_ps(row + d0 + 8), l1);
+            }
+            _mm256_storeu_ps(lane, l0);
+            _mm256_storeu_ps(lane + 8, l1);
+#else
+            for (int64_t d0 = 0; d0 < D; d0 += 16) {
+                const float *qv = qf + (d0 / 16 * NP2 + i) * 16;
+                for (int t = 0; t < 16; t++) lane[t] = fmaf(qv[t], row[d0 + t], lane[t]);
+            }
+#endif
             St[(j - pc->c0) * NP2 + i] = score_post(tree16(lane), a->scale, a->softcap);
         }
     }
@@ -355,10 +371,14 @@ static void piece_scalar(const Args *a, const Piece *pc, const float *qf, float 
         m[i] = mx;
         l[i] = tree16(lanes);
         for (int64_t d = 0; d < D; d++) o[i][d] = 0.0f;
-        for (int64_t j = pc->klo[i]; j < pc->khi[i]; j++) {
-            const char *vr = (const char *)a->v + pc->off[j - pc->A] * (a->kv_bf16 ? 2 : 4);
-            float e = St[(j - pc->c0) * NP2 + i];
-            for (int64_t d = 0; d < D; d++) o[i][d] = fmaf(e, ld(vr, a->kv_bf16, d), o[i][d]);
+    }
+    for (int64_t j = pc->A; j < pc->B; j++) {          /* o: j ascending for every (i, d) */
+        const char *vr = (const char *)a->v + pc->off[j - pc->A] * (a->kv_bf16 ? 2 : 4);
+        for (int64_t d = 0; d < D; d++) row[d] = ld(vr, a->kv_bf16, d);
+        for (int i = 0; i < pc->nrg; i++) {
+            if (!active(pc, i, j)) continue;
+            float e = St[(j - pc->c0) * NP2 + i], *oi = o[i];
+            for (int64_t d = 0; d < D; d++) oi[d] = fmaf(e, row[d], oi[d]);
         }
     }
 }
