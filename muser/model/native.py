@@ -127,7 +127,7 @@ def load(path: Path) -> ctypes.CDLL:
     r = lib.muser_attend_rows
     r.restype = ctypes.c_int
     r.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                  ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                  ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                   ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                   ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_float, ctypes.c_void_p,
                   ctypes.c_int, ctypes.c_int]
@@ -348,23 +348,25 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions, wi
     t, h, d = q.shape
     cap, kv, _ = k.shape
     if isinstance(positions, int):
-        pos = torch.arange(positions, positions + t, dtype=torch.int64)
+        pos, pos_ptr, first = None, None, positions              # rows at positions .. positions + t - 1
     else:
         pos = positions.to(torch.int64).contiguous()
         if pos.shape != (t,):
             raise ValueError(f"positions must be int64 [{t}], got {tuple(pos.shape)}")
+        pos_ptr, first = pos.data_ptr(), 0
     q = q.contiguous()
     out = torch.empty((t, h, d), dtype=q.dtype)
     n = cap if count is None else count
     rc = _lib(lib).muser_attend_rows(
-        q.data_ptr(), q.dtype is torch.bfloat16, t, h, d, pos.data_ptr(), int(window or 0),
+        q.data_ptr(), q.dtype is torch.bfloat16, t, h, d, pos_ptr, first, int(window or 0),
         k.data_ptr(), v.data_ptr(), k.dtype is torch.bfloat16, kv, int(key_pos0), n, int(rotation), cap,
         k.stride(0), k.stride(1), float(scale), float(softcap or 0.0), out.data_ptr(),
         q.dtype is torch.bfloat16, torch.get_num_threads())
     if rc == -2:
         raise MemoryError("attend_rows: could not allocate its scratch")
     if rc != 0:
-        raise ValueError(f"attend_rows: rows at positions {int(pos.min())}..{int(pos.max())} (window {window}) "
+        lo, hi = (first, first + t - 1) if pos is None else (int(pos.min()), int(pos.max()))
+        raise ValueError(f"attend_rows: rows at positions {lo}..{hi} (window {window}) "
                          f"need keys the source does not hold (keys {key_pos0}..{key_pos0 + n - 1}, "
                          f"capacity {cap}, rotation {rotation}), or an unsupported shape q {tuple(q.shape)}")
     return out

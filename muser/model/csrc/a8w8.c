@@ -302,18 +302,23 @@ int muser_a8w8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uin
                       const float *scale, int64_t N, void *y, int y_bf16, int nthreads) {
     int64_t Kp = (K + 3) / 4 * 4, P = (N + PANEL - 1) / PANEL;
     /* plane rows: 2m = plane 1 of row m, 2m + 1 = plane 2 */
-    int8_t *xq = (int8_t *)malloc((size_t)(2 * M * Kp));
-    float *s = (float *)malloc((size_t)(2 * M) * sizeof(float));
-    int32_t *c = (int32_t *)malloc((size_t)(2 * M) * sizeof(int32_t));
-    if (!xq || !s || !c) {
-        free(xq); free(s); free(c);
-        return -1;
-    }
+    /* one allocation: s [2M] f32, c [2M] int32, then the planes [2M][Kp] */
+    char *buf = (char *)malloc((size_t)(2 * M * (4 + 4 + Kp)));
+    if (!buf) return -1;
+    float *s = (float *)buf;
+    int32_t *c = (int32_t *)(buf + 8 * M);
+    int8_t *xq = (int8_t *)(buf + 16 * M);
     int64_t esz = x_bf16 ? 2 : 4;
-    #pragma omp parallel for schedule(static) num_threads(M >= 16 ? nthreads : 1)
-    for (int64_t m = 0; m < M; m++)
-        quant_row((const char *)x + m * K * esz, x_bf16, K, Kp, xq + 2 * m * Kp, xq + (2 * m + 1) * Kp,
-                  s + 2 * m, c + 2 * m);
+    if (M >= 16) {
+        #pragma omp parallel for schedule(static) num_threads(nthreads)
+        for (int64_t m = 0; m < M; m++)
+            quant_row((const char *)x + m * K * esz, x_bf16, K, Kp, xq + 2 * m * Kp, xq + (2 * m + 1) * Kp,
+                      s + 2 * m, c + 2 * m);
+    } else {                                   /* a decode step: no thread team for 640 values */
+        for (int64_t m = 0; m < M; m++)
+            quant_row((const char *)x + m * K * esz, x_bf16, K, Kp, xq + 2 * m * Kp, xq + (2 * m + 1) * Kp,
+                      s + 2 * m, c + 2 * m);
+    }
     int fast = 0;
 #ifdef A8_VNNI
     fast = 1;
@@ -347,6 +352,6 @@ int muser_a8w8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uin
             }
         }
     }
-    free(xq); free(s); free(c);
+    free(buf);
     return 0;
 }

@@ -45,7 +45,7 @@
 
 typedef struct {
     const void *q; int q_bf16; int64_t T, H, D, KV, G;
-    const int64_t *qpos; int64_t window;
+    const int64_t *qpos; int64_t qpos0, window;   /* row t at qpos[t], or qpos0 + t when qpos is NULL */
     const void *k, *v; int kv_bf16; int64_t pos0, S, rot, cap, stride_s, stride_kv;
     float scale, softcap;
     void *out; int out_bf16;
@@ -137,6 +137,10 @@ static inline __attribute__((always_inline)) __m512 reduce16(__m512 *v) {
 #endif
 
 /* ------------------------------------------------------------------ addressing */
+static inline int64_t qp(const Args *a, int64_t t) {
+    return a->qpos ? a->qpos[t] : a->qpos0 + t;
+}
+
 static inline int64_t lo_of(const Args *a, int64_t p) {
     return a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
 }
@@ -395,7 +399,7 @@ static void block_piece(const Args *a, int64_t t0, int nr, int64_t g, int64_t c,
     pc.A = INT64_MAX;
     pc.B = INT64_MIN;
     for (int r = 0; r < nr; r++) {
-        int64_t p = a->qpos[t0 + r], lo = lo_of(a, p);
+        int64_t p = qp(a, t0 + r), lo = lo_of(a, p);
         int64_t x0 = lo > pc.c0 ? lo : pc.c0, x1 = p + 1 < pc.c0 + PIECE ? p + 1 : pc.c0 + PIECE;
         if (x0 >= x1) x0 = x1 = pc.c0;                  /* this row does not see this piece */
         for (int hh = 0; hh < G; hh++) {
@@ -435,7 +439,7 @@ static inline void pieces_of(const Args *a, int64_t p, int64_t *c_lo, int64_t *c
 /* Merge the pieces of row t0 + r (head hh of group g) from the block scratch into out. */
 static void merge(const Args *a, int64_t t0, int r, int64_t g, float *base, int64_t cb0, int64_t NP) {
     int64_t G = a->G, D = a->D, t = t0 + r, c_lo, c_hi;
-    pieces_of(a, a->qpos[t], &c_lo, &c_hi);
+    pieces_of(a, qp(a, t), &c_lo, &c_hi);
     for (int64_t hh = 0; hh < G; hh++) {
         int64_t rg = r * G + hh;
         float M = -INFINITY, L = 0.0f, acc[DMAX];
@@ -485,7 +489,7 @@ static void block_range(const Args *a, int64_t t0, int nr, int64_t *cb0, int64_t
     int64_t lo = INT64_MAX, hi = INT64_MIN;
     for (int r = 0; r < nr; r++) {
         int64_t c_lo, c_hi;
-        pieces_of(a, a->qpos[t0 + r], &c_lo, &c_hi);
+        pieces_of(a, qp(a, t0 + r), &c_lo, &c_hi);
         lo = c_lo < lo ? c_lo : lo;
         hi = c_hi > hi ? c_hi : hi;
     }
@@ -500,7 +504,7 @@ static int attend(Args *a, int nthreads) {
     a->G = a->H / KV;
     a->R = 16 / a->G;
     for (int64_t t = 0; t < T; t++) {             /* every visible key must be in the source */
-        int64_t p = a->qpos[t];
+        int64_t p = qp(a, t);
         if (p < 0 || lo_of(a, p) < a->pos0 || p >= a->pos0 + a->S) return -1;
     }
     int64_t R = a->R, nblocks = (T + R - 1) / R, per = (int64_t)a->G * R;
@@ -541,8 +545,16 @@ static int attend(Args *a, int nthreads) {
     }
     /* few blocks (a decode step): (block, group, piece) tasks in parallel, then the merges */
     int64_t NP = gmax - gmin + 1, tasks = nblocks * KV * NP;
-    float *scr = (float *)malloc((size_t)(nblocks * KV * per * NP * (D + 2)) * sizeof(float));
+    float *scr = (float *)malloc((size_t)(nblocks * KV * per * NP * (D + 2) + 16 * D) * sizeof(float));
     if (!scr) return -2;
+    if (tasks == 1 && T == 1) {                  /* one piece, one row: no thread team */
+        float *qf = scr + per * NP * (D + 2);
+        load_q(a, 0, 1, 0, qf);
+        block_piece(a, 0, 1, 0, gmin, qf, scr, gmin, NP);
+        merge(a, 0, 0, 0, scr, gmin, NP);
+        free(scr);
+        return 0;
+    }
     #pragma omp parallel num_threads(tasks > 1 ? nthreads : 1)
     {
         float *qf = (float *)malloc((size_t)(16 * D) * sizeof(float));
@@ -575,14 +587,15 @@ static int attend(Args *a, int nthreads) {
     return 0;
 }
 
-/* q [T, H, D] at positions qpos[T]; keys/values as described at the top; out [T, H, D].
+/* q [T, H, D] at positions qpos[T] (or qpos0 .. qpos0 + T - 1 when qpos is NULL); keys/values as
+ * described at the top; out [T, H, D].
  * D % 16 == 0, D <= 1024, H / KV <= 16. */
 int muser_attend_rows(const void *q, int q_bf16, int64_t T, int64_t H, int64_t D, const int64_t *qpos,
-                      int64_t window, const void *k, const void *v, int kv_bf16, int64_t KV, int64_t pos0,
+                      int64_t qpos0, int64_t window, const void *k, const void *v, int kv_bf16, int64_t KV, int64_t pos0,
                       int64_t S, int64_t rot, int64_t cap, int64_t stride_s, int64_t stride_kv, float scale,
                       float softcap, void *out, int out_bf16, int nthreads) {
     if (S < 1 || cap < S || rot < 0 || rot >= cap) return -1;
-    Args a = {q, q_bf16, T, H, D, KV, 0, qpos, window, k, v, kv_bf16, pos0, S, rot, cap, stride_s, stride_kv,
+    Args a = {q, q_bf16, T, H, D, KV, 0, qpos, qpos0, window, k, v, kv_bf16, pos0, S, rot, cap, stride_s, stride_kv,
               scale, softcap, out, out_bf16, 0};
     return attend(&a, nthreads);
 }
@@ -596,7 +609,7 @@ int muser_attend_visible(const void *q, int q_bf16, int64_t T, int64_t H, int64_
     int64_t *qpos = (int64_t *)malloc((size_t)T * sizeof(int64_t));
     if (!qpos) return -2;
     for (int64_t t = 0; t < T; t++) qpos[t] = S - 1;
-    int rc = muser_attend_rows(q, q_bf16, T, H, D, qpos, 0, k, v, kv_bf16, KV, 0, S, 0, S, stride_s, stride_kv,
+    int rc = muser_attend_rows(q, q_bf16, T, H, D, qpos, 0, 0, k, v, kv_bf16, KV, 0, S, 0, S, stride_s, stride_kv,
                                scale, softcap, out, out_bf16, nthreads);
     free(qpos);
     return rc;
