@@ -25,6 +25,7 @@ Hierarchy::
         ModelFormatError        unreadable / unsupported weights or config
         TokenizerUnavailable    a text API on a model loaded without tokenizer files
       RequestError              bad generation arguments (also ValueError)
+      EnvError                  a MUSER_* environment variable with a value it does not accept
       ContextOverflow           a prompt that cannot fit the context (server policy)
 """
 from __future__ import annotations
@@ -131,6 +132,14 @@ class TokenizerUnavailable(ModelError):
 # --------------------------------------------------------------------------- requests
 class RequestError(MuserError, ValueError):
     """Bad generation arguments (negative max_tokens, top_p outside (0, 1], ...)."""
+
+
+class EnvError(MuserError, ValueError):
+    """A MUSER_* environment variable set to something it does not accept (muser/env.py)."""
+
+    def __init__(self, name: str, expected: str, got: str):
+        self.name, self.expected, self.got = name, expected, got
+        super().__init__(f"environment variable {name} expected {expected}, got {got!r}")
 
 
 class ContextOverflow(MuserError):

@@ -35,9 +35,10 @@ falls, so no split reads a row another split of the same launch writes.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
+
+from muser.env import Env
 
 TAB_COLS = 4
 RING_BLOCK_ROWS = 32          # a ring split covers ~this many rows (MUSER_RING_ROWS: experiments)
@@ -55,30 +56,25 @@ def plane_row(plane) -> list[int]:
     return [k.data_ptr(), v.data_ptr(), k.stride(row_dim), k.stride(head_dim)]
 
 
-def _env_tune(name: str) -> dict:
-    """MUSER_ATTN_RING / MUSER_ATTN_GROWING = "block_n,warps" (experiments; see cuda_kernels.py)."""
-    v = os.environ.get(name)
-    if not v:
-        return {}
-    bn, w = (int(x) for x in v.split(","))
-    return {"block_n": bn, "warps": w}
+def _tile(tile: tuple[int, int] | None) -> dict:
+    return {} if tile is None else {"block_n": tile[0], "warps": tile[1]}
 
 
-def tune_for(growing: bool) -> dict:
+def tune_for(growing: bool, env: Env = Env()) -> dict:
     """Launch settings for a plane kind: fewest rows per split (fewer active splits = less to
-    combine at short lengths), and the tile (block_n, warps) when not the default."""
+    combine at short lengths), and the tile (block_n, warps) when not the default
+    (MUSER_GROWING_MIN_ROWS, MUSER_ATTN_GROWING, MUSER_ATTN_RING: experiments, see cuda_kernels.py)."""
     if growing:
-        rows = int(os.environ.get("MUSER_GROWING_MIN_ROWS", GROWING_MIN_ROWS))
-        return {"min_rows": rows, **_env_tune("MUSER_ATTN_GROWING")}
-    return _env_tune("MUSER_ATTN_RING")
+        return {"min_rows": env.growing_min_rows, **_tile(env.attn_growing)}
+    return _tile(env.attn_ring)
 
 
-def splits_for(capacity: int, growing: bool) -> int:
-    """Grid width for a plane of this capacity: static, so one graph serves every length."""
+def splits_for(capacity: int, growing: bool, ring_rows: int = RING_BLOCK_ROWS) -> int:
+    """Grid width for a plane of this capacity: static, so one graph serves every length
+    (`ring_rows`: MUSER_RING_ROWS, experiments)."""
     if growing:
         return GROWING_SPLITS
-    rows = int(os.environ.get("MUSER_RING_ROWS", RING_BLOCK_ROWS))
-    return max(1, min(64, -(-capacity // rows)))
+    return max(1, min(64, -(-capacity // ring_rows)))
 
 
 @functools.lru_cache(maxsize=None)

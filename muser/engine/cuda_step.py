@@ -18,11 +18,12 @@ and a row's sums never see the other rows, so a session's logits and K/V rows
 are bitwise the same decoded alone or beside 15 others.  cuBLAS picks its
 kernel by the row count (batch-variant), and the batch-1 `gemv` is ~10% faster
 at batch 1 but cannot serve a batch at speed (benchmarks/NOTES.md, CUDA).
-Experiment switches, read at construction so every replay of an engine uses
-the same kernels: MUSER_GEMV=dot (default, batch-invariant) | fast (batch 1
-through `gemv`, larger batches and the head through cuBLAS: the previous
-default, NOT batch-invariant) | none (cuBLAS for all); MUSER_ATTN=separate
-(qk_rope_store + attention as two launches) | fused (default).
+Experiment switches, fixed at construction (from the `Env` the runner passes)
+so every replay of an engine uses the same kernels: MUSER_GEMV=dot (default,
+batch-invariant) | fast (batch 1 through `gemv`, larger batches and the head
+through cuBLAS: the previous default, NOT batch-invariant) | none (cuBLAS for
+all); MUSER_ATTN=separate (qk_rope_store + attention as two launches) | fused
+(default).
 
 Inputs live in device tensors so the step can be captured once and replayed:
 `packed` int64 = [ids (B) | positions (B) | per plane group: (slot, n) x B],
@@ -30,11 +31,10 @@ Inputs live in device tensors so the step can be captured once and replayed:
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
+from ..env import Env
 from ..attention.triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention
 from ..model import transformer as tf
 from ..model.triton_ops import act_mul, add_norm, dot_rows, gemv, qk_rope_store
@@ -81,7 +81,7 @@ class DecodeStep:
     """One decode step for a fixed batch size; `run(packed, tables, ws)` -> logits [B, vocab] f32."""
 
     def __init__(self, engine, layer_groups: list[int], layer_splits: list[int], n_groups: int,
-                 layer_tunes: list[dict] | None = None):
+                 layer_tunes: list[dict] | None = None, env: Env = Env()):
         self.engine = engine
         self.spec = spec = engine.spec
         self.w = engine.weights
@@ -99,13 +99,13 @@ class DecodeStep:
         self.embed_scale = (torch.tensor(spec.embed_scale, dtype=engine.dtype, device=dev)
                             if spec.embed_scale != 1.0 else None)
         self.layernorm = spec.norm != "rms"
-        mode = os.environ.get("MUSER_GEMV", "dot")
+        mode = env.gemv
         self.gemv_for = {"none": (), "fast": ("qkv", "o", "down", "gu"),
                          "dot": ("qkv", "o", "down", "gu", "head")}[mode]
         self.batch1_only = mode == "fast"         # gemv: batch 1 only (batch-variant)
         self.gemv = gemv if mode == "fast" else dot_rows
         self.gelu = spec.activation == "gelu_tanh"
-        self.fused_attn = os.environ.get("MUSER_ATTN", "fused") != "separate"
+        self.fused_attn = env.attn != "separate"
 
     def workspace(self, batch: int) -> DecodeWorkspace:
         s = self.spec

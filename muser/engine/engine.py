@@ -13,6 +13,7 @@ import torch
 
 from ..cache import Encoding, SessionSnapshot
 from ..config import EngineConfig, ModelSpec
+from ..env import Env, read as read_env
 from ..errors import RequestError, TokenizerUnavailable
 from ..attention import select_attention
 from .sampling import SamplingParams
@@ -23,7 +24,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 class Engine:
     def __init__(self, name: str, spec: ModelSpec, weights, tokenizer, config: EngineConfig,
-                 weights_digest: str):
+                 weights_digest: str, env: Env | None = None):
         if config.dtype not in DTYPES:
             raise RequestError(f"dtype must be one of {sorted(DTYPES)}, got {config.dtype!r}")
         if config.backend not in ("ring", "oracle"):
@@ -32,6 +33,7 @@ class Engine:
             raise RequestError("the oracle backend is float32 on the CPU by definition, got "
                                f"{config.dtype} on {config.device}")
         self.name = name
+        self.env = env if env is not None else read_env()
         self.spec = spec
         self.config = config
         self.device = torch.device(config.device)

@@ -40,9 +40,9 @@ def resolve(name_or_path: str | os.PathLike) -> tuple[str, Path]:
     return path.stem if path.is_file() else path.name, path
 
 
-def weights_digest(files: list[Path]) -> str:
-    """sha256 over the weight files' bytes (cached per file by path, size and mtime)."""
-    cache_path = Path(os.environ.get("MUSER_CACHE_DIR", Path.home() / ".cache" / "muser")) / "digests.json"
+def weights_digest(files: list[Path], cache_path: Path) -> str:
+    """sha256 over the weight files' bytes (cached per file by path, size and mtime in `cache_path`,
+    $MUSER_CACHE_DIR/digests.json)."""
     try:
         cache = json.loads(cache_path.read_text())
     except (OSError, ValueError):
@@ -77,7 +77,9 @@ def load(name_or_path: str | os.PathLike = DEFAULT_MODEL, device: str = "cpu", d
     """Load a model.  dtype / quant default to the fastest accurate choice for the device
     (engine/defaults.py: CPU ring -> bfloat16 activations + int8 weights; CUDA -> bfloat16;
     the oracle -> float32); chunk_size to the device's prefill chunk (CPU 512, CUDA 8k-16k)."""
+    from ..env import read as read_env
     from .defaults import default_chunk_size, default_dtype, default_quant
+    env = read_env()                               # every MUSER_* knob, once per load
     if chunk_size is not None and chunk_size < 1:
         raise RequestError(f"chunk_size must be >= 1 token, got {chunk_size}")
     chunk_size = chunk_size or default_chunk_size(device)
@@ -110,4 +112,4 @@ def load(name_or_path: str | os.PathLike = DEFAULT_MODEL, device: str = "cpu", d
     if quant == "int8":
         from ..model.quantize import quantize_weights
         weights = quantize_weights(weights, embed_dtype=torch_dtype)
-    return Engine(name, spec, weights, tokenizer, config, weights_digest(files))
+    return Engine(name, spec, weights, tokenizer, config, weights_digest(files, env.digests_path), env)

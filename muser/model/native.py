@@ -1,7 +1,7 @@
 """Native CPU kernels: built on first use with the system C compiler, called through ctypes.
 
 Owns: compiling `csrc/*.c` into a shared library cached under
-~/.cache/muser/native (keyed by the source, the compiler and the CPU flags, so
+$MUSER_CACHE_DIR/native (keyed by the source, the compiler and the CPU flags, so
 a changed file or another machine gets its own build), loading it, and thin
 tensor wrappers: `BoundA8W8` (every projection of the int8 path: exact integer
 sums, `a8w8_reference` is its arithmetic in torch), `q8_linear` / `BoundQ8` (the
@@ -49,8 +49,8 @@ def _cpu_flags() -> str:
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("MUSER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "muser")
-    return Path(root) / "native"
+    from ..env import read
+    return read().native_dir            # $MUSER_CACHE_DIR/native
 
 
 def build(extra_flags: tuple[str, ...] = ()) -> Path | None:
@@ -90,7 +90,8 @@ def build(extra_flags: tuple[str, ...] = ()) -> Path | None:
 @lru_cache(maxsize=None)
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, or None (no compiler, a failed build, or MUSER_NATIVE=0)."""
-    if os.environ.get("MUSER_NATIVE", "1") == "0":
+    from ..env import read
+    if not read().native:
         return None
     path = build()
     return None if path is None else load(path)

@@ -19,7 +19,6 @@ lazily: this module imports on a machine without it.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
@@ -39,7 +38,8 @@ def available() -> bool:
 
 def enabled() -> bool:
     """Whether CUDA chunks take these kernels (read per call, so one process can A/B)."""
-    return os.environ.get("MUSER_ROWS", "fused") != "eager" and available()
+    from muser.env import read
+    return read().rows != "eager" and available()
 
 
 @functools.lru_cache(maxsize=None)

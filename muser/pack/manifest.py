@@ -37,9 +37,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import re
 
+from ..env import Env, read as read_env
 from ..errors import (PackAuthError, PackIntegrityError, PackModelMismatch, PackShapeError,
                       PackVersionError)
 
@@ -47,7 +47,6 @@ FORMAT = "muser.pack"
 VERSION = (1, 0)
 DTYPES = {"float32": ("F32", 4), "bfloat16": ("BF16", 2), "float16": ("F16", 2)}
 KINDS = ("ring", "growing")
-KEY_ENV = "MUSER_PACK_KEY"
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 
 
@@ -228,13 +227,14 @@ def check_model(snap_or_model, fingerprint: dict) -> None:
 
 
 # ---------------------------------------------------------------------------- keys
-def load_key(key_file=None, env=None) -> bytes | None:
-    """The pack key: the bytes of `key_file` (one trailing newline dropped), else the
-    MUSER_PACK_KEY environment variable (UTF-8), else None (integrity only)."""
+def load_key(key_file=None, env: Env | None = None) -> bytes | None:
+    """The pack key -- the one rule every command uses (`pack`, `generate`, `serve`): the bytes
+    of `key_file` (one trailing newline dropped, nothing else), else MUSER_PACK_KEY (UTF-8;
+    `env` defaults to the process environment, muser.env), else None (integrity only)."""
     if key_file is not None:
         with open(key_file, "rb") as f:
             key = f.read()
         key = key[:-2] if key.endswith(b"\r\n") else key[:-1] if key.endswith(b"\n") else key
         return _as_key(key)
-    value = (os.environ if env is None else env).get(KEY_ENV)
+    value = (read_env() if env is None else env).pack_key
     return _as_key(value) if value else None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 
 from .config import ServerConfig
 
@@ -41,7 +40,8 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--queue-size", type=int, default=64, help="waiting requests before 429")
     p.add_argument("--queue-timeout", type=float, default=60.0, help="seconds waiting before 429")
     p.add_argument("--session-dir", default=None, help="enables /v1/slots/{id}/save and /restore")
-    p.add_argument("--pack-key-file", default=None, help="HMAC key for session packs (or MUSER_PACK_KEY)")
+    p.add_argument("--key-file", "--pack-key-file", dest="key_file", default=None,
+                   help="HMAC key file for session packs, read as `muser pack` reads it (or MUSER_PACK_KEY)")
     p.add_argument("--no-batch-decode", action="store_true",
                    help="decode active slots one by one instead of one batched step")
     p.add_argument("--log-level", default="info")
@@ -50,14 +50,12 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
 
 
 def config_from_args(args) -> ServerConfig:
-    key = None
-    if args.pack_key_file:
-        with open(args.pack_key_file, "rb") as f:
-            key = f.read().strip()
-    elif os.environ.get("MUSER_PACK_KEY"):
-        key = os.environ["MUSER_PACK_KEY"].encode()
+    from ..env import read as read_env
+    from ..pack.manifest import load_key
+    env = read_env()
+    key = load_key(args.key_file, env)               # one key file, one key: as `muser pack` reads it
     return ServerConfig(
-        host=args.host, port=args.port, api_key=args.api_key or os.environ.get("MUSER_API_KEY") or None,
+        host=args.host, port=args.port, api_key=args.api_key or env.api_key,
         model_id=args.served_name, slots=args.slots, max_context=args.max_context,
         context_policy=args.context_policy, output_reserve=args.output_reserve, keep=args.keep,
         queue_size=args.queue_size, queue_timeout=args.queue_timeout, session_dir=args.session_dir,

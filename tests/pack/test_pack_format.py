@@ -16,6 +16,7 @@ from muser.errors import (EncodingMismatch, PackAuthError, PackEncodingMismatch,
                           PackIntegrityError, PackModelMismatch, PackShapeError, PackVersionError,
                           SnapshotShapeError)
 from muser.pack import format as pf
+from muser.env import read as read_env
 from muser.pack.manifest import check_model, load_key
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -152,8 +153,8 @@ def test_load_key_sources(tmp_path):
     assert load_key(str(f)) == b"s3cret"
     f.write_bytes(b"\x00\x0a bin \n\n")
     assert load_key(str(f)) == b"\x00\x0a bin \n"
-    assert load_key(None, env={"MUSER_PACK_KEY": "abc"}) == b"abc"
-    assert load_key(None, env={}) is None
+    assert load_key(None, env=read_env({"MUSER_PACK_KEY": "abc"})) == b"abc"
+    assert load_key(None, env=read_env({})) is None
     f.write_bytes(b"\n")
     with pytest.raises(PackAuthError, match="empty"):
         load_key(str(f))

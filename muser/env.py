@@ -1,0 +1,175 @@
+"""Every MUSER_* environment variable, typed and read in one place.
+
+Owns: `KNOBS` (name, type, default, who reads it, what it does -- the table in
+docs/env.md is checked against it), `Env` (the parsed values, frozen) and
+`read(environ)`, which parses every knob at once and refuses a bad value with
+an `EnvError` naming the variable, what it accepts and what it found.
+Does not own: deciding anything from the values.  Callers read the
+environment once per entry point (`muser.load` / an `Engine`, a CLI command,
+the native-kernel loader) and pass the `Env` on; nothing below that reads
+`os.environ`.
+
+An empty variable counts as unset.  A renamed variable still set is refused
+rather than silently ignored (`RENAMED`).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from .errors import EnvError
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+# name -> (type, default, read by, meaning).  The single source of truth for docs/env.md.
+KNOBS: dict[str, tuple[str, str, str, str]] = {
+    "MUSER_CACHE_DIR": ("path", "~/.cache/muser", "native kernels, weight digests, test references",
+                        "where muser keeps what it can rebuild: native/ (compiled CPU kernels), "
+                        "digests.json (weight-file SHA-256s), test-reference/ (tests only)"),
+    "MUSER_NATIVE": ("bool", "1", "backends/cpu (model/native.py)",
+                     "0: never build or load the native CPU kernels; aten and eager ops instead"),
+    "MUSER_PACK_KEY": ("text", "unset", "pack, generate, serve",
+                       "HMAC key for session packs (UTF-8) when no key file is given"),
+    "MUSER_API_KEY": ("text", "unset", "serve",
+                      "bearer key the server requires on /v1 when --api-key is not given"),
+    "MUSER_ROWS": ("fused|eager", "fused", "backends/cuda (ops)",
+                   "CUDA chunks: Triton row kernels for norms, residual adds, qk-norm + RoPE, act*up; "
+                   "eager = the plain-torch maths (A/B runs)"),
+    "MUSER_GEMV": ("dot|fast|none", "dot", "backends/cuda (decode step)",
+                   "CUDA decode projections and head: dot = the batch-invariant dot_rows kernel "
+                   "(batched decode == alone, bitwise); fast = the batch-1 GEMV, cuBLAS for larger "
+                   "batches and the head (NOT batch-invariant); none = cuBLAS for all"),
+    "MUSER_ATTN": ("fused|separate", "fused", "backends/cuda (decode step)",
+                   "CUDA decode attention: one launch with qk-norm + RoPE + store, or two"),
+    "MUSER_RING_ROWS": ("int >= 1", "32", "backends/cuda (decode attention)",
+                        "rows per split of a ring plane's decode attention (experiments)"),
+    "MUSER_GROWING_MIN_ROWS": ("int >= 1", "32", "backends/cuda (decode attention)",
+                               "fewest rows per split of a growing plane's decode attention (experiments)"),
+    "MUSER_ATTN_RING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
+                        "tile of the ring decode-attention kernel (experiments)"),
+    "MUSER_ATTN_GROWING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
+                           "tile of the growing decode-attention kernel (experiments)"),
+    "MUSER_TEST_REF_DIR": ("path", "$MUSER_CACHE_DIR/test-reference", "tests/model",
+                           "where the tests keep transformers' reference outputs"),
+    "MUSER_TEST_REFRESH": ("bool", "0", "tests/model", "1: recompute the cached reference outputs"),
+    "MUSER_TRITON_INTERPRET": ("bool", "0", "tests/cuda",
+                               "1: run the Triton kernel tests on the CPU under Triton's interpreter"),
+}
+RENAMED = {"MUSER_CACHE": "MUSER_CACHE_DIR"}
+
+
+@dataclass(frozen=True)
+class Env:
+    cache_dir: Path = Path("~/.cache/muser").expanduser()
+    native: bool = True
+    pack_key: str | None = None
+    api_key: str | None = None
+    rows: str = "fused"
+    gemv: str = "dot"
+    attn: str = "fused"
+    ring_rows: int = 32
+    growing_min_rows: int = 32
+    attn_ring: tuple[int, int] | None = None        # (block_n, warps)
+    attn_growing: tuple[int, int] | None = None
+    test_ref_dir: Path | None = None
+    test_refresh: bool = False
+    triton_interpret: bool = False
+
+    @property
+    def native_dir(self) -> Path:
+        return self.cache_dir / "native"
+
+    @property
+    def digests_path(self) -> Path:
+        return self.cache_dir / "digests.json"
+
+    @property
+    def reference_dir(self) -> Path:
+        return self.test_ref_dir or self.cache_dir / "test-reference"
+
+
+def _bad(name: str, found: str) -> EnvError:
+    return EnvError(name, KNOBS[name][0], found)
+
+
+def _bool(name: str, v: str) -> bool:
+    low = v.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise _bad(name, v)
+
+
+def _choice(name: str, v: str) -> str:
+    if v not in KNOBS[name][0].split("|"):
+        raise _bad(name, v)
+    return v
+
+
+def _count(name: str, v: str) -> int:
+    try:
+        n = int(v)
+    except ValueError:
+        raise _bad(name, v) from None
+    if n < 1:
+        raise _bad(name, v)
+    return n
+
+
+def _tile(name: str, v: str) -> tuple[int, int]:
+    parts = v.split(",")
+    if len(parts) != 2:
+        raise _bad(name, v)
+    try:
+        bn, warps = int(parts[0]), int(parts[1])
+    except ValueError:
+        raise _bad(name, v) from None
+    if bn < 1 or warps < 1:
+        raise _bad(name, v)
+    return bn, warps
+
+
+def read(environ: Mapping[str, str] | None = None) -> Env:
+    """Parse every MUSER_* knob of `environ` (default: the process environment)."""
+    e = os.environ if environ is None else environ
+    for old, new in RENAMED.items():
+        if e.get(old):
+            raise EnvError(old, f"nothing (renamed to {new})", e[old])
+
+    def get(name: str) -> str | None:
+        v = e.get(name)
+        return v if v else None
+
+    kw: dict = {}
+    if (v := get("MUSER_CACHE_DIR")) is not None:
+        kw["cache_dir"] = Path(v).expanduser()
+    if (v := get("MUSER_NATIVE")) is not None:
+        kw["native"] = _bool("MUSER_NATIVE", v)
+    kw["pack_key"] = get("MUSER_PACK_KEY")
+    kw["api_key"] = get("MUSER_API_KEY")
+    for name, field in (("MUSER_ROWS", "rows"), ("MUSER_GEMV", "gemv"), ("MUSER_ATTN", "attn")):
+        if (v := get(name)) is not None:
+            kw[field] = _choice(name, v)
+    for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_MIN_ROWS", "growing_min_rows")):
+        if (v := get(name)) is not None:
+            kw[field] = _count(name, v)
+    for name, field in (("MUSER_ATTN_RING", "attn_ring"), ("MUSER_ATTN_GROWING", "attn_growing")):
+        if (v := get(name)) is not None:
+            kw[field] = _tile(name, v)
+    if (v := get("MUSER_TEST_REF_DIR")) is not None:
+        kw["test_ref_dir"] = Path(v).expanduser()
+    for name, field in (("MUSER_TEST_REFRESH", "test_refresh"), ("MUSER_TRITON_INTERPRET", "triton_interpret")):
+        if (v := get(name)) is not None:
+            kw[field] = _bool(name, v)
+    return Env(**kw)
+
+
+def table() -> str:
+    """KNOBS as the markdown table docs/env.md carries."""
+    rows = ["| variable | type | default | read by | what it does |", "|---|---|---|---|---|"]
+    for name, (kind, default, by, what) in KNOBS.items():
+        rows.append(f"| `{name}` | {kind} | {default} | {by} | {what} |")
+    return "\n".join(rows)
