@@ -40,18 +40,18 @@ from .plane import Plane
 class PlaneUndo:
     start: int
     token_count: int
-    len0: int
-    origin_logical0: int
-    origin_physical0: int
+    mark: tuple[int, int, int]                            # the plane's bookmark() at the checkpoint
     stored: int = 0                                       # rows appended under this checkpoint
     # Runs of evicted rows: (first evicted position r0, keys [m, KV, D], values [m, KV, D]).
     # Row i of a run is position r0 + i, evicted by position r0 + i + capacity.
     # Every position is evicted at most once, so runs never overlap.
     evictions: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
-    def before_store(self, plane: Plane, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Called by `Plane.store` after its checks, before it writes anything."""
-        n = keys.shape[0]
+    def before_advance(self, plane: Plane, start: int, n: int,
+                       incoming: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """Called by `Plane.advance` after its checks, before the bookkeeping moves.
+        `incoming`: the (keys, values) [n, KV, D] the caller will write, or None (a driver that
+        writes the rows itself, one at a time: the CUDA graph runner)."""
         if self.stored + n > self.token_count:
             raise CheckpointError(f"layer {plane.layer}: checkpoint at {self.start} allows "
                                   f"{self.token_count} rows, a store would make it {self.stored + n}")
@@ -59,10 +59,15 @@ class PlaneUndo:
         #   r in [max(oldest, start - capacity), start + n - capacity)
         cap = plane.capacity
         lo, hi = max(plane.origin_logical, start - cap), start + n - cap
+        own = max(lo, start) < hi                    # rows of this same chunk (never written)
+        if own and incoming is None:
+            raise CheckpointError(f"layer {plane.layer}: {n} rows at {start} evict rows of their own "
+                                  f"chunk (capacity {cap}); the checkpoint needs those rows to log them")
         if lo < min(hi, start):                      # rows already in the plane
             k, v = plane.read_slots(plane.slot(lo), min(hi, start) - lo)
             self.evictions.append((lo, k, v))
-        if max(lo, start) < hi:                      # rows of this same chunk (never written)
+        if own:
+            keys, values = incoming
             a, b = max(lo, start) - start, hi - start
             self.evictions.append((start + a, keys[a:b].to(plane.dtype).clone(),
                                    values[a:b].to(plane.dtype).clone()))
@@ -93,8 +98,9 @@ class Checkpoint:
         self.token_count = token_count
         self.logs = []
         for p in planes:
-            p.undo = PlaneUndo(start_position, token_count, p.len, p.origin_logical, p.origin_physical)
-            self.logs.append(p.undo)
+            log = PlaneUndo(start_position, token_count, p.bookmark())
+            p.open_undo(log)
+            self.logs.append(log)
         self.open = True
 
     def _require_open(self):
@@ -108,7 +114,7 @@ class Checkpoint:
         """Keep everything the block appended; drop the log."""
         self._require_open()
         for p in self.planes:
-            p.undo = None
+            p.close_undo()
         self.open = False
 
     def rollback(self, keep: int) -> None:
@@ -124,9 +130,9 @@ class Checkpoint:
             # Metadata first: back to the checkpoint, then re-reserve `keep` rows.
             # The slot map (origin_physical - origin_logical) mod capacity never changes,
             # so slots computed below agree with the state we rebuild.
-            p.len, p.origin_logical, p.origin_physical = log.len0, log.origin_logical0, log.origin_physical0
-            p.undo = None
-            p.append_batch(self.start_position, keep)
+            p.close_undo()
+            p.rewind(log.mark)
+            p.advance(keep)
             # Restore what rejected positions (>= boundary) evicted and is live again:
             # r in [boundary - capacity, boundary).  Those slots are distinct, so order is free.
             for r0, k, v in log.evictions:

@@ -1,8 +1,9 @@
 """Graph-captured decode on CUDA: one replay per step, for one session or several.
 
 Owns: `GraphRunner` -- the plane bookkeeping of a decode step done on the host
-(the same arithmetic `Plane.store` does, undo logs included when a caller's
-checkpoint is open), the per-step upload of ids/positions/(slot, n) and of the
+(through `cache.plane.advance_lockstep`, which is `Plane.advance`: the same
+arithmetic `Plane.store` runs, undo logs included when a caller's checkpoint
+is open), the per-step upload of ids/positions/(slot, n) and of the
 plane tables when they change, one captured `DecodeStep` per batch size,
 and the transactional guarantee (a refused or failed step leaves every
 session as it was).  Does not own: the maths (cuda_step.py) or the kernels.
@@ -24,6 +25,7 @@ import weakref
 import torch
 
 from ..attention.triton_decode import plane_row, splits_for, tune_for
+from ..cache.plane import advance_lockstep
 from ..errors import CacheError, RequestError
 from .cuda_step import DecodeStep, unsupported
 
@@ -56,12 +58,12 @@ class _SessionView:
         self._keys, self._rows = None, None
 
     def state(self):
-        return [(g[0].len, g[0].origin_logical, g[0].origin_physical) for g in self.groups]
+        return [g[0].bookmark() for g in self.groups]
 
     def restore(self, state) -> None:
-        for group, (ln, ol, op) in zip(self.groups, state):
+        for group, mark in zip(self.groups, state):
             for p in group:
-                p.len, p.origin_logical, p.origin_physical = ln, ol, op
+                p.rewind(mark)
 
     def table_rows(self) -> torch.Tensor:
         """[L, 4] int64 (triton_decode.plane_row per plane); rebuilt when a growing plane moved."""
@@ -108,51 +110,17 @@ class GraphRunner:
         """Reserve position `pos` on every plane of the session; returns [slot, n] per group.
 
         A session's planes move together (every forward touches all of them, a failed one
-        rolls all back), so each group's first plane decides and the rest are assigned.
+        rolls all back), so each group advances in lockstep (`advance_lockstep`: the first
+        plane's arithmetic, the others take its result; each plane on its own under a
+        caller's checkpoint, which logs evictions).
         """
         out = []
-        for key, planes in zip(self.group_kinds, view.groups):
+        for planes in view.groups:
             rep = planes[0]
             if rep.end != pos:
                 raise CacheError(f"layer {rep.layer}: session at {pos} but plane ends at {rep.end}")
-            if rep.undo is not None:                 # a caller's checkpoint: log evictions
-                out.extend(self._advance_logged(planes, pos))
-                continue
-            if key[0] == "growing":
-                if rep.keys.shape[1] <= pos:
-                    for p in planes:
-                        p._ensure_storage(pos + 1)
-                for p in planes:
-                    p.len = pos + 1
-                out.extend((pos, pos + 1))
-                continue
-            length, op, cap = rep.len, rep.origin_physical, key[1]
-            slot = (op + length) % cap
-            if length < cap:
-                for p in planes:
-                    p.len = length + 1
-                out.extend((slot, length + 1))
-            else:
-                ol, op = rep.origin_logical + 1, (op + 1) % cap
-                for p in planes:
-                    p.origin_logical, p.origin_physical = ol, op
-                out.extend((slot, length))
+            out.extend(advance_lockstep(planes, 1))
         return out
-
-    def _advance_logged(self, planes, pos) -> tuple[int, int]:
-        """The slow path under an open checkpoint: exactly Plane.store's order, minus the write."""
-        results = set()
-        for p in planes:
-            dummy = torch.zeros((1, p.kv_heads, p.head_dim), dtype=p.dtype, device=p.device)
-            p._check_reservation(pos, 1)
-            if p.undo is not None:
-                p.undo.before_store(p, pos, dummy, dummy)
-            slot = (p.origin_physical + p.len) % p.capacity
-            p.append_batch(pos, 1)
-            results.add((slot, p.len))
-        if len(results) != 1:
-            raise CacheError(f"planes of one group disagree at position {pos}: {sorted(results)}")
-        return results.pop()
 
     # ------------------------------------------------------------------ step
     def decode(self, sessions, tokens) -> torch.Tensor:
