@@ -51,6 +51,7 @@ def log(*a):
 
 def run_model(name, shape, bw, args, results):
     import muser
+    from muser.env import read as read_env
     t0 = time.perf_counter()
     ctx = max(shape["long"], args.prefill) + 1024
     model, path = build(shape, ctx)
@@ -85,24 +86,24 @@ def run_model(name, shape, bw, args, results):
     if args.profile and name in ("1b", "4b"):
         section("profile_b1", lambda: muser_decode(engine, 2048, 16, vocab, prof=True)[2])
         for gemv, attn in (("none", "fused"), ("fast", "fused"), ("dot", "separate"),
-                           ("dot", "fused")):                # A/B switches (cuda_step.py)
+                           ("dot", "fused")):                # A/B switches (backends/cuda/decode_step.py)
             os.environ["MUSER_GEMV"], os.environ["MUSER_ATTN"] = gemv, attn
-            engine._runner = None                         # a fresh runner reads the mode
+            engine.backend.reset_runner(read_env())       # a fresh runner with the mode
             section(f"decode_2k_gemv_{gemv}_attn_{attn}",
                     lambda: muser_decode(engine, 2048, args.steps, vocab)[:2])
         os.environ.pop("MUSER_GEMV")
         os.environ.pop("MUSER_ATTN")
-        engine._runner = None
+        engine.backend.reset_runner()
     if args.attn_ab and name in ("1b", "4b"):
         for i, env in enumerate(ATTN_AB):                 # decode attention settings (triton_decode)
             os.environ.update(env)
-            engine._runner = None
+            engine.backend.reset_runner(read_env())
             section(f"attn_ab{i}_2k {env}", lambda: muser_decode(engine, 2048, args.steps, vocab)[:2])
             section(f"attn_ab{i}_32k {env}",
                     lambda: muser_decode(engine, shape["long"], args.steps, vocab)[:2])
             for k in env:
                 os.environ.pop(k)
-        engine._runner = None
+        engine.backend.reset_runner()
     r["default_chunk"] = engine.config.chunk_size
     section("prefill_16k_default", lambda: muser_prefill(engine, args.prefill, vocab, None))
     if not args.quick:
@@ -111,10 +112,10 @@ def run_model(name, shape, bw, args, results):
         section("prefill_profile", lambda: prefill_profile(engine, args.prefill, vocab))
     section("hf_prefill_16k", lambda: hf_prefill(model, args.prefill, vocab))
     section("hf_decode_2k", lambda: hf_decode(model, 1, 2048, 16, vocab))
-    r["attention_routes"] = dict(engine.attention.stats)
+    r["attention_routes"] = dict(engine.backend.attention.stats)
     r["runner"] = dict(engine.decode_runner().stats)
     log(f"  {name} routes {r['attention_routes']} runner {r['runner']} flash_error "
-        f"{engine.attention.last_error}")
+        f"{engine.backend.attention.last_error}")
 
 
 def fmt(x, f="{:.3f}"):

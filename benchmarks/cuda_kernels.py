@@ -55,9 +55,9 @@ ATTN = {"1b": dict(H=4, KV=1, D=256, window=512), "4b": dict(H=8, KV=4, D=256, w
 def attention_sweep(rows_out):
     from types import SimpleNamespace
 
-    from muser.attention import triton_decode as td
+    from muser.backends.cuda import triton_decode as td
     from muser.model import transformer as tf
-    from muser.model.triton_ops import qk_rope_store
+    from muser.backends.cuda.triton_ops import qk_rope_store
     dt, dev, L = torch.bfloat16, "cuda", 26
     cos, sin = tf.rope_tables(10000.0, 1.0, 256, dev, 40000)
     for model, a in ATTN.items():
@@ -122,7 +122,7 @@ def attention_sweep(rows_out):
 
 
 def main(argv=None):
-    from muser.model.triton_ops import act_mul, gemv, gemv_config
+    from muser.backends.cuda.triton_ops import act_mul, gemv, gemv_config
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--what", default="gemv,attn")

@@ -1,95 +1,11 @@
-"""muser.attention: the attention arithmetic, selected per device.
+"""muser.attention: the attention specification.
 
-Owns: `select_attention(device)` -> a callable
-`(q [T,H,D], k [S,KV,D], v [S,KV,D], mask bool [T,S] | None, scale, softcap) -> [T,H,D]`.
-`reference.py` is the specification; faster paths (native CPU, Triton on CUDA)
-must agree with it and are tested against it.  On CUDA the callable is a
-`cuda_prefill.CudaAttention`, which also offers `banded(...)` (the window rule
-stated as positions, for flash attention without a dense mask); decode steps
-on CUDA use `triton_decode` through the engine's graph runner.  On CPU it is a
-`CpuAttention`, which also offers `positional(...)` when the native kernels are
-built: query rows at absolute positions over keys addressed by position
-(csrc/attend.c), one arithmetic per row whether the row is a decode step, a
-verification row or a row of any prefill chunk (issue 12).
+Owns: `reference.py` -- masked grouped-query attention in float32 over explicit
+key positions, and the window rule (`visibility_mask`).  Every faster path (the
+CPU backend's routes, CUDA's flash and Triton kernels, all under
+muser/backends) is tested against it.  Does not own: choosing a path for a
+device (muser.backends.select) or kernels.
 """
-from __future__ import annotations
+from .reference import attention, visibility_mask
 
-import torch
-import torch.nn.functional as F
-
-from ..model import native
-from .reference import attention as reference_attention
-
-
-FUSED_MIN_ROWS = 64   # masked chunks with more query rows than this take the fused kernel
-
-
-def _cpu(q, k, v, mask, scale, softcap=None):
-    """CPU attention.  Long prefill chunks (> FUSED_MIN_ROWS rows) go through the fused kernel;
-    short chunks -- verification blocks, chat suffixes -- keep the reference arithmetic: their
-    scores are small, and their bits then do not depend on the fused kernel's row blocking
-    (a suffix prefilled onto a cached prefix reproduces a cold prefill bit for bit in the
-    server's tests)."""
-    if mask is None:
-        return _all_visible(q, k, v, scale, softcap)
-    if softcap is None and q.shape[0] > FUSED_MIN_ROWS:
-        return _fused_masked(q, k, v, mask, scale)
-    return reference_attention(q, k, v, mask, scale, softcap)
-
-
-def _fused_masked(q, k, v, mask, scale):
-    """A chunk's masked attention through PyTorch's fused CPU kernel (flash attention with a
-    boolean mask): the [T, S] scores are never materialized, which is what long-context
-    prefill pays for in the reference (0.89 -> 0.49 s for a 512-row chunk over 32k keys).
-    Each output row is reduced over the keys in a fixed blocked order by one thread, so the
-    result depends on neither the thread count nor the other rows.  q [T, H, D], k/v [S, KV, D]."""
-    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                         v.transpose(0, 1)[None], attn_mask=mask, scale=scale,
-                                         enable_gqa=q.shape[1] != k.shape[1])
-    return out[0].transpose(0, 1)                                  # [T, H, D]
-
-
-def _all_visible(q, k, v, scale, softcap=None):
-    """The reference arithmetic when every key is visible (a decode step): no mask to
-    build or apply.  q [T, H, D], k/v [S, KV, D] -> [T, H, D].  On CPU one native
-    call (muser.model.native, tested against this eager version) when it applies."""
-    out = native.try_attend_visible(q, k, v, scale, softcap)
-    if out is not None:
-        return out
-    T, H, D = q.shape
-    KV = k.shape[1]
-    qf = q.float().reshape(T, KV, H // KV, D).permute(1, 2, 0, 3)          # [KV, G, T, D]
-    scores = torch.matmul(qf, k.float().permute(1, 2, 0).unsqueeze(1)) * scale   # [KV, G, T, S]
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    out = torch.matmul(torch.softmax(scores, dim=-1), v.float().permute(1, 0, 2).unsqueeze(1))
-    return out.permute(2, 0, 1, 3).reshape(T, H, D).to(q.dtype)
-
-
-class CpuAttention:
-    """The CPU attention path: called like every path (masked / all-visible), plus
-    `positional` (None without the native kernels)."""
-
-    def __call__(self, q, k, v, mask, scale, softcap=None):
-        return _cpu(q, k, v, mask, scale, softcap)
-
-    @property
-    def positional(self):
-        return self._positional if native.available() else None
-
-    @staticmethod
-    def _positional(q, first_position: int, window: int | None, keys, values, key_pos0: int, count: int,
-                    rotation: int, scale: float, softcap: float | None = None):
-        """q [T, H, D] at positions first_position .. + T - 1, each row seeing keys
-        [max(0, p - window + 1), p]; key position j is row (rotation + j - key_pos0) % len(keys)
-        of keys/values [cap, KV, D] (a ring read in place, a growing plane's span or a staged
-        shadow), `count` keys held from key_pos0."""
-        return native.attend_rows(q, keys, values, first_position, window, key_pos0, scale, softcap,
-                                  count=count, rotation=rotation)
-
-
-def select_attention(device: torch.device):
-    if torch.device(device).type == "cuda":
-        from .cuda_prefill import CudaAttention
-        return CudaAttention()
-    return CpuAttention()
+__all__ = ["attention", "visibility_mask"]

@@ -1,9 +1,11 @@
 """The engine: one loaded model, its run settings, and sessions over it.
 
 Owns: `Engine` (weights on a device, the tokenizer, the cut encoding, the
-model fingerprint, `new_session`, `restore`, `generate`, `decode_batch`).
-Does not own: reading weight files (muser.model, engine/loader.py), the
-per-session cache (session.py), speculation (speculative.py).
+model fingerprint, the backend chosen once for its device, `forward` -- the one
+entry of every step: 1..B sessions x 1..k rows, validated --, `new_session`,
+`restore`, `generate`, `decode_batch`).  Does not own: reading weight files
+(muser.model, engine/loader.py), the per-session cache (session.py), the step
+itself (the backend's driver, muser.backends), speculation (speculative.py).
 """
 from __future__ import annotations
 
@@ -11,11 +13,11 @@ from typing import Iterable, Iterator
 
 import torch
 
+from ..backends import select
 from ..cache import Encoding, SessionSnapshot
 from ..config import EngineConfig, ModelSpec
 from ..env import Env, read as read_env
 from ..errors import RequestError, TokenizerUnavailable
-from ..attention import select_attention
 from .sampling import SamplingParams
 from .session import Session
 
@@ -39,16 +41,14 @@ class Engine:
         self.device = torch.device(config.device)
         self.dtype = DTYPES[config.dtype]
         self.cache_dtype = self.dtype
-        self.weights = weights
+        self.backend = select(config, self.env)          # the device's wing, once per engine
+        self.weights = self.backend.prepare_weights(weights, self.dtype)
         self._tokenizer = tokenizer
         self.max_context = min(config.max_context or spec.max_context, spec.max_context)
         # int8 weights compute different K/V bits than float weights: a distinct encoding.
         # (the family names the weight path; the dtype is the rows' dtype on the wire)
         self.encoding = Encoding(config.backend if config.quant == "none"
                                  else f"{config.backend}+{config.quant}", config.dtype)
-        self.attention = select_attention(self.device)
-        self.cuda_graphs = self.device.type == "cuda"   # decode through engine/cuda_graph.py
-        self._runner = None
         self.fingerprint = {
             "architecture": spec.architecture,
             "layers": [[l.kind, l.window, l.rope] for l in spec.layers],
@@ -83,58 +83,44 @@ class Engine:
         s.install(snap)
         return s
 
+    def forward(self, sessions: list[Session], chunks: list[list[int]], all_logits: bool = False,
+                pad: bool = True) -> torch.Tensor:
+        """The one forward: `chunks[b]` (token ids) consumed by `sessions[b]`, every session in
+        one step.  float32 logits [sum of chunk lengths, vocab] with `all_logits`, else [B, vocab].
+        `pad`: chunk rows rounded up to a multiple of 16 with scratch rows (prefill, extend; see
+        backends/step.py); a decode step is not padded.  Everything is checked before anything
+        runs; a failure leaves every session as it was."""
+        if len(sessions) != len(chunks):
+            raise RequestError(f"forward got {len(sessions)} sessions and {len(chunks)} chunks")
+        if len({id(s) for s in sessions}) != len(sessions):
+            raise RequestError("a session appears twice in one forward")
+        chunks = [s._validate(c) for s, c in zip(sessions, chunks)]
+        return self._forward(sessions, chunks, all_logits, pad)
+
+    def _forward(self, sessions, chunks, all_logits: bool, pad: bool) -> torch.Tensor:
+        """`forward` for validated input (Session validates once per call, not per chunk)."""
+        return self.backend.forward(self, sessions, chunks, all_logits, pad)
+
     def decode_batch(self, sessions: list[Session], tokens: list[int]) -> torch.Tensor:
-        """One decode step for several sessions: float32 logits [B, vocab]."""
+        """One decode step for several sessions: float32 logits [B, vocab].  Each row is bitwise
+        what that session decoding alone gives wherever the backend is row-invariant (the int8
+        CPU path; the other backends give each session its own pass, except CUDA's graph)."""
         if len(sessions) != len(tokens):
             raise RequestError(f"decode_batch got {len(sessions)} sessions and {len(tokens)} tokens")
-        runner = self.decode_runner()
-        if runner is not None and sessions:
-            return runner.decode(sessions, tokens)     # one batched graph replay
-        if len(sessions) > 1 and self.row_invariant:
-            from .batch import decode_batch
-            return decode_batch(self, sessions, tokens)   # shared matmuls, bitwise = alone
-        return torch.stack([s.decode(t) for s, t in zip(sessions, tokens)])
-
-    @property
-    def row_invariant(self) -> bool:
-        """Whether a row of a batched matmul equals the one-row matmul bit for bit
-        (the int8 CPU kernel: measured, benchmarks/NOTES.md)."""
-        return self.config.quant == "int8"
-
-    @property
-    def positional_attention(self):
-        """CPU ring engines with the native kernels: attention by absolute position
-        (`CpuAttention.positional`, csrc/attend.c) for every step -- decode, verification,
-        prefill chunks, batched decode; None elsewhere (CUDA, the oracle, no compiler)."""
-        if self.config.backend != "ring":
-            return None
-        return getattr(self.attention, "positional", None)
+        if not sessions:
+            return torch.empty((0, self.spec.vocab_size))
+        return self.forward(sessions, [[t] for t in tokens], all_logits=False, pad=False)
 
     @property
     def exact_rows(self) -> bool:
         """Whether every op of a forward computes each row the same way whatever else shares the
-        call (one arithmetic per token, issue 12): the int8 CPU path with the native kernels --
-        a8w8 projections, the f32-activation LM head, row-wise norms, positional attention."""
-        if not self.row_invariant or self.positional_attention is None:
-            return False
-        head = self.weights.lm_head
-        return bool(getattr(head, "exact_rows", False))
-
-    def compact_chunk(self, padded_rows: int) -> bool:
-        """Whether a chunk padded to `padded_rows` may run everything but attention on its real
-        rows only: true when every row-wise op takes the row-invariant int8 kernels (few rows;
-        more than DENSE_ROWS take the dense bf16 copy, which is not row-invariant)."""
-        from ..model.quantize import DENSE_ROWS
-        return self.row_invariant and padded_rows <= DENSE_ROWS
+        call -- one arithmetic per token (issue 12): the backend's word (the int8 CPU path with
+        the native kernels)."""
+        return self.backend.exact_rows
 
     def decode_runner(self):
-        """The CUDA graph runner for decode steps, or None (CPU, oracle, or turned off)."""
-        if not self.cuda_graphs:
-            return None
-        if self._runner is None:
-            from .cuda_graph import make_runner
-            self._runner = make_runner(self) or False
-        return self._runner or None
+        """The CUDA graph runner for decode steps, or None (other backends, oracle, unsupported)."""
+        return self.backend.runner(self)
 
     # ------------------------------------------------------------------ text
     def encode_prompt(self, prompt: str | list[int], chat: bool = False) -> list[int]:

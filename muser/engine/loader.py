@@ -108,8 +108,5 @@ def load(name_or_path: str | os.PathLike = DEFAULT_MODEL, device: str = "cpu", d
         spec, weights = load_hf_dir(path, dtype=torch_dtype)
         files = sorted(path.glob("*.safetensors"))
     tokenizer = load_tokenizer(path)
-    weights = weights.to(device, torch_dtype)
-    if quant == "int8":
-        from ..model.quantize import quantize_weights
-        weights = quantize_weights(weights, embed_dtype=torch_dtype)
+    weights = weights.to(device, torch_dtype)         # int8 weights: the CPU backend quantizes
     return Engine(name, spec, weights, tokenizer, config, weights_digest(files, env.digests_path), env)

@@ -7,11 +7,11 @@
     gguf_loader.py        load_gguf, raw_q8_0
     safetensors_loader.py load_hf_dir
     tokenizer.py          Tokenizer, StreamDecoder, load_tokenizer, require_tokenizer
-    transformer.py        embed / layer_forward(attend callback) / final_hidden / logits, RoPE tables
-    quant.py, quantize.py int8 weights and FastLinear (the CPU fast path)
+    transformer.py        device-free maths: embed / layer_forward(attend callback, ops table) /
+                          final_hidden / logits, RoPE tables; `Ops` and the eager table `EAGER`
+    quant.py, quantize.py int8 weights and FastLinear (the CPU fast path; chosen by backends/cpu)
     native.py + csrc/     CPU kernels in C (int8 GEMV, norm + RoPE, decode attention), built on first use
-    triton_ops.py         CUDA decode-step kernels (GEMV, add + norm, ...)
-    triton_rows.py        CUDA row kernels for prefill chunks (norm, residual + norm, qk-norm + RoPE, act * up)
+                          (called by backends/cpu; the CUDA kernels live in backends/cuda)
 
 Submodules are imported on demand (transformers and gguf are heavy), so this
 package file imports nothing.

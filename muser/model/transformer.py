@@ -1,32 +1,32 @@
-"""The transformer as plain functions of tensors (gpt-fast style).
+"""The transformer as plain functions of tensors (gpt-fast style), device-free.
 
 Owns: the per-token maths of every supported architecture -- embedding, norms,
 q/k/v projection, qk-norm, RoPE (half-rotation and interleaved; NoPE layers
 skip it), the MLP, the residual wiring (sequential, Gemma sandwich, Cohere
-parallel) and the output head (soft-cap, logit scale).
-Does not own: any KV storage or attention over stored keys.  `layer_forward`
+parallel) and the output head (soft-cap, logit scale) -- and `Ops`, the table
+of element-wise pieces a device may run its own way (norm, qk-norm + RoPE,
+act * up, residual add + norm, how long a RoPE table to build).  `EAGER` is the
+plain-torch table, the specification the backends' tables are tested against.
+Does not own: any KV storage or attention over stored keys (`layer_forward`
 hands this layer's fresh q/k/v to the caller's `attend` callback, which stores
-k/v wherever it keeps them and returns the attention output.  Which layer is
-sliding, its window and its RoPE base come from the spec, never from here.
+k/v wherever it keeps them and returns the attention output), or which device
+runs what (muser.backends supplies the ops table: native CPU kernels, Triton
+row kernels on CUDA).  Which layer is sliding, its window and its RoPE base
+come from the spec, never from here.  Nothing here asks what device a tensor
+is on.
 
 Dtypes: matmuls run in the weights' dtype; norms, RoPE and the logits run in
 float32 (the numerics need it), each casting back to the activation dtype.
-On CPU, RMS norms and qk-norm + RoPE go through one native kernel each
-(`native.norm_rope`, same maths in one pass: the eager version is a dozen tiny
-ops per call) when it could be built; LayerNorm stays eager.  On CUDA, norms,
-residual add (+ norm), qk-norm + RoPE and act * up go through Triton row
-kernels (`triton_rows`, one pass each over a chunk's rows; MUSER_ROWS=eager
-turns them off).  Other devices stay eager.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from muser.config import LayerSpec, ModelSpec
-from muser.model import native, triton_rows
 from muser.model.weights import LayerWeights, Weights
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -65,20 +65,30 @@ def rope_tables(theta: float, scale: float, head_dim: int, device, length: int):
     return _ROPE[key]
 
 
-def rope_for(spec: ModelSpec, ls: LayerSpec, positions: torch.Tensor, memo: dict | None = None):
+def rope_rows_asked(spec: ModelSpec, positions: torch.Tensor) -> int:
+    """A RoPE table as long as the positions asked (reads one position back to the host)."""
+    return int(positions.max()) + 1
+
+
+def rope_rows_context(spec: ModelSpec, positions: torch.Tensor) -> int:
+    """A RoPE table for the whole context: no step ever reads a position back (a device sync)."""
+    return spec.max_context
+
+
+def rope_for(spec: ModelSpec, ls: LayerSpec, positions: torch.Tensor, memo: dict | None = None,
+             ops: "Ops | None" = None):
     """cos, sin float32 [T, D/2] for this layer's RoPE at `positions` [T].
 
     `memo`: a dict the caller keeps for one forward pass (one `positions`), so the
-    layers sharing a RoPE base (all sliding layers, all full layers) gather once."""
+    layers sharing a RoPE base (all sliding layers, all full layers) gather once.
+    The table's length (`ops.rope_rows`) never changes a value: row p is p x freq."""
     if memo is not None:
         key = (ls.rope_theta, ls.rope_scale)
         hit = memo.get(key)
         if hit is None:
-            hit = memo[key] = rope_for(spec, ls, positions)
+            hit = memo[key] = rope_for(spec, ls, positions, None, ops)
         return hit
-    # On CPU size the table to what is asked; elsewhere build it once for the whole
-    # context, so no step ever reads a position back to the host (a device sync).
-    need = int(positions.max()) + 1 if positions.device.type == "cpu" else spec.max_context
+    need = (ops or EAGER).rope_rows(spec, positions)
     cos, sin = rope_tables(ls.rope_theta, ls.rope_scale, spec.head_dim, positions.device, need)
     return cos[positions], sin[positions]
 
@@ -102,23 +112,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave
 
 
 # ----------------------------------------------------------------------------- pieces
-def _native(x: torch.Tensor, spec: ModelSpec) -> bool:
-    return (x.device.type == "cpu" and spec.norm == "rms" and x.dtype in (torch.float32, torch.bfloat16)
-            and native.available())
-
-
-def _fused(x: torch.Tensor, *others: torch.Tensor | None) -> bool:
-    """CUDA tensors of one dtype: the Triton row kernels (`triton_rows`)."""
-    return (x.is_cuda and x.dtype in triton_rows.DTYPES and triton_rows.enabled()
-            and all(o is None or o.dtype == x.dtype for o in others))
-
-
 def norm(x: torch.Tensor, w: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
     """RMS norm or (bias-free) layer norm over the last dim, in float32; w is effective."""
-    if _native(x, spec):
-        return native.norm_rope(x, w, spec.norm_eps)
-    if _fused(x):
-        return triton_rows.norm(x, w, spec.norm_eps, spec.norm != "rms")
     xf = x.float()
     if spec.norm == "rms":
         out = F.rms_norm(xf, (xf.shape[-1],), w, spec.norm_eps)
@@ -127,17 +122,13 @@ def norm(x: torch.Tensor, w: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
     return out.to(x.dtype)
 
 
-def norm_rope(x: torch.Tensor, w: torch.Tensor | None, spec: ModelSpec, cos, sin) -> torch.Tensor:
-    """qk-norm (when w is given) then RoPE (when cos/sin are given) of x [T, N, D]."""
+def norm_rope(x: torch.Tensor, w: torch.Tensor | None, spec: ModelSpec, cos, sin,
+              norm_fn: Callable = norm) -> torch.Tensor:
+    """qk-norm (when w is given, through `norm_fn`) then RoPE (when cos/sin are given) of x [T, N, D]."""
     if w is None and cos is None:
         return x
-    if _native(x, spec):
-        return native.norm_rope(x, w, spec.norm_eps, cos, sin, spec.rope_interleaved)
-    if _fused(x) and x.shape[-1] % 2 == 0:
-        return triton_rows.norm_rope(x, w, spec.norm_eps, spec.norm != "rms", cos, sin,
-                                     spec.rope_interleaved)
     if w is not None:
-        x = norm(x, w, spec)
+        x = norm_fn(x, w, spec)
     return x if cos is None else apply_rope(x, cos, sin, spec.rope_interleaved)
 
 
@@ -146,29 +137,41 @@ def _act(x: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
 
 
 def act_mul(gate: torch.Tensor, up: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
-    if _fused(gate, up) and gate.dim() == 2:
-        return triton_rows.act_mul(gate, up, spec.activation == "gelu_tanh")
     return _act(gate, spec) * up
 
 
-def mlp(lw: LayerWeights, spec: ModelSpec, x: torch.Tensor) -> torch.Tensor:
-    if lw.w_gate_up is not None:
-        gate, up = linear(x, lw.w_gate_up).chunk(2, dim=-1)
-        return linear(act_mul(gate, up, spec), lw.w_down)
-    return linear(act_mul(linear(x, lw.w_gate), linear(x, lw.w_up), spec), lw.w_down)
-
-
 def residual(h: torch.Tensor, d: torch.Tensor, spec: ModelSpec, w_post: torch.Tensor | None = None,
-             w_next: torch.Tensor | None = None, d2: torch.Tensor | None = None):
+             w_next: torch.Tensor | None = None, d2: torch.Tensor | None = None,
+             norm_fn: Callable = norm):
     """h' = h + norm(d, w_post) (d as is without w_post) [+ d2]; returns (h', norm(h', w_next) or None)."""
-    if _fused(h, d, d2) and h.dim() == 2:
-        return triton_rows.residual(h, d, spec.norm_eps, spec.norm != "rms", w_post, w_next, d2)
     if w_post is not None:
-        d = norm(d, w_post, spec)
+        d = norm_fn(d, w_post, spec)
     h = h + d
     if d2 is not None:
         h = h + d2
-    return h, (None if w_next is None else norm(h, w_next, spec))
+    return h, (None if w_next is None else norm_fn(h, w_next, spec))
+
+
+@dataclass(frozen=True)
+class Ops:
+    """The element-wise pieces of a layer a device may run its own way, same signatures as the
+    eager functions above (`residual` without `norm_fn`).  A backend builds one per engine."""
+
+    norm: Callable          # (x, w, spec) -> x's dtype
+    norm_rope: Callable     # (x [T, N, D], w | None, spec, cos | None, sin | None)
+    act_mul: Callable       # (gate, up, spec)
+    residual: Callable      # (h, d, spec, w_post=None, w_next=None, d2=None) -> (h', x | None)
+    rope_rows: Callable     # (spec, positions) -> rows of the RoPE table to build
+
+
+EAGER = Ops(norm=norm, norm_rope=norm_rope, act_mul=act_mul, residual=residual, rope_rows=rope_rows_asked)
+
+
+def mlp(lw: LayerWeights, spec: ModelSpec, x: torch.Tensor, ops: Ops = EAGER) -> torch.Tensor:
+    if lw.w_gate_up is not None:
+        gate, up = linear(x, lw.w_gate_up).chunk(2, dim=-1)
+        return linear(ops.act_mul(gate, up, spec), lw.w_down)
+    return linear(ops.act_mul(linear(x, lw.w_gate), linear(x, lw.w_up), spec), lw.w_down)
 
 
 # ----------------------------------------------------------------------------- model
@@ -182,16 +185,18 @@ def embed(weights: Weights, spec: ModelSpec, ids: torch.Tensor) -> torch.Tensor:
 
 
 def layer_forward(lw: LayerWeights, spec: ModelSpec, ls: LayerSpec, h: torch.Tensor,
-                  positions: torch.Tensor, attend: Attend, rope_memo: dict | None = None) -> torch.Tensor:
+                  positions: torch.Tensor, attend: Attend, rope_memo: dict | None = None,
+                  ops: Ops = EAGER) -> torch.Tensor:
     """One decoder layer.  h [T, hidden], positions [T] int64 -> h [T, hidden].
 
     `attend(q [T,H,D], k [T,KV,D], v [T,KV,D]) -> [T,H,D]` receives q/k already
     qk-normed and rotated (NoPE layers: not rotated) and v as projected.
     `rope_memo`: see `rope_for` (one dict per forward pass, shared by its layers).
+    `ops`: the element-wise pieces (a backend's table; default the eager maths).
     """
     T = h.shape[0]
     H, KV, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
-    x = norm(h, lw.attn_norm, spec)
+    x = ops.norm(h, lw.attn_norm, spec)
     if lw.wqkv is not None:
         q, k, v = linear(x, lw.wqkv).split((H * D, KV * D, KV * D), dim=-1)
         q, k, v = q.reshape(T, H, D), k.reshape(T, KV, D), v.reshape(T, KV, D)
@@ -199,21 +204,21 @@ def layer_forward(lw: LayerWeights, spec: ModelSpec, ls: LayerSpec, h: torch.Ten
         q = linear(x, lw.wq, lw.bq).view(T, H, D)
         k = linear(x, lw.wk, lw.bk).view(T, KV, D)
         v = linear(x, lw.wv, lw.bv).view(T, KV, D)
-    cos, sin = rope_for(spec, ls, positions, rope_memo) if ls.rope else (None, None)
-    q = norm_rope(q, lw.q_norm if spec.qk_norm else None, spec, cos, sin)
-    k = norm_rope(k, lw.k_norm if spec.qk_norm else None, spec, cos, sin)
+    cos, sin = rope_for(spec, ls, positions, rope_memo, ops) if ls.rope else (None, None)
+    q = ops.norm_rope(q, lw.q_norm if spec.qk_norm else None, spec, cos, sin)
+    k = ops.norm_rope(k, lw.k_norm if spec.qk_norm else None, spec, cos, sin)
     a = attend(q, k, v)                                            # [T, H, D]
     o = linear(a.reshape(T, H * D).to(h.dtype), lw.wo, lw.bo)    # [T, hidden]
     if spec.parallel_block:                                        # Cohere: both read the same x
-        return residual(h, o, spec, d2=mlp(lw, spec, x))[0]
+        return ops.residual(h, o, spec, d2=mlp(lw, spec, x, ops))[0]
     sandwich = spec.sandwich_norm                                  # Gemma: norm o and m first
-    h, x = residual(h, o, spec, lw.post_attn_norm if sandwich else None, lw.pre_ffn_norm)
-    m = mlp(lw, spec, x)
-    return residual(h, m, spec, lw.post_ffn_norm if sandwich else None)[0]
+    h, x = ops.residual(h, o, spec, lw.post_attn_norm if sandwich else None, lw.pre_ffn_norm)
+    m = mlp(lw, spec, x, ops)
+    return ops.residual(h, m, spec, lw.post_ffn_norm if sandwich else None)[0]
 
 
-def final_hidden(weights: Weights, spec: ModelSpec, h: torch.Tensor) -> torch.Tensor:
-    return norm(h, weights.final_norm, spec)
+def final_hidden(weights: Weights, spec: ModelSpec, h: torch.Tensor, ops: Ops = EAGER) -> torch.Tensor:
+    return ops.norm(h, weights.final_norm, spec)
 
 
 def logits(weights: Weights, spec: ModelSpec, h_normed: torch.Tensor) -> torch.Tensor:
@@ -233,9 +238,11 @@ def finish_logits(raw: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- oracle
-def forward_reference(weights: Weights, spec: ModelSpec, ids, all_logits: bool = True) -> torch.Tensor:
+def forward_reference(weights: Weights, spec: ModelSpec, ids, all_logits: bool = True,
+                      ops: Ops = EAGER) -> torch.Tensor:
     """Full recompute over `ids` with the reference attention (no cache): float32 logits
-    [T, vocab] (or [1, vocab] for the last token).  The specification other paths are tested against."""
+    [T, vocab] (or [1, vocab] for the last token).  The specification other paths are tested
+    against (with the eager ops unless told otherwise)."""
     from muser.attention.reference import attention, visibility_mask
     dev = weights.device
     ids = torch.as_tensor(ids, dtype=torch.long, device=dev)
@@ -247,7 +254,7 @@ def forward_reference(weights: Weights, spec: ModelSpec, ids, all_logits: bool =
 
         def attend(q, k, v, mask=mask):
             return attention(q, k, v, mask, spec.scale, spec.attn_logit_softcap)
-        h = layer_forward(lw, spec, ls, h, pos, attend, memo)
+        h = layer_forward(lw, spec, ls, h, pos, attend, memo, ops)
     if not all_logits:
         h = h[-1:]
-    return logits(weights, spec, final_hidden(weights, spec, h))
+    return logits(weights, spec, final_hidden(weights, spec, h, ops))

@@ -141,10 +141,10 @@ def test_shape_gate_names_layer_field_expected_got(field, mutate):
 
 
 def test_unmasked_attention_equals_the_reference_with_an_all_true_mask():
-    from muser.attention import select_attention
+    from muser.backends.cpu.attention import cpu_attention
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(1, 4, 8, generator=g), torch.randn(9, 2, 8, generator=g), torch.randn(9, 2, 8, generator=g)
-    fast = select_attention(torch.device("cpu"))(q, k, v, None, 0.3, None)
+    fast = cpu_attention(q, k, v, None, 0.3, None)
     ref = attention(q, k, v, torch.ones(1, 9, dtype=torch.bool), 0.3)
     torch.testing.assert_close(fast, ref, rtol=1e-6, atol=1e-6)
 
@@ -153,14 +153,14 @@ def test_unmasked_attention_equals_the_reference_with_an_all_true_mask():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_masked_chunk_attention_on_cpu_equals_the_reference_and_ignores_threads_and_other_rows(window, dtype):
     """Prefill chunks on CPU go through PyTorch's fused attention with the window mask."""
-    from muser.attention import select_attention
     from muser.attention.reference import visibility_mask
+    from muser.backends.cpu.attention import cpu_attention
     g = torch.Generator().manual_seed(1)
     t, s = 80, 120                                          # a prefill-sized chunk (> FUSED_MIN_ROWS)
     q = torch.randn(t, 4, 32, generator=g).to(dtype)
     k, v = torch.randn(s, 2, 32, generator=g).to(dtype), torch.randn(s, 2, 32, generator=g).to(dtype)
     mask = visibility_mask(torch.arange(s - t, s), torch.arange(s), window)
-    attend = select_attention(torch.device("cpu"))
+    attend = cpu_attention
     fast = attend(q, k, v, mask, 0.3, None)
     ref = attention(q.double(), k.double(), v.double(), mask, 0.3)
     tol = 1e-5 if dtype == torch.float32 else 2e-2

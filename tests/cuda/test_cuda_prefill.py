@@ -1,4 +1,4 @@
-"""Chunk attention on CUDA (muser.attention.cuda_prefill) against the reference: the window as a
+"""Chunk attention on CUDA (muser.backends.cuda.prefill) against the reference: the window as a
 band (flash attention, no dense mask), grouped-query heads, strided K/V views of a head-major plane."""
 import pytest
 import torch
@@ -15,7 +15,7 @@ pytestmark = needs_gpu
 @pytest.mark.parametrize("window", [None, 1, 7, 64])
 @pytest.mark.parametrize("t,history", [(16, 0), (48, 100), (64, 300), (1, 40)])
 def test_banded_matches_reference(heads, kv, d, window, t, history):
-    from muser.attention.cuda_prefill import CudaAttention
+    from muser.backends.cuda.prefill import CudaAttention
     att = CudaAttention()
     dt = torch.bfloat16
     s = history + t
@@ -33,7 +33,7 @@ def test_banded_matches_reference(heads, kv, d, window, t, history):
 
 
 def test_unaligned_and_softcap_fall_back_correctly():
-    from muser.attention.cuda_prefill import CudaAttention
+    from muser.backends.cuda.prefill import CudaAttention
     att = CudaAttention()
     q = torch.randn(8, 4, 32, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(20, 2, 32, device="cuda", dtype=torch.bfloat16)

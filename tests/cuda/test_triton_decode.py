@@ -1,4 +1,4 @@
-"""Decode attention kernels (muser.attention.triton_decode) against the plain-torch reference:
+"""Decode attention kernels (muser.backends.cuda.triton_decode) against the plain-torch reference:
 rings filling and wrapped (read in place, physical order), growing planes across many splits,
 several sessions of different lengths in one launch, soft-cap, determinism; the fused form
 (qk-norm + RoPE + store + attention in one launch) against the separate kernels, bitwise."""
@@ -12,12 +12,6 @@ from muser.model import transformer as tf
 from cudautil import needs_kernels, rel
 
 pytestmark = needs_kernels
-
-
-@pytest.fixture(autouse=True)
-def eager_reference(monkeypatch):
-    """tf.norm as the plain-torch maths (on CUDA it would run triton_rows)."""
-    monkeypatch.setenv("MUSER_ROWS", "eager")
 
 
 def filled(kind, n, kv, d, dtype, dev, cap=None, chunk=7, seed=0):
@@ -39,7 +33,7 @@ def visible(p):
 
 
 def run(planes, heads, kv, d, dtype, dev, softcap=None, scale=0.125):
-    from muser.attention.triton_decode import DecodeWorkspace, decode_attention, plane_row, splits_for
+    from muser.backends.cuda.triton_decode import DecodeWorkspace, decode_attention, plane_row, splits_for
     growing = planes[0].kind == "growing"
     q = torch.randn(len(planes), heads, d).to(dev, dtype)
     table = torch.tensor([plane_row(p) for p in planes], dtype=torch.int64, device=dev)
@@ -75,7 +69,7 @@ def test_growing_across_splits(dev, kdtype, n):
 def test_softcap_and_determinism(dev, kdtype):
     planes = [filled("growing", m, 1, 32, kdtype, dev, chunk=50, seed=m) for m in (700, 90)]
     q, table, meta, nsplit, out = run(planes, 4, 1, 32, kdtype, dev, softcap=3.0, scale=0.3)
-    from muser.attention.triton_decode import decode_attention
+    from muser.backends.cuda.triton_decode import decode_attention
     for _ in range(3):
         assert torch.equal(out, decode_attention(q, table, meta, 1, nsplit, 0.3, 3.0))
 
@@ -99,9 +93,9 @@ def _torch_qk(qkv, pos, cos, sin, qn, kn, heads, kv, d, interleaved):
 def _fused_case(kind, lens, heads, kv, d, dtype, dev, cap, qk_norm, rope, interleaved, seed):
     """Planes at `lens`, then one decode token per row: fused, separate, fused again
     ([outputs], [planes after each], inputs)."""
-    from muser.attention.triton_decode import (DecodeWorkspace, decode_attention,
+    from muser.backends.cuda.triton_decode import (DecodeWorkspace, decode_attention,
                                                fused_decode_attention, plane_row, splits_for)
-    from muser.model.triton_ops import qk_rope_store
+    from muser.backends.cuda.triton_ops import qk_rope_store
     g = torch.Generator().manual_seed(seed)
     B = len(lens)
     qkv = torch.randn(B, (heads + 2 * kv) * d, generator=g).to(dev, dtype)
@@ -170,7 +164,7 @@ def test_fused_equals_separate_and_reference(dev, kdtype, kind, lens, cap, heads
 @pytest.mark.parametrize("min_rows", [64, 128, 512])
 def test_min_rows_per_split(dev, kdtype, min_rows):
     """Fewer, longer splits (a floor on rows per split) compute the same attention."""
-    from muser.attention.triton_decode import decode_attention, plane_row
+    from muser.backends.cuda.triton_decode import decode_attention, plane_row
     planes = [filled("growing", n, 1, 64, kdtype, dev, chunk=300, seed=n) for n in (2049, 130, 1)]
     q = torch.randn(len(planes), 4, 64).to(dev, kdtype)
     table = torch.tensor([plane_row(p) for p in planes], dtype=torch.int64, device=dev)

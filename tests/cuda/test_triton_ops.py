@@ -1,4 +1,4 @@
-"""Fused decode element-wise kernels (muser.model.triton_ops) against muser.model.transformer."""
+"""Fused decode element-wise kernels (muser.backends.cuda.triton_ops) against muser.model.transformer."""
 from types import SimpleNamespace
 
 import pytest
@@ -13,16 +13,10 @@ from cudautil import needs_kernels, rel
 pytestmark = needs_kernels
 
 
-@pytest.fixture(autouse=True)
-def eager_reference(monkeypatch):
-    """tf.norm / tf.norm_rope as the plain-torch maths (on CUDA they would run triton_rows)."""
-    monkeypatch.setenv("MUSER_ROWS", "eager")
-
-
 @pytest.mark.parametrize("layernorm", [False, True])
 @pytest.mark.parametrize("mode", ["first", "sandwich", "plain", "parallel"])
 def test_add_norm(dev, kdtype, layernorm, mode):
-    from muser.model.triton_ops import add_norm
+    from muser.backends.cuda.triton_ops import add_norm
     spec = SimpleNamespace(norm="layernorm" if layernorm else "rms", norm_eps=1e-6)
     B, N = 3, 1152
     h, d1, d2 = (torch.randn(B, N).to(dev, kdtype) for _ in range(3))
@@ -46,8 +40,8 @@ def test_add_norm(dev, kdtype, layernorm, mode):
 @pytest.mark.parametrize("qk_norm", [False, True])
 @pytest.mark.parametrize("rope", [False, True])
 def test_qk_rope_store(dev, kdtype, interleaved, qk_norm, rope):
-    from muser.attention.triton_decode import plane_row
-    from muser.model.triton_ops import qk_rope_store
+    from muser.backends.cuda.triton_decode import plane_row
+    from muser.backends.cuda.triton_ops import qk_rope_store
     H, KV, D, B = 8, 2, 64, 2
     spec = SimpleNamespace(norm="rms", norm_eps=1e-6)
     planes = [RingPlane(0, 8, 100, KV, D, kdtype, dev), GrowingPlane(0, 100, KV, D, kdtype, dev)]
@@ -81,7 +75,7 @@ def test_qk_rope_store(dev, kdtype, interleaved, qk_norm, rope):
 
 @pytest.mark.parametrize("gelu", [True, False])
 def test_act_mul(dev, kdtype, gelu):
-    from muser.model.triton_ops import act_mul
+    from muser.backends.cuda.triton_ops import act_mul
     gu = torch.randn(3, 2 * 1500).to(dev, kdtype)
     g, u = gu[:, :1500], gu[:, 1500:]
     ref = (F.gelu(g, approximate="tanh") if gelu else F.silu(g)) * u
@@ -90,7 +84,7 @@ def test_act_mul(dev, kdtype, gelu):
 
 @pytest.mark.parametrize("n,k", [(1536, 1152), (1152, 6912), (100, 37), (4096, 2560), (1152, 1024)])
 def test_gemv(dev, kdtype, n, k):
-    from muser.model.triton_ops import gemv
+    from muser.backends.cuda.triton_ops import gemv
     x, w = torch.randn(1, k).to(dev, kdtype), torch.randn(n, k).to(dev, kdtype)
     y = torch.full((1, n), float("nan"), dtype=kdtype, device=dev)
     gemv(x, w, out=y)
@@ -104,7 +98,7 @@ def test_gemv(dev, kdtype, n, k):
 @pytest.mark.parametrize("i,k", [(6912, 1152), (50, 24), (10240, 2560)])
 def test_gemv_glu(dev, kdtype, gelu, i, k):
     """gate|up GEMV with act*mul fused in == linear, then act_mul (muser.model.transformer.mlp)."""
-    from muser.model.triton_ops import gemv
+    from muser.backends.cuda.triton_ops import gemv
     x, w = torch.randn(1, k).to(dev, kdtype), (torch.randn(2 * i, k) / k ** 0.5).to(dev, kdtype)
     y = torch.full((1, i), float("nan"), dtype=kdtype, device=dev)
     gemv(x, w, out=y, glu=True, gelu=gelu)
@@ -121,7 +115,7 @@ def test_gemv_glu(dev, kdtype, gelu, i, k):
 def test_gemv_rows_do_not_depend_on_the_batch(dev, kdtype, glu, n, k, kernel):
     """Row b of a B-row call is bitwise the 1-row call on it (the decode step's batch invariance),
     with and without bias."""
-    from muser.model import triton_ops
+    from muser.backends.cuda import triton_ops
     gemv = getattr(triton_ops, kernel)
     w = (torch.randn(2 * n if glu else n, k) / k ** 0.5).to(dev, kdtype)
     bias = None if glu else torch.randn(n).to(dev, kdtype)

@@ -1,5 +1,5 @@
-"""Chunk row kernels (muser.model.triton_rows) against muser.model.transformer's eager maths
-(MUSER_ROWS=eager), outputs poisoned first; determinism and row invariance (a row's result
+"""Chunk row kernels (muser.backends.cuda.triton_rows) against muser.model.transformer's eager maths
+(tf.*, device-free), outputs poisoned first; determinism and row invariance (a row's result
 does not depend on the chunk's row count); the engine's chunk path fused vs eager."""
 from types import SimpleNamespace
 
@@ -12,12 +12,6 @@ from muser.model import transformer as tf
 from cudautil import needs_gpu, needs_kernels, rel
 
 pytestmark = needs_kernels
-
-
-@pytest.fixture(autouse=True)
-def eager_reference(monkeypatch):
-    """tf.* below is the plain-torch maths; the kernels are called directly."""
-    monkeypatch.setenv("MUSER_ROWS", "eager")
 
 
 def spec(layernorm=False, interleaved=False):
@@ -42,7 +36,7 @@ def same_rows(fn, x, *args):
 @pytest.mark.parametrize("layernorm", [False, True])
 @pytest.mark.parametrize("n", [64, 1152, 2560])
 def test_norm(dev, kdtype, layernorm, n):
-    from muser.model import triton_rows
+    from muser.backends.cuda import triton_rows
     x = torch.randn(37, n).to(dev, kdtype) * 3
     w = torch.randn(n, device=dev)
     poison((37, n), kdtype, dev)
@@ -54,7 +48,7 @@ def test_norm(dev, kdtype, layernorm, n):
 @pytest.mark.parametrize("layernorm", [False, True])
 @pytest.mark.parametrize("mode", ["plain", "sandwich", "sandwich_last", "parallel"])
 def test_residual(dev, kdtype, layernorm, mode):
-    from muser.model import triton_rows
+    from muser.backends.cuda import triton_rows
     T, N = 45, 1152
     h, d, d2 = (torch.randn(T, N).to(dev, kdtype) for _ in range(3))
     wp, wn = torch.randn(N, device=dev), torch.randn(N, device=dev)
@@ -84,7 +78,7 @@ MODES = [("rms", True, False), ("rms", True, True), ("rms", False, False), ("lay
 @pytest.mark.parametrize("norm,rope,interleaved", MODES)
 @pytest.mark.parametrize("H,KV,D", [(8, 3, 64), (8, 4, 256), (4, 1, 256)])
 def test_norm_rope(dev, kdtype, norm, rope, interleaved, H, KV, D):
-    from muser.model import triton_rows
+    from muser.backends.cuda import triton_rows
     if D == 256 and (norm, rope, interleaved) != ("rms", True, False):
         pytest.skip("the real Gemma shapes in Gemma's mode only")
     T = 40
@@ -111,7 +105,7 @@ def test_norm_rope(dev, kdtype, norm, rope, interleaved, H, KV, D):
 @pytest.mark.parametrize("gelu", [True, False])
 @pytest.mark.parametrize("halves", [False, True])
 def test_act_mul(dev, kdtype, gelu, halves):
-    from muser.model import triton_rows
+    from muser.backends.cuda import triton_rows
     T, I = 37, 1500
     if halves:                                                     # chunk(2) of a fused gate|up
         g, u = torch.randn(T, 2 * I).to(dev, kdtype).chunk(2, dim=-1)
@@ -126,14 +120,16 @@ def test_act_mul(dev, kdtype, gelu, halves):
 @needs_gpu
 @pytest.mark.parametrize("arch", ["gemma3", "cohere2"])
 def test_chunk_path_fused_agrees_with_eager(monkeypatch, arch):
-    """Prefill + extend logits through the row kernels vs the eager maths, same engine."""
+    """Prefill + extend logits through the row kernels vs the eager maths, same model (the
+    ops table is chosen when the engine is built: one engine per MUSER_ROWS mode)."""
     from muser.testing import tiny_model
-    engine = tiny_model(arch, device="cuda", dtype="bfloat16", window=4, tokenizer=False)
     g = torch.Generator().manual_seed(3)
     prompt, more = (torch.randint(3, 384, (n,), generator=g).tolist() for n in (29, 7))
     out = {}
     for mode in ("eager", "fused"):
         monkeypatch.setenv("MUSER_ROWS", mode)
+        engine = tiny_model(arch, device="cuda", dtype="bfloat16", window=4, tokenizer=False)
+        assert (engine.backend.ops.norm is tf.norm) == (mode == "eager")
         s = engine.new_session()
         out[mode] = (s.prefill(prompt, chunk_size=8), s.extend(more))
     for a, b in zip(out["fused"], out["eager"]):

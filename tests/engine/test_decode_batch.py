@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from muser.engine.batch import decode_batch
 from muser.testing import tiny_model
 
 
@@ -36,7 +35,7 @@ def test_batched_decode_equals_decoding_alone(engine):
 def test_failed_batched_step_rolls_every_session_back(engine, monkeypatch):
     ss = sessions(engine, [2, 6, 9])
     before = [s.snapshot() for s in ss]
-    real = engine.attention
+    real = engine.backend.attention
     calls = {"n": 0}
 
     def flaky(*a, **k):
@@ -44,8 +43,8 @@ def test_failed_batched_step_rolls_every_session_back(engine, monkeypatch):
         if calls["n"] == 5:
             raise RuntimeError("injected")
         return real(*a, **k)
-    monkeypatch.setattr(engine, "attention", flaky)
+    monkeypatch.setattr(engine.backend, "attention", flaky)
     with pytest.raises(RuntimeError):
-        decode_batch(engine, ss, [5, 6, 7])
-    monkeypatch.setattr(engine, "attention", real)
+        engine.decode_batch(ss, [5, 6, 7])
+    monkeypatch.setattr(engine.backend, "attention", real)
     assert all(s.snapshot().equal(b) for s, b in zip(ss, before))

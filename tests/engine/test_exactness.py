@@ -107,17 +107,17 @@ def test_failed_forward_leaves_session_unchanged(engines, monkeypatch):
     s.prefill(ids(7))
     before = s.snapshot()
     calls = {"n": 0}
-    real = engine.attention
+    real = engine.backend.attention
 
     def flaky(*a, **k):
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("injected fault in layer 2")
         return real(*a, **k)
-    monkeypatch.setattr(engine, "attention", flaky)
+    monkeypatch.setattr(engine.backend, "attention", flaky)
     with pytest.raises(RuntimeError):
         s.prefill(ids(5, 9))
-    monkeypatch.setattr(engine, "attention", real)
+    monkeypatch.setattr(engine.backend, "attention", real)
     assert s.snapshot().equal(before) and s.position == 7
     s.check_invariants()
 

@@ -8,8 +8,7 @@ the attention itself, triton_decode.fused_decode_attention), 1 o GEMM, 1
 add+norm, 1 gate/up GEMM (+ 1 act*mul when it is not fused into the GEMV), 1
 down GEMM, 1 add+norm; the head.
 Does not own: plane bookkeeping, plane tables or graph capture
-(cuda_graph.py), the kernels (muser.model.triton_ops,
-muser.attention.triton_decode).
+(graph.py), the kernels (triton_ops.py, triton_decode.py).
 
 Every projection and the head, for any batch size, go through
 `triton_ops.dot_rows` (rows in tiles of 16 on the tensor cores, K in fixed
@@ -34,10 +33,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..env import Env
-from ..attention.triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention
-from ..model import transformer as tf
-from ..model.triton_ops import act_mul, add_norm, dot_rows, gemv, qk_rope_store
+from ...env import Env
+from ...model import transformer as tf
+from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention
+from .triton_ops import act_mul, add_norm, dot_rows, gemv, qk_rope_store
 
 
 def _fuse(parts: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:

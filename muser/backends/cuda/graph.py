@@ -6,7 +6,7 @@ arithmetic `Plane.store` runs, undo logs included when a caller's checkpoint
 is open), the per-step upload of ids/positions/(slot, n) and of the
 plane tables when they change, one captured `DecodeStep` per batch size,
 and the transactional guarantee (a refused or failed step leaves every
-session as it was).  Does not own: the maths (cuda_step.py) or the kernels.
+session as it was).  Does not own: the maths (decode_step.py) or the kernels.
 
 Why it is graph-safe: plane storage never moves during a step (a growing
 plane that must grow does so here, before the upload, and its new pointer
@@ -24,10 +24,11 @@ import weakref
 
 import torch
 
-from ..attention.triton_decode import plane_row, splits_for, tune_for
-from ..cache.plane import advance_lockstep
-from ..errors import CacheError, RequestError
-from .cuda_step import DecodeStep, unsupported
+from ...cache.plane import advance_lockstep
+from ...env import Env
+from ...errors import CacheError, RequestError
+from .decode_step import DecodeStep, unsupported
+from .triton_decode import plane_row, splits_for, tune_for
 
 
 class _Entry:
@@ -74,11 +75,12 @@ class _SessionView:
 
 
 class GraphRunner:
-    def __init__(self, engine, capture: bool = True):
+    def __init__(self, engine, env: Env | None = None, capture: bool = True):
         why = unsupported(engine.spec)
         if why:
             raise RequestError(f"CUDA decode step does not support this model: {why}")
         self.engine = engine
+        env = env if env is not None else engine.env          # decode knobs (MUSER_GEMV, ...)
         probe = engine.new_session().planes
         keys, self.layer_group, self.members = [], [], []
         for i, p in enumerate(probe):
@@ -90,9 +92,9 @@ class GraphRunner:
             self.members[keys.index(key)].append(i)
         self.group_kinds = keys
         self.growing = [i for key, m in zip(keys, self.members) if key[0] == "growing" for i in m]
-        splits = [splits_for(p.capacity, p.kind == "growing") for p in probe]
-        tunes = [tune_for(p.kind == "growing") for p in probe]
-        self.step = DecodeStep(engine, self.layer_group, splits, len(keys), tunes)
+        splits = [splits_for(p.capacity, p.kind == "growing", env.ring_rows) for p in probe]
+        tunes = [tune_for(p.kind == "growing", env) for p in probe]
+        self.step = DecodeStep(engine, self.layer_group, splits, len(keys), tunes, env)
         self.capture = capture
         self.entries: dict[int, _Entry] = {}
         self.pool = None
@@ -123,13 +125,9 @@ class GraphRunner:
         return out
 
     # ------------------------------------------------------------------ step
-    def decode(self, sessions, tokens) -> torch.Tensor:
-        """One decode step for every session: float32 logits [B, vocab] (a fresh tensor)."""
-        if len(sessions) != len(tokens):
-            raise RequestError(f"decode got {len(sessions)} sessions and {len(tokens)} tokens")
-        if len({id(s) for s in sessions}) != len(sessions):
-            raise RequestError("a session appears twice in one decode batch")
-        tokens = [s._validate([t])[0] for s, t in zip(sessions, tokens)]
+    def decode(self, sessions, tokens: list[int]) -> torch.Tensor:
+        """One decode step for every session: float32 logits [B, vocab] (a fresh tensor).
+        Inputs come validated (`Engine.forward`: distinct sessions, one id each, in range)."""
         views = [self._view(s) for s in sessions]
         saved = [v.state() for v in views]
         try:
@@ -201,10 +199,8 @@ class GraphRunner:
         self.stats["captures"] += 1
 
 
-def make_runner(engine):
-    """A GraphRunner for a ring-backend engine on CUDA, or None when it does not apply."""
-    if engine.device.type != "cuda" or engine.encoding.family != "ring":
+def make_runner(engine, env: Env | None = None):
+    """A GraphRunner for a ring-family engine (the CUDA backend's), or None when it does not apply."""
+    if engine.encoding.family != "ring" or unsupported(engine.spec):
         return None
-    if unsupported(engine.spec):
-        return None
-    return GraphRunner(engine)
+    return GraphRunner(engine, env)

@@ -1,7 +1,6 @@
 """Chunk attention on CUDA: flash attention with the window as a band, no dense mask.
 
-Owns: `CudaAttention`, the object `select_attention` returns for a CUDA
-device.  Called like every attention path, `(q, k, v, mask, scale, softcap)`;
+Owns: `CudaAttention`, the CUDA backend's attention (backends/cuda).  Called like every attention path, `(q, k, v, mask, scale, softcap)`;
 and, for a staged chunk, `banded(q, k, v, q_start, k_start, window, scale,
 softcap)`, which states the visibility rule instead of materialising it:
 
@@ -22,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .reference import visibility_mask
+from ...attention.reference import visibility_mask
 
 
 def _sdpa(q, k, v, mask, scale):
@@ -51,7 +50,7 @@ class CudaAttention:
         return _sdpa(q, k, v, mask, scale).to(q.dtype)
 
     def _reference(self, q, k, v, mask, scale, softcap):
-        from .reference import attention
+        from ...attention.reference import attention
         self.stats["reference"] += 1
         if mask is None:
             mask = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool, device=q.device)

@@ -5,8 +5,8 @@ optionally the next norm), `norm_rope` (qk-norm and/or RoPE of x [T, N, D], ever
 token in one program, so cos/sin are read once per token) and `act_mul` (act(gate) * up from
 two row sets, strided rows allowed: separate gate/up outputs or the halves of a fused one).
 `norm` and `residual` run `triton_ops.add_norm`, the decode step's kernel.
-Does not own: when these are used (`muser.model.transformer`, CUDA tensors only; MUSER_ROWS=eager
-switches back to the eager maths, for A/B runs), matmuls, attention.
+Does not own: when these are used (the CUDA backend's ops table, backends/cuda/ops.py;
+MUSER_ROWS=eager switches back to the eager maths, for A/B runs), matmuls, attention.
 
 Each op is one pass over its rows (read once, written once) where the eager maths makes
 several (a float32 copy, the norm, a cast back; RoPE's ~10 element-wise ops).  Rounding is
@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from muser.model.triton_ops import _pow2, add_norm
+from .triton_ops import _pow2, add_norm
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -34,12 +34,6 @@ def available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def enabled() -> bool:
-    """Whether CUDA chunks take these kernels (read per call, so one process can A/B)."""
-    from muser.env import read
-    return read().rows != "eager" and available()
 
 
 @functools.lru_cache(maxsize=None)

@@ -2,11 +2,11 @@
 
 Owns: `add_norm` (residual add(s), optional sandwich norm of the delta, the
 next norm; rows of any count, so prefill chunks use it too, via
-`muser.model.triton_rows`), `gemv` (the decode step's projections and head for 1..B rows,
+`triton_rows.py`), `gemv` (the decode step's projections and head for 1..B rows,
 batch-invariant: row b of a batch is bitwise the row computed alone), `qk_rope_store` (qk-norm + RoPE of q and k, and the store of the
 new k/v row straight into each batch row's plane through a plane table) and
 `act_mul` (gelu-tanh / silu gate times up).  Does not own: prefill matmuls (cuBLAS
-through F.linear), attention (muser.attention.triton_decode) or plane
+through F.linear), attention (triton_decode.py) or plane
 bookkeeping.
 
 Every kernel rounds where `muser.model.transformer` rounds (norm and RoPE in

@@ -1,0 +1,58 @@
+"""The CUDA ops table: a chunk's element-wise pieces through Triton row kernels.
+
+Owns: `cuda_ops(rows_fused)`, the `model.transformer.Ops` the CUDA backend
+runs for chunks (prefill, extend; decode steps run the captured step,
+decode_step.py).  With the row kernels (triton_rows.py: Triton installed and
+MUSER_ROWS not `eager`), norms, residual add (+ norm), qk-norm + RoPE and
+act * up of tensors of one supported dtype are one pass each over a chunk's
+rows; anything else takes the eager maths.  RoPE tables are built for the
+whole context, so no step reads a position back to the host.
+Does not own: the kernels (triton_rows.py) or the maths (transformer.py).
+"""
+from __future__ import annotations
+
+from ...model import transformer as tf
+from ...model.transformer import Ops
+from . import triton_rows
+
+
+def _fused(x, *others) -> bool:
+    """Tensors of one dtype the row kernels take."""
+    return x.dtype in triton_rows.DTYPES and all(o is None or o.dtype == x.dtype for o in others)
+
+
+def _norm(x, w, spec):
+    if _fused(x):
+        return triton_rows.norm(x, w, spec.norm_eps, spec.norm != "rms")
+    return tf.norm(x, w, spec)
+
+
+def _norm_rope(x, w, spec, cos, sin):
+    if w is None and cos is None:
+        return x
+    if _fused(x) and x.shape[-1] % 2 == 0:
+        return triton_rows.norm_rope(x, w, spec.norm_eps, spec.norm != "rms", cos, sin,
+                                     spec.rope_interleaved)
+    return tf.norm_rope(x, w, spec, cos, sin, norm_fn=_norm)
+
+
+def _act_mul(gate, up, spec):
+    if _fused(gate, up) and gate.dim() == 2:
+        return triton_rows.act_mul(gate, up, spec.activation == "gelu_tanh")
+    return tf.act_mul(gate, up, spec)
+
+
+def _residual(h, d, spec, w_post=None, w_next=None, d2=None):
+    if _fused(h, d, d2) and h.dim() == 2:
+        return triton_rows.residual(h, d, spec.norm_eps, spec.norm != "rms", w_post, w_next, d2)
+    return tf.residual(h, d, spec, w_post, w_next, d2, norm_fn=_norm)
+
+
+FUSED = Ops(norm=_norm, norm_rope=_norm_rope, act_mul=_act_mul, residual=_residual,
+            rope_rows=tf.rope_rows_context)
+EAGER = Ops(norm=tf.norm, norm_rope=tf.norm_rope, act_mul=tf.act_mul, residual=tf.residual,
+            rope_rows=tf.rope_rows_context)
+
+
+def cuda_ops(rows_fused: bool) -> Ops:
+    return FUSED if rows_fused else EAGER

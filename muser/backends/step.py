@@ -1,0 +1,172 @@
+"""The one forward: 1..B sessions x 1..k rows each, through every layer, transactional.
+
+Owns: `forward(engine, sessions, chunks, all_logits, pad)`.  A decode step
+(one session, one row, no padding), a verification block or a prefill chunk
+(one session, k rows, padded) and a batched decode step (B sessions, one row
+each) are this one call with different shapes; every backend's step driver
+runs it (CUDA's graph runner takes the decode shapes itself and hands it the
+rest).  Does not own: the maths (muser.model.transformer with the backend's
+ops table), attention arithmetic (the backend's), plane layouts or the
+attend-before-overwrite routes (muser.cache.staging), validation of the ids
+(Engine.forward).
+
+Shapes.  Session b brings `real[b]` tokens at positions [start_b, start_b + real[b]).
+Chunks carry scratch rows up to a multiple of PAD_ROWS (`pad`): row results of
+a matmul can depend on its row count (BLAS picks kernels by shape), and with
+the padding a block later rolled back to `keep` tokens left exactly the rows a
+`keep`-token extend would have left.  Scratch rows are attended by nobody real
+(they are in the future) and never appended.  A decode row is not padded: it is
+its own shape.  When the backend says the row-wise ops are row-invariant at
+this size (`backend.compact`), only attention sees the padded shape: the
+matmuls run on the real rows and the scratch rows enter attention as zeros.
+When every op is, attention included (`backend.exact_rows`: the CPU int8 path,
+whose attention reads keys by absolute position), a row's bits depend on
+nothing but its token's history -- not on the chunk's size, alignment or
+neighbours -- so there is nothing for scratch rows to pin and chunks are not
+padded at all.
+
+The matmul rows of all sessions are stacked, [sum rows, hidden]; attention
+runs per session over its own planes at its own positions.  Sessions share
+matmuls only when the backend is row-invariant (a row then does not depend on
+its neighbours); otherwise each session takes its own pass.
+
+Transactions: every session's forward runs inside a checkpoint unless its
+caller already opened one; if anything raises half-way through the layers (a
+bad kernel, an OOM, an injected fault) every session's stored rows are rolled
+back with keep=0 and its lineage is untouched.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..attention.reference import visibility_mask
+from ..cache import Checkpoint, stage
+from ..model import transformer as tf
+
+PAD_ROWS = 16   # chunk row counts are rounded up to this
+
+
+def forward(engine, sessions: list, chunks: list[list[int]], all_logits: bool, pad: bool) -> torch.Tensor:
+    """float32 logits: [sum of chunk lengths, vocab] with `all_logits`, else [B, vocab] (each
+    session's last row).  Appends every chunk to its session's planes and lineage."""
+    guards = [Checkpoint(s.planes, s.position, len(c)) if s._open is None else None
+              for s, c in zip(sessions, chunks)]
+    try:
+        if len(sessions) == 1 or engine.backend.row_invariant:
+            logits = _pass(engine, sessions, chunks, all_logits, pad)
+        else:                           # a session's rows must not depend on its neighbours
+            logits = torch.cat([_pass(engine, [s], [c], all_logits, pad) for s, c in zip(sessions, chunks)])
+    except BaseException:
+        for g in guards:
+            if g is not None and g.open:
+                g.rollback(0)
+        raise
+    for s, g, c in zip(sessions, guards, chunks):
+        if g is not None:
+            g.commit()
+        s.tokens.extend(c)
+    return logits
+
+
+def _pass(engine, sessions, chunks, all_logits: bool, pad: bool) -> torch.Tensor:
+    """One pass of the stacked rows of `sessions` through every layer (no transaction)."""
+    spec, weights, backend, dev = engine.spec, engine.weights, engine.backend, engine.device
+    B = len(sessions)
+    starts = [s.position for s in sessions]
+    real = [len(c) for c in chunks]
+    padded = [-(-t // PAD_ROWS) * PAD_ROWS for t in real] if pad and not backend.exact_rows else real
+    rows = real if padded is real or backend.compact(sum(padded)) else padded   # rows the matmuls see
+    ids = []
+    for c, t, r in zip(chunks, real, rows):
+        ids.extend(c)
+        if r > t:
+            ids.extend([0] * (r - t))
+    ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
+    # positions of every padded row, session after session: [sum padded]
+    if B == 1:
+        att_pos = torch.arange(starts[0], starts[0] + padded[0], device=dev)
+    elif all(p == 1 for p in padded):
+        att_pos = torch.tensor(starts, dtype=torch.long, device=dev)
+    else:
+        att_pos = torch.cat([torch.arange(s, s + p, device=dev) for s, p in zip(starts, padded)])
+    att_off, mm_off = _offsets(padded), _offsets(rows)
+    if rows is padded:
+        mm_pos = att_pos
+    elif B == 1:
+        mm_pos = att_pos[:rows[0]]
+    else:
+        mm_pos = torch.cat([att_pos[a:a + r] for a, r in zip(att_off, rows)])
+    attention = backend.attention
+    positional = getattr(attention, "positional", None)       # CPU: keys by absolute position
+    banded = getattr(attention, "banded", None)               # CUDA: the window as a band
+    ops = backend.ops
+
+    def attend_one(plane, b, q, k, v):                   # q [rows_b, H, D], k/v [rows_b, KV, D]
+        n, t_pad, start = q.shape[0], padded[b], starts[b]
+        if n < t_pad:                                    # compact chunk: scratch rows enter as zeros
+            q, k, v = (torch.cat([x, x.new_zeros((t_pad - n, *x.shape[1:]))]) for x in (q, k, v))
+        staged = stage(plane, start, k, v, real[b])
+        if positional is not None:
+            out = _attend_positional(positional, plane, staged, q, start, spec)
+        elif staged.needs_mask and staged.ordered and banded is not None:
+            # CUDA: the window rule as positions (flash attention, no dense mask)
+            out = banded(q, staged.keys, staged.values, start, staged.first_position,
+                         plane.window, spec.scale, spec.attn_logit_softcap)
+        else:
+            mask = None
+            if staged.needs_mask:
+                pos = att_pos if B == 1 else att_pos[att_off[b]:att_off[b] + t_pad]
+                mask = visibility_mask(pos, staged.key_positions(), plane.window)
+            out = attention(q, staged.keys, staged.values, mask, spec.scale, spec.attn_logit_softcap)
+        staged.commit()                                  # attend before overwrite
+        return out[:n]
+
+    def attend_for(li):
+        if B == 1:
+            plane = sessions[0].planes[li]
+            return lambda q, k, v: attend_one(plane, 0, q, k, v)
+        planes = [s.planes[li] for s in sessions]
+
+        def attend(q, k, v):                             # q [sum rows, H, D], k/v [sum rows, KV, D]
+            return torch.cat([attend_one(planes[b], b, q[o:o + r], k[o:o + r], v[o:o + r])
+                              for b, (o, r) in enumerate(zip(mm_off, rows))])
+        return attend
+
+    h = tf.embed(weights, spec, ids_t)                   # [sum rows, hidden]
+    memo: dict = {}
+    for li, (layer_spec, lw) in enumerate(zip(spec.layers, weights.layers)):
+        h = tf.layer_forward(lw, spec, layer_spec, h, mm_pos, attend_for(li), memo, ops)
+    h = _keep_rows(h, real, rows, mm_off, all_logits)
+    return tf.logits(weights, spec, tf.final_hidden(weights, spec, h, ops))
+
+
+def _attend_positional(positional, plane, staged, q, start: int, spec) -> torch.Tensor:
+    """Attention of q [T, H, D] (positions start ..) over a staged chunk, keys read by position:
+    an ordered view (in place, shadow) from its first position, or the ring in place (ring
+    decode) through its origins."""
+    if staged.ordered:
+        keys, values, pos0, rot, count = staged.keys, staged.values, staged.first_position, 0, staged.keys.shape[0]
+    else:
+        keys, values = plane.keys, plane.values
+        pos0, rot, count = plane.origin_logical, plane.origin_physical, plane.len
+    return positional(q, start, plane.window, keys, values, pos0, count, rot, spec.scale, spec.attn_logit_softcap)
+
+
+def _offsets(counts: list[int]) -> list[int]:
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += c
+    return out
+
+
+def _keep_rows(h: torch.Tensor, real, rows, offsets, all_logits: bool) -> torch.Tensor:
+    """The rows the logits are wanted for: every real row, or each session's last one."""
+    if len(real) == 1:
+        t = real[0]
+        return h[:t] if all_logits else h[t - 1:t]
+    if all(t == 1 for t in real) and all(r == 1 for r in rows):
+        return h                                         # a batched decode step: one row each
+    if all_logits:
+        return torch.cat([h[o:o + t] for o, t in zip(offsets, real)])
+    return torch.cat([h[o + t - 1:o + t] for o, t in zip(offsets, real)])
