@@ -31,9 +31,6 @@ class Engine:
             raise RequestError(f"dtype must be one of {sorted(DTYPES)}, got {config.dtype!r}")
         if config.backend not in ("ring", "oracle"):
             raise RequestError(f"backend must be 'ring' or 'oracle', got {config.backend!r}")
-        if config.backend == "oracle" and (config.dtype != "float32" or config.device != "cpu"):
-            raise RequestError("the oracle backend is float32 on the CPU by definition, got "
-                               f"{config.dtype} on {config.device}")
         self.name = name
         self.env = env if env is not None else read_env()
         self.spec = spec

@@ -75,10 +75,10 @@ def load(name_or_path: str | os.PathLike = DEFAULT_MODEL, device: str = "cpu", d
          backend: str = "ring", max_context: int | None = None, chunk_size: int | None = None,
          quant: str | None = None, progress: bool = True) -> Engine:
     """Load a model.  dtype / quant default to the fastest accurate choice for the device
-    (engine/defaults.py: CPU ring -> bfloat16 activations + int8 weights; CUDA -> bfloat16;
+    (backends/defaults.py: CPU ring -> bfloat16 activations + int8 weights; CUDA -> bfloat16;
     the oracle -> float32); chunk_size to the device's prefill chunk (CPU 512, CUDA 8k-16k)."""
     from ..env import read as read_env
-    from .defaults import default_chunk_size, default_dtype, default_quant
+    from ..backends.defaults import check, default_chunk_size, default_dtype, default_quant
     env = read_env()                               # every MUSER_* knob, once per load
     if chunk_size is not None and chunk_size < 1:
         raise RequestError(f"chunk_size must be >= 1 token, got {chunk_size}")
@@ -89,11 +89,9 @@ def load(name_or_path: str | os.PathLike = DEFAULT_MODEL, device: str = "cpu", d
                           chunk_size=chunk_size, quant=quant)
     if quant not in QUANTS:
         raise ModelFormatError(f"quant must be one of {QUANTS}, got {quant!r}")
-    if quant != "none" and (device != "cpu" or backend != "ring"):
-        raise ModelFormatError(f"quant={quant!r} is the CPU ring fast path; got device {device!r}, "
-                               f"backend {backend!r}")
     if dtype not in DTYPES:
         raise ModelFormatError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    check(config)                                   # device / family / weight path, before reading weights
     name, path = resolve(name_or_path)
     torch_dtype = DTYPES[dtype]
     from ..model.tokenizer import load_tokenizer

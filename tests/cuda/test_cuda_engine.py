@@ -163,7 +163,7 @@ def test_kv_bytes_match_the_plan(pair):
 
 
 def test_default_prefill_chunk_on_cuda():
-    """muser.load on CUDA prefills in 8k-16k-token chunks unless told otherwise (engine/defaults.py)."""
+    """muser.load on CUDA prefills in 8k-16k-token chunks unless told otherwise (backends/defaults.py)."""
     import muser
     from muser.testing import tiny_model_dir
     engine = muser.load(str(tiny_model_dir("gemma3", tokenizer=False)), device="cuda", progress=False)

@@ -21,7 +21,7 @@ def gemma():
     """The embedded 270M model, with the CLI's default run settings for the CPU."""
     import muser
     try:
-        from muser.engine.defaults import default_dtype, default_quant
+        from muser.backends.defaults import default_dtype, default_quant
         dtype = default_dtype("cpu")
         kw = {"quant": default_quant("cpu", dtype)}
     except ImportError:

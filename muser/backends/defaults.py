@@ -1,9 +1,14 @@
 """Default run settings per device: the fastest choice that keeps the accuracy contract.
 
-Owns: `default_dtype`, `default_quant` and `default_chunk_size`.  Measured in benchmarks/RESULTS.md;
-change them only with a measurement.
+Owns: `default_dtype`, `default_quant` and `default_chunk_size` (what `muser.load` fills in when
+not told), and `check(config)`, which refuses a device / family / dtype / weight-path combination
+no backend runs -- before any weight is read.  Measured in benchmarks/RESULTS.md; change the
+defaults only with a measurement.
 """
 from __future__ import annotations
+
+from ..config import EngineConfig
+from ..errors import ModelFormatError, RequestError
 
 
 def default_dtype(device: str, backend: str = "ring") -> str:
@@ -30,3 +35,13 @@ def default_chunk_size(device: str) -> int:
         return 512
     total = torch.cuda.get_device_properties(dev).total_memory
     return 16384 if total >= 64 << 30 else 8192
+
+
+def check(config: EngineConfig) -> None:
+    """Refuse what no backend runs: the oracle off float32-on-CPU, int8 weights off the CPU ring."""
+    if config.backend == "oracle" and (config.dtype != "float32" or config.device != "cpu"):
+        raise RequestError("the oracle backend is float32 on the CPU by definition, got "
+                           f"{config.dtype} on {config.device}")
+    if config.quant != "none" and (config.device != "cpu" or config.backend != "ring"):
+        raise ModelFormatError(f"quant={config.quant!r} is the CPU ring fast path; got device "
+                               f"{config.device!r}, backend {config.backend!r}")
