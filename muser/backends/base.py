@@ -25,9 +25,9 @@ class Backend:
     attention       (q [T,H,D], k [S,KV,D], v [S,KV,D], mask bool [T,S] | None, scale, softcap)
                     -> [T,H,D]; may also offer `banded(q, k, v, q_start, k_start, window, scale,
                     softcap)`, the window rule as positions (flash attention without a mask)
-    row_invariant   a row of a batched matmul equals the one-row matmul bit for bit, so
-                    sessions may share a step's matmuls (and a chunk's matmuls may skip its
-                    scratch rows, see `compact`)
+    invariant_rows  up to this many rows in one pass, every row-wise op (the matmuls above all)
+                    computes each row bit for bit as it would alone: sessions may share a pass
+                    and a chunk's matmuls may skip its scratch rows (backends/step.py); 0: none
     exact_rows      every op, attention included, computes a row the same way whatever shares
                     the pass and however many rows it has -- one arithmetic per token: chunks
                     need no scratch rows (issue 12)
@@ -35,7 +35,7 @@ class Backend:
 
     name = "?"
     ops: Ops = EAGER
-    row_invariant = False
+    invariant_rows = 0
     exact_rows = False
 
     def __init__(self, config: EngineConfig, env: Env):
@@ -46,12 +46,6 @@ class Backend:
     def prepare_weights(self, weights, dtype: torch.dtype):
         """The engine's weights in the form this backend runs them (default: as loaded)."""
         return weights
-
-    def compact(self, padded_rows: int) -> bool:
-        """Whether a step whose chunks are padded to `padded_rows` rows in all may run
-        everything but attention on its real rows only (its scratch rows enter attention as
-        zeros): only when every row-wise op is row-invariant at that row count."""
-        return False
 
     def runner(self, engine):
         """The captured decode-step runner, or None (only CUDA has one)."""

@@ -16,19 +16,21 @@ a matmul can depend on its row count (BLAS picks kernels by shape), and with
 the padding a block later rolled back to `keep` tokens left exactly the rows a
 `keep`-token extend would have left.  Scratch rows are attended by nobody real
 (they are in the future) and never appended.  A decode row is not padded: it is
-its own shape.  When the backend says the row-wise ops are row-invariant at
-this size (`backend.compact`), only attention sees the padded shape: the
-matmuls run on the real rows and the scratch rows enter attention as zeros.
-When every op is, attention included (`backend.exact_rows`: the CPU int8 path,
-whose attention reads keys by absolute position), a row's bits depend on
-nothing but its token's history -- not on the chunk's size, alignment or
-neighbours -- so there is nothing for scratch rows to pin and chunks are not
-padded at all.
+its own shape.  When every row-wise op of the backend is row-invariant at this
+size (padded rows <= `backend.invariant_rows`), only attention sees the padded
+shape: the matmuls run on the real rows and the scratch rows enter attention
+as zeros.  When every op is, attention included (`backend.exact_rows`: the CPU
+int8 path, whose attention reads keys by absolute position), a row's bits
+depend on nothing but its token's history -- not on the chunk's size,
+alignment or neighbours -- so there is nothing for scratch rows to pin and
+chunks are not padded at all.
 
-The matmul rows of all sessions are stacked, [sum rows, hidden]; attention
-runs per session over its own planes at its own positions.  Sessions share
-matmuls only when the backend is row-invariant (a row then does not depend on
-its neighbours); otherwise each session takes its own pass.
+Sessions share a pass -- their matmul rows stacked, [sum rows, hidden];
+attention per session over its own planes at its own positions -- only while
+the pass stays within `backend.invariant_rows` (a row then does not depend on
+its neighbours, nor on how many there are): consecutive sessions are grouped up
+to that many padded rows, one pass per group.  A backend without row-invariant
+matmuls (0) gives each session its own pass.
 
 Transactions: every session's forward runs inside a checkpoint unless its
 caller already opened one; if anything raises half-way through the layers (a
@@ -52,10 +54,13 @@ def forward(engine, sessions: list, chunks: list[list[int]], all_logits: bool, p
     guards = [Checkpoint(s.planes, s.position, len(c)) if s._open is None else None
               for s, c in zip(sessions, chunks)]
     try:
-        if len(sessions) == 1 or engine.backend.row_invariant:
+        if len(sessions) == 1:
             logits = _pass(engine, sessions, chunks, all_logits, pad)
-        else:                           # a session's rows must not depend on its neighbours
-            logits = torch.cat([_pass(engine, [s], [c], all_logits, pad) for s, c in zip(sessions, chunks)])
+        else:
+            parts = [_pass(engine, sessions[a:b], chunks[a:b], all_logits, pad)
+                     for a, b in _groups(chunks, pad and not engine.backend.exact_rows,
+                                         engine.backend.invariant_rows)]
+            logits = parts[0] if len(parts) == 1 else torch.cat(parts)
     except BaseException:
         for g in guards:
             if g is not None and g.open:
@@ -74,8 +79,9 @@ def _pass(engine, sessions, chunks, all_logits: bool, pad: bool) -> torch.Tensor
     B = len(sessions)
     starts = [s.position for s in sessions]
     real = [len(c) for c in chunks]
-    padded = [-(-t // PAD_ROWS) * PAD_ROWS for t in real] if pad and not backend.exact_rows else real
-    rows = real if padded is real or backend.compact(sum(padded)) else padded   # rows the matmuls see
+    padded = [_padded(t) for t in real] if pad and not backend.exact_rows else real
+    # rows the matmuls see: the real ones when every row-wise op is row-invariant at this size
+    rows = real if padded is real or sum(padded) <= backend.invariant_rows else padded
     ids = []
     for c, t, r in zip(chunks, real, rows):
         ids.extend(c)
@@ -150,6 +156,24 @@ def _attend_positional(positional, plane, staged, q, start: int, spec) -> torch.
         keys, values = plane.keys, plane.values
         pos0, rot, count = plane.origin_logical, plane.origin_physical, plane.len
     return positional(q, start, plane.window, keys, values, pos0, count, rot, spec.scale, spec.attn_logit_softcap)
+
+
+def _padded(t: int) -> int:
+    return -(-t // PAD_ROWS) * PAD_ROWS
+
+
+def _groups(chunks, pad: bool, limit: int) -> list[tuple[int, int]]:
+    """[a, b) ranges of consecutive sessions sharing one pass: at most `limit` padded rows each
+    (a session over the limit, or any session when limit is 0, alone)."""
+    out, a, total = [], 0, 0
+    for i, c in enumerate(chunks):
+        n = _padded(len(c)) if pad else len(c)               # an upper bound of its rows
+        if i > a and total + n > limit:
+            out.append((a, i))
+            a, total = i, 0
+        total += n
+    out.append((a, len(chunks)))
+    return out
 
 
 def _offsets(counts: list[int]) -> list[int]:

@@ -1,0 +1,82 @@
+"""One backend per Engine, chosen once (`muser.backends.select`); the model maths asks no device
+questions; every CUDA module imports without Triton (and without a GPU)."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from muser.backends import select
+from muser.config import EngineConfig
+from muser.env import Env
+from muser.model import transformer as tf
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("config, name", [
+    (EngineConfig(device="cpu", dtype="bfloat16", quant="int8"), "cpu"),
+    (EngineConfig(device="cpu", dtype="float32"), "cpu"),
+    (EngineConfig(device="cpu", dtype="float32", backend="oracle"), "reference"),
+    (EngineConfig(device="cuda", dtype="bfloat16"), "cuda"),
+    (EngineConfig(device="meta", dtype="float32"), "reference"),
+])
+def test_select_by_device_and_family(config, name):
+    backend = select(config, Env())
+    assert backend.name == name
+    assert backend.invariant_rows == (64 if config.quant == "int8" else 0)
+
+
+def test_the_reference_backend_is_the_eager_maths_and_the_reference_attention():
+    from muser.attention.reference import attention
+    from muser.backends.reference import attend
+    import torch
+    backend = select(EngineConfig(backend="oracle"), Env())
+    assert backend.ops is tf.EAGER and backend.attention is attend
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, n, 8, generator=g) for n in (4, 2, 2))
+    assert torch.equal(attend(q, k, v, None, 0.3), attention(q, k, v, torch.ones(3, 3, dtype=torch.bool), 0.3))
+
+
+def test_an_engine_selects_once_and_the_env_it_was_built_with_decides():
+    from muser.backends.cpu.ops import cpu_ops
+    from muser.testing import tiny_model
+    e = tiny_model()
+    assert e.backend.name == "cpu" and e.backend.env is e.env
+    off = select(e.config, Env(native=False))
+    assert off.ops is cpu_ops(False) is tf.EAGER
+
+
+def test_model_maths_ask_no_device_questions():
+    src = (ROOT / "muser" / "model" / "transformer.py").read_text()
+    assert not re.search(r"is_cuda|device\.type|\.type\s*==|native|triton", src.split('"""', 2)[2])
+
+
+def test_device_checks_live_in_the_backends():
+    """Outside muser/backends only the kernels' own operand checks (model/native.py) ask."""
+    pattern = re.compile(r"is_cuda|device\.type|torch\.cuda\.|[!=]= \"(cuda|cpu)\"|\.type == ")
+    askers = sorted({f.relative_to(ROOT).as_posix() for f in (ROOT / "muser").rglob("*.py")
+                     if pattern.search(f.read_text())} - {"muser/model/native.py"})
+    assert all(a.startswith("muser/backends/") for a in askers), askers
+
+
+CUDA_MODULES = ["muser.backends.cuda", "muser.backends.cuda.graph", "muser.backends.cuda.decode_step",
+                "muser.backends.cuda.prefill", "muser.backends.cuda.ops", "muser.backends.cuda.triton_ops",
+                "muser.backends.cuda.triton_rows", "muser.backends.cuda.triton_decode"]
+
+
+def test_every_cuda_module_imports_without_triton():
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'triton' or name.startswith('triton.'):\n"
+            "            raise ImportError('triton blocked for this test')\n"
+            "sys.meta_path.insert(0, Block())\n"
+            f"for m in {CUDA_MODULES!r}: __import__(m)\n"
+            "from muser.backends.cuda import triton_rows\n"
+            "assert not triton_rows.available()\n"
+            "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

@@ -1,0 +1,65 @@
+"""The one forward (`Engine.forward`, backends/step.py): 1..B sessions x 1..k rows in one call.
+Every shape gives each session what it gets alone, bit for bit, on the int8 CPU path (shared
+matmuls) and on the float path (one pass per session); input is checked before anything runs."""
+import pytest
+import torch
+
+import muser
+from muser.testing import tiny_model
+
+WINDOW = 4
+
+
+@pytest.fixture(scope="module", params=["bf16-int8", "f32"])
+def engine(request):
+    if request.param == "f32":
+        return tiny_model("gemma3", window=WINDOW, tokenizer=False)
+    return tiny_model("gemma3", window=WINDOW, tokenizer=False, dtype="bfloat16", quant="int8")
+
+
+def sessions(engine, lengths, seed=0):
+    out = []
+    for i, n in enumerate(lengths):
+        s = engine.new_session()
+        s.prefill([(seed + 7 * i + j) % 300 + 3 for j in range(n)])
+        out.append(s)
+    return out
+
+
+@pytest.mark.parametrize("lengths, block", [([1, 3, 9], 5), ([2, 6], 16), ([4, 4, 4, 4], 1)])
+def test_a_batched_verification_step_equals_each_session_extending_alone(engine, lengths, block):
+    batched, alone = sessions(engine, lengths), sessions(engine, lengths)
+    chunks = [[(11 * i + j) % 300 + 3 for j in range(block)] for i in range(len(lengths))]
+    out = engine.forward(batched, chunks, all_logits=True)
+    assert out.shape == (block * len(lengths), engine.spec.vocab_size)
+    ref = torch.cat([s.extend(c) for s, c in zip(alone, chunks)])
+    assert torch.equal(out, ref)
+    last = engine.forward(batched, [[5]] * len(lengths), all_logits=False, pad=False)
+    assert torch.equal(last, torch.stack([s.decode(5) for s in alone]))
+    for a, b in zip(batched, alone):
+        assert a.snapshot().equal(b.snapshot()) and a.tokens == b.tokens
+
+
+def test_more_sessions_than_one_pass_holds_still_equal_each_alone(engine):
+    """70 sessions: one pass with the native kernels (exact rows); without them the int8 path
+    shares matmuls across 64 rows only (the aten kernel's row-invariant range), then a second pass."""
+    lengths = [1 + i % 9 for i in range(70)]
+    batched, alone = sessions(engine, lengths, seed=1), sessions(engine, lengths, seed=1)
+    toks = [(5 * i) % 300 + 3 for i in range(70)]
+    out = engine.decode_batch(batched, toks)
+    assert torch.equal(out, torch.stack([s.decode(t) for s, t in zip(alone, toks)]))
+
+
+def test_bad_input_is_refused_before_anything_runs(engine):
+    a, b = sessions(engine, [3, 5])
+    before = [a.snapshot(), b.snapshot()]
+    with pytest.raises(muser.RequestError, match="appears twice"):
+        engine.forward([a, a], [[4], [5]])
+    with pytest.raises(muser.RequestError, match="2 sessions and 1 chunks"):
+        engine.forward([a, b], [[4]])
+    with pytest.raises(muser.RequestError, match="token ids must be in"):
+        engine.forward([a, b], [[4], [10 ** 9]])
+    with pytest.raises(muser.RequestError, match="at least one token"):
+        engine.forward([a, b], [[4], []])
+    assert a.snapshot().equal(before[0]) and b.snapshot().equal(before[1])
+    assert engine.decode_batch([], []).shape == (0, engine.spec.vocab_size)
