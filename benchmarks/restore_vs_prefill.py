@@ -17,7 +17,7 @@ import time
 import torch
 
 import muser
-from muser.cache import SessionSnapshot
+from muser.pack import format as pf
 
 
 def main():
@@ -40,10 +40,10 @@ def main():
             path = os.path.join(d, f"s{n}.pack")
             s2 = engine.new_session()
             s2.prefill(ids[:n], chunk_size=512)
-            s2.snapshot().save(path)
+            pf.save_pack(s2.snapshot(), path)
             size = os.path.getsize(path)
             t0 = time.perf_counter()
-            r = engine.restore(SessionSnapshot.load(path))
+            r = engine.restore(pf.load_pack(path))
             warm_first = r.decode(1000)
             warm = time.perf_counter() - t0
             assert torch.equal(cold_first, warm_first), "restored first token differs from the live session"

@@ -8,6 +8,6 @@ from .cache import Encoding, SessionSnapshot
 from .config import EngineConfig, LayerSpec, ModelSpec
 from .errors import *  # noqa: F401,F403  (every typed error is importable from muser)
 from .errors import __doc__ as _errors_doc  # noqa: F401
-from .engine import DEFAULT_MODEL, Engine, SamplingParams, Session, load
+from .engine import DEFAULT_MODEL, Engine, SamplingParams, Session, load, make_drafter
 
 __version__ = "0.1.0"

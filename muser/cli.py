@@ -47,12 +47,12 @@ def read_key(key_file: str | None) -> bytes | None:
 
 
 def cmd_generate(args) -> int:
-    from .cache import SessionSnapshot
+    from .pack import load_pack, save_pack
     engine = load_engine(args)
     session = engine.new_session()
     key = read_key(args.key_file)
     if args.resume:
-        engine.restore(SessionSnapshot.load(args.resume, key=key), into=session)
+        engine.restore(load_pack(args.resume, key=key), into=session)
     base = session.position
     stats: dict = {}
     from .engine.generate import stream_text
@@ -61,9 +61,14 @@ def cmd_generate(args) -> int:
         prompt_ids = prompt_ids[1:]          # a continuation carries no second BOS
     produced: list[int] = []
 
+    drafter = None
+    if args.speculative:
+        from .engine.speculative import make_drafter
+        drafter = make_drafter(args.speculative, engine)       # a draft model is loaded once
+
     def ids():
         for t in engine.stream(prompt_ids, args.max_tokens, args.temperature, args.top_p, args.top_k,
-                               args.seed, session=session, speculative=args.speculative,
+                               args.seed, session=session, speculative=drafter,
                                block=args.block, stats=stats):
             produced.append(t)
             yield t
@@ -77,7 +82,7 @@ def cmd_generate(args) -> int:
     if args.save:
         if produced and session.position == base + len(prompt_ids) + len(produced) - 1:
             session.prefill([produced[-1]])    # the last sampled token was never consumed
-        session.snapshot().save(args.save, key=key)
+        save_pack(session.snapshot(), args.save, key=key)
         print(f"[saved] {args.save} at position {session.position}", file=sys.stderr)
     return 0
 

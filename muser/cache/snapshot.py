@@ -2,7 +2,8 @@
 
 Owns: what a complete restorable cut at `position` is, how one leaves a set
 of planes (`take`) and how it is checked and laid back (`check`, `install`).
-Does not own: bytes on disk (muser.pack) or which model made it (the engine
+Does not own: bytes on disk (muser.pack: `save_pack`, `load_pack`,
+`pack_to_bytes`, `pack_from_bytes`) or which model made it (the engine
 fills `model`, an opaque fingerprint dict, and `tokens`, the lineage).
 
 The contract, per plane:
@@ -68,25 +69,6 @@ class SessionSnapshot:
                         and a.count == b.count and torch.equal(a.keys, b.keys)
                         and torch.equal(a.values, b.values)
                         for a, b in zip(self.planes, other.planes)))
-
-    # pack I/O lives in muser.pack; these are conveniences bound at import time there.
-    def save(self, path, key: bytes | None = None) -> None:
-        from ..pack.format import save_pack
-        save_pack(self, path, key=key)
-
-    def to_bytes(self, key: bytes | None = None) -> bytes:
-        from ..pack.format import pack_to_bytes
-        return pack_to_bytes(self, key=key)
-
-    @classmethod
-    def load(cls, path, key: bytes | None = None) -> "SessionSnapshot":
-        from ..pack.format import load_pack
-        return load_pack(path, key=key)
-
-    @classmethod
-    def from_bytes(cls, data: bytes, key: bytes | None = None) -> "SessionSnapshot":
-        from ..pack.format import pack_from_bytes
-        return pack_from_bytes(data, key=key)
 
 
 def expected_rows(plane: Plane, position: int) -> tuple[int, int]:

@@ -7,5 +7,6 @@ from .engine import Engine
 from .loader import DEFAULT_MODEL, load
 from .sampling import SamplingParams, sample
 from .session import Session
+from .speculative import make_drafter
 
-__all__ = ["Engine", "Session", "load", "DEFAULT_MODEL", "SamplingParams", "sample"]
+__all__ = ["Engine", "Session", "load", "DEFAULT_MODEL", "SamplingParams", "sample", "make_drafter"]

@@ -130,9 +130,11 @@ class Engine:
     def stream(self, prompt: str | list[int], max_tokens: int = 128, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
                session: Session | None = None, chat: bool = False,
-               speculative: str | None = None, block: int | None = None,
+               speculative=None, block: int | None = None,
                stats: dict | None = None) -> Iterator[int]:
-        """Yield generated token ids (stops at an end-of-sequence id, not yielded)."""
+        """Yield generated token ids (stops at an end-of-sequence id, not yielded).
+        `speculative`: "prompt-lookup" or a drafter (`muser.engine.make_drafter("draft:MODEL",
+        engine)`, loaded once and passed to every call)."""
         from .generate import generate_ids
         params = SamplingParams(temperature, top_p, top_k, seed)
         if max_tokens < 0:

@@ -13,7 +13,7 @@ from .sampling import SamplingParams, sample
 
 
 def generate_ids(engine, session, ids: list[int], max_tokens: int, params: SamplingParams,
-                 speculative: str | None = None, block: int | None = None,
+                 speculative=None, block: int | None = None,
                  stats: dict | None = None) -> Iterator[int]:
     if speculative:
         from .speculative import speculative_generate

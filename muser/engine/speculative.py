@@ -1,8 +1,10 @@
 """Speculative decoding over transactional cache checkpoints.
 
-Owns: the drafters (prompt lookup, draft model), the verify-accept-rollback
-round, and speculative sampling.  Does not own: how a rollback restores rows
-(muser.cache.checkpoint) -- a round never copies the cache.
+Owns: the drafters (prompt lookup, draft model; `make_drafter` loads a draft
+model once, for the caller to pass to every generation), the
+verify-accept-rollback round, and speculative sampling.  Does not own: how a
+rollback restores rows (muser.cache.checkpoint) -- a round never copies the
+cache.
 
 One round, with `t` the token sampled last round and not yet consumed:
 
@@ -111,6 +113,8 @@ class DraftModelDrafter:
 
 
 def make_drafter(spec: str, engine):
+    """`prompt-lookup` or `draft:MODEL` (a model sharing `engine`'s vocabulary, loaded here, once:
+    the drafter keeps its session and is reused by every generation it is passed to)."""
     if spec == "prompt-lookup":
         return PromptLookupDrafter()
     if spec.startswith("draft:"):
@@ -149,12 +153,29 @@ def _accept(target_logits: torch.Tensor, drafts: list[int], qs, params: Sampling
     return len(drafts), sample(target_logits[len(drafts)], params, gen)
 
 
+def drafter_for(spec) -> "PromptLookupDrafter | DraftModelDrafter":
+    """The drafter a generation uses: a drafter object as given, `prompt-lookup` (stateless, built
+    here); a `draft:MODEL` string is refused -- loading a model per call is the caller's cost to
+    pay once (`make_drafter`)."""
+    if isinstance(spec, (PromptLookupDrafter, DraftModelDrafter)):
+        return spec
+    if spec == "prompt-lookup":
+        return PromptLookupDrafter()
+    if isinstance(spec, str) and spec.startswith("draft:"):
+        raise RequestError(f"speculative={spec!r}: load the draft model once with "
+                           "muser.engine.make_drafter(spec, engine) and pass the drafter")
+    raise RequestError(f"speculative must be 'prompt-lookup' or a drafter, got {spec!r}")
+
+
 def speculative_generate(engine, session, ids: list[int], max_tokens: int, params: SamplingParams,
-                         spec: str, block: int | None, stats: dict | None) -> Iterator[int]:
+                         spec, block: int | None, stats: dict | None) -> Iterator[int]:
     block = DEFAULT_BLOCK if block is None else block
     if not 1 <= block <= MAX_BLOCK:
         raise RequestError(f"block must be in [1, {MAX_BLOCK}], got {block}")
-    drafter = make_drafter(spec, engine)
+    drafter = drafter_for(spec)
+    if isinstance(drafter, DraftModelDrafter) and drafter.engine.spec.vocab_size != engine.spec.vocab_size:
+        raise RequestError(f"draft model vocabulary expected {engine.spec.vocab_size} "
+                           f"(the target's), got {drafter.engine.spec.vocab_size}")
     stats = stats if stats is not None else {}
     stats.update(drafted=0, accepted=0, forwards=0, emitted=0, rounds=0)
     if max_tokens == 0:
@@ -188,6 +209,7 @@ def speculative_generate(engine, session, ids: list[int], max_tokens: int, param
             out = session.extend([t] + drafts)                  # [1 + k, vocab]
         except BaseException:
             session.rollback(cp, keep=0)
+            drafter.sync(session.tokens)      # the drafter outlives this call: close its round
             raise
         stats["forwards"] += 1
         stats["rounds"] += 1

@@ -114,7 +114,7 @@ def cmd_save(args) -> int:
     session = engine.new_session()
     session.prefill(ids)
     snap = session.snapshot()
-    snap.save(args.out, key=key)
+    pf.save_pack(snap, args.out, key=key)
     print(f"{args.out}: saved {len(snap.planes)} planes at position {snap.position} ({snap.encoding}), "
           f"{_fmt_bytes(snap.nbytes())} of rows; "
           f"{'signed with HMAC-SHA256' if key else 'unsigned (no key): integrity only'}")

@@ -2,7 +2,7 @@
 
 Owns: validating slot ids and file names (no path traversal: one plain name
 inside the session directory), saving a slot's cut with
-`SessionSnapshot.save` plus a JSON sidecar (the slot's replay plan and
+`muser.pack.save_pack` plus a JSON sidecar (the slot's replay plan and
 context epoch, so a shifted conversation keeps its lineage across a
 restart), and restoring both (the cut is gated before anything is installed;
 a refused pack leaves the slot as it was).  Does not own: the pack format
@@ -16,6 +16,7 @@ import os
 import re
 from pathlib import Path
 
+from ..pack import load_pack, save_pack
 from .http_errors import InvalidRequest, NotFound
 from .policy import RawReplay, ReplayPlan
 from .slots import Slot
@@ -72,7 +73,7 @@ def save_slot(slot: Slot, path: Path, key: bytes | None) -> dict:
     """Worker-free: the caller holds the slot's lease."""
     snap = slot.session.snapshot()
     path.parent.mkdir(parents=True, exist_ok=True)
-    snap.save(path, key=key)                        # atomic and durable (muser.pack.format)
+    save_pack(snap, path, key=key)                  # atomic and durable (muser.pack.format)
     side = {"epoch": slot.epoch, "position": snap.position, "tokens_sha256": _digest(snap.tokens),
             "replay": _replay_json(slot.replay)}
     stmp = path.with_name(path.name + ".json.tmp")
@@ -83,10 +84,9 @@ def save_slot(slot: Slot, path: Path, key: bytes | None) -> dict:
 
 
 def restore_slot(engine, slot: Slot, path: Path, key: bytes | None) -> dict:
-    from ..cache import SessionSnapshot
     if not path.is_file():
         raise NotFound(f"no session file {path.name!r} in the session directory", param="filename")
-    snap = SessionSnapshot.load(path, key=key)      # integrity / auth / version checked here
+    snap = load_pack(path, key=key)                 # integrity / auth / version checked here
     engine.restore(snap, into=slot.session)         # shape / encoding / model gate, then install
     side_path = path.with_name(path.name + ".json")
     replay, epoch = None, 0

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from muser.engine.sampling import SamplingParams, probs
-from muser.engine.speculative import DraftModelDrafter, _accept
-from muser.testing import tiny_model
+import muser
+from muser.engine.speculative import DraftModelDrafter, _accept, make_drafter
+from muser.testing import tiny_model, tiny_model_dir
 
 WINDOW = 4
 
@@ -13,6 +14,17 @@ WINDOW = 4
 @pytest.fixture(scope="module")
 def target():
     return tiny_model("gemma3", window=WINDOW, tokenizer=False)
+
+
+@pytest.fixture(scope="module")
+def draft_spec():
+    return "draft:" + str(tiny_model_dir("gemma3", window=WINDOW, tokenizer=False, seed=1))
+
+
+@pytest.fixture(scope="module")
+def drafter(target, draft_spec):
+    """Loaded once, reused by every generation it is passed to."""
+    return make_drafter(draft_spec, target)
 
 
 def repetitive(n=40):
@@ -29,11 +41,11 @@ def replay(engine, prompt, kept_blocks):
 
 
 @pytest.mark.parametrize("block", [2, 3, 5, 8, 16])
-@pytest.mark.parametrize("drafter", ["prompt-lookup", "draft"])
-def test_every_round_leaves_target_and_draft_as_if_only_accepted_tokens_were_consumed(target, block, drafter):
+@pytest.mark.parametrize("kind", ["prompt-lookup", "draft"])
+def test_every_round_leaves_target_and_draft_as_if_only_accepted_tokens_were_consumed(target, block, kind,
+                                                                                     request):
     prompt = repetitive(23)
-    spec = "prompt-lookup" if drafter == "prompt-lookup" else "draft:" + str(
-        __import__("muser.testing", fromlist=["x"]).tiny_model_dir("gemma3", window=WINDOW, tokenizer=False, seed=1))
+    spec = "prompt-lookup" if kind == "prompt-lookup" else request.getfixturevalue("drafter")
     s = target.new_session()
     stats = {}
     out = list(target.stream(prompt, max_tokens=25, session=s, speculative=spec, block=block, stats=stats))
@@ -49,11 +61,8 @@ def test_every_round_leaves_target_and_draft_as_if_only_accepted_tokens_were_con
     assert stats["max_retained_rows"] <= block
 
 
-def test_draft_session_cache_equals_replay_of_its_surviving_calls(target):
-    from muser.engine.speculative import make_drafter
-    from muser.testing import tiny_model_dir
-    spec = "draft:" + str(tiny_model_dir("gemma3", window=WINDOW, tokenizer=False, seed=1))
-    drafter = make_drafter(spec, target)
+def test_draft_session_cache_equals_replay_of_its_surviving_calls(target, draft_spec):
+    drafter = make_drafter(draft_spec, target)
     params = SamplingParams()
     context = repetitive(11)
     for round_ in range(6):
@@ -65,6 +74,16 @@ def test_draft_session_cache_equals_replay_of_its_surviving_calls(target):
         for kind, arg in drafter.trace:
             ref.prefill(arg) if kind == "prefill" else ref.decode(arg)
         assert drafter.session.snapshot().equal(ref.snapshot())
+
+
+def test_a_draft_model_is_loaded_once_by_the_caller_and_reused(target, draft_spec, drafter):
+    prompt = repetitive(23)
+    with pytest.raises(muser.RequestError, match="load the draft model once"):
+        list(target.stream(prompt, max_tokens=4, speculative=draft_spec))
+    first = list(target.stream(prompt, max_tokens=12, speculative=drafter, block=4))
+    again = list(target.stream(prompt[:15], max_tokens=12, speculative=drafter, block=4))
+    assert first == list(target.stream(prompt, max_tokens=12))
+    assert again == list(target.stream(prompt[:15], max_tokens=12))
 
 
 @pytest.mark.parametrize("point_mass", [True, False])
@@ -91,6 +110,9 @@ def test_speculative_sampling_preserves_the_target_distribution(point_mass):
     assert tv < 0.02, f"total variation {tv:.4f}"
 
 
+_DRAFTERS: dict = {}      # spec -> drafter over the embedded model, loaded once per test session
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("prompt", [
     "Copy this list exactly: apples, pears, plums, apples, pears, plums, apples, pears, plums.",
@@ -101,6 +123,7 @@ def test_speculative_sampling_preserves_the_target_distribution(point_mass):
 def test_greedy_speculative_equals_plain_greedy_on_the_embedded_model(embedded, prompt, spec):
     plain = list(embedded.stream(prompt, max_tokens=24))
     stats = {}
-    fast = list(embedded.stream(prompt, max_tokens=24, speculative=spec, block=6, stats=stats))
+    drafter = _DRAFTERS.get(spec) or _DRAFTERS.setdefault(spec, make_drafter(spec, embedded))
+    fast = list(embedded.stream(prompt, max_tokens=24, speculative=drafter, block=6, stats=stats))
     assert fast == plain
     assert stats["rounds"] > 0

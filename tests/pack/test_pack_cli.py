@@ -4,15 +4,8 @@ import json
 import pytest
 from packutil import synthetic_snapshot
 
-from muser.pack.cli import main as pack_main
-
-
-def cli(argv):
-    try:
-        from muser.cli import main
-    except ImportError:                          # the top-level CLI is someone else's; ours stands alone
-        main = pack_main
-    return main(argv)
+from muser.cli import main as cli
+from muser.pack import format as pf
 
 
 @pytest.fixture
@@ -20,8 +13,8 @@ def packs(tmp_path):
     snap, _ = synthetic_snapshot(position=9)
     key = tmp_path / "key"
     key.write_bytes(b"cli-secret\n")
-    snap.save(tmp_path / "signed.pack", key=b"cli-secret")
-    snap.save(tmp_path / "plain.pack")
+    pf.save_pack(snap, tmp_path / "signed.pack", key=b"cli-secret")
+    pf.save_pack(snap, tmp_path / "plain.pack")
     bad = bytearray((tmp_path / "plain.pack").read_bytes())
     bad[-3] ^= 0x10
     (tmp_path / "bad.pack").write_bytes(bytes(bad))
@@ -77,6 +70,6 @@ def test_save_prefills_and_writes_a_loadable_pack(tiny_engine, tmp_path, capsys,
     assert cli(["pack", "save", *src, "--out", str(out), "--model", model, "--dtype", "float32",
                 "--key-file", str(key)]) == 0
     assert "signed with HMAC-SHA256" in capsys.readouterr().out
-    snap = muser.SessionSnapshot.load(out, key=b"k")
+    snap = pf.load_pack(out, key=b"k")
     want = tuple(engine.encode_prompt("hello world")) if text else (5, 6, 7, 8, 9, 10)
     assert snap.tokens == want and snap.position == len(want) and snap.model == engine.fingerprint

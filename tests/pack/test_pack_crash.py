@@ -18,7 +18,7 @@ from muser.pack import format as pf
 def old(tmp_path):
     snap, _ = synthetic_snapshot(position=5)
     path = tmp_path / "session.pack"
-    snap.save(path)
+    pf.save_pack(snap, path)
     return snap, path
 
 
@@ -58,7 +58,7 @@ def test_failed_save_leaves_the_old_file_and_no_temporary(old, monkeypatch, fail
     else:
         monkeypatch.setattr(os, fail, boom)
     with pytest.raises(OSError, match="injected"):
-        new.save(path)
+        pf.save_pack(new, path)
     monkeypatch.undo()
     assert pf.load_pack(path).equal(snap_old)
     assert leftovers(path.parent) == []
@@ -72,7 +72,7 @@ def test_save_fsyncs_the_file_and_its_directory(tmp_path, monkeypatch):
         seen.append(stat.S_ISDIR(os.fstat(fd).st_mode))
         real(fd)
     monkeypatch.setattr(os, "fsync", spy)
-    synthetic_snapshot()[0].save(tmp_path / "a.pack")
+    pf.save_pack(synthetic_snapshot()[0], tmp_path / "a.pack")
     assert seen == [False, True]                       # the file, then the directory after the rename
     assert stat.S_IMODE(os.stat(tmp_path / "a.pack").st_mode) == 0o600
 
@@ -170,7 +170,7 @@ def test_a_successful_save_removes_temporaries_of_dead_writers_only(tmp_path):
         other = tmp_path / f".other.pack.{dead}.ghi789.tmp"
         for f in (stale, running, other):
             f.write_bytes(b"partial")
-        synthetic_snapshot()[0].save(tmp_path / "session.pack")
+        pf.save_pack(synthetic_snapshot()[0], tmp_path / "session.pack")
         assert not stale.exists()                   # its writer is gone
         assert running.exists() and other.exists()  # a live writer's, another target's
         assert pf.load_pack(tmp_path / "session.pack") is not None

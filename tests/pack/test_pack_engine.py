@@ -30,10 +30,10 @@ def test_restored_session_continues_bitwise_at_every_wrap_phase(tiny_engine, bac
     logits, packs = {}, {}
     for p in range(1, max(POSITIONS) + 3):
         if p in POSITIONS:
-            packs[p] = live.snapshot().to_bytes()
+            packs[p] = pf.pack_to_bytes(live.snapshot())
         logits[p] = live.decode(ids[p])                  # logits after consuming position p
     for p, data in packs.items():
-        s = engine.restore(muser.SessionSnapshot.from_bytes(data))
+        s = engine.restore(pf.pack_from_bytes(data))
         assert s.position == p and s.tokens == ids[:p]
         for q in range(p, p + 3):
             assert torch.equal(s.decode(ids[q]), logits[q]), f"{backend}: pack at {p}, step {q}"
@@ -45,8 +45,8 @@ def test_restored_session_prefills_chunks_bitwise(tiny_engine, p, tmp_path):
     ids = ids_for(engine, 40, seed=p)
     a = engine.new_session()
     a.prefill(ids[:p], chunk_size=5)
-    a.snapshot().save(tmp_path / "a.pack", key=b"k")
-    b = engine.restore(muser.SessionSnapshot.load(tmp_path / "a.pack", key=b"k"))
+    pf.save_pack(a.snapshot(), tmp_path / "a.pack", key=b"k")
+    b = engine.restore(pf.load_pack(tmp_path / "a.pack", key=b"k"))
     assert same_state(plane_state(b.planes), plane_state(a.planes))
     assert torch.equal(a.prefill(ids[p:p + 7], chunk_size=3), b.prefill(ids[p:p + 7], chunk_size=3))
     assert torch.equal(a.extend(ids[p + 7:p + 10]), b.extend(ids[p + 7:p + 10]))
@@ -54,11 +54,12 @@ def test_restored_session_prefills_chunks_bitwise(tiny_engine, p, tmp_path):
 
 FRESH = textwrap.dedent("""
     import sys, torch, muser
+    from muser.pack import format as pf
     from muser.pack.manifest import load_key
     engine = muser.load(sys.argv[1], backend="ring", dtype="float32")
     expected = torch.load(sys.argv[2])
     for path, (ids, logits) in expected.items():
-        s = engine.restore(muser.SessionSnapshot.load(path, key=load_key()))
+        s = engine.restore(pf.load_pack(path, key=load_key()))
         got = torch.stack([s.decode(t) for t in ids])
         assert torch.equal(got, logits), path
         print("OK", path)
@@ -74,7 +75,7 @@ def test_pack_loads_in_a_fresh_process_and_continues_bitwise(tiny_engine, tmp_pa
         s = engine.new_session()
         s.prefill(ids[:p])
         path = str(tmp_path / f"s{p}.pack")
-        s.snapshot().save(path, key=b"shared-secret")
+        pf.save_pack(s.snapshot(), path, key=b"shared-secret")
         cont = ids[p:p + 4]
         expected[path] = (cont, torch.stack([s.decode(t) for t in cont]))
     torch.save(expected, tmp_path / "expected.pt")
@@ -101,15 +102,15 @@ def test_foreign_packs_are_refused_each_with_its_own_error(tiny_engine, tmp_path
     s = ring.new_session()
     s.prefill(ids_for(ring, 9))
     path = tmp_path / "ring.pack"
-    s.snapshot().save(path, key=b"k")
+    pf.save_pack(s.snapshot(), path, key=b"k")
 
     with pytest.raises(PackAuthError, match="another key"):
-        muser.SessionSnapshot.load(path, key=b"not-k")
-    s.snapshot().save(tmp_path / "plain.pack")
+        pf.load_pack(path, key=b"not-k")
+    pf.save_pack(s.snapshot(), tmp_path / "plain.pack")
     with pytest.raises(PackAuthError, match="unsigned"):
-        muser.SessionSnapshot.load(tmp_path / "plain.pack", key=b"k")
+        pf.load_pack(tmp_path / "plain.pack", key=b"k")
 
-    snap = muser.SessionSnapshot.load(path, key=b"k")
+    snap = pf.load_pack(path, key=b"k")
     other = tiny_engine(seed=1)                                   # same shapes, other weights
     refused(other, snap, PackModelMismatch)
     with pytest.raises(PackModelMismatch, match="weights digest expected"):
@@ -126,7 +127,7 @@ def test_foreign_packs_are_refused_each_with_its_own_error(tiny_engine, tmp_path
         pf.load_pack(path, expect_model=oracle.fingerprint, expect_encoding=oracle.encoding)
     o = oracle.new_session()
     o.prefill(ids_for(oracle, 9))
-    back = muser.SessionSnapshot.from_bytes(o.snapshot().to_bytes())
+    back = pf.pack_from_bytes(pf.pack_to_bytes(o.snapshot()))
     refused(ring, back, EncodingMismatch)                         # and the reverse
     assert snap.model == ring.fingerprint
     ring.restore(snap)                                            # the right one still installs
@@ -137,9 +138,9 @@ def test_bfloat16_session_round_trips(tiny_engine):
     ids = ids_for(engine, 20, seed=3)
     s = engine.new_session()
     s.prefill(ids[:9])
-    data = s.snapshot().to_bytes()
+    data = pf.pack_to_bytes(s.snapshot())
     assert pf.read_manifest(data)["manifest"]["encoding"] == {"family": "ring", "dtype": "bfloat16"}
-    r = engine.restore(muser.SessionSnapshot.from_bytes(data))
+    r = engine.restore(pf.pack_from_bytes(data))
     assert torch.equal(s.decode(ids[9]), r.decode(ids[9]))
 
 
@@ -152,7 +153,7 @@ def test_pack_restores_into_an_engine_with_another_max_context(tiny_engine):
     ids = ids_for(engine, 30, seed=11)
     s = engine.new_session()
     s.prefill(ids[:21])
-    r = small.restore(muser.SessionSnapshot.from_bytes(s.snapshot().to_bytes()))
+    r = small.restore(pf.pack_from_bytes(pf.pack_to_bytes(s.snapshot())))
     growing = [p for p in r.planes if p.kind == "growing"]
     assert growing and all(p.capacity == 40 != q.capacity for p, q in zip(growing, s.planes[2::3]))
     for t in ids[21:25]:
@@ -165,6 +166,6 @@ def test_a_pack_without_lineage_round_trips_through_a_session(tiny_engine):
     s = engine.new_session()
     s.prefill(ids_for(engine, 6, seed=2))
     bare = dataclasses.replace(s.snapshot(), tokens=())
-    r = engine.restore(muser.SessionSnapshot.from_bytes(bare.to_bytes()))
-    again = muser.SessionSnapshot.from_bytes(r.snapshot().to_bytes())     # unknown ids travel as -1
+    r = engine.restore(pf.pack_from_bytes(pf.pack_to_bytes(bare)))
+    again = pf.pack_from_bytes(pf.pack_to_bytes(r.snapshot()))     # unknown ids travel as -1
     assert again.equal(bare) and set(again.tokens) <= {-1}

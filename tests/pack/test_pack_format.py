@@ -48,8 +48,8 @@ def test_round_trip_is_bitwise_before_at_and_after_wraps(family, dtype, tmp_path
         fill(live, position)
         snap = cut.take(live, position, enc, tokens=tuple(range(position)), model=FINGERPRINT)
         path = tmp_path / f"p{position}.pack"
-        snap.save(path)
-        for loaded in (muser.SessionSnapshot.load(path), muser.SessionSnapshot.from_bytes(snap.to_bytes())):
+        pf.save_pack(snap, path)
+        for loaded in (pf.load_pack(path), pf.pack_from_bytes(pf.pack_to_bytes(snap))):
             assert loaded.equal(snap) and loaded.tokens == snap.tokens and loaded.model == FINGERPRINT
             restored = make_planes(family, dtype=dtype)
             cut.install(loaded, restored, enc)
@@ -65,7 +65,7 @@ def test_round_trip_is_bitwise_before_at_and_after_wraps(family, dtype, tmp_path
 
 def test_growing_plane_installs_into_storage_of_another_capacity():
     snap, live = synthetic_snapshot(position=37, family="oracle", max_context=64)
-    data = snap.to_bytes()
+    data = pf.pack_to_bytes(snap)
     bigger = make_planes("oracle", max_context=512)
     for p in bigger:
         p.reserve(300)                                   # a different allocation, too
@@ -80,7 +80,7 @@ def test_growing_plane_installs_into_storage_of_another_capacity():
 
 
 def test_byte_layout_is_what_the_docstring_says(snap):
-    data = snap.to_bytes()
+    data = pf.pack_to_bytes(snap)
     n, header, manifest, seal, rest = split(data)
     assert (8 + n) % 8 == 0 and data[8 + n - 1:8 + n] in (b" ", b"}")
     assert len(data) == 8 + n + sum(2 * p["keys"]["length"] for p in manifest["planes"])
@@ -107,13 +107,13 @@ def test_minor_version_with_optional_fields_loads(snap):
         m["version"] = "1.7"
         m["compression"] = None
         m["planes"][0]["note"] = {"future": True}
-    loaded = pf.pack_from_bytes(reseal(snap.to_bytes(), newer))
+    loaded = pf.pack_from_bytes(reseal(pf.pack_to_bytes(snap), newer))
     assert loaded.equal(snap)
 
 
 @pytest.mark.parametrize("version", ["2.0", "0.9", "13.1"])
 def test_unknown_major_version_is_refused_naming_both(snap, version):
-    data = reseal(snap.to_bytes(), lambda m: m.update(version=version))
+    data = reseal(pf.pack_to_bytes(snap), lambda m: m.update(version=version))
     with pytest.raises(PackVersionError) as e:
         pf.pack_from_bytes(data)
     assert version in str(e.value) and "1.x" in str(e.value)
@@ -121,24 +121,24 @@ def test_unknown_major_version_is_refused_naming_both(snap, version):
 
 def test_keys_sign_verify_and_refuse(snap, tmp_path):
     path = tmp_path / "s.pack"
-    snap.save(path, key=b"secret")
+    pf.save_pack(snap, path, key=b"secret")
     loaded, state = pf.verify(path, key=b"secret")
     assert loaded.equal(snap) and state.startswith("authenticated")
     _, state = pf.verify(path)                                     # no key: integrity only, and says so
     assert "NOT verified" in state
     with pytest.raises(PackAuthError, match="another key"):
-        muser.SessionSnapshot.load(path, key=b"wrong")
-    snap.save(tmp_path / "u.pack")
+        pf.load_pack(path, key=b"wrong")
+    pf.save_pack(snap, tmp_path / "u.pack")
     with pytest.raises(PackAuthError, match="unsigned"):
-        muser.SessionSnapshot.load(tmp_path / "u.pack", key=b"secret")
+        pf.load_pack(tmp_path / "u.pack", key=b"secret")
     assert "unsigned: integrity only" == pf.verify(tmp_path / "u.pack")[1]
     with pytest.raises(PackAuthError):
-        snap.to_bytes(key=b"")
+        pf.pack_to_bytes(snap, key=b"")
 
 
 def test_forgery_without_the_key_is_refused_by_a_key_holder(snap):
     """A forger can recompute digests and the SHA-256 seal, but not the HMAC."""
-    signed = snap.to_bytes(key=b"k1")
+    signed = pf.pack_to_bytes(snap, key=b"k1")
     forged = reseal(signed, lambda m: m.update(position=m["position"]))   # re-sealed, unsigned
     with pytest.raises(PackAuthError):
         pf.pack_from_bytes(forged, key=b"k1")
@@ -178,7 +178,7 @@ def test_check_model_names_the_field():
 
 
 def test_load_gates_model_and_encoding(snap):
-    data = snap.to_bytes()
+    data = pf.pack_to_bytes(snap)
     assert pf.pack_from_bytes(data, expect_model=FINGERPRINT, expect_encoding=snap.encoding).equal(snap)
     with pytest.raises(PackModelMismatch, match="rope of layer 2 expected False, got True"):
         pf.pack_from_bytes(data, expect_model=dict(FINGERPRINT, layers=[["sliding", 4, True],
@@ -190,7 +190,7 @@ def test_load_gates_model_and_encoding(snap):
 
 def test_shape_gate_refuses_another_window_and_another_encoding():
     snap, _ = synthetic_snapshot(position=9, model={})
-    loaded = pf.pack_from_bytes(snap.to_bytes())
+    loaded = pf.pack_from_bytes(pf.pack_to_bytes(snap))
     target = make_planes("ring", window=8)
     before = plane_state(target)
     with pytest.raises(SnapshotShapeError, match="window"):
@@ -203,17 +203,17 @@ def test_shape_gate_refuses_another_window_and_another_encoding():
 def test_save_refuses_an_inconsistent_snapshot(snap):
     bad = cut.SessionSnapshot(snap.position, Encoding("ring", "bfloat16"), snap.planes, snap.tokens)
     with pytest.raises(PackShapeError, match="dtype"):
-        bad.to_bytes()
+        pf.pack_to_bytes(bad)
     p0 = snap.planes[0]
     short = cut.PlaneCut(p0.layer, p0.kind, p0.window, p0.start, p0.count, p0.keys, p0.values[:-1])
     with pytest.raises(PackShapeError, match="shape"):
-        cut.SessionSnapshot(snap.position, snap.encoding, (short,) + snap.planes[1:]).to_bytes()
+        pf.pack_to_bytes(cut.SessionSnapshot(snap.position, snap.encoding, (short,) + snap.planes[1:]))
     with pytest.raises(PackError):                    # a plane that does not end at `position`
-        cut.SessionSnapshot(snap.position + 1, snap.encoding, snap.planes).to_bytes()
+        pf.pack_to_bytes(cut.SessionSnapshot(snap.position + 1, snap.encoding, snap.planes))
 
 
 def test_read_manifest_is_header_only(snap):
-    data = bytearray(snap.to_bytes())
+    data = bytearray(pf.pack_to_bytes(snap))
     data[-1] ^= 1                                    # a data byte: read_manifest does not hash data
     info = pf.read_manifest(bytes(data))
     assert info["manifest"]["position"] == 11 and info["file_bytes"] == len(data)

@@ -36,7 +36,7 @@ def regions(data: bytes) -> dict[str, tuple[int, int]]:
 
 def base(signed: bool):
     snap, _ = synthetic_snapshot(position=11)
-    return snap, snap.to_bytes(key=KEY if signed else None)
+    return snap, pf.pack_to_bytes(snap, key=KEY if signed else None)
 
 
 def mutations(data: bytes, seed: int):
@@ -127,7 +127,7 @@ def test_signed_pack_mutations_refused_without_a_key_too():
 def test_every_single_bit_of_a_small_pack_is_covered():
     """Exhaustive: each of the first 8 + header bytes and a sample of data bytes, every bit."""
     snap, _ = synthetic_snapshot(position=2, n=1, kv=1, d=1, model={})
-    data = snap.to_bytes()
+    data = pf.pack_to_bytes(snap)
     n = split(data)[0]
     cases = ((f"byte {i} bit {b}", data[:i] + bytes([data[i] ^ (1 << b)]) + data[i + 1:])
              for i in range(len(data)) for b in range(8))
