@@ -1,6 +1,7 @@
 """Chunk attention on CUDA: flash attention with the window as a band, no dense mask.
 
-Owns: `CudaAttention`, the CUDA backend's attention (backends/cuda).  Called like every attention path, `(q, k, v, mask, scale, softcap)`;
+Owns: `CudaAttention`, the CUDA backend's chunk attention.  Called like every
+attention path, `(q, k, v, mask, scale, softcap)`;
 and, for a staged chunk, `banded(q, k, v, q_start, k_start, window, scale,
 softcap)`, which states the visibility rule instead of materialising it:
 
