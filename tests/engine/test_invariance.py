@@ -127,12 +127,17 @@ def test_the_thread_count_does_not_change_a_bit(engine, ids, cuts):
     assert runs[0][1].equal(runs[1][1])
 
 
+_DRAFTERS: dict = {}      # spec -> drafter, loaded once (the caller's job: muser.make_drafter)
+
+
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["code", "list", "prose"])
 @pytest.mark.parametrize("speculative", ["prompt-lookup", "draft:gemma3-270m"])
 def test_greedy_speculative_output_equals_plain_greedy(engine, prompt, speculative):
     plain = list(engine.stream(prompt, max_tokens=40))
     stats = {}
-    spec = list(engine.stream(prompt, max_tokens=40, speculative=speculative, stats=stats))
+    drafter = _DRAFTERS.get(speculative) or _DRAFTERS.setdefault(speculative,
+                                                                 muser.make_drafter(speculative, engine))
+    spec = list(engine.stream(prompt, max_tokens=40, speculative=drafter, stats=stats))
     assert spec == plain
     assert stats["rounds"] > 0
     if speculative.startswith("draft:"):              # the same model drafting: every draft is exact

@@ -5,7 +5,7 @@ import torch
 
 from muser.engine.sampling import SamplingParams, probs
 import muser
-from muser.engine.speculative import DraftModelDrafter, _accept, make_drafter
+from muser.engine.speculative import _accept, make_drafter
 from muser.testing import tiny_model, tiny_model_dir
 
 WINDOW = 4
