@@ -9,6 +9,7 @@ Package map (each module's docstring says what it owns and what it doesn't):
   text.py         locked tokenizer proxy and stop-aware text deltas
   service.py      one request: plan -> lease -> job; responses.py: JSON / SSE shaping
   persist.py      slot save / restore (pack files + replay sidecar) in --session-dir
-  metrics.py      Prometheus text;  config.py  ServerConfig;  app.py  create_app;  cli.py  serve
+  metrics.py      Prometheus text;  config.py  ServerConfig;  app.py  create_app
+  (the `muser serve` command is muser/cli/serve.py)
 Importing this package imports nothing heavy: `from muser.server.app import create_app`.
 """

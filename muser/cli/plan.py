@@ -1,15 +1,17 @@
 """`muser cache-plan`: cost curves of a model's planes from its config alone.
 
-Owns: building a `CacheGeometry` from a model's header (GGUF metadata or
-config.json -- no weights are read), printing the plan, drawing the curves.
+Owns: the `cache-plan` subcommand (`add_plan_command(subparsers)`), building a
+`CacheGeometry` from a model's header (GGUF metadata or config.json -- no
+weights are read), printing the plan, drawing the curves.
 """
 from __future__ import annotations
 
+import argparse
 import json
 
 from ..cache.plan import DTYPE_BYTES, CacheGeometry, curve, plan
+from ..engine.loader import DEFAULT_MODEL, resolve
 from ..errors import ModelFormatError
-from .loader import resolve
 
 
 def spec_for(model: str, max_context: int | None):
@@ -61,3 +63,14 @@ def run_cache_plan(args) -> int:
         fig.savefig(args.plot, dpi=120)
         print(f"plot written to {args.plot}")
     return 0
+
+
+def add_plan_command(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("cache-plan", help="bytes of the sliding and full planes at N tokens (config only)")
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL)
+    p.add_argument("--context", type=int, required=True)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--max-context", type=int, default=None)
+    p.add_argument("--plot", default=None, help="draw both cost curves to this PNG")
+    p.set_defaults(func=run_cache_plan)
+    return p

@@ -1,53 +1,23 @@
-"""The `muser` command line: generate | chat | cache-plan | pack | serve.
+"""The `muser` command line: the top-level parser, generate and chat.
 
-Owns: argument parsing and turning typed errors into one clear line (exit 2).
-Does not own: any engine, pack or server logic (each subcommand calls into its
-package; `pack` and `serve` register themselves from muser.pack.cli and
-muser.server.cli).
+Owns: the parser (`build_parser`: generate, chat here; cache-plan, pack and serve registered
+from cli/plan.py, cli/pack.py, cli/serve.py), `main`, which turns typed errors into one clear
+line (exit 2), and the generate and chat commands.  Does not own: any engine, pack or server
+logic (each command calls into its package; no package imports the CLI).
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .engine.loader import DEFAULT_MODEL
-
-
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded name, .gguf file or HF dir (default {DEFAULT_MODEL})")
-    p.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
-    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fastest accurate for the device)")
-    p.add_argument("--backend", default="ring", choices=["ring", "oracle"])
-    p.add_argument("--quant", default=None, help="CPU weight path: none | int8 (default: fastest accurate)")
-    p.add_argument("--max-context", type=int, default=None)
-    p.add_argument("--chunk-size", type=int, default=None,
-                   help="prefill chunk in tokens (default: 512 on CPU, 8k-16k on CUDA by GPU memory); "
-                        "a server with many users may want smaller chunks, so decode steps are not held up")
-
-
-def _sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-
-
-def load_engine(args):
-    from .engine.loader import load
-    return load(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
-                max_context=args.max_context, quant=args.quant, chunk_size=args.chunk_size)
-
-
-def read_key(key_file: str | None) -> bytes | None:
-    """The pack key, read exactly as `muser pack verify` reads it (--key-file, else MUSER_PACK_KEY)."""
-    from .pack.manifest import load_key
-    return load_key(key_file)
+from .args import load_engine, model_args, read_key, sampling_args
+from .pack import add_pack_commands
+from .plan import add_plan_command
+from .serve import add_serve_command
 
 
 def cmd_generate(args) -> int:
-    from .pack import load_pack, save_pack
+    from ..pack import load_pack, save_pack
     engine = load_engine(args)
     session = engine.new_session()
     key = read_key(args.key_file)
@@ -55,7 +25,7 @@ def cmd_generate(args) -> int:
         engine.restore(load_pack(args.resume, key=key), into=session)
     base = session.position
     stats: dict = {}
-    from .engine.generate import stream_text
+    from ..engine.generate import stream_text
     prompt_ids = engine.encode_prompt(args.prompt, chat=args.chat)
     if args.resume and prompt_ids and engine.spec.bos_token_id is not None and prompt_ids[0] == engine.spec.bos_token_id:
         prompt_ids = prompt_ids[1:]          # a continuation carries no second BOS
@@ -63,7 +33,7 @@ def cmd_generate(args) -> int:
 
     drafter = None
     if args.speculative:
-        from .engine.speculative import make_drafter
+        from ..engine.speculative import make_drafter
         drafter = make_drafter(args.speculative, engine)       # a draft model is loaded once
 
     def ids():
@@ -97,7 +67,7 @@ def cmd_chat(args) -> int:
     conversation is never prefilled twice.
     """
     import time
-    from .engine.generate import stream_text
+    from ..engine.generate import stream_text
     engine = load_engine(args)
     session = engine.new_session()
     mark = None
@@ -146,19 +116,14 @@ def _counting(ids, seen: list):
         yield i
 
 
-def cmd_cache_plan(args) -> int:
-    from .engine.plan_cli import run_cache_plan
-    return run_cache_plan(args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="muser", description="Hybrid-attention inference engine and server.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="stream a continuation of PROMPT to stdout")
     g.add_argument("prompt")
-    _model_args(g)
-    _sampling_args(g)
+    model_args(g)
+    sampling_args(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument("--speculative", default=None, help="prompt-lookup | draft:MODEL")
     g.add_argument("--block", type=int, default=None, help="speculative block size (max 16)")
@@ -168,35 +133,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser("chat", help="interactive chat with streaming output")
-    _model_args(c)
-    _sampling_args(c)
+    model_args(c)
+    sampling_args(c)
     c.add_argument("--system", default=None)
     c.add_argument("--stats", action="store_true", help="after each reply, print prompt reuse and speed to stderr")
     c.set_defaults(func=cmd_chat)
 
-    p = sub.add_parser("cache-plan", help="bytes of the sliding and full planes at N tokens (config only)")
-    p.add_argument("model", nargs="?", default=DEFAULT_MODEL)
-    p.add_argument("--context", type=int, required=True)
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--max-context", type=int, default=None)
-    p.add_argument("--plot", default=None, help="draw both cost curves to this PNG")
-    p.set_defaults(func=cmd_cache_plan)
-
-    try:
-        from .pack.cli import add_pack_commands
-        add_pack_commands(sub)
-    except ImportError:
-        pass
-    try:
-        from .server.cli import add_serve_command
-        add_serve_command(sub)
-    except ImportError:
-        pass
+    add_plan_command(sub)
+    add_pack_commands(sub)
+    add_serve_command(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .errors import MuserError
+    from ..errors import MuserError
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -210,6 +160,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

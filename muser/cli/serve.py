@@ -1,29 +1,23 @@
 """`muser serve`: flags -> ServerConfig -> engine -> uvicorn.
 
 Owns: the serve subcommand's flags (`add_serve_command(subparsers)`) and its
-handler.  Does not own: the top-level parser (muser/cli.py) or any serving
-logic (app.py).  Binds 127.0.0.1 unless --host says otherwise.
+handler.  Does not own: the top-level parser (cli/main.py) or any serving
+logic (muser.server).  Binds 127.0.0.1 unless --host says otherwise.
 """
 from __future__ import annotations
 
 import argparse
 import logging
 
-from .config import ServerConfig
+from ..env import read as read_env
+from ..pack.manifest import load_key
+from ..server.config import ServerConfig
+from .args import load_engine, model_args
 
 
 def add_serve_command(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (chat + completions)")
-    try:
-        from ..cli import _model_args
-        _model_args(p)
-    except ImportError:                     # the lead's parser helpers are optional here
-        p.add_argument("--model", default="gemma3-270m")
-        p.add_argument("--device", default="cpu")
-        p.add_argument("--dtype", default=None)
-        p.add_argument("--backend", default="ring", choices=["ring", "oracle"])
-        p.add_argument("--quant", default=None)
-        p.add_argument("--max-context", type=int, default=None)
+    model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None,
@@ -50,8 +44,6 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
 
 
 def config_from_args(args) -> ServerConfig:
-    from ..env import read as read_env
-    from ..pack.manifest import load_key
     env = read_env()
     key = load_key(args.key_file, env)               # one key file, one key: as `muser pack` reads it
     return ServerConfig(
@@ -65,10 +57,9 @@ def config_from_args(args) -> ServerConfig:
 def cmd_serve(args) -> int:
     import uvicorn
 
-    from .app import create_app
+    from ..server.app import create_app
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     config = config_from_args(args)            # validate flags before loading weights
-    from ..cli import load_engine
     engine = load_engine(args)
     app = create_app(engine, config)
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level.lower(),

@@ -1,9 +1,9 @@
 """`muser pack inspect | verify | save`: session packs from the command line.
 
 Owns: the `pack` subcommands (`add_pack_commands(subparsers)`, called by
-muser/cli.py) and their handlers; each handler returns the exit status.
+cli/main.py) and their handlers; each handler returns the exit status.
 Does not own: the format (muser.pack.format), the engine (muser.engine) or the
-top-level parser and its error policy (muser/cli.py).
+top-level parser and its error policy (cli/main.py).
 
     muser pack inspect FILE [--json] [--key-file F]   manifest as a table (header checks only)
     muser pack verify FILE [--key-file F]             every check; exit 0, or 1 with the reason
@@ -21,8 +21,9 @@ import json
 import sys
 
 from ..errors import PackError
-from . import format as pf
-from .manifest import load_key
+from ..pack import format as pf
+from ..pack.manifest import load_key
+from .args import load_engine, model_args
 
 
 def _fmt_bytes(n: int) -> str:
@@ -96,19 +97,9 @@ def cmd_verify(args) -> int:
     return 0
 
 
-def _load_engine(args):
-    try:                                   # the main CLI's defaults, so packs match `muser generate`
-        from ..cli import load_engine
-        return load_engine(args)
-    except ImportError:
-        from ..engine.loader import load
-        return load(args.model, device=args.device, dtype=args.dtype,
-                    backend=args.backend, max_context=args.max_context)
-
-
 def cmd_save(args) -> int:
     key = load_key(args.key_file)
-    engine = _load_engine(args)
+    engine = load_engine(args)
     ids = ([int(t) for t in args.ids.split(",")] if args.ids is not None
            else engine.encode_prompt(args.prompt, chat=args.chat))
     session = engine.new_session()
@@ -119,20 +110,6 @@ def cmd_save(args) -> int:
           f"{_fmt_bytes(snap.nbytes())} of rows; "
           f"{'signed with HMAC-SHA256' if key else 'unsigned (no key): integrity only'}")
     return 0
-
-
-def _model_args(p: argparse.ArgumentParser) -> None:
-    try:
-        from ..cli import _model_args as main_model_args
-        main_model_args(p)
-        return
-    except ImportError:
-        pass
-    p.add_argument("--model", default="gemma3-270m")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--backend", default="ring", choices=["ring", "oracle"])
-    p.add_argument("--max-context", type=int, default=None)
 
 
 def add_pack_commands(subparsers) -> argparse.ArgumentParser:
@@ -159,22 +136,6 @@ def add_pack_commands(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="pack file to write (atomically)")
     s.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     s.add_argument("--key-file", default=None, help=key_help)
-    _model_args(s)
+    model_args(s)
     s.set_defaults(func=cmd_save)
     return pack
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (`python -m muser.pack.cli pack verify FILE`)."""
-    parser = argparse.ArgumentParser(prog="muser")
-    add_pack_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except (PackError, OSError) as e:
-        print(f"muser: error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
