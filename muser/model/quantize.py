@@ -2,7 +2,7 @@
 
 Owns: `FastLinear` (a projection with int8 weights, the kernel it runs for any row count) and
 `quantize_weights`.  Does not own: the kernels (`native.py` + csrc/, `quant.py`) or when the
-path is used (the engine's `quant=` setting, engine/defaults.py).
+path is used (the engine's `quant=` setting, backends/defaults.py; backends/cpu).
 
 One arithmetic per token (issue 12): with the native kernels built, every projection -- a
 decode row, a verification block, a 512-row prefill chunk, a batched step -- runs one kernel,
