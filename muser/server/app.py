@@ -21,11 +21,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, PlainTextResponse
 
 from .config import ServerConfig
-from .http_errors import InvalidRequest, NotFound, ServerError, to_http
+from .http_errors import ClientGone, InvalidRequest, NotFound, ServerError, to_http
 from .persist import pack_path, parse_slot_id, restore_slot, save_slot
 from .policy import RawReplay
 from .schemas import ChatCompletionRequest, CompletionRequest
 from .service import ServerState
+from .transport import read_body
 
 log = logging.getLogger("muser.server")
 
@@ -41,6 +42,8 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
         log.info("serving %s on %d slot(s), max_context %d, reserve %d, policy %s",
                  state.model_id, len(state.pool.slots), state.max_context,
                  state.limits.output_reserve, state.limits.policy)
+        if state.base_model_note:
+            log.warning("%s", state.base_model_note)
         try:
             yield
         finally:
@@ -65,6 +68,10 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
 
     @app.exception_handler(ServerError)
     async def _server_error(request, exc: ServerError):
+        if isinstance(exc, ClientGone):       # nobody to answer: a quiet, counted disconnect
+            state.metrics.inc("disconnects_total")
+            _count(request, exc.status)
+            return PlainTextResponse("", status_code=exc.status)
         return _error(exc, request)
 
     @app.exception_handler(StarletteHTTPException)
@@ -136,12 +143,12 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
     async def _slot_file_op(request: Request, slot_id: str, op: str):
         state.check_auth(request)
         sid = parse_slot_id(slot_id, len(state.pool.slots))
-        body = await request.body()
+        body = await read_body(request, state.config.max_slot_body_bytes, state.config.body_timeout)
         filename = None
         if body.strip():
             try:
                 data = json.loads(body.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError):
+            except (UnicodeDecodeError, ValueError, RecursionError):
                 raise InvalidRequest("the body must be a JSON object like "
                                      '{"filename": "name.pack"}') from None
             if not isinstance(data, dict) or set(data) - {"filename"}:

@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 
+from ..errors import PackAuthError
 from .config import ServerConfig
 
 
@@ -44,35 +45,78 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--pack-key-file", default=None, help="HMAC key for session packs (or MUSER_PACK_KEY)")
     p.add_argument("--no-batch-decode", action="store_true",
                    help="decode active slots one by one instead of one batched step")
+    p.add_argument("--shift-keep", type=float, default=0.7,
+                   help="a context shift keeps at most this fraction of the prompt budget, so the "
+                        "next turns extend the cache instead of shifting again (default 0.7)")
+    p.add_argument("--prefill-share", type=float, default=0.5,
+                   help="most of the worker's time prefill may take while streams decode "
+                        "(default 0.5: a long prompt slows running streams about 2x, not 25x)")
+    p.add_argument("--prefill-budget", type=int, default=None,
+                   help="prompt tokens per prefill round, in whole chunks (default: one chunk)")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a client has to send a request head before the connection is "
+                        "closed (default 10)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=cmd_serve)
     return p
 
 
+def _api_key(args) -> str | None:
+    """--api-key, else MUSER_API_KEY; given but empty (an unset $KEY) is refused, never 'no auth'."""
+    if args.api_key is not None:
+        if not args.api_key.strip():
+            raise ValueError("--api-key is empty (was it an unset variable?): pass a key, or "
+                             "leave the flag out to serve without authentication")
+        return args.api_key
+    env = os.environ.get("MUSER_API_KEY")
+    if env is not None and not env.strip():
+        raise ValueError("MUSER_API_KEY is set but empty: set a key, or unset it to serve "
+                         "without authentication")
+    return env
+
+
+def _pack_key(args) -> bytes | None:
+    """The pack key, read as `muser pack verify` reads it; an empty or blank key is refused."""
+    from ..pack.manifest import load_key
+    where = args.pack_key_file or "MUSER_PACK_KEY"
+    if args.pack_key_file is None and os.environ.get("MUSER_PACK_KEY") == "":
+        raise ValueError("MUSER_PACK_KEY is set but empty: set a key, or unset it for "
+                         "unsigned packs")
+    try:
+        key = load_key(args.pack_key_file)
+    except PackAuthError:
+        key = b""
+    if key is not None and not key.strip():
+        raise ValueError(f"pack key {where} is empty or blank: packs would be signed with no "
+                         "secret; write a random key (e.g. `head -c 32 /dev/urandom > key`)")
+    return key
+
+
 def config_from_args(args) -> ServerConfig:
-    key = None
-    if args.pack_key_file:
-        with open(args.pack_key_file, "rb") as f:
-            key = f.read().strip()
-    elif os.environ.get("MUSER_PACK_KEY"):
-        key = os.environ["MUSER_PACK_KEY"].encode()
     return ServerConfig(
-        host=args.host, port=args.port, api_key=args.api_key or os.environ.get("MUSER_API_KEY") or None,
+        host=args.host, port=args.port, api_key=_api_key(args),
         model_id=args.served_name, slots=args.slots, max_context=args.max_context,
         context_policy=args.context_policy, output_reserve=args.output_reserve, keep=args.keep,
         queue_size=args.queue_size, queue_timeout=args.queue_timeout, session_dir=args.session_dir,
-        pack_key=key, batch_decode=not args.no_batch_decode)
+        pack_key=_pack_key(args), batch_decode=not args.no_batch_decode, shift_keep=args.shift_keep,
+        prefill_share=args.prefill_share, prefill_budget=args.prefill_budget,
+        header_timeout=args.header_timeout)
 
 
 def cmd_serve(args) -> int:
     import uvicorn
 
     from .app import create_app
+    from .transport import uvicorn_config
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     config = config_from_args(args)            # validate flags before loading weights
     from ..cli import load_engine
     engine = load_engine(args)
     app = create_app(engine, config)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level.lower(),
-                timeout_graceful_shutdown=5)
-    return 0
+    server = uvicorn.Server(uvicorn_config(app, config, host=config.host, port=config.port,
+                                           log_level=args.log_level.lower()))
+    try:                                       # as uvicorn.run: Ctrl-C is a clean exit
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    return 0 if server.started else 1

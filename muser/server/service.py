@@ -22,14 +22,16 @@ from starlette.responses import Response
 from ..engine.sampling import SamplingParams
 from ..errors import RequestError
 from .config import ServerConfig
-from .http_errors import AuthError, InvalidRequest, ModelNotFound, PayloadTooLarge
+from .http_errors import AuthError, ContextTooLong, InvalidRequest, ModelNotFound, clip
 from .metrics import Metrics
-from .policy import (Limits, RawReplay, ReplayPlan, match_lineage, plan_chat, plan_raw,
-                     plan_raw_continuation)
+from .policy import (SYSTEM_ROLES, Limits, RawReplay, ReplayPlan, match_lineage, plan_chat,
+                     plan_raw, plan_raw_continuation, split_chat)
 from .responses import ClientWatch, Formatter, SSEResponse
+from .sampler import sampling_params
 from .scheduler import Job, Scheduler
-from .text import LockedTokenizer
 from .slots import Candidate, Slot, SlotPool
+from .text import SharedTokenizer, base_model_note, chars_per_token_bound, min_tokens, turn_marker_ids
+from .transport import read_body
 
 log = logging.getLogger("muser.server")
 
@@ -40,17 +42,23 @@ class ServerState:
         if not getattr(engine, "has_tokenizer", True):
             raise ValueError(f"model {engine.name!r} was loaded without tokenizer files; "
                              "muser serve needs a tokenizer (add tokenizer.json)")
-        self.tokenizer = LockedTokenizer(engine.tokenizer)
+        self.tokenizer = SharedTokenizer(engine.tokenizer)
+        self.chars_per_token = chars_per_token_bound(engine.tokenizer)
+        self.turn_markers = frozenset(turn_marker_ids(engine.tokenizer))
+        self.base_model_note = base_model_note(engine)
         self.model_id = config.model_id or engine.name
         self.max_context = config.effective_max_context(engine.max_context)
         self.limits = Limits(self.max_context, config.effective_reserve(self.max_context),
-                             config.context_policy, config.keep)
+                             config.context_policy, config.keep, config.shift_keep)
         self.metrics = Metrics()
         self.pool = SlotPool([engine.new_session() for _ in range(config.slots)],
                              engine.new_session(), config.queue_size, config.queue_timeout)
         self.scheduler = Scheduler(engine, self.pool, self.metrics, self.max_context,
-                                   config.batch_decode, self.tokenizer)
+                                   config.batch_decode, self.tokenizer,
+                                   prefill_budget=config.prefill_budget,
+                                   prefill_share=config.prefill_share)
         self.bos = engine.spec.bos_token_id
+        self.lone_system = self._probe_lone_system()
         m = self.metrics
         m.gauge("slots_total", "serving slots", lambda: len(self.pool.slots))
         m.gauge("slots_busy", "slots serving a request", lambda: self.pool.busy_count)
@@ -83,12 +91,7 @@ class ServerState:
         return req
 
     async def parse(self, request: Request, cls):
-        n = request.headers.get("content-length")
-        if n is not None and n.isdigit() and int(n) > self.config.max_body_bytes:
-            raise PayloadTooLarge(f"request body of {n} bytes exceeds {self.config.max_body_bytes}")
-        body = await request.body()
-        if len(body) > self.config.max_body_bytes:
-            raise PayloadTooLarge(f"request body exceeds {self.config.max_body_bytes} bytes")
+        body = await read_body(request, self.config.max_body_bytes, self.config.body_timeout)
         try:
             body.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -101,10 +104,12 @@ class ServerState:
                 raise InvalidRequest(f"invalid request: {e}") from None
             parts = []
             for err in errs[:3]:
-                loc = ".".join(str(x) for x in err.get("loc", ()))
-                parts.append(f"{loc + ': ' if loc else ''}{err.get('msg', 'invalid')}")
+                loc = clip(".".join(str(x) for x in err.get("loc", ())), 120)
+                parts.append(f"{loc + ': ' if loc else ''}{clip(err.get('msg', 'invalid'), 200)}")
             first = ".".join(str(x) for x in errs[0].get("loc", ())) or None
             raise InvalidRequest("invalid request: " + "; ".join(parts), param=first) from None
+        except RecursionError:
+            raise InvalidRequest("the request JSON is nested too deeply") from None
 
     # ------------------------------------------------------------------ candidates
     def render_chat(self, messages: list[dict]) -> list[int]:
@@ -116,7 +121,67 @@ class ServerState:
             raise InvalidRequest(f"the chat template refused these messages: {e}") from None
         return list(ids)
 
+    def chat_messages(self, messages: list[dict]) -> list[dict]:
+        """The messages to plan: a system-only chat gets an empty user turn when the template
+        would otherwise drop the system content (Gemma's folds system into the first user turn)."""
+        if not messages or any(m["role"] not in SYSTEM_ROLES for m in messages):
+            return messages
+        if self.lone_system == "kept":
+            return messages
+        if self.lone_system == "needs_user":
+            log.info("system-only chat: served as the first user turn (this chat template drops "
+                     "a system message that no user message follows)")
+            return [*messages, {"role": "user", "content": ""}]
+        raise InvalidRequest("this model's chat template drops system content that no user "
+                             "message follows: add a user message", param="messages")
+
+    def _probe_lone_system(self) -> str:
+        """How this template treats a chat of system messages only: kept | needs_user | dropped."""
+        mark = "muser-probe-7f3a"
+        try:
+            alone = self.tokenizer.render_chat([{"role": "system", "content": mark}])
+            if mark in alone:
+                return "kept"
+            with_user = self.tokenizer.render_chat([{"role": "system", "content": mark},
+                                                    {"role": "user", "content": ""}])
+            return "needs_user" if mark in with_user else "dropped"
+        except Exception:                  # noqa: BLE001 -- no template / refusal: let requests say
+            return "kept"
+
+    def check_size(self, messages: list[dict] | None = None, text: str | None = None) -> None:
+        """Refuse, before tokenizing, a prompt whose size alone proves it cannot fit.
+
+        One token covers at most `chars_per_token` characters, so C characters
+        are at least ceil(C / chars_per_token) tokens.  What must fit: under
+        `error`, everything; under `shift`, the system content and the newest
+        turn of a chat (a raw prompt is cut to its newest tokens instead).
+        """
+        bound, lim = self.chars_per_token, self.limits
+        if not bound:
+            return
+        if messages is not None:
+            split = split_chat(messages)
+            kept = list(split.system) + [m for t in (split.turns if lim.policy == "error"
+                                                     else split.turns[-1:]) for m in t]
+            what = ("the conversation" if lim.policy == "error"
+                    else "the system content and the newest turn")
+            chars = sum(len(m.get("content") or "") for m in kept)
+        elif text is not None and lim.policy == "error":
+            what, chars = "the prompt", len(text)
+        else:
+            return
+        least = min_tokens(chars, bound)
+        if least > lim.budget:
+            raise ContextTooLong(
+                f"context too long: {what} has {chars:,} characters, so at least {least:,} "
+                f"tokens (one token covers at most {bound} characters); the prompt budget is "
+                f"{lim.budget:,} tokens (max_context {lim.max_context:,} - output reserve "
+                f"{lim.output_reserve:,}); refused before tokenizing",
+                param="messages" if messages is not None else "prompt")
+
     def chat_candidates(self, messages: list[dict]) -> tuple[Callable[[Slot], Candidate], Any]:
+        messages = self.chat_messages(messages)
+        self.check_size(messages=messages)
         rendered: dict[tuple, list[int]] = {}
 
         def render(ms: list[dict]) -> list[int]:
@@ -145,6 +210,7 @@ class ServerState:
 
     def raw_candidates(self, prompt: str | list[int]) -> tuple[Callable[[Slot], Candidate], list[int]]:
         if isinstance(prompt, str):
+            self.check_size(text=prompt)
             tokens = self.tokenizer.encode(prompt)
         else:
             tokens = list(prompt)
@@ -171,8 +237,7 @@ class ServerState:
 
     # ------------------------------------------------------------------ serving
     def sampling(self, req) -> SamplingParams:
-        t = 1.0 if req.temperature is None else req.temperature
-        return SamplingParams(t, 1.0 if req.top_p is None else req.top_p, req.top_k or 0, req.seed)
+        return sampling_params(req.temperature, req.top_p, req.top_k, req.seed)
 
     async def serve(self, request: Request, req, candidate, *, chat: bool,
                     max_tokens: int | None, replay: Callable[[Any], Callable[[int], Any]]) -> Response:
@@ -195,7 +260,8 @@ class ServerState:
         room = self.max_context - len(placement.prompt)
         max_new = room if max_tokens is None else min(max_tokens, room)
         job = Job(placement, sampling, max_new, req.stops(), asyncio.get_running_loop(),
-                  replay=replay(placement.plan))
+                  replay=replay(placement.plan),
+                  stop_ids=self.turn_markers if chat else frozenset())
         watch.on_gone.append(job.cancel)
         watch.on_gone.append(self.scheduler.wake)
         try:
@@ -217,13 +283,20 @@ class ServerState:
                     job.cancel()
                     self.scheduler.wake()
                 handed_off = True
-                return SSEResponse(fmt.stream(job), finalize)
-            return await fmt.whole(job, watch)
+                return self._noted(SSEResponse(fmt.stream(job), finalize), chat)
+            return self._noted(await fmt.whole(job, watch), chat)
         finally:
             if not handed_off:
                 watch.close()
                 job.cancel()
                 self.scheduler.wake()
+
+    def _noted(self, response: Response, chat: bool) -> Response:
+        """A chat answer from a base model says so in a header (and in the `muser` field)."""
+        if chat and self.base_model_note and response.status_code == 200:
+            response.headers["x-muser-warning"] = ("base model (not instruction-tuned): chat "
+                                                   "replies may ramble; see the muser.warning field")
+        return response
 
     async def _lease(self, candidate, watch: ClientWatch):
         acquire = asyncio.ensure_future(self.pool.acquire(candidate))

@@ -193,8 +193,12 @@ class SlotPool:
         """Lease one named slot now (save / restore); SlotBusy if it is serving or queued for."""
         self.check_healthy()
         slot = self.slots[slot_id]
-        if slot.busy or self._waiters:
-            raise SlotBusy(f"slot {slot_id} is busy; retry when it is idle")
+        if slot.busy:
+            raise SlotBusy(f"slot {slot_id} is serving a request; retry when it is idle")
+        if self._waiters:
+            # the slot is idle, but leasing it now would jump the queue of waiting requests
+            raise SlotBusy(f"slot {slot_id} is idle, but {len(self._waiters)} request(s) are "
+                           "queued for a slot and go first; retry when the queue is empty")
         slot.busy = True
         return slot
 
