@@ -18,8 +18,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, PlainTextResponse
 
+from ..errors import MuserError
 from .config import ServerConfig
 from .http_errors import ClientGone, InvalidRequest, NotFound, ServerError, to_http
 from .persist import pack_path, parse_slot_id, restore_slot, save_slot
@@ -81,6 +83,20 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
         err = ServerError(str(exc.detail))
         err.status, err.type, err.code = exc.status_code, "invalid_request_error", None
         return _error(err, request)
+
+    # Typed errors get their own handlers: Starlette answers a handler registered for plain
+    # `Exception` and then re-raises (uvicorn logs a traceback and resets the connection).
+    @app.exception_handler(MuserError)
+    async def _muser_error(request, exc: MuserError):
+        return _error(to_http(exc), request)
+
+    @app.exception_handler(RecursionError)
+    async def _too_deep(request, exc: RecursionError):
+        return _error(to_http(exc), request)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request, exc: ClientDisconnect):
+        return await _server_error(request, ClientGone("the client disconnected"))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request, exc):

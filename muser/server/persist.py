@@ -72,7 +72,7 @@ def _replay_json(replay) -> dict | None:
 
 
 def _bad(name: str, what: str, expected: str, found) -> InvalidRequest:
-    return InvalidRequest(f"session file {name!r}: {what} expected {expected}, found "
+    return InvalidRequest(f"session file {name!r}: slot meta field {what} expected {expected}, found "
                           f"{clip(repr(found), 60)}; nothing was restored", param="filename")
 
 
@@ -95,14 +95,14 @@ def replay_from_meta(name: str, meta, vocab: int) -> tuple[object, int]:
     if meta is None:
         return None, 0                         # a pack saved elsewhere: reuse by token prefix only
     if not isinstance(meta, dict) or meta.get("kind") != META_KIND:
-        raise _bad(name, "meta", f"an object of kind {META_KIND!r}", meta)
+        raise _bad(name, "(the whole)", f"an object of kind {META_KIND!r}", meta)
     epoch, r = meta.get("epoch"), meta.get("replay")
     if not _count(epoch):
-        raise _bad(name, "meta epoch", "an int >= 0", epoch)
+        raise _bad(name, "epoch", "an int >= 0", epoch)
     if r is None:
         return None, epoch
     if not isinstance(r, dict) or not _count(r.get("epoch")):
-        raise _bad(name, "meta replay", "an object with an int epoch", r)
+        raise _bad(name, "replay", "an object with an int epoch", r)
     if r.get("kind") == "chat" and set(r) == {"kind", "system", "kept", "epoch"}:
         return ReplayPlan(_messages(name, "replay.system", r["system"]),
                           _messages(name, "replay.kept", r["kept"]), r["epoch"]), epoch
@@ -113,7 +113,7 @@ def replay_from_meta(name: str, meta, vocab: int) -> tuple[object, int]:
         if not (_count(start) and start >= len(prefix)):
             raise _bad(name, "replay.suffix_start", "an int >= the prefix length", start)
         return RawReplay(tuple(prefix), start, r["epoch"]), epoch
-    raise _bad(name, "meta replay", "a chat or raw replay plan", r)
+    raise _bad(name, "replay", "a chat or raw replay plan", r)
 
 
 def save_slot(slot: Slot, path: Path, key: bytes | None) -> dict:

@@ -2,7 +2,9 @@
 
 Owns: turning a request's temperature / top_p / top_k / seed into engine
 `SamplingParams` (a temperature below `TEMPERATURE_FLOOR` is greedy, as in
-vLLM: dividing logits by 1e-38 overflows to inf and the softmax to NaN), and
+vLLM: dividing logits by 1e-38 overflows to inf and the softmax to NaN; a
+top_p below `TOP_P_FLOOR` is raised to it -- the same draw, as the most likely
+token of any vocabulary under a million ids has p > 1e-6), and
 `sample_safely`, which guards the draw against non-finite logits (NaN counts
 as "never", +inf as the largest finite value) and raises `NonFiniteLogits`
 only when no finite logit is left.  Does not own: the sampling maths
@@ -15,6 +17,7 @@ import torch
 from ..engine.sampling import SamplingParams, sample
 
 TEMPERATURE_FLOOR = 1e-5        # below this, temperature sampling is greedy (vLLM's _SAMPLING_EPS)
+TOP_P_FLOOR = 1e-6              # float32 rounds top_p = 1e-300 to 0, which would keep no token
 
 
 class NonFiniteLogits(ArithmeticError):
@@ -27,7 +30,8 @@ def sampling_params(temperature: float | None, top_p: float | None, top_k: int |
     t = 1.0 if temperature is None else float(temperature)
     if t < TEMPERATURE_FLOOR:
         t = 0.0
-    return SamplingParams(t, 1.0 if top_p is None else float(top_p), int(top_k or 0), seed)
+    p = 1.0 if top_p is None else max(float(top_p), TOP_P_FLOOR)
+    return SamplingParams(t, p, int(top_k or 0), seed)
 
 
 def sample_safely(logits: torch.Tensor, params: SamplingParams,

@@ -101,6 +101,7 @@ class Scheduler:
         if not 0.0 < prefill_share <= 1.0:
             raise ValueError(f"prefill_share must be in (0, 1], got {prefill_share}")
         self.prefill_share = prefill_share
+        self.clock = time.perf_counter     # what the time share is measured with (tests drive it)
         self._owed = 0.0                # seconds of decode the streams are owed after a prefill
         self._inbox: list[Job] = []
         self._active: list[Job] = []
@@ -256,7 +257,7 @@ class Scheduler:
         """Whole chunks, least-served job first, until the token budget is spent; seconds taken."""
         jobs = [j for j in self._active if not j.done and j.feed is not None]
         jobs.sort(key=lambda j: j.chunks_done)       # stable: arrival order among equals
-        used, t_round = 0, time.perf_counter()
+        used, t_round = 0, self.clock()
         for job in jobs:
             if job.cancelled.is_set():
                 self._finish(job, "cancelled")
@@ -275,7 +276,7 @@ class Scheduler:
             except Exception as e:             # noqa: BLE001 -- any model failure latches
                 where = "staging" if job.holds_staging else f"slot {job.placement.slot.id}"
                 self._fail_all(f"prefill on {where} raised {type(e).__name__}: {e}", e)
-                return time.perf_counter() - t_round
+                return self.clock() - t_round
             job.prefill_time += time.perf_counter() - t0
             job.chunks_done += 1
             job.feed = job.feed[len(piece):]
@@ -284,7 +285,7 @@ class Scheduler:
                     self._prefilled(job, logits)
                 except Exception as e:         # noqa: BLE001 -- this request's own failure
                     self._job_failed(job, e, "starting the reply", "first_token")
-        return time.perf_counter() - t_round
+        return self.clock() - t_round
 
     def _prefilled(self, job: Job, logits) -> None:
         p = job.placement
@@ -339,7 +340,7 @@ class Scheduler:
             return 0.0
         sessions = [j.placement.slot.session for j in jobs]
         tokens = [j.pending for j in jobs]
-        t0 = time.perf_counter()
+        t0 = self.clock()
         try:
             if self.batch_decode and len(jobs) > 1:
                 logits = self.engine.decode_batch(sessions, tokens)
@@ -348,8 +349,8 @@ class Scheduler:
         except Exception as e:                 # noqa: BLE001
             self._fail_all(f"decode step for {len(jobs)} slot(s) raised "
                            f"{type(e).__name__}: {e}", e)
-            return time.perf_counter() - t0
-        spent = time.perf_counter() - t0
+            return self.clock() - t0
+        spent = self.clock() - t0
         self.metrics.observe("decode_seconds", spent)
         for i, job in enumerate(jobs):
             job.pending = None
