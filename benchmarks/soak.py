@@ -2,13 +2,15 @@
 
 Starts `muser serve` as a child process on 127.0.0.1 (a free port), records the
 greedy answer to a fixed chat and a fixed completion, then runs --clients
-concurrent clients for --seconds.  Each client loops over a seeded random mix of
-ordinary requests (streamed and whole chats, completions, multi-turn
-continuations, a client that leaves mid-stream) and, with probability
---hostile, a hostile one (temperature 1e-38, an endless chunked body, an upload
-aborted half-way, a request head that never ends, JSON nested 100k deep, a
-prompt too long by its size alone, a megabyte-long field name, absurd sampling
-parameters).  Every request has a timeout; the run stops by itself.
+concurrent clients for --seconds.  --hostile-clients of them loop over hostile
+requests (temperature 1e-38, an endless chunked body, an upload aborted
+half-way, a request head that never ends, JSON nested 100k deep, a prompt too
+long by its size alone, a megabyte-long field name, absurd sampling
+parameters), one every --hostile-pause seconds; the others loop over a seeded
+random mix of ordinary requests (streamed and whole chats, completions,
+multi-turn continuations, a client that leaves mid-stream), with a hostile one
+mixed in with probability --hostile.  Every request has a timeout; the run
+stops by itself.
 
 Recorded: the server's RSS every --sample seconds (from /proc), outcomes counted
 by request kind and status (or exception name), the server's own counters
@@ -200,9 +202,19 @@ HOSTILE = ["tiny_temperature", "absurd_sampling", "endless_chunked", "abort_uplo
 async def client(i: int, args, base: str, port: int, name: str, stop: float, outcomes) -> None:
     rng = random.Random(args.seed * 1000 + i)
     kinds, weights = zip(*ORDINARY.items())
+    hostile_only = i < args.hostile_clients
     async with httpx.AsyncClient(base_url=base, timeout=args.timeout) as h:
+        n = 0
         while time.time() < stop:
-            kind = rng.choice(HOSTILE) if rng.random() < args.hostile else rng.choices(kinds, weights)[0]
+            if hostile_only:
+                kind = HOSTILE[(i + n) % len(HOSTILE)]
+                n += 1
+                await asyncio.sleep(args.hostile_pause)
+            else:
+                kind = (rng.choice(HOSTILE) if rng.random() < args.hostile
+                        else rng.choices(kinds, weights)[0])
+            if time.time() >= stop:
+                break
             try:
                 result = await asyncio.wait_for(one(kind, h, port, name, rng), args.timeout + 5)
             except Exception as e:             # noqa: BLE001 -- every outcome is counted
@@ -247,7 +259,10 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--max-context", type=int, default=None)
-    ap.add_argument("--hostile", type=float, default=0.08, help="share of hostile requests")
+    ap.add_argument("--hostile", type=float, default=0.05,
+                    help="share of hostile requests from the ordinary clients")
+    ap.add_argument("--hostile-clients", type=int, default=4, help="clients sending only hostile requests")
+    ap.add_argument("--hostile-pause", type=float, default=0.5, help="seconds between their requests")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     ap.add_argument("--sample", type=float, default=2.0, help="seconds between RSS samples")
     ap.add_argument("--seed", type=int, default=0)
@@ -277,7 +292,8 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    print(f"## soak: {args.clients} clients x {args.seconds:g} s ({args.model}, {args.slots} slots)\n")
+    print(f"## soak: {args.clients} clients ({args.hostile_clients} hostile) x {args.seconds:g} s "
+          f"({args.model}, {args.slots} slots)\n")
     print(f"- wall {result['wall_s']} s; /health after: {health}; greedy answers unchanged: "
           f"{result['greedy_unchanged']}; load average at the end {os.getloadavg()[0]:.1f}")
     r = result["rss_mib"]
