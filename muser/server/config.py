@@ -26,6 +26,7 @@ class ServerConfig:
     pack_key: bytes | None = None           # HMAC key for session packs
     max_body_bytes: int = 8 << 20           # generation bodies; counted as they arrive (chunked too)
     max_slot_body_bytes: int = 4 << 10      # save / restore bodies ({"filename": ...})
+    max_messages: int = 4096                # chat messages per request (planning renders them)
     body_timeout: float = 60.0              # seconds to receive a whole body before 408
     header_timeout: float = 10.0            # seconds to send a request head before the close
     max_header_bytes: int = 64 << 10        # request line + headers before the close
@@ -59,7 +60,7 @@ class ServerConfig:
             raise ValueError(f"prefill_share must be in (0, 1], got {self.prefill_share}")
         if self.prefill_budget is not None and self.prefill_budget < 1:
             raise ValueError(f"prefill_budget must be >= 1, got {self.prefill_budget}")
-        for name in ("max_body_bytes", "max_slot_body_bytes", "max_header_bytes"):
+        for name in ("max_body_bytes", "max_slot_body_bytes", "max_header_bytes", "max_messages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.body_timeout <= 0 or self.header_timeout <= 0:

@@ -123,7 +123,12 @@ class ServerState:
 
     def chat_messages(self, messages: list[dict]) -> list[dict]:
         """The messages to plan: a system-only chat gets an empty user turn when the template
-        would otherwise drop the system content (Gemma's folds system into the first user turn)."""
+        would otherwise drop the system content (Gemma's folds system into the first user turn).
+        At most `max_messages`: planning renders the conversation a few times, and 100k tiny
+        messages (3.6 MB) took 16 s of interpreter time that every stream would share."""
+        if len(messages) > self.config.max_messages:
+            raise InvalidRequest(f"too many messages: {len(messages):,}, this server takes at most "
+                                 f"{self.config.max_messages:,} per request", param="messages")
         if not messages or any(m["role"] not in SYSTEM_ROLES for m in messages):
             return messages
         if self.lone_system == "kept":

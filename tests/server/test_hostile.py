@@ -200,6 +200,13 @@ def test_a_client_that_aborts_mid_upload_is_a_quiet_counted_disconnect(tiny, cap
         assert srv.http().get("/health").status_code == 200
 
 
+def test_a_flood_of_tiny_messages_is_refused_before_planning(tiny_server):
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": "x"} for i in range(5001)]
+    with pytest.raises(openai.BadRequestError) as e:
+        tiny_server.client().chat.completions.create(model="tiny", messages=msgs, max_tokens=1)
+    assert "too many messages: 5,001" in e.value.body["message"]
+
+
 # ----------------------------------------------------------------------------- tokenizer
 def test_tokenizing_a_huge_prompt_never_stalls_running_streams(tiny):
     with serve(tiny, model_id="tiny", slots=2, output_reserve=32) as srv:
@@ -449,6 +456,19 @@ def test_a_base_model_says_so_on_chat_only(gemma):
         assert "base model" in chat.headers["x-muser-warning"]
         assert "instruction-tuned" in chat.json()["muser"]["warning"]
         assert "x-muser-warning" not in comp.headers and "warning" not in comp.json()["muser"]
+
+
+@pytest.mark.parametrize("which", ["gemma", "tiny"])
+def test_muser_chat_warns_once_on_a_base_model_only(which, request, monkeypatch, capsys):
+    import io
+    import muser.cli as cli
+    engine = request.getfixturevalue(which)          # the loaded engine, not a second load
+    monkeypatch.setattr(cli, "load_engine", lambda args: engine)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello\nagain\n"))
+    assert cli.main(["chat", "--max-tokens", "3"]) == 0
+    out = capsys.readouterr()
+    assert out.err.count("base (not instruction-tuned)") == (1 if which == "gemma" else 0)
+    assert out.out.count("model> ") == 2
 
 
 def test_a_20_turn_chat_at_512_mostly_extends_its_cache(gemma):
