@@ -8,10 +8,11 @@ request's failure and the pool's, and latching the pool unhealthy when a model
 step fails.  Does not own: placement or the queue (slots.py), HTTP (app.py).
 
 Prefill and decode share the worker like this.  A prompt is prefilled in the
-engine's chunks (chunk_size, cut exactly as one prefill call would cut it, so
-the cache is bitwise the same -- chunk boundaries change the bits).  A prefill
-round runs whole chunks, least-served job first, until `prefill_budget` prompt
-tokens are spent (always at least one chunk).  While any stream is decoding,
+engine's chunks (chunk_size, cut exactly as one prefill call would cut it, so the
+cache is bitwise what one call builds on any backend, including one whose row
+results depend on the chunk's shape).  A prefill round runs whole chunks,
+least-served job first, until `prefill_budget` prompt tokens are spent (always
+at least one chunk).  While any stream is decoding,
 prefill may take only `prefill_share` of the worker's time: after a prefill
 round that took t seconds, decode rounds run for t * (1 - share) / share
 seconds before the next prefill round.  So a near-max-context prompt slows
