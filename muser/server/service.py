@@ -22,15 +22,16 @@ from starlette.responses import Response
 from ..engine.sampling import SamplingParams
 from ..errors import RequestError
 from .config import ServerConfig
-from .http_errors import AuthError, ContextTooLong, InvalidRequest, ModelNotFound, clip
+from .admission import PromptGate
+from .http_errors import AuthError, InvalidRequest, ModelNotFound, clip
 from .metrics import Metrics
-from .policy import (SYSTEM_ROLES, Limits, RawReplay, ReplayPlan, match_lineage, plan_chat,
-                     plan_raw, plan_raw_continuation, split_chat)
+from .policy import (Limits, RawReplay, ReplayPlan, match_lineage, plan_chat, plan_raw,
+                     plan_raw_continuation)
 from .responses import ClientWatch, Formatter, SSEResponse
 from .sampler import sampling_params
 from .scheduler import Job, Scheduler
 from .slots import Candidate, Slot, SlotPool
-from .text import SharedTokenizer, base_model_note, chars_per_token_bound, min_tokens, turn_marker_ids
+from .text import SharedTokenizer, base_model_note, chars_per_token_bound, turn_marker_ids
 from .transport import read_body
 
 log = logging.getLogger("muser.server")
@@ -43,7 +44,6 @@ class ServerState:
             raise ValueError(f"model {engine.name!r} was loaded without tokenizer files; "
                              "muser serve needs a tokenizer (add tokenizer.json)")
         self.tokenizer = SharedTokenizer(engine.tokenizer)
-        self.chars_per_token = chars_per_token_bound(engine.tokenizer)
         self.turn_markers = frozenset(turn_marker_ids(engine.tokenizer))
         self.base_model_note = base_model_note(engine)
         self.model_id = config.model_id or engine.name
@@ -58,7 +58,8 @@ class ServerState:
                                    prefill_budget=config.prefill_budget,
                                    prefill_share=config.prefill_share)
         self.bos = engine.spec.bos_token_id
-        self.lone_system = self._probe_lone_system()
+        self.gate = PromptGate(self.tokenizer, self.limits, config.max_messages,
+                               chars_per_token_bound(engine.tokenizer))
         m = self.metrics
         m.gauge("slots_total", "serving slots", lambda: len(self.pool.slots))
         m.gauge("slots_busy", "slots serving a request", lambda: self.pool.busy_count)
@@ -121,72 +122,9 @@ class ServerState:
             raise InvalidRequest(f"the chat template refused these messages: {e}") from None
         return list(ids)
 
-    def chat_messages(self, messages: list[dict]) -> list[dict]:
-        """The messages to plan: a system-only chat gets an empty user turn when the template
-        would otherwise drop the system content (Gemma's folds system into the first user turn).
-        At most `max_messages`: planning renders the conversation a few times, and 100k tiny
-        messages (3.6 MB) took 16 s of interpreter time that every stream would share."""
-        if len(messages) > self.config.max_messages:
-            raise InvalidRequest(f"too many messages: {len(messages):,}, this server takes at most "
-                                 f"{self.config.max_messages:,} per request", param="messages")
-        if not messages or any(m["role"] not in SYSTEM_ROLES for m in messages):
-            return messages
-        if self.lone_system == "kept":
-            return messages
-        if self.lone_system == "needs_user":
-            log.info("system-only chat: served as the first user turn (this chat template drops "
-                     "a system message that no user message follows)")
-            return [*messages, {"role": "user", "content": ""}]
-        raise InvalidRequest("this model's chat template drops system content that no user "
-                             "message follows: add a user message", param="messages")
-
-    def _probe_lone_system(self) -> str:
-        """How this template treats a chat of system messages only: kept | needs_user | dropped."""
-        mark = "muser-probe-7f3a"
-        try:
-            alone = self.tokenizer.render_chat([{"role": "system", "content": mark}])
-            if mark in alone:
-                return "kept"
-            with_user = self.tokenizer.render_chat([{"role": "system", "content": mark},
-                                                    {"role": "user", "content": ""}])
-            return "needs_user" if mark in with_user else "dropped"
-        except Exception:                  # noqa: BLE001 -- no template / refusal: let requests say
-            return "kept"
-
-    def check_size(self, messages: list[dict] | None = None, text: str | None = None) -> None:
-        """Refuse, before tokenizing, a prompt whose size alone proves it cannot fit.
-
-        One token covers at most `chars_per_token` characters, so C characters
-        are at least ceil(C / chars_per_token) tokens.  What must fit: under
-        `error`, everything; under `shift`, the system content and the newest
-        turn of a chat (a raw prompt is cut to its newest tokens instead).
-        """
-        bound, lim = self.chars_per_token, self.limits
-        if not bound:
-            return
-        if messages is not None:
-            split = split_chat(messages)
-            kept = list(split.system) + [m for t in (split.turns if lim.policy == "error"
-                                                     else split.turns[-1:]) for m in t]
-            what = ("the conversation" if lim.policy == "error"
-                    else "the system content and the newest turn")
-            chars = sum(len(m.get("content") or "") for m in kept)
-        elif text is not None and lim.policy == "error":
-            what, chars = "the prompt", len(text)
-        else:
-            return
-        least = min_tokens(chars, bound)
-        if least > lim.budget:
-            raise ContextTooLong(
-                f"context too long: {what} has {chars:,} characters, so at least {least:,} "
-                f"tokens (one token covers at most {bound} characters); the prompt budget is "
-                f"{lim.budget:,} tokens (max_context {lim.max_context:,} - output reserve "
-                f"{lim.output_reserve:,}); refused before tokenizing",
-                param="messages" if messages is not None else "prompt")
-
     def chat_candidates(self, messages: list[dict]) -> tuple[Callable[[Slot], Candidate], Any]:
-        messages = self.chat_messages(messages)
-        self.check_size(messages=messages)
+        messages = self.gate.chat_messages(messages)
+        self.gate.check_size(messages=messages)
         rendered: dict[tuple, list[int]] = {}
 
         def render(ms: list[dict]) -> list[int]:
@@ -215,7 +153,7 @@ class ServerState:
 
     def raw_candidates(self, prompt: str | list[int]) -> tuple[Callable[[Slot], Candidate], list[int]]:
         if isinstance(prompt, str):
-            self.check_size(text=prompt)
+            self.gate.check_size(text=prompt)
             tokens = self.tokenizer.encode(prompt)
         else:
             tokens = list(prompt)

@@ -22,7 +22,6 @@ import time
 import httpx
 import openai
 import pytest
-import torch
 
 from server_harness import serve
 
@@ -240,7 +239,7 @@ def test_a_prompt_too_long_by_its_size_alone_is_refused_before_tokenizing(tiny, 
         state = srv.state
         spy = SpyTokenizer(state.tokenizer._tok)
         state.tokenizer._tok = spy
-        bound = state.chars_per_token
+        bound = state.gate.chars_per_token
         assert bound == 15                                 # the tiny BPE's longest piece
         huge = "y" * (bound * state.limits.budget + 1)
         msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
