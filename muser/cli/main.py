@@ -26,6 +26,7 @@ def cmd_generate(args) -> int:
     base = session.position
     stats: dict = {}
     from ..engine.generate import stream_text
+    stop_ids = _chat_guard(engine) if args.chat else set()
     prompt_ids = engine.encode_prompt(args.prompt, chat=args.chat)
     if args.resume and prompt_ids and engine.spec.bos_token_id is not None and prompt_ids[0] == engine.spec.bos_token_id:
         prompt_ids = prompt_ids[1:]          # a continuation carries no second BOS
@@ -40,6 +41,8 @@ def cmd_generate(args) -> int:
         for t in engine.stream(prompt_ids, args.max_tokens, args.temperature, args.top_p, args.top_k,
                                args.seed, session=session, speculative=drafter,
                                block=args.block, stats=stats):
+            if t in stop_ids:
+                return
             produced.append(t)
             yield t
     for piece in stream_text(engine, ids(), args.stop):
@@ -69,6 +72,7 @@ def cmd_chat(args) -> int:
     import time
     from ..engine.generate import stream_text
     engine = load_engine(args)
+    stop_ids = _chat_guard(engine)
     session = engine.new_session()
     mark = None
     messages = [{"role": "system", "content": args.system}] if args.system else []
@@ -96,8 +100,8 @@ def cmd_chat(args) -> int:
         mark = session.snapshot()
         sys.stdout.write("model> ")
         reply, reply_ids = [], []
-        tokens = _counting(engine.stream(new[-1:], args.max_tokens, args.temperature, args.top_p, args.top_k,
-                                         args.seed, session=session), reply_ids)
+        tokens = _counting(_until(engine.stream(new[-1:], args.max_tokens, args.temperature, args.top_p,
+                                                args.top_k, args.seed, session=session), stop_ids), reply_ids)
         for piece in stream_text(engine, tokens, args.stop):
             reply.append(piece)
             sys.stdout.write(piece)
@@ -107,6 +111,23 @@ def cmd_chat(args) -> int:
             print(f"[prompt {len(ids)} tokens, {reused} reused from the cache; {len(reply_ids)} generated "
                   f"in {time.perf_counter() - t0:.2f} s]", file=sys.stderr)
         messages.append({"role": "assistant", "content": "".join(reply)})
+
+
+def _chat_guard(engine) -> set[int]:
+    """Chat on this model: warn once if it looks like a base model; the turn-marker stop ids."""
+    from .server.text import base_model_note, turn_marker_ids
+    note = base_model_note(engine)
+    if note:
+        print(f"muser: warning: {note}", file=sys.stderr)
+    return set(turn_marker_ids(engine.tokenizer))
+
+
+def _until(ids, stop_ids: set):
+    """Pass token ids through until one of `stop_ids` (not passed on)."""
+    for i in ids:
+        if i in stop_ids:
+            return
+        yield i
 
 
 def _counting(ids, seen: list):

@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import logging
 
+import os
+
 from ..env import read as read_env
+from ..errors import PackAuthError
 from ..pack.manifest import load_key
 from ..server.config import ServerConfig
 from .args import load_engine, model_args
@@ -38,30 +41,80 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
                    help="HMAC key file for session packs, read as `muser pack` reads it (or MUSER_PACK_KEY)")
     p.add_argument("--no-batch-decode", action="store_true",
                    help="decode active slots one by one instead of one batched step")
+    p.add_argument("--shift-keep", type=float, default=0.7,
+                   help="a context shift keeps at most this fraction of the prompt budget, so the "
+                        "next turns extend the cache instead of shifting again (default 0.7)")
+    p.add_argument("--prefill-share", type=float, default=0.5,
+                   help="most of the worker's time prefill may take while streams decode "
+                        "(default 0.5: a long prompt slows running streams about 2x, not 25x)")
+    p.add_argument("--prefill-budget", type=int, default=None,
+                   help="prompt tokens per prefill round, in whole chunks (default: one chunk)")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a client has to send a request head before the connection is "
+                        "closed (default 10)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=cmd_serve)
     return p
 
 
+def _api_key(args, env) -> str | None:
+    """--api-key, else MUSER_API_KEY; given but empty (an unset $KEY) is refused, never 'no auth'.
+    (muser.env reads an empty variable as unset, so the raw environment is asked about that.)"""
+    if args.api_key is not None:
+        if not args.api_key.strip():
+            raise ValueError("--api-key is empty (was it an unset variable?): pass a key, or "
+                             "leave the flag out to serve without authentication")
+        return args.api_key
+    raw = os.environ.get("MUSER_API_KEY")
+    if raw is not None and not raw.strip():
+        raise ValueError("MUSER_API_KEY is set but empty: set a key, or unset it to serve "
+                         "without authentication")
+    return env.api_key
+
+
+def _pack_key(args, env) -> bytes | None:
+    """The pack key, read as `muser pack` reads it (one key file, one key: load_key); an empty or
+    blank key -- file or MUSER_PACK_KEY -- is refused at start, not at the first save."""
+    where = args.key_file or "MUSER_PACK_KEY"
+    if args.key_file is None and os.environ.get("MUSER_PACK_KEY", None) is not None \
+            and not os.environ["MUSER_PACK_KEY"].strip():
+        raise ValueError("MUSER_PACK_KEY is set but empty: set a key, or unset it for "
+                         "unsigned packs")
+    try:
+        key = load_key(args.key_file, env)
+    except PackAuthError:
+        key = b""
+    if key is not None and not key.strip():
+        raise ValueError(f"pack key {where} is empty or blank: packs would be signed with no "
+                         "secret; write a random key (e.g. `head -c 32 /dev/urandom > key`)")
+    return key
+
+
 def config_from_args(args) -> ServerConfig:
     env = read_env()
-    key = load_key(args.key_file, env)               # one key file, one key: as `muser pack` reads it
     return ServerConfig(
-        host=args.host, port=args.port, api_key=args.api_key or env.api_key,
+        host=args.host, port=args.port, api_key=_api_key(args, env),
         model_id=args.served_name, slots=args.slots, max_context=args.max_context,
         context_policy=args.context_policy, output_reserve=args.output_reserve, keep=args.keep,
         queue_size=args.queue_size, queue_timeout=args.queue_timeout, session_dir=args.session_dir,
-        pack_key=key, batch_decode=not args.no_batch_decode)
+        pack_key=_pack_key(args, env), batch_decode=not args.no_batch_decode, shift_keep=args.shift_keep,
+        prefill_share=args.prefill_share, prefill_budget=args.prefill_budget,
+        header_timeout=args.header_timeout)
 
 
 def cmd_serve(args) -> int:
     import uvicorn
 
     from ..server.app import create_app
+    from ..server.transport import uvicorn_config
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     config = config_from_args(args)            # validate flags before loading weights
     engine = load_engine(args)
     app = create_app(engine, config)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level.lower(),
-                timeout_graceful_shutdown=5)
-    return 0
+    server = uvicorn.Server(uvicorn_config(app, config, host=config.host, port=config.port,
+                                           log_level=args.log_level.lower()))
+    try:                                       # as uvicorn.run: Ctrl-C is a clean exit
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    return 0 if server.started else 1

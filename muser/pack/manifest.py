@@ -19,6 +19,9 @@ The manifest (canonical JSON: sorted keys, no spaces, ASCII) for version 1.0::
     tokens    [int, ...]                    the ids consumed (lineage; may be empty; -1 = unknown id)
     planes    [{layer, kind, window, start, count, dtype, shape: [count, kv_heads, head_dim],
                 keys: {offset, length, sha256}, values: {offset, length, sha256}}, ...]
+    meta      optional: a JSON object the writer attaches (the server keeps a slot's replay
+              plan and context epoch here); sealed with the rest of the manifest, so it is
+              authenticated exactly as the rows are.  Readers that do not use it ignore it.
 
 Offsets are relative to the start of the data section; tensors are laid out
 in manifest order, keys then values, back to back from offset 0.  A minor
@@ -55,8 +58,9 @@ def canonical(obj) -> bytes:
                       allow_nan=False).encode("ascii")
 
 
-def build(snap, digests: list[tuple[str, str]]) -> dict:
-    """The manifest of `snap`; digests[i] = (keys sha256, values sha256) of plane i."""
+def build(snap, digests: list[tuple[str, str]], meta: dict | None = None) -> dict:
+    """The manifest of `snap`; digests[i] = (keys sha256, values sha256) of plane i;
+    `meta` (a JSON object) is stored as the optional `meta` field."""
     planes, offset = [], 0
     dtype = snap.encoding.dtype
     for cut, (dk, dv) in zip(snap.planes, digests):
@@ -68,9 +72,14 @@ def build(snap, digests: list[tuple[str, str]]) -> dict:
             entry[name] = dict(offset=offset, length=length, sha256=digest)
             offset += length
         planes.append(entry)
-    return dict(format=FORMAT, version=f"{VERSION[0]}.{VERSION[1]}", model=json.loads(json.dumps(snap.model)),
-                encoding=dict(family=snap.encoding.family, dtype=dtype), position=int(snap.position),
-                tokens=[int(t) for t in snap.tokens], planes=planes)
+    out = dict(format=FORMAT, version=f"{VERSION[0]}.{VERSION[1]}", model=json.loads(json.dumps(snap.model)),
+               encoding=dict(family=snap.encoding.family, dtype=dtype), position=int(snap.position),
+               tokens=[int(t) for t in snap.tokens], planes=planes)
+    if meta is not None:
+        if not isinstance(meta, dict):
+            raise PackIntegrityError(f"meta expected a JSON object, found {type(meta).__name__}")
+        out["meta"] = json.loads(json.dumps(meta, allow_nan=False))
+    return out
 
 
 # ---------------------------------------------------------------------------- seal
@@ -142,6 +151,7 @@ def validate(m: dict) -> int:
     """Every field the reader relies on, before a byte of data is read.  Returns the data length."""
     for name, typ in (("model", dict), ("encoding", dict), ("tokens", list), ("planes", list)):
         _want(isinstance(m.get(name), typ), name, typ.__name__, m.get(name))
+    _want(isinstance(m.get("meta", {}), dict), "meta", "a JSON object when present", m.get("meta"))
     enc = m["encoding"]
     _want(isinstance(enc.get("family"), str), "encoding family", "a string", enc.get("family"))
     _want(enc.get("dtype") in DTYPES, "encoding dtype", f"one of {sorted(DTYPES)}", enc.get("dtype"))

@@ -6,9 +6,12 @@ Package map (each module's docstring says what it owns and what it doesn't):
   http_errors.py  server errors and the map from muser's typed errors to HTTP
   slots.py        SlotPool: slots + hidden staging, placement, bounded queue, health latch
   scheduler.py    the worker thread: prefill / shift rebuild / batched decode / sampling
-  text.py         locked tokenizer proxy and stop-aware text deltas
+  text.py         shared tokenizer proxy (no lock), size bounds, base-model note, stop-aware deltas
+  admission.py    message cap, system-only chats, refusing prompts too long by size alone
+  sampler.py      request-safe sampling: temperature / top_p floors, non-finite logits
+  transport.py    bounded bodies, request-head timeout guard, client aborts, uvicorn config
   service.py      one request: plan -> lease -> job; responses.py: JSON / SSE shaping
-  persist.py      slot save / restore (pack files + replay sidecar) in --session-dir
+  persist.py      slot save / restore (packs with the replay plan sealed inside) in --session-dir
   metrics.py      Prometheus text;  config.py  ServerConfig;  app.py  create_app
   (the `muser serve` command is muser/cli/serve.py)
 Importing this package imports nothing heavy: `from muser.server.app import create_app`.

@@ -18,14 +18,17 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, PlainTextResponse
 
+from ..errors import MuserError
 from .config import ServerConfig
-from .http_errors import InvalidRequest, NotFound, ServerError, to_http
+from .http_errors import ClientGone, InvalidRequest, NotFound, ServerError, to_http
 from .persist import pack_path, parse_slot_id, restore_slot, save_slot
 from .policy import RawReplay
 from .schemas import ChatCompletionRequest, CompletionRequest
 from .service import ServerState
+from .transport import read_body
 
 log = logging.getLogger("muser.server")
 
@@ -41,6 +44,8 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
         log.info("serving %s on %d slot(s), max_context %d, reserve %d, policy %s",
                  state.model_id, len(state.pool.slots), state.max_context,
                  state.limits.output_reserve, state.limits.policy)
+        if state.base_model_note:
+            log.warning("%s", state.base_model_note)
         try:
             yield
         finally:
@@ -65,6 +70,10 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
 
     @app.exception_handler(ServerError)
     async def _server_error(request, exc: ServerError):
+        if isinstance(exc, ClientGone):       # nobody to answer: a quiet, counted disconnect
+            state.metrics.inc("disconnects_total")
+            _count(request, exc.status)
+            return PlainTextResponse("", status_code=exc.status)
         return _error(exc, request)
 
     @app.exception_handler(StarletteHTTPException)
@@ -74,6 +83,20 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
         err = ServerError(str(exc.detail))
         err.status, err.type, err.code = exc.status_code, "invalid_request_error", None
         return _error(err, request)
+
+    # Typed errors get their own handlers: Starlette answers a handler registered for plain
+    # `Exception` and then re-raises (uvicorn logs a traceback and resets the connection).
+    @app.exception_handler(MuserError)
+    async def _muser_error(request, exc: MuserError):
+        return _error(to_http(exc), request)
+
+    @app.exception_handler(RecursionError)
+    async def _too_deep(request, exc: RecursionError):
+        return _error(to_http(exc), request)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request, exc: ClientDisconnect):
+        return await _server_error(request, ClientGone("the client disconnected"))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request, exc):
@@ -136,12 +159,12 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
     async def _slot_file_op(request: Request, slot_id: str, op: str):
         state.check_auth(request)
         sid = parse_slot_id(slot_id, len(state.pool.slots))
-        body = await request.body()
+        body = await read_body(request, state.config.max_slot_body_bytes, state.config.body_timeout)
         filename = None
         if body.strip():
             try:
                 data = json.loads(body.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError):
+            except (UnicodeDecodeError, ValueError, RecursionError):
                 raise InvalidRequest("the body must be a JSON object like "
                                      '{"filename": "name.pack"}') from None
             if not isinstance(data, dict) or set(data) - {"filename"}:

@@ -24,8 +24,16 @@ class ServerConfig:
     queue_timeout: float = 60.0             # seconds a request may wait before 429
     session_dir: str | None = None          # enables /v1/slots/{id}/save and /restore
     pack_key: bytes | None = None           # HMAC key for session packs
-    max_body_bytes: int = 8 << 20
+    max_body_bytes: int = 8 << 20           # generation bodies; counted as they arrive (chunked too)
+    max_slot_body_bytes: int = 4 << 10      # save / restore bodies ({"filename": ...})
+    max_messages: int = 4096                # chat messages per request (planning renders them)
+    body_timeout: float = 60.0              # seconds to receive a whole body before 408
+    header_timeout: float = 10.0            # seconds to send a request head before the close
+    max_header_bytes: int = 64 << 10        # request line + headers before the close
     batch_decode: bool = True               # one engine.decode_batch step for all active slots
+    shift_keep: float = 0.7                 # a shift keeps at most this fraction of the budget
+    prefill_share: float = 0.5              # worker time prefill may take while streams decode
+    prefill_budget: int | None = None       # prompt tokens per prefill round (None: chunk_size)
 
     def __post_init__(self):
         if not 1 <= self.slots <= 256:
@@ -42,8 +50,21 @@ class ServerConfig:
             raise ValueError("queue_size must be >= 0 and queue_timeout > 0")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in [1, 65535], got {self.port}")
-        if self.api_key is not None and not self.api_key:
+        if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be empty (leave it unset to disable auth)")
+        if self.pack_key is not None and not bytes(self.pack_key).strip():
+            raise ValueError("pack_key must not be empty or blank (leave it unset for unsigned packs)")
+        if not 0.0 < self.shift_keep <= 1.0:
+            raise ValueError(f"shift_keep must be in (0, 1], got {self.shift_keep}")
+        if not 0.0 < self.prefill_share <= 1.0:
+            raise ValueError(f"prefill_share must be in (0, 1], got {self.prefill_share}")
+        if self.prefill_budget is not None and self.prefill_budget < 1:
+            raise ValueError(f"prefill_budget must be >= 1, got {self.prefill_budget}")
+        for name in ("max_body_bytes", "max_slot_body_bytes", "max_header_bytes", "max_messages"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.body_timeout <= 0 or self.header_timeout <= 0:
+            raise ValueError("body_timeout and header_timeout must be > 0")
 
     def effective_max_context(self, engine_max: int) -> int:
         return min(self.max_context or engine_max, engine_max)

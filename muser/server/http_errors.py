@@ -7,13 +7,24 @@ becomes a status code.  Does not own: deciding when to raise.
 Status map:  400 invalid request (RequestError, ContextOverflow as
 `context_length_exceeded`, pack/snapshot errors on restore) - 401 bad or
 missing API key - 404 unknown model / route / file - 409 slot busy -
-413 body too large - 429 overloaded - 503 unhealthy or unavailable.
+408 body not received in time - 413 body too large - 429 overloaded - 499 the
+client left (never sent: counted as a disconnect) - 503 unhealthy or unavailable.
 Anything unexpected is a 500 with a generic message: never a traceback.
+Every message is clipped to MAX_MESSAGE characters, so an error never echoes
+unbounded client input (a 256 MiB file name, a megabyte-long field name).
 """
 from __future__ import annotations
 
 from ..errors import (ContextOverflow, MuserError, PackError, RequestError, SnapshotError,
                       TokenizerUnavailable)
+
+MAX_MESSAGE = 1000          # characters of an error message (client input is clipped further)
+
+
+def clip(text, limit: int = 80) -> str:
+    """`repr`-free short form of client input for an error message."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 class ServerError(Exception):
@@ -22,8 +33,10 @@ class ServerError(Exception):
     code: str | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        if len(message) > MAX_MESSAGE:
+            message = message[:MAX_MESSAGE] + "... (truncated)"
         super().__init__(message)
-        self.message, self.param = message, param
+        self.message, self.param = message, clip(param, 64) if param is not None else None
         if code is not None:
             self.code = code
 
@@ -56,6 +69,15 @@ class SlotBusy(ServerError):
     status, type, code = 409, "invalid_request_error", "slot_busy"
 
 
+class RequestTimeout(ServerError):
+    status, type, code = 408, "invalid_request_error", "request_timeout"
+
+
+class ClientGone(ServerError):
+    """The client disconnected before its request was read: nobody receives this answer."""
+    status, type, code = 499, "invalid_request_error", "client_closed_request"
+
+
 class PayloadTooLarge(ServerError):
     status, type, code = 413, "invalid_request_error", "payload_too_large"
 
@@ -80,6 +102,8 @@ def to_http(exc: BaseException) -> ServerError:
         return ContextTooLong(str(exc), param="messages")
     if isinstance(exc, (RequestError, PackError, SnapshotError)):
         return InvalidRequest(str(exc))
+    if isinstance(exc, RecursionError):
+        return InvalidRequest("the request is nested too deeply")
     if isinstance(exc, TokenizerUnavailable):
         return InvalidRequest(f"{exc} (send token ids to /v1/completions)")
     if isinstance(exc, MuserError):

@@ -10,6 +10,13 @@ arguments: messages are plain dicts, token counts come from a caller-given
 Does not own: tokenisation, rebuilding a cache (the scheduler prefills the
 retained context into staging and swaps), or HTTP status codes.
 
+Low-water mark: a shift drops context down to `Limits.low_water` prompt tokens
+(`shift_keep` x budget), not merely until the prompt fits.  Dropping only the
+minimum leaves a few tokens of slack, so the next turn of the same
+conversation overflows again and the cache is rebuilt on every turn; with a
+low-water mark the next turns extend the shifted cache until the slack is used
+up.  A continuation that still fits the budget is never shifted.
+
 Chat rule: a turn begins at each user message and everything after it
 (assistant replies, tool results, ...) stays attached.  Messages between the
 system prologue and the first user message form a leading turn of their own.
@@ -34,6 +41,7 @@ class Limits:
     output_reserve: int
     policy: Policy = "shift"
     keep: int = 0                  # raw shifting: prefix tokens always kept (after `pinned`)
+    shift_keep: float = 1.0        # a shift keeps at most this fraction of the budget
 
     def __post_init__(self):
         if self.max_context < 1:
@@ -45,11 +53,18 @@ class Limits:
             raise RequestError(f"keep must be >= 0, got {self.keep}")
         if self.policy not in ("shift", "error"):
             raise RequestError(f"context policy must be 'shift' or 'error', got {self.policy!r}")
+        if not (isinstance(self.shift_keep, (int, float)) and 0.0 < self.shift_keep <= 1.0):
+            raise RequestError(f"shift_keep must be in (0, 1], got {self.shift_keep!r}")
 
     @property
     def budget(self) -> int:
         """Prompt tokens that fit once the output reserve is set aside."""
         return self.max_context - self.output_reserve
+
+    @property
+    def low_water(self) -> int:
+        """Prompt tokens a shift keeps at most (>= 1): `shift_keep` of the budget, rounded down."""
+        return max(1, int(self.shift_keep * self.budget))
 
 
 # --------------------------------------------------------------------------- chat
@@ -111,9 +126,12 @@ class ChatPlan:
 
 def plan_chat(messages: Sequence[Message], count: Callable[[list[Message]], int],
               limits: Limits, start: int = 0) -> ChatPlan:
-    """Keep the system prologue and the newest whole turns that fit `limits.budget`.
+    """Keep the system prologue and the newest whole turns that fit.
 
-    `start` drops the first `start` turns unconditionally (a continuation of a
+    A conversation that fits `limits.budget` is kept whole.  One that does not
+    is shifted: the oldest turns are dropped until the rest fits the low-water
+    mark (`limits.low_water`), or, when the newest turn alone is above the mark
+    but within the budget, only the newest turn is kept.  `start` drops the first `start` turns unconditionally (a continuation of a
     conversation a slot already shifted).  Token counts are assumed to shrink
     as turns are dropped (binary search); the chosen plan is always verified.
     Raises ContextOverflow under the error policy when the whole conversation
@@ -153,15 +171,21 @@ def plan_chat(messages: Sequence[Message], count: Callable[[list[Message]], int]
             f"tokens + {R} output reserve = {need + R}, max_context is {M}; "
             f"even after dropping {max(last, 0)} older turn(s) it cannot fit",
             needed=need + R, limit=M)
-    lo, hi = start, last                      # tokens(lo) > budget >= tokens(hi)
+    target = limits.low_water
+    if tokens(last) > target:                 # only the newest turn fits (above the mark)
+        return plan(last, f"shifted: dropped {last} of {n} turns; {tokens(last)} prompt + {R} "
+                          f"reserve <= {M} (the newest turn alone is above the low-water mark "
+                          f"of {target})")
+    lo, hi = start, last                      # tokens(lo) > target >= tokens(hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if tokens(mid) <= budget:
+        if tokens(mid) <= target:
             hi = mid
         else:
             lo = mid
     return plan(hi, f"shifted: dropped {hi} of {n} turns; {tokens(hi)} prompt + {R} reserve "
-                    f"<= {M} (keeping turn {hi - 1} too would need {tokens(hi - 1)} + {R})")
+                    f"<= {M}, kept <= low-water mark {target} (keeping turn {hi - 1} too would "
+                    f"need {tokens(hi - 1)})")
 
 
 @dataclass(frozen=True)
@@ -247,10 +271,12 @@ def plan_raw(n_tokens: int, limits: Limits, pinned: int = 0) -> RawPlan:
             f"context too long: the kept prefix ({prefix} tokens) + at least 1 newest token + "
             f"{R} output reserve = {prefix + 1 + R}, max_context is {M}",
             needed=prefix + 1 + R, limit=M)
-    suffix_start = n_tokens - (budget - prefix)
+    kept = max(limits.low_water, prefix + 1)  # down to the low-water mark, >= 1 newest token
+    suffix_start = n_tokens - (kept - prefix)
     return RawPlan(prefix, suffix_start, n_tokens, M, R,
                    f"shifted: kept {prefix} prefix + {n_tokens - suffix_start} newest tokens, "
-                   f"dropped {suffix_start - prefix}; {budget} prompt + {R} reserve <= {M}")
+                   f"dropped {suffix_start - prefix}; {kept} prompt + {R} reserve <= {M} "
+                   f"(low-water mark {limits.low_water})")
 
 
 @dataclass(frozen=True)

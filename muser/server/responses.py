@@ -82,6 +82,8 @@ class Formatter:
         plan = i.get("plan")
         ext = {"slot": i.get("slot"), "context_epoch": i.get("context_epoch"),
                "shifted": i.get("shifted", False)}
+        if self.chat and self.state.base_model_note:
+            ext["warning"] = self.state.base_model_note
         if plan is not None:
             if hasattr(plan, "dropped_turns"):
                 ext["dropped_turns"] = plan.dropped_turns

@@ -2,13 +2,30 @@
 
 Owns: admitting leased requests (a cache-extending prefill of the new suffix,
 a cold prefill, or a shift's rebuild: prefill into staging, publish by swap,
-empty the old generation), the round: one prefill chunk (engine chunk_size,
-aligned as a single prefill call would cut it, so results are bitwise the
-same) for each job still prefilling, then one decode step for all decoding
-slots (batched through `engine.decode_batch`) -- so neither a long prompt
-nor a long generation starves the others -- sampling, stop conditions, text
-deltas, cancellation, and latching the pool unhealthy when a model step fails.
-Does not own: placement or the queue (slots.py), HTTP (app.py).
+empty the old generation), the rounds -- prefill rounds and decode rounds --
+sampling, stop conditions, text deltas, cancellation, the line between a
+request's failure and the pool's, and latching the pool unhealthy when a model
+step fails.  Does not own: placement or the queue (slots.py), HTTP (app.py).
+
+Prefill and decode share the worker like this.  A prompt is prefilled in the
+engine's chunks (chunk_size, cut exactly as one prefill call would cut it, so the
+cache is bitwise what one call builds on any backend, including one whose row
+results depend on the chunk's shape).  A prefill round runs whole chunks,
+least-served job first, until `prefill_budget` prompt tokens are spent (always
+at least one chunk).  While any stream is decoding,
+prefill may take only `prefill_share` of the worker's time: after a prefill
+round that took t seconds, decode rounds run for t * (1 - share) / share
+seconds before the next prefill round.  So a near-max-context prompt slows
+running streams to about `share` of their speed (2x at the default 0.5)
+instead of stalling them for every chunk, and a short prompt admitted next
+to a long one is not queued behind all of it.
+
+Failure containment: a model step (prefill / decode) that raises latches the
+pool unhealthy -- the cache's state is in doubt.  Anything else that goes
+wrong for one request (its sampling, detokenisation, stop handling, a logits
+row with no finite value) fails that request alone: it gets an error event
+(or a 4xx / 500 answer), its slot is released with a consistent cache, and
+every other request goes on.
 
 Events a request's asyncio queue receives, in order:
   ("start", info)  ("delta", text)*  then ("done", finish, n_generated) or ("error", exc)
@@ -22,11 +39,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.sampling import SamplingParams, sample
-from ..errors import CacheOverflow, ContextOverflow, RequestError
-from .http_errors import Overloaded, Unavailable
+from ..engine.sampling import SamplingParams
+from ..errors import CacheOverflow, ContextOverflow, MuserError, RequestError
+from .http_errors import Internal, Overloaded, ServerError, Unavailable, to_http
+from .sampler import NonFiniteLogits, sample_safely
 from .slots import Placement, SlotPool
-from .text import LockedTokenizer, TextStream
+from .text import TextStream
 
 log = logging.getLogger("muser.server")
 SAFE_ERRORS = (RequestError, ContextOverflow, CacheOverflow)   # refused before any write
@@ -40,6 +58,7 @@ class Job:
     stops: list[str]
     loop: asyncio.AbstractEventLoop
     replay: Any = None                 # callable(epoch) -> replay plan stored on the slot
+    stop_ids: frozenset = frozenset()  # extra stop tokens (a chat's turn markers)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     # worker state
@@ -51,6 +70,7 @@ class Job:
     shifted: bool = False
     target: Any = None                 # the session being prefilled (the slot's, or staging)
     feed: list[int] | None = None      # prompt ids still to prefill (None once decoding)
+    chunks_done: int = 0               # prefill chunks run (least-served goes first)
     holds_staging: bool = False
     prefill_time: float = 0.0
 
@@ -66,13 +86,24 @@ class Job:
 
 class Scheduler:
     def __init__(self, engine, pool: SlotPool, metrics, max_context: int,
-                 batch_decode: bool = True, tokenizer=None):
+                 batch_decode: bool = True, tokenizer=None, prefill_budget: int | None = None,
+                 prefill_share: float = 0.5):
         self.engine, self.pool, self.metrics = engine, pool, metrics
-        self.tokenizer = tokenizer if tokenizer is not None else LockedTokenizer(engine.tokenizer)
+        if tokenizer is None:
+            from .text import SharedTokenizer
+            tokenizer = SharedTokenizer(engine.tokenizer)
+        self.tokenizer = tokenizer
         self.max_context = max_context
         self.batch_decode = batch_decode
         self.eos = set(engine.spec.eos_token_ids or ())
         self.eos |= set(self.tokenizer.eos_token_ids)
+        self.chunk = max(1, int(getattr(getattr(engine, "config", None), "chunk_size", 512) or 512))
+        self.prefill_budget = max(1, int(prefill_budget or self.chunk))
+        if not 0.0 < prefill_share <= 1.0:
+            raise ValueError(f"prefill_share must be in (0, 1], got {prefill_share}")
+        self.prefill_share = prefill_share
+        self.clock = time.perf_counter     # what the time share is measured with (tests drive it)
+        self._owed = 0.0                # seconds of decode the streams are owed after a prefill
         self._inbox: list[Job] = []
         self._active: list[Job] = []
         self._cond = threading.Condition()
@@ -104,6 +135,9 @@ class Scheduler:
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ loop
+    def _decoding(self) -> bool:
+        return any(not j.done and j.feed is None and j.pending is not None for j in self._active)
+
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -116,11 +150,16 @@ class Scheduler:
             try:
                 for job in new:
                     self._admit(job)
-                self._prefill_round()
-                self._retire()
-                if self._active:
-                    self._decode_round()
+                if self._owed <= 0 or not self._decoding():
+                    spent = self._prefill_round()
                     self._retire()
+                    share = self.prefill_share
+                    self._owed = spent * (1 - share) / share if self._decoding() else 0.0
+                if self._decoding():
+                    self._owed -= self._decode_round()
+                    self._retire()
+                else:
+                    self._owed = 0.0
             except Exception as e:             # noqa: BLE001 -- never leave requests hanging
                 log.exception("scheduler step failed")
                 self._active += [j for j in new if not j.done and j not in self._active]
@@ -140,7 +179,10 @@ class Scheduler:
                 self.pool.staging_lock.release()
         tail = ""
         if error is None and job.text is not None and finish != "stop_string":
-            tail = job.text.flush()
+            try:
+                tail = job.text.flush()
+            except Exception:                 # noqa: BLE001 -- a broken tail never blocks the end
+                log.exception("flushing a request's text failed")
         # Free the slot before the client can see the end: its next request must find it free.
         try:
             job.loop.call_soon_threadsafe(self.pool.release, job.placement.slot)
@@ -152,6 +194,23 @@ class Scheduler:
         if tail:
             job.emit("delta", tail)
         job.emit("done", "stop" if finish == "stop_string" else finish, job.generated)
+
+    def _job_failed(self, job: Job, exc: BaseException, where: str, stage: str) -> None:
+        """One request's own failure (not a model step's): that request alone ends."""
+        if isinstance(exc, NonFiniteLogits):
+            log.warning("slot %d: %s; the request fails, the server stays healthy",
+                        job.placement.slot.id, exc)
+            err: ServerError = Internal(f"{exc} (NaN or inf logits) for this request; "
+                                        "the server stays healthy")
+        elif isinstance(exc, (ServerError, MuserError)):
+            err = to_http(exc)
+        else:
+            log.exception("slot %d: %s failed for one request; the server stays healthy",
+                          job.placement.slot.id, where)
+            err = Internal(f"internal error while {where} ({type(exc).__name__}); "
+                           "this request failed, the server stays healthy")
+        self.metrics.inc("request_failures_total", labels={"stage": stage})
+        self._finish(job, error=err)
 
     def _retire(self) -> None:
         for job in self._active:
@@ -195,14 +254,19 @@ class Scheduler:
                 job.feed = list(p.prompt)
         self._active.append(job)
 
-    def _prefill_round(self) -> None:
-        """One chunk for every job still prefilling (chunks aligned as one prefill call's)."""
-        chunk = max(1, int(getattr(getattr(self.engine, "config", None), "chunk_size", 512) or 512))
-        for job in [j for j in self._active if not j.done and j.feed is not None]:
+    def _prefill_round(self) -> float:
+        """Whole chunks, least-served job first, until the token budget is spent; seconds taken."""
+        jobs = [j for j in self._active if not j.done and j.feed is not None]
+        jobs.sort(key=lambda j: j.chunks_done)       # stable: arrival order among equals
+        used, t_round = 0, self.clock()
+        for job in jobs:
             if job.cancelled.is_set():
                 self._finish(job, "cancelled")
                 continue
-            piece, rest = job.feed[:chunk], job.feed[chunk:]
+            piece = job.feed[:self.chunk]
+            if used and used + len(piece) > self.prefill_budget:
+                continue                              # next round
+            used += len(piece)
             t0 = time.perf_counter()
             try:
                 logits = job.target.prefill(piece)
@@ -212,11 +276,17 @@ class Scheduler:
                 continue
             except Exception as e:             # noqa: BLE001 -- any model failure latches
                 where = "staging" if job.holds_staging else f"slot {job.placement.slot.id}"
-                return self._fail_all(f"prefill on {where} raised {type(e).__name__}: {e}", e)
+                self._fail_all(f"prefill on {where} raised {type(e).__name__}: {e}", e)
+                return self.clock() - t_round
             job.prefill_time += time.perf_counter() - t0
-            job.feed = rest
-            if not rest:
-                self._prefilled(job, logits)
+            job.chunks_done += 1
+            job.feed = job.feed[len(piece):]
+            if not job.feed:
+                try:
+                    self._prefilled(job, logits)
+                except Exception as e:         # noqa: BLE001 -- this request's own failure
+                    self._job_failed(job, e, "starting the reply", "first_token")
+        return self.clock() - t_round
 
     def _prefilled(self, job: Job, logits) -> None:
         p = job.placement
@@ -247,10 +317,10 @@ class Scheduler:
         """Sample the next token from `logits` and decide whether generation goes on."""
         if job.max_new <= 0:
             return self._finish(job, "length")
-        tok = sample(logits, job.sampling, job.generator)
+        tok = sample_safely(logits, job.sampling, job.generator)
         job.generated += 1
         self.metrics.inc("completion_tokens_total")
-        if tok in self.eos:
+        if tok in self.eos or tok in job.stop_ids:
             return self._finish(job, "stop")
         if job.text is not None:
             out, stopped = job.text.push(tok)
@@ -264,25 +334,32 @@ class Scheduler:
             return self._finish(job, "length")
         job.pending = tok
 
-    def _decode_round(self) -> None:
+    def _decode_round(self) -> float:
+        """One decode step for every decoding job; seconds taken."""
         jobs = [j for j in self._active if not j.done and j.feed is None and j.pending is not None]
         if not jobs:
-            return
+            return 0.0
         sessions = [j.placement.slot.session for j in jobs]
         tokens = [j.pending for j in jobs]
-        t0 = time.perf_counter()
+        t0 = self.clock()
         try:
             if self.batch_decode and len(jobs) > 1:
                 logits = self.engine.decode_batch(sessions, tokens)
             else:
                 logits = [s.decode(t) for s, t in zip(sessions, tokens)]
         except Exception as e:                 # noqa: BLE001
-            return self._fail_all(f"decode step for {len(jobs)} slot(s) raised "
-                                  f"{type(e).__name__}: {e}", e)
-        self.metrics.observe("decode_seconds", time.perf_counter() - t0)
+            self._fail_all(f"decode step for {len(jobs)} slot(s) raised "
+                           f"{type(e).__name__}: {e}", e)
+            return self.clock() - t0
+        spent = self.clock() - t0
+        self.metrics.observe("decode_seconds", spent)
         for i, job in enumerate(jobs):
             job.pending = None
             if job.cancelled.is_set():
                 self._finish(job, "cancelled")
-            else:
+                continue
+            try:
                 self._take(job, logits[i])
+            except Exception as e:             # noqa: BLE001 -- this request's own failure
+                self._job_failed(job, e, "sampling the next token", "decode")
+        return spent

@@ -22,14 +22,17 @@ from starlette.responses import Response
 from ..engine.sampling import SamplingParams
 from ..errors import RequestError
 from .config import ServerConfig
-from .http_errors import AuthError, InvalidRequest, ModelNotFound, PayloadTooLarge
+from .admission import PromptGate
+from .http_errors import AuthError, InvalidRequest, ModelNotFound, clip
 from .metrics import Metrics
 from .policy import (Limits, RawReplay, ReplayPlan, match_lineage, plan_chat, plan_raw,
                      plan_raw_continuation)
 from .responses import ClientWatch, Formatter, SSEResponse
+from .sampler import sampling_params
 from .scheduler import Job, Scheduler
-from .text import LockedTokenizer
 from .slots import Candidate, Slot, SlotPool
+from .text import SharedTokenizer, base_model_note, chars_per_token_bound, turn_marker_ids
+from .transport import read_body
 
 log = logging.getLogger("muser.server")
 
@@ -40,17 +43,23 @@ class ServerState:
         if not getattr(engine, "has_tokenizer", True):
             raise ValueError(f"model {engine.name!r} was loaded without tokenizer files; "
                              "muser serve needs a tokenizer (add tokenizer.json)")
-        self.tokenizer = LockedTokenizer(engine.tokenizer)
+        self.tokenizer = SharedTokenizer(engine.tokenizer)
+        self.turn_markers = frozenset(turn_marker_ids(engine.tokenizer))
+        self.base_model_note = base_model_note(engine)
         self.model_id = config.model_id or engine.name
         self.max_context = config.effective_max_context(engine.max_context)
         self.limits = Limits(self.max_context, config.effective_reserve(self.max_context),
-                             config.context_policy, config.keep)
+                             config.context_policy, config.keep, config.shift_keep)
         self.metrics = Metrics()
         self.pool = SlotPool([engine.new_session() for _ in range(config.slots)],
                              engine.new_session(), config.queue_size, config.queue_timeout)
         self.scheduler = Scheduler(engine, self.pool, self.metrics, self.max_context,
-                                   config.batch_decode, self.tokenizer)
+                                   config.batch_decode, self.tokenizer,
+                                   prefill_budget=config.prefill_budget,
+                                   prefill_share=config.prefill_share)
         self.bos = engine.spec.bos_token_id
+        self.gate = PromptGate(self.tokenizer, self.limits, config.max_messages,
+                               chars_per_token_bound(engine.tokenizer))
         m = self.metrics
         m.gauge("slots_total", "serving slots", lambda: len(self.pool.slots))
         m.gauge("slots_busy", "slots serving a request", lambda: self.pool.busy_count)
@@ -83,12 +92,7 @@ class ServerState:
         return req
 
     async def parse(self, request: Request, cls):
-        n = request.headers.get("content-length")
-        if n is not None and n.isdigit() and int(n) > self.config.max_body_bytes:
-            raise PayloadTooLarge(f"request body of {n} bytes exceeds {self.config.max_body_bytes}")
-        body = await request.body()
-        if len(body) > self.config.max_body_bytes:
-            raise PayloadTooLarge(f"request body exceeds {self.config.max_body_bytes} bytes")
+        body = await read_body(request, self.config.max_body_bytes, self.config.body_timeout)
         try:
             body.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -101,10 +105,12 @@ class ServerState:
                 raise InvalidRequest(f"invalid request: {e}") from None
             parts = []
             for err in errs[:3]:
-                loc = ".".join(str(x) for x in err.get("loc", ()))
-                parts.append(f"{loc + ': ' if loc else ''}{err.get('msg', 'invalid')}")
+                loc = clip(".".join(str(x) for x in err.get("loc", ())), 120)
+                parts.append(f"{loc + ': ' if loc else ''}{clip(err.get('msg', 'invalid'), 200)}")
             first = ".".join(str(x) for x in errs[0].get("loc", ())) or None
             raise InvalidRequest("invalid request: " + "; ".join(parts), param=first) from None
+        except RecursionError:
+            raise InvalidRequest("the request JSON is nested too deeply") from None
 
     # ------------------------------------------------------------------ candidates
     def render_chat(self, messages: list[dict]) -> list[int]:
@@ -117,6 +123,8 @@ class ServerState:
         return list(ids)
 
     def chat_candidates(self, messages: list[dict]) -> tuple[Callable[[Slot], Candidate], Any]:
+        messages = self.gate.chat_messages(messages)
+        self.gate.check_size(messages=messages)
         rendered: dict[tuple, list[int]] = {}
 
         def render(ms: list[dict]) -> list[int]:
@@ -145,6 +153,7 @@ class ServerState:
 
     def raw_candidates(self, prompt: str | list[int]) -> tuple[Callable[[Slot], Candidate], list[int]]:
         if isinstance(prompt, str):
+            self.gate.check_size(text=prompt)
             tokens = self.tokenizer.encode(prompt)
         else:
             tokens = list(prompt)
@@ -171,8 +180,7 @@ class ServerState:
 
     # ------------------------------------------------------------------ serving
     def sampling(self, req) -> SamplingParams:
-        t = 1.0 if req.temperature is None else req.temperature
-        return SamplingParams(t, 1.0 if req.top_p is None else req.top_p, req.top_k or 0, req.seed)
+        return sampling_params(req.temperature, req.top_p, req.top_k, req.seed)
 
     async def serve(self, request: Request, req, candidate, *, chat: bool,
                     max_tokens: int | None, replay: Callable[[Any], Callable[[int], Any]]) -> Response:
@@ -195,7 +203,8 @@ class ServerState:
         room = self.max_context - len(placement.prompt)
         max_new = room if max_tokens is None else min(max_tokens, room)
         job = Job(placement, sampling, max_new, req.stops(), asyncio.get_running_loop(),
-                  replay=replay(placement.plan))
+                  replay=replay(placement.plan),
+                  stop_ids=self.turn_markers if chat else frozenset())
         watch.on_gone.append(job.cancel)
         watch.on_gone.append(self.scheduler.wake)
         try:
@@ -217,13 +226,20 @@ class ServerState:
                     job.cancel()
                     self.scheduler.wake()
                 handed_off = True
-                return SSEResponse(fmt.stream(job), finalize)
-            return await fmt.whole(job, watch)
+                return self._noted(SSEResponse(fmt.stream(job), finalize), chat)
+            return self._noted(await fmt.whole(job, watch), chat)
         finally:
             if not handed_off:
                 watch.close()
                 job.cancel()
                 self.scheduler.wake()
+
+    def _noted(self, response: Response, chat: bool) -> Response:
+        """A chat answer from a base model says so in a header (and in the `muser` field)."""
+        if chat and self.base_model_note and response.status_code == 200:
+            response.headers["x-muser-warning"] = ("base model (not instruction-tuned): chat "
+                                                   "replies may ramble; see the muser.warning field")
+        return response
 
     async def _lease(self, candidate, watch: ClientWatch):
         acquire = asyncio.ensure_future(self.pool.acquire(candidate))

@@ -30,6 +30,7 @@ class Slot:
     last_used: int = 0               # LRU clock tick of the last lease
     epoch: int = 0                   # context_epoch: advances on every shift
     replay: Any = None               # policy.ReplayPlan | policy.RawReplay | None
+    file_op: bool = False            # leased by save / restore (not by a request)
 
     @property
     def tokens(self) -> list[int]:
@@ -176,7 +177,7 @@ class SlotPool:
 
     def release(self, slot: Slot) -> None:
         """Event loop thread: free `slot` and hand free slots to the oldest waiters."""
-        slot.busy = False
+        slot.busy = slot.file_op = False
         while self._waiters and self._free():
             if not self.healthy:
                 self._fail_waiters()
@@ -190,12 +191,20 @@ class SlotPool:
                 w.future.set_exception(e)
 
     def lease_slot(self, slot_id: int) -> Slot:
-        """Lease one named slot now (save / restore); SlotBusy if it is serving or queued for."""
+        """Lease one named slot now (save / restore); SlotBusy naming what holds it up."""
         self.check_healthy()
         slot = self.slots[slot_id]
-        if slot.busy or self._waiters:
-            raise SlotBusy(f"slot {slot_id} is busy; retry when it is idle")
-        slot.busy = True
+        queued = len(self._waiters)
+        if slot.busy:
+            doing = "being saved or restored" if slot.file_op else "serving a request"
+            then = (f", and {queued} queued request(s) will take the next free slot first; retry "
+                    "when no request is queued" if queued else "; retry when it is idle")
+            raise SlotBusy(f"slot {slot_id} is {doing}{then}")
+        if queued:
+            # the slot is idle, but leasing it now would jump the queue of waiting requests
+            raise SlotBusy(f"slot {slot_id} is idle, but {queued} request(s) are queued for a "
+                           "slot and go first; retry when the queue is empty")
+        slot.busy, slot.file_op = True, True
         return slot
 
     # ------------------------------------------------------------------ staging (worker)

@@ -12,6 +12,7 @@ import uvicorn
 
 from muser.server.app import create_app
 from muser.server.config import ServerConfig
+from muser.server.transport import uvicorn_config
 
 
 class Running:
@@ -44,13 +45,13 @@ class Running:
 
 @contextlib.contextmanager
 def serve(engine, **config):
-    app = create_app(engine, ServerConfig(**config))
+    cfg = ServerConfig(**config)
+    app = create_app(engine, cfg)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                           timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn_config(app, cfg, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.time() + 30

@@ -154,14 +154,19 @@ def test_busy_staging_is_429_and_live_session_kept(tiny):
         assert r.model_extra["muser"]["shifted"] is True
 
 
-def test_unexpected_worker_error_never_leaves_a_request_hanging(tiny, monkeypatch):
-    import muser.server.scheduler as sched
+def test_a_sampler_bug_fails_that_request_alone_never_hangs_it(tiny, monkeypatch):
+    import muser.server.sampler as sampler
 
     def broken(*a, **k):
         raise ValueError("sampler bug")
     with serve(tiny, model_id="tiny", slots=1, output_reserve=32) as srv:
-        monkeypatch.setattr(sched, "sample", broken)
+        monkeypatch.setattr(sampler, "sample", broken)
         with pytest.raises(openai.InternalServerError) as e:
             srv.client(timeout=30).completions.create(model="tiny", prompt="x", max_tokens=3)
-        assert e.value.status_code == 503 and "sampler bug" in e.value.body["message"]
-        assert srv.http().get("/health").status_code == 503
+        assert e.value.status_code == 500 and "server stays healthy" in e.value.body["message"]
+        assert "sampler bug" not in e.value.body["message"]          # no internals leak
+        assert srv.http().get("/health").status_code == 200
+        monkeypatch.undo()
+        ok = srv.client().completions.create(model="tiny", prompt="x", max_tokens=3)
+        assert ok.usage.completion_tokens == 3
+        assert 'muser_request_failures_total{stage="first_token"} 1' in srv.http().get("/metrics").text

@@ -62,14 +62,23 @@ def test_shift_keeps_system_and_newest_turns_and_equals_cold_prefill(shift_serve
     e2 = r2.model_extra["muser"]
     assert e2["slot"] == ext["slot"] and e2["shifted"] is False and e2["context_epoch"] == 1
     assert r2.usage.prompt_tokens_details.cached_tokens == len(retained)
-    # growing further re-shifts in the same slot (its lineage) and advances the epoch
-    longer = nxt + [{"role": "assistant", "content": "the quick brown fox jumps"},
-                    {"role": "user", "content": "over the lazy dog, again and again and again"}]
-    r3 = srv.client().chat.completions.create(model="tiny", messages=longer, max_tokens=1,
-                                              temperature=0)
-    e3 = r3.model_extra["muser"]
-    assert e3["slot"] == ext["slot"] and e3["shifted"] is True and e3["context_epoch"] == 2
+    # growing further extends the cache while the low-water mark's slack lasts, then
+    # re-shifts in the same slot (its lineage) and advances the epoch
+    longer, extended = nxt, 0
+    for _ in range(10):
+        longer = longer + [{"role": "assistant", "content": "the quick brown fox jumps"},
+                           {"role": "user", "content": "over the lazy dog, again and again"}]
+        r3 = srv.client().chat.completions.create(model="tiny", messages=longer, max_tokens=1,
+                                                  temperature=0)
+        e3 = r3.model_extra["muser"]
+        assert e3["slot"] == ext["slot"]
+        if e3["shifted"]:
+            break
+        extended += 1
+        assert r3.usage.prompt_tokens_details.cached_tokens > 0 and e3["context_epoch"] == 1
+    assert e3["shifted"] is True and e3["context_epoch"] == 2
     assert e3["dropped_turns"] > ext["dropped_turns"]
+    assert r3.usage.prompt_tokens <= state.limits.low_water            # dropped to the mark
 
 
 def test_changed_system_is_a_new_conversation(shift_server):
@@ -119,19 +128,22 @@ def test_late_system_message_is_refused(shift_server):
 def test_raw_shift_keeps_prefix_and_newest_suffix(tiny):
     with serve(tiny, model_id="tiny", slots=1, max_context=64, output_reserve=8, keep=3) as srv:
         state = srv.state
+        low = state.limits.low_water                           # 0.7 x 56 -> 39 tokens kept
+        assert low == int(0.7 * 56)
         prompt = [2] + [10 + (i % 200) for i in range(100)]
         r = srv.client().completions.create(model="tiny", prompt=prompt, max_tokens=1, temperature=0)
         ext = r.model_extra["muser"]
-        assert ext["shifted"] and ext["context_epoch"] == 1 and ext["dropped_tokens"] == 101 - 56
-        kept = prompt[:4] + prompt[-52:]
+        assert ext["shifted"] and ext["context_epoch"] == 1 and ext["dropped_tokens"] == 101 - low
+        kept = prompt[:4] + prompt[-(low - 4):]
         slot = state.pool.slots[0]
-        assert slot.tokens == kept and r.usage.prompt_tokens == 56
+        assert slot.tokens == kept and r.usage.prompt_tokens == low
         cold = state.engine.new_session()
         cold.prefill(kept)
         assert slot.session.snapshot().equal(cold.snapshot())
-        # the prefix-pinned continuation: still fits after reshifting -> extends or reshifts
+        # the prefix-pinned continuation still fits the budget: it extends the shifted cache
         r2 = srv.client().completions.create(model="tiny", prompt=prompt + [7], max_tokens=1)
-        assert r2.model_extra["muser"]["context_epoch"] == 2
+        assert r2.model_extra["muser"]["context_epoch"] == 1
+        assert r2.usage.prompt_tokens_details.cached_tokens == low
         # error policy on the raw path
     with serve(tiny, model_id="tiny", slots=1, max_context=64, output_reserve=8,
                context_policy="error") as srv:

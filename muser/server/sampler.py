@@ -1,0 +1,49 @@
+"""Request-safe sampling: what a client's sampling parameters may do to the worker.
+
+Owns: turning a request's temperature / top_p / top_k / seed into engine
+`SamplingParams` (a temperature below `TEMPERATURE_FLOOR` is greedy, as in
+vLLM: dividing logits by 1e-38 overflows to inf and the softmax to NaN; a
+top_p below `TOP_P_FLOOR` is raised to it -- the same draw, as the most likely
+token of any vocabulary under a million ids has p > 1e-6), and
+`sample_safely`, which guards the draw against non-finite logits (NaN counts
+as "never", +inf as the largest finite value) and raises `NonFiniteLogits`
+only when no finite logit is left.  Does not own: the sampling maths
+(muser.engine.sampling) or what a failed draw does to a request (scheduler.py).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..engine.sampling import SamplingParams, sample
+
+TEMPERATURE_FLOOR = 1e-5        # below this, temperature sampling is greedy (vLLM's _SAMPLING_EPS)
+TOP_P_FLOOR = 1e-6              # float32 rounds top_p = 1e-300 to 0, which would keep no token
+
+
+class NonFiniteLogits(ArithmeticError):
+    """The model produced no finite logit for this request's next token."""
+
+
+def sampling_params(temperature: float | None, top_p: float | None, top_k: int | None,
+                    seed: int | None) -> SamplingParams:
+    """Engine sampling parameters for an OpenAI request (temperature defaults to 1, as OpenAI)."""
+    t = 1.0 if temperature is None else float(temperature)
+    if t < TEMPERATURE_FLOOR:
+        t = 0.0
+    p = 1.0 if top_p is None else max(float(top_p), TOP_P_FLOOR)
+    return SamplingParams(t, p, int(top_k or 0), seed)
+
+
+def sample_safely(logits: torch.Tensor, params: SamplingParams,
+                  generator: torch.Generator | None) -> int:
+    """`sample`, after mapping NaN to -inf and +inf to the largest finite float32."""
+    if not bool(torch.isfinite(logits).all()):
+        logits = logits.float()
+        finite = torch.isfinite(logits)
+        big = torch.finfo(torch.float32).max
+        logits = torch.nan_to_num(logits, nan=float("-inf"), posinf=big, neginf=float("-inf"))
+        if not bool((finite | (logits == big)).any()):
+            raise NonFiniteLogits("the model produced no finite logit for the next token")
+        if bool((logits == big).any()):            # +inf present: it wins outright
+            return int(torch.argmax(logits))
+    return sample(logits, params, generator)
