@@ -25,6 +25,7 @@ Hierarchy::
         ModelFormatError        unreadable / unsupported weights or config
         TokenizerUnavailable    a text API on a model loaded without tokenizer files
       RequestError              bad generation arguments (also ValueError)
+        ParameterError          one named request field is out of its limits (carries `param`)
       ContextOverflow           a prompt that cannot fit the context (server policy)
 """
 from __future__ import annotations
@@ -131,6 +132,15 @@ class TokenizerUnavailable(ModelError):
 # --------------------------------------------------------------------------- requests
 class RequestError(MuserError, ValueError):
     """Bad generation arguments (negative max_tokens, top_p outside (0, 1], ...)."""
+
+
+class ParameterError(RequestError):
+    """One named request field is invalid: an unusable schema or grammar, a logit_bias key
+    outside the vocabulary, ...  `param` is the field's path as a client spells it."""
+
+    def __init__(self, param: str, message: str):
+        self.param = param
+        super().__init__(f"{param}: {message}")
 
 
 class ContextOverflow(MuserError):

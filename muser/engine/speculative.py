@@ -150,7 +150,11 @@ def _accept(target_logits: torch.Tensor, drafts: list[int], qs, params: Sampling
 
 
 def speculative_generate(engine, session, ids: list[int], max_tokens: int, params: SamplingParams,
-                         spec: str, block: int | None, stats: dict | None) -> Iterator[int]:
+                         spec: str, block: int | None, stats: dict | None,
+                         picker=None) -> Iterator[int]:
+    """With a `picker` (picker.py), every token -- the first, each verified draft, each
+    correction -- goes through its controls and grammar: drafts are cut at the first token the
+    grammar refuses, and the picker's matcher rolls back over rejected drafts with the cache."""
     block = DEFAULT_BLOCK if block is None else block
     if not 1 <= block <= MAX_BLOCK:
         raise RequestError(f"block must be in [1, {MAX_BLOCK}], got {block}")
@@ -163,9 +167,13 @@ def speculative_generate(engine, session, ids: list[int], max_tokens: int, param
     gen = params.generator()
     if isinstance(drafter, DraftModelDrafter):
         drafter._gen = gen
+    if picker is not None:
+        gen = picker.gen
+        if isinstance(drafter, DraftModelDrafter):
+            drafter._gen = gen
     logits = session.prefill(ids)
     stats["forwards"] += 1
-    t = sample(logits, params, gen)
+    t = sample(logits, params, gen) if picker is None else picker.pick(logits).token
     settled = [t]              # sampled, not yet emitted; the last one is not yet consumed
     emitted = 0
     k_max = block - 1
@@ -177,12 +185,14 @@ def speculative_generate(engine, session, ids: list[int], max_tokens: int, param
             yield tok
             emitted += 1
             stats["emitted"] = emitted
-            if emitted >= max_tokens:
+            if emitted >= max_tokens or (picker is not None and picker.stopped):
                 return
         k_now = max(0, min(k, max_tokens - emitted - 1, engine.max_context - session.position - 1))
         context = session.tokens + [t]
         drafts, qs = drafter.draft(context, k_now, params)
         drafts = drafts[:k_now]
+        if picker is not None:
+            drafts = picker.usable_drafts(drafts, qs is not None)
         cp = session.checkpoint(1 + len(drafts))
         try:
             out = session.extend([t] + drafts)                  # [1 + k, vocab]
@@ -191,7 +201,11 @@ def speculative_generate(engine, session, ids: list[int], max_tokens: int, param
             raise
         stats["forwards"] += 1
         stats["rounds"] += 1
-        accepted, nxt = _accept(out, drafts, qs, params, gen)
+        if picker is None:
+            accepted, nxt = _accept(out, drafts, qs, params, gen)
+        else:
+            picks = picker.verify(out, drafts, qs)
+            accepted, nxt = len(picks) - 1, picks[-1].token
         stats["max_retained_rows"] = max(stats.get("max_retained_rows", 0), *cp.retained_rows(), 0)
         session.rollback(cp, keep=1 + accepted)
         stats.setdefault("kept_blocks", []).append([t] + drafts[:accepted])
