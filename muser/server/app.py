@@ -26,6 +26,7 @@ from .persist import pack_path, parse_slot_id, restore_slot, save_slot
 from .policy import RawReplay
 from .schemas import ChatCompletionRequest, CompletionRequest
 from .service import ServerState
+from . import tools as toolkit
 
 log = logging.getLogger("muser.server")
 
@@ -90,22 +91,30 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req = await state.admit(request, ChatCompletionRequest)
-        messages = req.plain_messages()
+        tools = toolkit.toolset(req)
+        decoding = await asyncio.to_thread(state.decoding, req, True, tools)
+        messages = toolkit.render_messages(req.messages, tools)
         candidate, _ = await asyncio.to_thread(state.chat_candidates, messages)
         return await state.serve(request, req, candidate, chat=True, max_tokens=req.token_limit,
-                                 replay=lambda plan: plan.replay)
+                                 replay=lambda plan: plan.replay, decoding=decoding, tools=tools)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         req = await state.admit(request, CompletionRequest)
-        candidate, tokens = await asyncio.to_thread(state.raw_candidates, req.single_prompt())
+        decoding = await asyncio.to_thread(state.decoding, req, False)
+        prompt = req.single_prompt()
+        candidate, tokens = await asyncio.to_thread(state.raw_candidates, prompt)
+        echo = ""
+        if req.echo:
+            echo = prompt if isinstance(prompt, str) else await asyncio.to_thread(
+                state.tokenizer.decode, prompt)
 
         def replay(plan):
             if not plan.shifted:
                 return None
             return lambda epoch: RawReplay(tuple(tokens[:plan.prefix]), plan.suffix_start, epoch)
         return await state.serve(request, req, candidate, chat=False, max_tokens=req.max_tokens,
-                                 replay=replay)
+                                 replay=replay, decoding=decoding, echo=echo)
 
     @app.get("/v1/models")
     async def models(request: Request):

@@ -79,7 +79,7 @@ def to_http(exc: BaseException) -> ServerError:
     if isinstance(exc, ContextOverflow):
         return ContextTooLong(str(exc), param="messages")
     if isinstance(exc, (RequestError, PackError, SnapshotError)):
-        return InvalidRequest(str(exc))
+        return InvalidRequest(str(exc), param=getattr(exc, "param", None))
     if isinstance(exc, TokenizerUnavailable):
         return InvalidRequest(f"{exc} (send token ids to /v1/completions)")
     if isinstance(exc, MuserError):

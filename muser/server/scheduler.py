@@ -11,7 +11,11 @@ deltas, cancellation, and latching the pool unhealthy when a model step fails.
 Does not own: placement or the queue (slots.py), HTTP (app.py).
 
 Events a request's asyncio queue receives, in order:
-  ("start", info)  ("delta", text)*  then ("done", finish, n_generated) or ("error", exc)
+  ("start", info)  ("prompt", picks)?  ("delta", index, text, picks)*  ("end", index, finish)*
+  then ("done", [finish per choice], n_generated in all) or ("error", exc)
+A request with n > 1 decodes n choices (choices.py): the prompt is prefilled once, the
+other n-1 sessions start from its cut by snapshot install, and every choice's session
+joins the batched decode step.
 """
 from __future__ import annotations
 
@@ -22,8 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.sampling import SamplingParams, sample
 from ..errors import CacheOverflow, ContextOverflow, RequestError
+from .choices import PROMPT_LOGPROB_ROWS, Choice, Decoding, fork_sessions, prompt_logprob_rows
 from .http_errors import Overloaded, Unavailable
 from .slots import Placement, SlotPool
 from .text import LockedTokenizer, TextStream
@@ -35,7 +39,7 @@ SAFE_ERRORS = (RequestError, ContextOverflow, CacheOverflow)   # refused before 
 @dataclass(eq=False)
 class Job:
     placement: Placement
-    sampling: SamplingParams
+    decoding: Decoding
     max_new: int
     stops: list[str]
     loop: asyncio.AbstractEventLoop
@@ -43,16 +47,15 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     # worker state
-    generated: int = 0
-    pending: int | None = None         # sampled, to be fed at the next decode step
-    text: TextStream | None = None
-    generator: Any = None
+    choices: list[Choice] = field(default_factory=list)
     done: bool = False
     shifted: bool = False
     target: Any = None                 # the session being prefilled (the slot's, or staging)
     feed: list[int] | None = None      # prompt ids still to prefill (None once decoding)
     holds_staging: bool = False
     prefill_time: float = 0.0
+    prompt_row: Any = None             # last log-softmaxed prompt row (prompt logprobs)
+    prompt_picks: list = field(default_factory=list)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -73,6 +76,7 @@ class Scheduler:
         self.batch_decode = batch_decode
         self.eos = set(engine.spec.eos_token_ids or ())
         self.eos |= set(self.tokenizer.eos_token_ids)
+        self._spare: list = []             # sessions for choices 1..n-1, reused across requests
         self._inbox: list[Job] = []
         self._active: list[Job] = []
         self._cond = threading.Condition()
@@ -129,18 +133,24 @@ class Scheduler:
             self._finish(job, error=Unavailable("the server is shutting down"))
 
     def _finish(self, job: Job, finish: str | None = None, error: BaseException | None = None) -> None:
+        """End the whole job: every choice still running ends with `finish`."""
         if job.done:
             return
         job.done = True
+        for c in job.choices:
+            if not c.done:
+                self._end(job, c, finish, quiet=error is not None or finish == "cancelled")
         if job.holds_staging:                 # a rebuild that did not publish: drop its rows
             job.holds_staging = False
             try:
                 self.pool.staging.reset()
             finally:
                 self.pool.staging_lock.release()
-        tail = ""
-        if error is None and job.text is not None and finish != "stop_string":
-            tail = job.text.flush()
+        for c in job.choices:                 # forked sessions go back to the spare list
+            if c.forked:
+                c.session.reset()
+                self._spare.append(c.session)
+                c.forked = False
         # Free the slot before the client can see the end: its next request must find it free.
         try:
             job.loop.call_soon_threadsafe(self.pool.release, job.placement.slot)
@@ -149,9 +159,22 @@ class Scheduler:
         if error is not None:
             job.emit("error", error)
             return
-        if tail:
-            job.emit("delta", tail)
-        job.emit("done", "stop" if finish == "stop_string" else finish, job.generated)
+        job.emit("done", [c.finish for c in job.choices] or [finish],
+                 sum(c.generated for c in job.choices))
+
+    def _end(self, job: Job, c: Choice, finish: str | None, quiet: bool = False) -> None:
+        """End one choice; the job ends when its last choice does."""
+        c.done = True
+        c.finish = "stop" if finish == "stop_string" else finish
+        if quiet:
+            return
+        tail = c.text.flush() if finish != "stop_string" else ""
+        if tail or c.picks:
+            job.emit("delta", c.index, tail, c.picks)
+            c.picks = []
+        job.emit("end", c.index, c.finish)
+        if not job.done and all(x.done for x in job.choices):
+            self._finish(job, finish)
 
     def _retire(self) -> None:
         for job in self._active:
@@ -187,7 +210,7 @@ class Scheduler:
         else:
             s = p.slot.session
             job.target = s
-            if p.reuse and s.tokens == p.prompt[:p.reuse]:
+            if p.reuse and s.tokens == p.prompt[:p.reuse] and not job.decoding.prompt_logprobs:
                 job.feed = list(p.prompt[p.reuse:])
             else:
                 p.reuse = 0
@@ -202,10 +225,14 @@ class Scheduler:
             if job.cancelled.is_set():
                 self._finish(job, "cancelled")
                 continue
-            piece, rest = job.feed[:chunk], job.feed[chunk:]
+            rows = PROMPT_LOGPROB_ROWS if job.decoding.prompt_logprobs else chunk
+            piece, rest = job.feed[:rows], job.feed[rows:]
             t0 = time.perf_counter()
             try:
-                logits = job.target.prefill(piece)
+                if job.decoding.prompt_logprobs:
+                    logits = self._prompt_logprobs(job, piece)
+                else:
+                    logits = job.target.prefill(piece)
             except SAFE_ERRORS as e:
                 job.placement.slot.replay = None
                 self._finish(job, error=e)
@@ -235,54 +262,84 @@ class Scheduler:
         self.metrics.observe("prefill_seconds", job.prefill_time)
         self.metrics.inc("prefill_tokens_total", len(p.prompt) - p.reuse)
         p.slot.replay = job.replay(p.slot.epoch) if job.replay else None
-        job.text = TextStream(self.tokenizer, job.stops)
-        job.generator = job.sampling.generator()
         job.emit("start", {"slot": p.slot.id, "context_epoch": p.slot.epoch, "shifted": job.shifted,
                            "cached_tokens": p.reuse, "prompt_tokens": len(p.prompt),
                            "prefill_seconds": job.prefill_time})
-        self._take(job, logits)
+        if job.decoding.prompt_logprobs:
+            job.emit("prompt", job.prompt_picks)
+        d = job.decoding
+        try:
+            first = d.picker(self.engine, 0, p.prompt)
+            pickers = [first] + [d.picker(self.engine, i, p.prompt,
+                                          first.constraint.fork() if first.constraint else None)
+                                 for i in range(1, d.n)]
+        except SAFE_ERRORS as e:
+            return self._finish(job, error=e)
+        sessions = [p.slot.session] + fork_sessions(self.engine, p.slot.session, d.n - 1, self._spare)
+        job.choices = [Choice(i, s, pk, TextStream(self.tokenizer, job.stops), forked=i > 0)
+                       for i, (s, pk) in enumerate(zip(sessions, pickers))]
+        for c in job.choices:
+            if not job.done:
+                self._take(job, c, logits)
+
+    def _prompt_logprobs(self, job: Job, piece: list[int]):
+        """Prefill `piece` keeping every row's logits; emit the prompt tokens' logprobs."""
+        rows = job.target.extend(piece)                      # [len(piece), vocab]
+        top = job.decoding.logprobs or 0
+        picks, job.prompt_row = prompt_logprob_rows(rows, piece, job.prompt_row, top)
+        job.prompt_picks += picks
+        return rows[-1]
 
     # ------------------------------------------------------------------ decode
-    def _take(self, job: Job, logits) -> None:
-        """Sample the next token from `logits` and decide whether generation goes on."""
+    def _take(self, job: Job, c: Choice, logits) -> None:
+        """Choose choice `c`'s next token from `logits` and decide whether it goes on."""
         if job.max_new <= 0:
-            return self._finish(job, "length")
-        tok = sample(logits, job.sampling, job.generator)
-        job.generated += 1
+            return self._end(job, c, "length")
+        try:
+            pick = c.picker.pick(logits)
+        except SAFE_ERRORS as e:               # e.g. constraints that leave no token
+            return self._finish(job, error=e)
+        tok = pick.token
+        c.generated += 1
         self.metrics.inc("completion_tokens_total")
-        if tok in self.eos:
-            return self._finish(job, "stop")
-        if job.text is not None:
-            out, stopped = job.text.push(tok)
-            if out:
-                job.emit("delta", out)
-            if stopped:
-                return self._finish(job, "stop_string")
-        if job.generated >= job.max_new:
-            return self._finish(job, "length")
-        if job.placement.slot.session.position >= self.max_context:
-            return self._finish(job, "length")
-        job.pending = tok
+        if c.picker.logprobs is not None:
+            c.picks.append(pick)
+        if tok in self.eos or tok in job.decoding.stop_ids:
+            return self._end(job, c, "stop")
+        out, stopped = c.text.push(tok)
+        if out or c.picks:
+            job.emit("delta", c.index, out, c.picks)
+            c.picks = []
+        if stopped:
+            return self._end(job, c, "stop_string")
+        if c.picker.stopped:                  # the grammar is complete
+            return self._end(job, c, "stop")
+        if c.generated >= job.max_new or c.session.position >= self.max_context:
+            return self._end(job, c, "length")
+        c.pending = tok
 
     def _decode_round(self) -> None:
-        jobs = [j for j in self._active if not j.done and j.feed is None and j.pending is not None]
-        if not jobs:
+        work = [(j, c) for j in self._active if not j.done and j.feed is None
+                for c in j.choices if not c.done and c.pending is not None]
+        if not work:
             return
-        sessions = [j.placement.slot.session for j in jobs]
-        tokens = [j.pending for j in jobs]
+        sessions = [c.session for _, c in work]
+        tokens = [c.pending for _, c in work]
         t0 = time.perf_counter()
         try:
-            if self.batch_decode and len(jobs) > 1:
+            if self.batch_decode and len(work) > 1:
                 logits = self.engine.decode_batch(sessions, tokens)
             else:
                 logits = [s.decode(t) for s, t in zip(sessions, tokens)]
         except Exception as e:                 # noqa: BLE001
-            return self._fail_all(f"decode step for {len(jobs)} slot(s) raised "
+            return self._fail_all(f"decode step for {len(work)} session(s) raised "
                                   f"{type(e).__name__}: {e}", e)
         self.metrics.observe("decode_seconds", time.perf_counter() - t0)
-        for i, job in enumerate(jobs):
-            job.pending = None
+        for i, (job, c) in enumerate(work):
+            c.pending = None
+            if job.done:
+                continue
             if job.cancelled.is_set():
                 self._finish(job, "cancelled")
             else:
-                self._take(job, logits[i])
+                self._take(job, c, logits[i])
