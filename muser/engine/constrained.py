@@ -114,7 +114,7 @@ class Grammars:
         m = llg.LLMatcher(self.tokenizer, text, log_level=0)
         if m.is_error():
             raise ParameterError(grammar.param, f"the grammar was refused: {_short(m.get_error())}")
-        return Constraint(m, self.vocab_size)
+        return Constraint(m, self.vocab_size, self.eos_ids)
 
 
 @functools.lru_cache(maxsize=256)
@@ -142,14 +142,15 @@ class Constraint:
     """One generation's matcher.  Tokens go in through `accept` (or `accept_drafts`), come back
     out through `rollback`; `allowed()` is the mask for the next token."""
 
-    def __init__(self, matcher, vocab_size: int):
+    def __init__(self, matcher, vocab_size: int, eos_ids: Sequence[int] = ()):
         self.m = matcher
         self.vocab_size = vocab_size
+        self.eos_ids = frozenset(eos_ids)       # what the grammar admits as "the end"
         self._words = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)   # [words]
         self.consumed = 0
 
     def fork(self) -> "Constraint":
-        c = Constraint(self.m.deep_copy(), self.vocab_size)
+        c = Constraint(self.m.deep_copy(), self.vocab_size, self.eos_ids)
         c.consumed = self.consumed
         return c
 

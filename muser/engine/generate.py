@@ -27,7 +27,7 @@ def generate_ids(engine, session, ids: list[int], max_tokens: int, params: Sampl
         return
     if max_tokens == 0:
         return
-    eos = set(engine.spec.eos_token_ids)
+    eos = set(engine.spec.eos_token_ids) | picker.end_ids
     logits = session.prefill(ids)
     for i in range(max_tokens):
         tok = picker.pick(logits).token

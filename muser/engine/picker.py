@@ -57,6 +57,12 @@ class TokenPicker:
                 and not self.controls.min_p)
 
     @property
+    def end_ids(self) -> frozenset:
+        """Ids that end the generation besides the model's end-of-sequence: those the grammar
+        admits as its end (e.g. a chat template's end-of-turn)."""
+        return self.constraint.eos_ids if self.constraint is not None else frozenset()
+
+    @property
     def stopped(self) -> bool:
         """The grammar admits nothing more: the generation is complete."""
         return self.constraint is not None and self.constraint.stopped

@@ -163,7 +163,7 @@ def speculative_generate(engine, session, ids: list[int], max_tokens: int, param
     stats.update(drafted=0, accepted=0, forwards=0, emitted=0, rounds=0)
     if max_tokens == 0:
         return
-    eos = set(engine.spec.eos_token_ids)
+    eos = set(engine.spec.eos_token_ids) | (picker.end_ids if picker is not None else set())
     gen = params.generator()
     if isinstance(drafter, DraftModelDrafter):
         drafter._gen = gen

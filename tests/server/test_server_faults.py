@@ -155,12 +155,12 @@ def test_busy_staging_is_429_and_live_session_kept(tiny):
 
 
 def test_unexpected_worker_error_never_leaves_a_request_hanging(tiny, monkeypatch):
-    import muser.server.scheduler as sched
+    import muser.engine.picker as picker          # every token the scheduler takes is sampled here
 
     def broken(*a, **k):
         raise ValueError("sampler bug")
     with serve(tiny, model_id="tiny", slots=1, output_reserve=32) as srv:
-        monkeypatch.setattr(sched, "sample", broken)
+        monkeypatch.setattr(picker, "sample", broken)
         with pytest.raises(openai.InternalServerError) as e:
             srv.client(timeout=30).completions.create(model="tiny", prompt="x", max_tokens=3)
         assert e.value.status_code == 503 and "sampler bug" in e.value.body["message"]
