@@ -185,8 +185,10 @@ def speculative_generate(engine, session, ids: list[int], max_tokens: int, param
             yield tok
             emitted += 1
             stats["emitted"] = emitted
-            if emitted >= max_tokens or (picker is not None and picker.stopped):
+            if emitted >= max_tokens:
                 return
+        if picker is not None and picker.stopped:       # (its state is after every settled token)
+            return
         k_now = max(0, min(k, max_tokens - emitted - 1, engine.max_context - session.position - 1))
         context = session.tokens + [t]
         drafts, qs = drafter.draft(context, k_now, params)
