@@ -45,7 +45,7 @@ MAX_GRAMMAR_CHARS = 1 << 20      # grammar / schema source, before compiling
 @dataclass(frozen=True)
 class Grammar:
     """A request's constraint.  `source`: the schema as JSON text (json_schema), the grammar
-    text (lark, regex) or a JSON list of strings (choice); unused for json_object.
+    text (lark: llguidance's Lark dialect or llama.cpp's GBNF; regex) or a JSON list of strings (choice); unused for json_object.
     `param`: the request field it came from (named in every refusal)."""
 
     kind: str
@@ -72,8 +72,8 @@ class Grammar:
             return llg.LLMatcher.grammar_from_json_schema({"type": "object"}, overrides=JSON_LAYOUT)
         if self.kind == "json_schema":
             return llg.LLMatcher.grammar_from_json_schema(self.source, overrides=JSON_LAYOUT)
-        if self.kind == "lark":
-            return llg.LLMatcher.grammar_from_lark(self.source)
+        if self.kind == "lark":                        # Lark, or GBNF (llama.cpp) converted to it
+            return llg.grammar_from("grammar", self.source)
         if self.kind == "regex":
             return llg.LLMatcher.grammar_from_regex(self.source)
         try:

@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, PlainTextResponse
 
+from ..errors import MuserError
 from .config import ServerConfig
 from .http_errors import InvalidRequest, NotFound, ServerError, to_http
 from .persist import pack_path, parse_slot_id, restore_slot, save_slot
@@ -79,6 +80,10 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request, exc):
         return _error(InvalidRequest(f"invalid request: {exc.errors()[:3]}"), request)
+
+    @app.exception_handler(MuserError)
+    async def _muser_error(request, exc: MuserError):
+        return _error(to_http(exc), request)        # answered here: not logged as a crash
 
     @app.exception_handler(Exception)
     async def _unexpected(request, exc: Exception):
