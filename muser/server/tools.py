@@ -100,13 +100,13 @@ def grammar(tools: ToolSet) -> Grammar:
 
 # ----------------------------------------------------------------------------- prompt
 def system_text(tools: ToolSet) -> str:
-    lines = ["You can call functions. Each function is described by a JSON object; its "
-             "\"parameters\" is the JSON schema of its arguments:"]
-    lines += [json.dumps(f, ensure_ascii=False) for f in tools.functions]
-    how = "one or more blocks" if tools.parallel else "exactly one block"
-    lines.append(f"To call functions, answer with {how} like this and nothing else:")
+    lines = ["You may call these functions (\"parameters\" is the JSON schema of the arguments):"]
+    lines += [json.dumps({k: v for k, v in f.items() if v}, ensure_ascii=False, separators=(",", ":"))
+              for f in tools.functions]
+    how = "one or more blocks" if tools.parallel else "one block"
+    lines.append(f"To call, answer with {how} like this and nothing else:")
     lines.append(f'{OPEN}{{"name": "NAME", "arguments": {{...}}}}{CLOSE}')
-    lines.append("The results come back in <tool_response> blocks.")
+    lines.append("Results come back in <tool_response> blocks.")
     if tools.choice == "required":
         lines.append("You must call at least one function now.")
     elif tools.choice == "named":
