@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..errors import ParameterError
@@ -70,7 +71,8 @@ class TokenPicker:
     # ------------------------------------------------------------------ one token
     def scores(self, logits: torch.Tensor) -> torch.Tensor:
         """float32 [vocab]: the logits after controls and the grammar mask (a copy)."""
-        s = logits.detach().to(torch.float32, copy=True).reshape(-1)
+        # a numpy copy: single-threaded (see Constraint.apply); logits are float32 on the CPU
+        s = torch.from_numpy(logits.detach().reshape(-1).float().cpu().numpy().copy())
         if self.controls.active:
             apply_controls(s, self.controls, self.history)
         if self.constraint is not None:
@@ -114,9 +116,11 @@ class TokenPicker:
         if self.plain:
             return Pick(sample(logits, self.params, self.gen))
         s = self.scores(logits)
-        if not torch.isfinite(s).any():
+        if not self.params.greedy and s.numpy().max() == -np.inf:
             raise ParameterError("grammar", "the constraints leave no token to choose")
         tok = self._draw(s)
+        if s.numpy()[tok] == -np.inf:
+            raise ParameterError("grammar", "the constraints leave no token to choose")
         self.record(tok)
         return self._pick(s, tok)
 
