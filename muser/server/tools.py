@@ -12,8 +12,9 @@ turn of `<tool_response>` blocks; the grammar that makes `tool_choice` "required
 named function always produce valid calls (each function's `parameters` schema is the
 arguments' schema); parsing the calls out of the text (also for "auto", unconstrained);
 and `ToolStream`, which turns text deltas into OpenAI's streamed tool-call deltas.
-Where a template does define tools (its text mentions `tools`), the template renders
-them and the same block format is parsed back (the Hermes / Qwen convention).
+This format is used for every model, also one whose own template defines tool calling
+(rendering through such templates is not wired yet); the block format is the Hermes /
+Qwen convention, so models trained on it follow it.
 Does not own: request validation (schemas.py) or the response shapes (responses.py).
 """
 from __future__ import annotations
