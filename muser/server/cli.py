@@ -44,6 +44,9 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--pack-key-file", default=None, help="HMAC key for session packs (or MUSER_PACK_KEY)")
     p.add_argument("--no-batch-decode", action="store_true",
                    help="decode active slots one by one instead of one batched step")
+    p.add_argument("--speculative", default=None, choices=["prompt-lookup"],
+                   help="verify prompt-lookup drafts in blocks (greedy output unchanged)")
+    p.add_argument("--spec-block", type=int, default=8, help="speculative block size (2..16)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=cmd_serve)
     return p
@@ -61,7 +64,8 @@ def config_from_args(args) -> ServerConfig:
         model_id=args.served_name, slots=args.slots, max_context=args.max_context,
         context_policy=args.context_policy, output_reserve=args.output_reserve, keep=args.keep,
         queue_size=args.queue_size, queue_timeout=args.queue_timeout, session_dir=args.session_dir,
-        pack_key=key, batch_decode=not args.no_batch_decode)
+        pack_key=key, batch_decode=not args.no_batch_decode,
+        speculative=args.speculative, spec_block=args.spec_block)
 
 
 def cmd_serve(args) -> int:

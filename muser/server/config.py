@@ -26,6 +26,8 @@ class ServerConfig:
     pack_key: bytes | None = None           # HMAC key for session packs
     max_body_bytes: int = 8 << 20
     batch_decode: bool = True               # one engine.decode_batch step for all active slots
+    speculative: str | None = None          # "prompt-lookup": verify drafted blocks (speculation.py)
+    spec_block: int = 8                     # tokens per verification block (1 + drafts), <= 16
 
     def __post_init__(self):
         if not 1 <= self.slots <= 256:
@@ -42,6 +44,10 @@ class ServerConfig:
             raise ValueError("queue_size must be >= 0 and queue_timeout > 0")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in [1, 65535], got {self.port}")
+        if self.speculative not in (None, "prompt-lookup"):
+            raise ValueError(f"speculative must be prompt-lookup or off, got {self.speculative!r}")
+        if not 2 <= self.spec_block <= 16:
+            raise ValueError(f"spec_block must be in [2, 16], got {self.spec_block}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must not be empty (leave it unset to disable auth)")
 

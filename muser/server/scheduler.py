@@ -77,6 +77,7 @@ class Scheduler:
         self.eos = set(engine.spec.eos_token_ids or ())
         self.eos |= set(self.tokenizer.eos_token_ids)
         self._spare: list = []             # sessions for choices 1..n-1, reused across requests
+        self.spec = None                   # SpecStep when the server speculates
         self._inbox: list[Job] = []
         self._active: list[Job] = []
         self._cond = threading.Condition()
@@ -299,6 +300,10 @@ class Scheduler:
             pick = c.picker.pick(logits)
         except SAFE_ERRORS as e:               # e.g. constraints that leave no token
             return self._finish(job, error=e)
+        self._settle(job, c, pick)
+
+    def _settle(self, job: Job, c: Choice, pick) -> None:
+        """Emit choice `c`'s chosen token and decide whether it goes on (pending = it)."""
         tok = pick.token
         c.generated += 1
         self.metrics.inc("completion_tokens_total")
@@ -321,6 +326,8 @@ class Scheduler:
     def _decode_round(self) -> None:
         work = [(j, c) for j in self._active if not j.done and j.feed is None
                 for c in j.choices if not c.done and c.pending is not None]
+        if self.spec is not None and work:
+            work = self._speculate(work)
         if not work:
             return
         sessions = [c.session for _, c in work]
@@ -343,3 +350,33 @@ class Scheduler:
                 self._finish(job, "cancelled")
             else:
                 self._take(job, c, logits[i])
+
+    def _speculate(self, work: list) -> list:
+        """Verify a drafted block for every choice that has drafts; the rest (returned) take
+        the batched decode step."""
+        rest = []
+        for job, c in work:
+            room = min(job.max_new - c.generated, self.max_context - c.session.position) - 1
+            drafts = self.spec.drafts(c, room) if not job.cancelled.is_set() else []
+            if not drafts:
+                rest.append((job, c))
+                continue
+            t0 = time.perf_counter()
+            try:
+                picks = self.spec.run(c, drafts)
+            except SAFE_ERRORS as e:
+                self._finish(job, error=e)
+                continue
+            except Exception as e:             # noqa: BLE001
+                self._fail_all(f"verification block on slot {job.placement.slot.id} raised "
+                               f"{type(e).__name__}: {e}", e)
+                return []
+            self.metrics.observe("decode_seconds", time.perf_counter() - t0)
+            self.metrics.inc("draft_tokens_total", len(drafts))
+            self.metrics.inc("accepted_draft_tokens_total", len(picks) - 1)
+            c.pending = None
+            for pick in picks:
+                self._settle(job, c, pick)
+                if c.done or job.done:
+                    break
+        return rest

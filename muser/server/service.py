@@ -56,6 +56,9 @@ class ServerState:
                              engine.new_session(), config.queue_size, config.queue_timeout)
         self.scheduler = Scheduler(engine, self.pool, self.metrics, self.max_context,
                                    config.batch_decode, self.tokenizer)
+        if config.speculative:
+            from .speculation import SpecStep
+            self.scheduler.spec = SpecStep(config.spec_block)
         self.bos = engine.spec.bos_token_id
         m = self.metrics
         m.gauge("slots_total", "serving slots", lambda: len(self.pool.slots))

@@ -277,3 +277,29 @@ def test_random_schemas_through_the_server_always_validate(srv, props, seed, str
         text, fin = c.message.content, c.finish_reason
     if fin == "stop":
         jsonschema.validate(json.loads(text), schema)
+
+
+# ----------------------------------------------------------------------------- speculation
+def test_speculating_server_gives_the_same_greedy_answers_and_valid_json(tiny):
+    """Prompt-lookup blocks verified under each choice's picker: greedy text, logprob tokens and
+    constrained JSON equal a plain server's; the matcher follows the kept tokens only."""
+    bodies = [dict(prompt=[2] + [40, 41, 42, 43] * 6, max_tokens=24, temperature=0, logprobs=2),
+              dict(prompt="data: data: data:", max_tokens=40, temperature=0,
+                   extra_body={"response_format": RF}),
+              dict(prompt=[2, 40, 41, 40, 41, 40], max_tokens=16, temperature=0, n=2,
+                   extra_body={"structured_outputs": {"regex": "(40 41 ){1,6}"}})]
+
+    def answers(**config):
+        with serve(tiny, model_id="tiny", slots=2, output_reserve=32, **config) as s:
+            out = [s.client().completions.create(model="tiny", **b) for b in bodies]
+            metrics = s.http().get("/metrics").text
+        return [[(c.text, c.finish_reason, c.logprobs and c.logprobs.tokens) for c in r.choices]
+                for r in out], metrics
+    plain, _ = answers()
+    spec, metrics = answers(speculative="prompt-lookup", spec_block=6)
+    assert spec == plain
+    assert "muser_accepted_draft_tokens_total" in metrics
+    accepted = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                   if line.startswith("muser_accepted_draft_tokens_total"))
+    assert accepted > 0
+    jsonschema.validate(json.loads(spec[1][0][0]), SCHEMA)
