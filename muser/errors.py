@@ -26,6 +26,7 @@ Hierarchy::
         TokenizerUnavailable    a text API on a model loaded without tokenizer files
       RequestError              bad generation arguments (also ValueError)
       EnvError                  a MUSER_* environment variable with a value it does not accept
+        ParameterError          one named request field is out of its limits (carries `param`)
       ContextOverflow           a prompt that cannot fit the context (server policy)
 """
 from __future__ import annotations
@@ -140,6 +141,13 @@ class EnvError(MuserError, ValueError):
     def __init__(self, name: str, expected: str, got: str):
         self.name, self.expected, self.got = name, expected, got
         super().__init__(f"environment variable {name} expected {expected}, got {got!r}")
+class ParameterError(RequestError):
+    """One named request field is invalid: an unusable schema or grammar, a logit_bias key
+    outside the vocabulary, ...  `param` is the field's path as a client spells it."""
+
+    def __init__(self, param: str, message: str):
+        self.param = param
+        super().__init__(f"{param}: {message}")
 
 
 class ContextOverflow(MuserError):

@@ -52,6 +52,9 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a client has to send a request head before the connection is "
                         "closed (default 10)")
+    p.add_argument("--speculative", default=None, choices=["prompt-lookup"],
+                   help="verify prompt-lookup drafts in blocks (greedy output unchanged)")
+    p.add_argument("--spec-block", type=int, default=8, help="speculative block size (2..16)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=cmd_serve)
     return p
@@ -99,7 +102,8 @@ def config_from_args(args) -> ServerConfig:
         queue_size=args.queue_size, queue_timeout=args.queue_timeout, session_dir=args.session_dir,
         pack_key=_pack_key(args, env), batch_decode=not args.no_batch_decode, shift_keep=args.shift_keep,
         prefill_share=args.prefill_share, prefill_budget=args.prefill_budget,
-        header_timeout=args.header_timeout)
+        header_timeout=args.header_timeout, speculative=args.speculative,
+        spec_block=args.spec_block)
 
 
 def cmd_serve(args) -> int:

@@ -46,6 +46,7 @@ class Engine:
         # (the family names the weight path; the dtype is the rows' dtype on the wire)
         self.encoding = Encoding(config.backend if config.quant == "none"
                                  else f"{config.backend}+{config.quant}", config.dtype)
+        self._grammars = None
         self.fingerprint = {
             "architecture": spec.architecture,
             "layers": [[l.kind, l.window, l.rope] for l in spec.layers],
@@ -65,6 +66,15 @@ class Engine:
     @property
     def has_tokenizer(self) -> bool:
         return self._tokenizer is not None
+
+    @property
+    def grammars(self):
+        """The grammar compiler for this model's tokenizer (constrained.py), built on first use."""
+        if self._grammars is None:
+            from .constrained import Grammars
+            eos = dict.fromkeys([*self.spec.eos_token_ids, *self.tokenizer.eos_token_ids])
+            self._grammars = Grammars(self.tokenizer.hf, self.spec.vocab_size, list(eos))
+        return self._grammars
 
     def new_session(self) -> Session:
         return Session(self)
@@ -131,18 +141,22 @@ class Engine:
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
                session: Session | None = None, chat: bool = False,
                speculative=None, block: int | None = None,
-               stats: dict | None = None) -> Iterator[int]:
-        """Yield generated token ids (stops at an end-of-sequence id, not yielded).
+               stats: dict | None = None, grammar=None, controls=None) -> Iterator[int]:
+        """Yield generated token ids (stops at an end-of-sequence id, not yielded, or when
+        `grammar` (constrained.Grammar) is complete).  `controls`: logits_processors.Controls.
         `speculative`: "prompt-lookup" or a drafter (`muser.engine.make_drafter("draft:MODEL",
         engine)`, loaded once and passed to every call)."""
         from .generate import generate_ids
+        from .picker import TokenPicker
         params = SamplingParams(temperature, top_p, top_k, seed)
         if max_tokens < 0:
             raise RequestError(f"max_tokens must be >= 0, got {max_tokens}")
         ids = self.encode_prompt(prompt, chat)
+        constraint = self.grammars.constraint(grammar) if grammar is not None else None
+        picker = TokenPicker(params, controls, constraint, prompt=ids)
         s = session if session is not None else self.new_session()
         return generate_ids(self, s, ids, max_tokens, params, speculative=speculative,
-                            block=block, stats=stats)
+                            block=block, stats=stats, picker=picker)
 
     def generate(self, prompt: str | list[int], max_tokens: int = 128, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None,

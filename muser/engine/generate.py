@@ -9,27 +9,33 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-from .sampling import SamplingParams, sample
+from .picker import TokenPicker
+from .sampling import SamplingParams
 
 
 def generate_ids(engine, session, ids: list[int], max_tokens: int, params: SamplingParams,
                  speculative=None, block: int | None = None,
-                 stats: dict | None = None) -> Iterator[int]:
+                 stats: dict | None = None, picker: TokenPicker | None = None) -> Iterator[int]:
+    """Token ids after `ids`, until end-of-sequence, `max_tokens`, or a grammar that is
+    complete (`picker.stopped`).  `picker` carries controls, a grammar and logprobs;
+    without one, tokens are sampled from the raw logits."""
+    picker = picker if picker is not None else TokenPicker(params)
     if speculative:
         from .speculative import speculative_generate
         yield from speculative_generate(engine, session, ids, max_tokens, params, speculative,
-                                        block, stats)
+                                        block, stats, picker=picker)
         return
     if max_tokens == 0:
         return
-    eos = set(engine.spec.eos_token_ids)
-    gen = params.generator()
+    eos = set(engine.spec.eos_token_ids) | picker.end_ids
     logits = session.prefill(ids)
     for i in range(max_tokens):
-        tok = sample(logits, params, gen)
+        tok = picker.pick(logits).token
         if tok in eos:
             return
         yield tok
+        if picker.stopped:
+            return
         if i + 1 < max_tokens:
             logits = session.decode(tok)
 

@@ -168,7 +168,11 @@ def drafter_for(spec) -> "PromptLookupDrafter | DraftModelDrafter":
 
 
 def speculative_generate(engine, session, ids: list[int], max_tokens: int, params: SamplingParams,
-                         spec, block: int | None, stats: dict | None) -> Iterator[int]:
+                         spec, block: int | None, stats: dict | None,
+                         picker=None) -> Iterator[int]:
+    """With a `picker` (picker.py), every token -- the first, each verified draft, each
+    correction -- goes through its controls and grammar: drafts are cut at the first token the
+    grammar refuses, and the picker's matcher rolls back over rejected drafts with the cache."""
     block = DEFAULT_BLOCK if block is None else block
     if not 1 <= block <= MAX_BLOCK:
         raise RequestError(f"block must be in [1, {MAX_BLOCK}], got {block}")
@@ -180,13 +184,17 @@ def speculative_generate(engine, session, ids: list[int], max_tokens: int, param
     stats.update(drafted=0, accepted=0, forwards=0, emitted=0, rounds=0)
     if max_tokens == 0:
         return
-    eos = set(engine.spec.eos_token_ids)
+    eos = set(engine.spec.eos_token_ids) | (picker.end_ids if picker is not None else set())
     gen = params.generator()
     if isinstance(drafter, DraftModelDrafter):
         drafter._gen = gen
+    if picker is not None:
+        gen = picker.gen
+        if isinstance(drafter, DraftModelDrafter):
+            drafter._gen = gen
     logits = session.prefill(ids)
     stats["forwards"] += 1
-    t = sample(logits, params, gen)
+    t = sample(logits, params, gen) if picker is None else picker.pick(logits).token
     settled = [t]              # sampled, not yet emitted; the last one is not yet consumed
     emitted = 0
     k_max = block - 1
@@ -200,10 +208,14 @@ def speculative_generate(engine, session, ids: list[int], max_tokens: int, param
             stats["emitted"] = emitted
             if emitted >= max_tokens:
                 return
+        if picker is not None and picker.stopped:       # (its state is after every settled token)
+            return
         k_now = max(0, min(k, max_tokens - emitted - 1, engine.max_context - session.position - 1))
         context = session.tokens + [t]
         drafts, qs = drafter.draft(context, k_now, params)
         drafts = drafts[:k_now]
+        if picker is not None:
+            drafts = picker.usable_drafts(drafts, qs is not None)
         cp = session.checkpoint(1 + len(drafts))
         try:
             out = session.extend([t] + drafts)                  # [1 + k, vocab]
@@ -213,7 +225,11 @@ def speculative_generate(engine, session, ids: list[int], max_tokens: int, param
             raise
         stats["forwards"] += 1
         stats["rounds"] += 1
-        accepted, nxt = _accept(out, drafts, qs, params, gen)
+        if picker is None:
+            accepted, nxt = _accept(out, drafts, qs, params, gen)
+        else:
+            picks = picker.verify(out, drafts, qs)
+            accepted, nxt = len(picks) - 1, picks[-1].token
         stats["max_retained_rows"] = max(stats.get("max_retained_rows", 0), *cp.retained_rows(), 0)
         session.rollback(cp, keep=1 + accepted)
         stats.setdefault("kept_blocks", []).append([t] + drafts[:accepted])

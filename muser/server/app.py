@@ -29,6 +29,7 @@ from .policy import RawReplay
 from .schemas import ChatCompletionRequest, CompletionRequest
 from .service import ServerState
 from .transport import read_body
+from . import tools as toolkit
 
 log = logging.getLogger("muser.server")
 
@@ -102,6 +103,10 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
     async def _validation_error(request, exc):
         return _error(InvalidRequest(f"invalid request: {exc.errors()[:3]}"), request)
 
+    @app.exception_handler(MuserError)
+    async def _muser_error(request, exc: MuserError):
+        return _error(to_http(exc), request)        # answered here: not logged as a crash
+
     @app.exception_handler(Exception)
     async def _unexpected(request, exc: Exception):
         err = to_http(exc)
@@ -113,22 +118,30 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req = await state.admit(request, ChatCompletionRequest)
-        messages = req.plain_messages()
+        tools = toolkit.toolset(req)
+        decoding = await asyncio.to_thread(state.decoding, req, True, tools)
+        messages = toolkit.render_messages(req.messages, tools)
         candidate, _ = await asyncio.to_thread(state.chat_candidates, messages)
         return await state.serve(request, req, candidate, chat=True, max_tokens=req.token_limit,
-                                 replay=lambda plan: plan.replay)
+                                 replay=lambda plan: plan.replay, decoding=decoding, tools=tools)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         req = await state.admit(request, CompletionRequest)
-        candidate, tokens = await asyncio.to_thread(state.raw_candidates, req.single_prompt())
+        decoding = await asyncio.to_thread(state.decoding, req, False)
+        prompt = req.single_prompt()
+        candidate, tokens = await asyncio.to_thread(state.raw_candidates, prompt)
+        echo = ""
+        if req.echo:
+            echo = prompt if isinstance(prompt, str) else await asyncio.to_thread(
+                state.tokenizer.decode, prompt)
 
         def replay(plan):
             if not plan.shifted:
                 return None
             return lambda epoch: RawReplay(tuple(tokens[:plan.prefix]), plan.suffix_start, epoch)
         return await state.serve(request, req, candidate, chat=False, max_tokens=req.max_tokens,
-                                 replay=replay)
+                                 replay=replay, decoding=decoding, echo=echo)
 
     @app.get("/v1/models")
     async def models(request: Request):

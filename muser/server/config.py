@@ -34,6 +34,8 @@ class ServerConfig:
     shift_keep: float = 0.7                 # a shift keeps at most this fraction of the budget
     prefill_share: float = 0.5              # worker time prefill may take while streams decode
     prefill_budget: int | None = None       # prompt tokens per prefill round (None: chunk_size)
+    speculative: str | None = None          # "prompt-lookup": verify drafted blocks (speculation.py)
+    spec_block: int = 8                     # tokens per verification block (1 + drafts), <= 16
 
     def __post_init__(self):
         if not 1 <= self.slots <= 256:
@@ -50,6 +52,10 @@ class ServerConfig:
             raise ValueError("queue_size must be >= 0 and queue_timeout > 0")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in [1, 65535], got {self.port}")
+        if self.speculative not in (None, "prompt-lookup"):
+            raise ValueError(f"speculative must be prompt-lookup or off, got {self.speculative!r}")
+        if not 2 <= self.spec_block <= 16:
+            raise ValueError(f"spec_block must be in [2, 16], got {self.spec_block}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be empty (leave it unset to disable auth)")
         if self.pack_key is not None and not bytes(self.pack_key).strip():

@@ -101,7 +101,7 @@ def to_http(exc: BaseException) -> ServerError:
     if isinstance(exc, ContextOverflow):
         return ContextTooLong(str(exc), param="messages")
     if isinstance(exc, (RequestError, PackError, SnapshotError)):
-        return InvalidRequest(str(exc))
+        return InvalidRequest(str(exc), param=getattr(exc, "param", None))
     if isinstance(exc, RecursionError):
         return InvalidRequest("the request is nested too deeply")
     if isinstance(exc, TokenizerUnavailable):

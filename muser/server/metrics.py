@@ -16,6 +16,8 @@ HELP = {
     "prefill_tokens_total": ("counter", "prompt tokens actually prefilled"),
     "completion_tokens_total": ("counter", "tokens sampled"),
     "cache_hits_total": ("counter", "requests that reused a slot's live cache"),
+    "draft_tokens_total": ("counter", "speculative draft tokens verified"),
+    "accepted_draft_tokens_total": ("counter", "speculative draft tokens accepted"),
     "context_shifts_total": ("counter", "context shifts (staging rebuilds published)"),
     "disconnects_total": ("counter", "requests whose client left (mid-upload, queued or streaming)"),
     "request_failures_total": ("counter", "requests failed alone (their own sampling / text), pool kept"),

@@ -3,8 +3,9 @@
 Owns: `ClientWatch` (the one listener on a request's ASGI receive channel,
 which notices a client that left), `SSEResponse` (text/event-stream ending in
 `data: [DONE]`, which cancels its job however the stream ends) and
-`Formatter` (events -> chat / completion bodies and chunks, usage with
-cached_tokens, the `muser` extension field, per-request metrics).
+`Formatter` (events -> chat / completion bodies and chunks for n choices, with
+logprobs, tool calls (tools.py), echo, usage with cached_tokens, the `muser`
+extension field, per-request metrics).
 Does not own: producing events (scheduler.py) or leasing (service.py).
 """
 from __future__ import annotations
@@ -19,7 +20,9 @@ from starlette.responses import JSONResponse, Response
 
 from . import schemas
 from .http_errors import to_http
+from .logprobs import chat_entries, completion_logprobs
 from .scheduler import Job
+from .tools import ToolStream, parse_calls
 
 
 class ClientWatch:
@@ -71,11 +74,14 @@ class SSEResponse(Response):
 class Formatter:
     """Turns a job's events into OpenAI chat / completion bodies and chunks."""
 
-    def __init__(self, state, req, chat: bool, t0: float):
+    def __init__(self, state, req, chat: bool, t0: float, tools=None, echo: str = ""):
         self.state, self.req, self.chat, self.t0 = state, req, chat, t0
         self.rid = schemas.new_id("chatcmpl" if chat else "cmpl")
         self.model = state.model_id
         self.info: dict = {}
+        self.tools = tools if tools is not None and tools.active else None
+        self.echo = echo                       # completions: the prompt text to prepend
+        self.prompt_picks: list = []
 
     def _ext(self) -> dict:
         i = self.info
@@ -131,38 +137,121 @@ class Formatter:
         self._done(str(err.status))
         return JSONResponse(err.body(), status_code=err.status)
 
+    # ------------------------------------------------------------------ shapes
+    def _logprobs(self, picks, offset: int = 0):
+        if self.chat:
+            return {"content": chat_entries(self.state.token_text, picks), "refusal": None}
+        return completion_logprobs(self.state.token_text, picks, offset)
+
+    @property
+    def _wants_logprobs(self) -> bool:
+        return bool(self.req.logprobs) if self.chat else self.req.logprobs is not None
+
+    def _choice(self, index: int, text: str, finish: str, picks) -> dict:
+        lp = None
+        if self._wants_logprobs:
+            if self.chat:
+                lp = self._logprobs(picks)
+            else:
+                head = self._logprobs(self.prompt_picks) if self.prompt_picks else None
+                tail = self._logprobs(picks, len(self.echo))
+                lp = tail if head is None else {k: head[k] + tail[k] for k in tail}
+        if not self.chat:
+            return {"index": index, "text": self.echo + text, "finish_reason": finish, "logprobs": lp}
+        msg = {"role": "assistant", "content": text}
+        if self.tools is not None:
+            content, calls = parse_calls(text, self.tools, truncated=finish == "length")
+            if calls:
+                msg = {"role": "assistant", "content": content,
+                       "tool_calls": [{"id": f"call_{self.rid[-12:]}_{index}_{i}", "type": "function",
+                                       "function": c} for i, c in enumerate(calls)]}
+                finish = "tool_calls" if finish == "stop" else finish
+        return {"index": index, "message": msg, "finish_reason": finish, "logprobs": lp}
+
     async def whole(self, job: Job, watch: ClientWatch) -> Response:
-        parts: list[str] = []
+        n = job.decoding.n
+        parts: list[list[str]] = [[] for _ in range(n)]
+        picks: list[list] = [[] for _ in range(n)]
         while True:
             ev = await self.next_event(job, watch)
             if ev is None or ev[0] == "error":
                 return self.early_exit(ev)
             kind, *payload = ev
             if kind == "delta":
-                parts.append(payload[0])
+                i, text, ps = payload
+                parts[i].append(text)
+                picks[i] += ps
+            elif kind == "prompt":
+                self.prompt_picks = payload[0]
             elif kind == "done":
-                finish, generated = payload
-                if finish == "cancelled":
+                finishes, generated = payload
+                if "cancelled" in finishes:
                     return self.early_exit(None)
                 self._done("200")
+                choices = [self._choice(i, "".join(parts[i]), finishes[i] if i < len(finishes)
+                                        else finishes[0], picks[i]) for i in range(n)]
                 build = schemas.chat_response if self.chat else schemas.completion_response
-                return JSONResponse(build(self.rid, self.model, "".join(parts), finish,
-                                          self._usage(generated), self._ext()))
+                return JSONResponse(build(self.rid, self.model, choices, self._usage(generated),
+                                          self._ext()))
+
+    def _echo_chunk(self, index: int, first: bool) -> dict:
+        head = self._logprobs(self.prompt_picks) if self.prompt_picks and self._wants_logprobs else None
+        return schemas.completion_chunk(self.rid, self.model, self.echo, None, index=index,
+                                        logprobs=head, ext=self._ext() if first else None)
 
     async def stream(self, job: Job) -> AsyncIterator[dict]:
-        chunk = schemas.chat_chunk if self.chat else schemas.completion_chunk
+        n = job.decoding.n
+        tools = [ToolStream(self.tools) if self.tools is not None else None for _ in range(n)]
+        called = [False] * n
+        offsets = [len(self.echo)] * n
+        echoed = [False] * n
         if self.chat:
-            yield chunk(self.rid, self.model, {"role": "assistant", "content": ""}, None,
-                        ext=self._ext())
+            for i in range(n):
+                yield schemas.chat_chunk(self.rid, self.model, {"role": "assistant", "content": ""},
+                                         None, ext=self._ext() if i == 0 else None, index=i)
         first = not self.chat
         while True:
             kind, *payload = await job.events.get()
-            if kind == "delta":
+            if kind == "prompt":
+                self.prompt_picks = payload[0]
+            elif kind == "delta":
+                i, text, ps = payload
+                lp = self._logprobs(ps, offsets[i]) if self._wants_logprobs and ps else None
                 if self.chat:
-                    yield chunk(self.rid, self.model, {"content": payload[0]}, None)
+                    deltas = tools[i].push(text) if tools[i] is not None else \
+                        ([{"content": text}] if text or lp else [])
+                    if not deltas and lp:
+                        deltas = [{"content": ""}]
+                    for k, d in enumerate(deltas):
+                        yield schemas.chat_chunk(self.rid, self.model, d, None, index=i,
+                                                 logprobs=lp if k == 0 else None)
+                    continue
+                if self.echo and not echoed[i]:
+                    echoed[i] = True
+                    yield self._echo_chunk(i, first)
+                    first = False
+                offsets[i] += len(text)
+                yield schemas.completion_chunk(self.rid, self.model, text, None, index=i, logprobs=lp,
+                                               ext=self._ext() if first else None)
+                first = False
+            elif kind == "end":
+                i, finish = payload
+                if self.chat and tools[i] is not None:
+                    deltas, called[i] = tools[i].finish()
+                    for d in deltas:
+                        yield schemas.chat_chunk(self.rid, self.model, d, None, index=i)
+                    if called[i] and finish == "stop":
+                        finish = "tool_calls"
+                if self.chat:
+                    yield schemas.chat_chunk(self.rid, self.model, {}, finish, index=i,
+                                             ext=self._ext() if i == 0 else None)
                 else:
-                    yield chunk(self.rid, self.model, payload[0], None,
-                                ext=self._ext() if first else None)
+                    if self.echo and not echoed[i]:
+                        echoed[i] = True
+                        yield self._echo_chunk(i, first)
+                        first = False
+                    yield schemas.completion_chunk(self.rid, self.model, "", finish, index=i,
+                                                   ext=self._ext() if first or i == 0 else None)
                     first = False
             elif kind == "error":
                 err = to_http(payload[0])
@@ -170,14 +259,14 @@ class Formatter:
                 yield err.body()
                 return
             elif kind == "done":
-                finish, generated = payload
-                if finish == "cancelled":
+                finishes, generated = payload
+                if "cancelled" in finishes:
                     self._done("disconnected")
                     self.state.metrics.inc("disconnects_total")
                     return
                 self._done("200")
-                yield chunk(self.rid, self.model, {} if self.chat else "", finish, ext=self._ext())
                 if self.req.include_usage:
-                    yield chunk(self.rid, self.model, {} if self.chat else "", None,
-                                use=self._usage(generated), empty=True)
+                    yield (schemas.chat_chunk if self.chat else schemas.completion_chunk)(
+                        self.rid, self.model, {} if self.chat else "", None,
+                        use=self._usage(generated), empty=True)
                 return

@@ -34,6 +34,21 @@ def sampling_params(temperature: float | None, top_p: float | None, top_k: int |
     return SamplingParams(t, p, int(top_k or 0), seed)
 
 
+def finite_logits(logits: torch.Tensor) -> torch.Tensor:
+    """`logits` with NaN mapped to -inf and +inf to the largest finite float32 (so +inf still
+    wins a greedy or sampled draw without making softmax NaN); NonFiniteLogits when no logit
+    is left to choose.  What every token the scheduler picks goes through (picker.py samples)."""
+    if bool(torch.isfinite(logits).all()):
+        return logits
+    logits = logits.float()
+    finite = torch.isfinite(logits)
+    big = torch.finfo(torch.float32).max
+    logits = torch.nan_to_num(logits, nan=float("-inf"), posinf=big, neginf=float("-inf"))
+    if not bool((finite | (logits == big)).any()):
+        raise NonFiniteLogits("the model produced no finite logit for the next token")
+    return logits
+
+
 def sample_safely(logits: torch.Tensor, params: SamplingParams,
                   generator: torch.Generator | None) -> int:
     """`sample`, after mapping NaN to -inf and +inf to the largest finite float32."""

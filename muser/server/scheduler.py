@@ -28,7 +28,11 @@ row with no finite value) fails that request alone: it gets an error event
 every other request goes on.
 
 Events a request's asyncio queue receives, in order:
-  ("start", info)  ("delta", text)*  then ("done", finish, n_generated) or ("error", exc)
+  ("start", info)  ("prompt", picks)?  ("delta", index, text, picks)*  ("end", index, finish)*
+  then ("done", [finish per choice], n_generated in all) or ("error", exc)
+A request with n > 1 decodes n choices (choices.py): the prompt is prefilled once, the
+other n-1 sessions start from its cut by snapshot install, and every choice's session
+joins the batched decode step.
 """
 from __future__ import annotations
 
@@ -39,10 +43,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.sampling import SamplingParams
 from ..errors import CacheOverflow, ContextOverflow, MuserError, RequestError
+from .choices import PROMPT_LOGPROB_ROWS, Choice, Decoding, fork_sessions, prompt_logprob_rows
 from .http_errors import Internal, Overloaded, ServerError, Unavailable, to_http
-from .sampler import NonFiniteLogits, sample_safely
+from .sampler import NonFiniteLogits, finite_logits
 from .slots import Placement, SlotPool
 from .text import TextStream
 
@@ -53,7 +57,7 @@ SAFE_ERRORS = (RequestError, ContextOverflow, CacheOverflow)   # refused before 
 @dataclass(eq=False)
 class Job:
     placement: Placement
-    sampling: SamplingParams
+    decoding: Decoding
     max_new: int
     stops: list[str]
     loop: asyncio.AbstractEventLoop
@@ -62,10 +66,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     # worker state
-    generated: int = 0
-    pending: int | None = None         # sampled, to be fed at the next decode step
-    text: TextStream | None = None
-    generator: Any = None
+    choices: list[Choice] = field(default_factory=list)
     done: bool = False
     shifted: bool = False
     target: Any = None                 # the session being prefilled (the slot's, or staging)
@@ -73,6 +74,8 @@ class Job:
     chunks_done: int = 0               # prefill chunks run (least-served goes first)
     holds_staging: bool = False
     prefill_time: float = 0.0
+    prompt_row: Any = None             # last log-softmaxed prompt row (prompt logprobs)
+    prompt_picks: list = field(default_factory=list)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -104,6 +107,8 @@ class Scheduler:
         self.prefill_share = prefill_share
         self.clock = time.perf_counter     # what the time share is measured with (tests drive it)
         self._owed = 0.0                # seconds of decode the streams are owed after a prefill
+        self._spare: list = []             # sessions for choices 1..n-1, reused across requests
+        self.spec = None                   # SpecStep when the server speculates
         self._inbox: list[Job] = []
         self._active: list[Job] = []
         self._cond = threading.Condition()
@@ -136,7 +141,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------ loop
     def _decoding(self) -> bool:
-        return any(not j.done and j.feed is None and j.pending is not None for j in self._active)
+        return any(not j.done and j.feed is None and any(not c.done and c.pending is not None for c in j.choices)
+               for j in self._active)
 
     def _run(self) -> None:
         while True:
@@ -168,21 +174,24 @@ class Scheduler:
             self._finish(job, error=Unavailable("the server is shutting down"))
 
     def _finish(self, job: Job, finish: str | None = None, error: BaseException | None = None) -> None:
+        """End the whole job: every choice still running ends with `finish`."""
         if job.done:
             return
         job.done = True
+        for c in job.choices:
+            if not c.done:
+                self._end(job, c, finish, quiet=error is not None or finish == "cancelled")
         if job.holds_staging:                 # a rebuild that did not publish: drop its rows
             job.holds_staging = False
             try:
                 self.pool.staging.reset()
             finally:
                 self.pool.staging_lock.release()
-        tail = ""
-        if error is None and job.text is not None and finish != "stop_string":
-            try:
-                tail = job.text.flush()
-            except Exception:                 # noqa: BLE001 -- a broken tail never blocks the end
-                log.exception("flushing a request's text failed")
+        for c in job.choices:                 # forked sessions go back to the spare list
+            if c.forked:
+                c.session.reset()
+                self._spare.append(c.session)
+                c.forked = False
         # Free the slot before the client can see the end: its next request must find it free.
         try:
             job.loop.call_soon_threadsafe(self.pool.release, job.placement.slot)
@@ -191,9 +200,27 @@ class Scheduler:
         if error is not None:
             job.emit("error", error)
             return
-        if tail:
-            job.emit("delta", tail)
-        job.emit("done", "stop" if finish == "stop_string" else finish, job.generated)
+        job.emit("done", [c.finish for c in job.choices] or [finish],
+                 sum(c.generated for c in job.choices))
+
+    def _end(self, job: Job, c: Choice, finish: str | None, quiet: bool = False) -> None:
+        """End one choice; the job ends when its last choice does."""
+        c.done = True
+        c.finish = "stop" if finish == "stop_string" else finish
+        if quiet:
+            return
+        tail = ""
+        if finish != "stop_string":
+            try:
+                tail = c.text.flush()
+            except Exception:                 # noqa: BLE001 -- a broken tail never blocks the end
+                log.exception("flushing a request's text failed")
+        if tail or c.picks:
+            job.emit("delta", c.index, tail, c.picks)
+            c.picks = []
+        job.emit("end", c.index, c.finish)
+        if not job.done and all(x.done for x in job.choices):
+            self._finish(job, finish)
 
     def _job_failed(self, job: Job, exc: BaseException, where: str, stage: str) -> None:
         """One request's own failure (not a model step's): that request alone ends."""
@@ -246,7 +273,7 @@ class Scheduler:
         else:
             s = p.slot.session
             job.target = s
-            if p.reuse and s.tokens == p.prompt[:p.reuse]:
+            if p.reuse and s.tokens == p.prompt[:p.reuse] and not job.decoding.prompt_logprobs:
                 job.feed = list(p.prompt[p.reuse:])
             else:
                 p.reuse = 0
@@ -263,13 +290,17 @@ class Scheduler:
             if job.cancelled.is_set():
                 self._finish(job, "cancelled")
                 continue
-            piece = job.feed[:self.chunk]
+            rows = PROMPT_LOGPROB_ROWS if job.decoding.prompt_logprobs else self.chunk
+            piece = job.feed[:rows]
             if used and used + len(piece) > self.prefill_budget:
                 continue                              # next round
             used += len(piece)
             t0 = time.perf_counter()
             try:
-                logits = job.target.prefill(piece)
+                if job.decoding.prompt_logprobs:
+                    logits = self._prompt_logprobs(job, piece)
+                else:
+                    logits = job.target.prefill(piece)
             except SAFE_ERRORS as e:
                 job.placement.slot.replay = None
                 self._finish(job, error=e)
@@ -305,61 +336,127 @@ class Scheduler:
         self.metrics.observe("prefill_seconds", job.prefill_time)
         self.metrics.inc("prefill_tokens_total", len(p.prompt) - p.reuse)
         p.slot.replay = job.replay(p.slot.epoch) if job.replay else None
-        job.text = TextStream(self.tokenizer, job.stops)
-        job.generator = job.sampling.generator()
         job.emit("start", {"slot": p.slot.id, "context_epoch": p.slot.epoch, "shifted": job.shifted,
                            "cached_tokens": p.reuse, "prompt_tokens": len(p.prompt),
                            "prefill_seconds": job.prefill_time})
-        self._take(job, logits)
+        if job.decoding.prompt_logprobs:
+            job.emit("prompt", job.prompt_picks)
+        d = job.decoding
+        try:
+            first = d.picker(self.engine, 0, p.prompt)
+            pickers = [first] + [d.picker(self.engine, i, p.prompt,
+                                          first.constraint.fork() if first.constraint else None)
+                                 for i in range(1, d.n)]
+        except SAFE_ERRORS as e:
+            return self._finish(job, error=e)
+        sessions = [p.slot.session] + fork_sessions(self.engine, p.slot.session, d.n - 1, self._spare)
+        job.choices = [Choice(i, s, pk, TextStream(self.tokenizer, job.stops), forked=i > 0)
+                       for i, (s, pk) in enumerate(zip(sessions, pickers))]
+        for c in job.choices:
+            if not job.done:
+                self._take(job, c, logits)
+
+    def _prompt_logprobs(self, job: Job, piece: list[int]):
+        """Prefill `piece` keeping every row's logits; emit the prompt tokens' logprobs."""
+        rows = job.target.extend(piece)                      # [len(piece), vocab]
+        top = job.decoding.logprobs or 0
+        picks, job.prompt_row = prompt_logprob_rows(rows, piece, job.prompt_row, top)
+        job.prompt_picks += picks
+        return rows[-1]
 
     # ------------------------------------------------------------------ decode
-    def _take(self, job: Job, logits) -> None:
-        """Sample the next token from `logits` and decide whether generation goes on."""
+    def _take(self, job: Job, c: Choice, logits) -> None:
+        """Choose choice `c`'s next token from `logits` and decide whether it goes on."""
         if job.max_new <= 0:
-            return self._finish(job, "length")
-        tok = sample_safely(logits, job.sampling, job.generator)
-        job.generated += 1
+            return self._end(job, c, "length")
+        try:
+            pick = c.picker.pick(finite_logits(logits))
+        except SAFE_ERRORS as e:               # e.g. constraints that leave no token
+            return self._finish(job, error=e)
+        self._settle(job, c, pick)
+
+    def _settle(self, job: Job, c: Choice, pick) -> None:
+        """Emit choice `c`'s chosen token and decide whether it goes on (pending = it)."""
+        tok = pick.token
+        c.generated += 1
         self.metrics.inc("completion_tokens_total")
-        if tok in self.eos or tok in job.stop_ids:
-            return self._finish(job, "stop")
-        if job.text is not None:
-            out, stopped = job.text.push(tok)
-            if out:
-                job.emit("delta", out)
-            if stopped:
-                return self._finish(job, "stop_string")
-        if job.generated >= job.max_new:
-            return self._finish(job, "length")
-        if job.placement.slot.session.position >= self.max_context:
-            return self._finish(job, "length")
-        job.pending = tok
+        if c.picker.logprobs is not None:
+            c.picks.append(pick)
+        if tok in self.eos or tok in job.decoding.stop_ids:
+            return self._end(job, c, "stop")
+        out, stopped = c.text.push(tok)
+        if out or c.picks:
+            job.emit("delta", c.index, out, c.picks)
+            c.picks = []
+        if stopped:
+            return self._end(job, c, "stop_string")
+        if c.picker.stopped:                  # the grammar is complete
+            return self._end(job, c, "stop")
+        if c.generated >= job.max_new or c.session.position >= self.max_context:
+            return self._end(job, c, "length")
+        c.pending = tok
 
     def _decode_round(self) -> float:
-        """One decode step for every decoding job; seconds taken."""
-        jobs = [j for j in self._active if not j.done and j.feed is None and j.pending is not None]
-        if not jobs:
-            return 0.0
-        sessions = [j.placement.slot.session for j in jobs]
-        tokens = [j.pending for j in jobs]
+        """One decode step (or verification block) for every decoding choice; seconds taken."""
+        work = [(j, c) for j in self._active if not j.done and j.feed is None
+                for c in j.choices if not c.done and c.pending is not None]
+        t_round = self.clock()
+        if self.spec is not None and work:
+            work = self._speculate(work)
+        if not work:
+            return self.clock() - t_round
+        sessions = [c.session for _, c in work]
+        tokens = [c.pending for _, c in work]
         t0 = self.clock()
         try:
-            if self.batch_decode and len(jobs) > 1:
+            if self.batch_decode and len(work) > 1:
                 logits = self.engine.decode_batch(sessions, tokens)
             else:
                 logits = [s.decode(t) for s, t in zip(sessions, tokens)]
         except Exception as e:                 # noqa: BLE001
-            self._fail_all(f"decode step for {len(jobs)} slot(s) raised "
+            self._fail_all(f"decode step for {len(work)} session(s) raised "
                            f"{type(e).__name__}: {e}", e)
-            return self.clock() - t0
-        spent = self.clock() - t0
-        self.metrics.observe("decode_seconds", spent)
-        for i, job in enumerate(jobs):
-            job.pending = None
+            return self.clock() - t_round
+        self.metrics.observe("decode_seconds", self.clock() - t0)
+        for i, (job, c) in enumerate(work):
+            c.pending = None
+            if job.done:
+                continue
             if job.cancelled.is_set():
                 self._finish(job, "cancelled")
                 continue
             try:
-                self._take(job, logits[i])
+                self._take(job, c, logits[i])
             except Exception as e:             # noqa: BLE001 -- this request's own failure
                 self._job_failed(job, e, "sampling the next token", "decode")
-        return spent
+        return self.clock() - t_round
+
+    def _speculate(self, work: list) -> list:
+        """Verify a drafted block for every choice that has drafts; the rest (returned) take
+        the batched decode step."""
+        rest = []
+        for job, c in work:
+            room = min(job.max_new - c.generated, self.max_context - c.session.position) - 1
+            drafts = self.spec.drafts(c, room) if not job.cancelled.is_set() else []
+            if not drafts:
+                rest.append((job, c))
+                continue
+            t0 = self.clock()
+            try:
+                picks = self.spec.run(c, drafts)
+            except SAFE_ERRORS as e:
+                self._finish(job, error=e)
+                continue
+            except Exception as e:             # noqa: BLE001
+                self._fail_all(f"verification block on slot {job.placement.slot.id} raised "
+                               f"{type(e).__name__}: {e}", e)
+                return []
+            self.metrics.observe("decode_seconds", self.clock() - t0)
+            self.metrics.inc("draft_tokens_total", len(drafts))
+            self.metrics.inc("accepted_draft_tokens_total", len(picks) - 1)
+            c.pending = None
+            for pick in picks:
+                self._settle(job, c, pick)
+                if c.done or job.done:
+                    break
+        return rest

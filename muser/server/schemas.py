@@ -20,6 +20,10 @@ from ..errors import RequestError
 
 MAX_TOKENS_CAP = 1 << 20          # "absurd" beyond this, whatever the model
 INT64 = (-(1 << 63), (1 << 64) - 1)
+MAX_N = 16                        # choices per request (each decodes in its own forked session)
+MAX_TOP_LOGPROBS = 20
+MAX_STOP_IDS = 64
+MAX_TOOLS = 128
 
 
 class _Strict(BaseModel):
@@ -31,19 +35,32 @@ class TextPart(_Strict):
     text: StrictStr
 
 
+class FunctionCall(_Strict):
+    name: Annotated[StrictStr, Field(min_length=1, max_length=64)]
+    arguments: StrictStr
+
+
+class ToolCall(_Strict):
+    id: Annotated[StrictStr, Field(max_length=256)]
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[StrictStr, list[TextPart], None] = None
     name: StrictStr | None = None
     tool_call_id: StrictStr | None = None
-    tool_calls: list | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOLS)] | None = None
     refusal: StrictStr | None = None
 
     @model_validator(mode="after")
     def _content(self):
-        if self.tool_calls:
-            raise ValueError("tool calls are not supported by this server")
-        if self.content is None:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"only assistant messages carry tool_calls, not {self.role}")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
+        if self.content is None and not self.tool_calls:
             raise ValueError(f"a {self.role} message needs content")
         return self
 
@@ -53,9 +70,68 @@ class ChatMessage(_Strict):
         return "".join(p.text for p in self.content or [])
 
     def plain(self) -> dict:
-        """The message the context policy and the chat template see."""
+        """The message the context policy and the chat template see (tools.py renders
+        tool calls and tool results)."""
         role = "system" if self.role == "developer" else self.role
         return {"role": role, "content": self.text()}
+
+
+class JsonSchemaFormat(_Strict):
+    name: Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: StrictStr | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required with type json_schema, and only then")
+        return self
+
+
+class StructuredOutputs(_Strict):
+    """Extension (vLLM's name): exactly one constraint of the output."""
+    json_: Union[dict, StrictStr, None] = Field(default=None, alias="json")
+    regex: StrictStr | None = None
+    choice: Annotated[list[Annotated[StrictStr, Field(min_length=1)]], Field(min_length=1,
+                                                                             max_length=1024)] | None = None
+    grammar: StrictStr | None = None
+    json_object: bool | None = None
+
+    @model_validator(mode="after")
+    def _one(self):
+        given = [k for k in ("json_", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise ValueError("structured_outputs takes exactly one of json, regex, choice, grammar, "
+                             f"json_object; got {len(given)}")
+        return self
+
+
+class FunctionDef(_Strict):
+    name: Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    description: StrictStr | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Strict):
+    name: StrictStr
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(_Strict):
@@ -72,31 +148,34 @@ class _Sampling(_Strict):
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[StrictInt, Field(ge=0, le=1 << 20)] | None = None     # extension
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None           # extension
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None   # extension
+    stop_token_ids: Annotated[list[Annotated[StrictInt, Field(ge=0)]],
+                              Field(max_length=MAX_STOP_IDS)] | None = None   # extension
+    structured_outputs: StructuredOutputs | None = None                  # extension
     seed: Annotated[StrictInt, Field(ge=INT64[0], le=INT64[1])] | None = None
     stop: Stop = None
-    n: Annotated[StrictInt, Field(ge=1, le=128)] = 1
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    logit_bias: dict | None = None
+    logit_bias: Annotated[dict[StrictStr, Union[StrictInt, float]], Field(max_length=1024)] | None = None
+    response_format: ResponseFormat | None = None
     metadata: dict | None = None
     store: bool | None = None
     service_tier: StrictStr | None = None
 
     @model_validator(mode="after")
     def _supported(self):
-        if self.n != 1:
-            raise ValueError(f"n must be 1 on this server (got {self.n}): send one request per choice")
         if isinstance(self.stop, str) and not self.stop:
             raise ValueError("stop must be a non-empty string or a list of them")
-        if self.frequency_penalty or self.presence_penalty:
-            raise ValueError("frequency_penalty and presence_penalty are not supported (only 0)")
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
+        if self.structured_outputs is not None and self.response_format is not None \
+                and self.response_format.type != "text":
+            raise ValueError("send response_format or structured_outputs, not both")
         return self
 
     def stops(self) -> list[str]:
@@ -115,23 +194,22 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS_CAP)] | None = None
     logprobs: bool | None = None
     top_logprobs: StrictInt | None = None
-    tools: list | None = None
-    tool_choice: Union[StrictStr, dict, None] = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
     parallel_tool_calls: bool | None = None
-    response_format: dict | None = None
     modalities: list[StrictStr] | None = None
     reasoning_effort: StrictStr | None = None
 
     @model_validator(mode="after")
     def _chat_supported(self):
-        if self.logprobs or self.top_logprobs:
-            raise ValueError("logprobs are not supported")
-        if self.tools:
-            raise ValueError("tools are not supported by this server")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise ValueError("tool_choice is not supported by this server")
-        if self.response_format and self.response_format.get("type") not in ("text", None):
-            raise ValueError("response_format other than text is not supported")
+        if self.top_logprobs is not None:
+            if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+                raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], "
+                                 f"got {self.top_logprobs}")
+            if not self.logprobs:
+                raise ValueError("top_logprobs needs logprobs: true")
+        if self.tool_choice not in (None, "none", "auto") and not self.tools:
+            raise ValueError("tool_choice other than none/auto needs tools")
         if self.modalities and self.modalities != ["text"]:
             raise ValueError("only the text modality is supported")
         if self.max_tokens is not None and self.max_completion_tokens is not None \
@@ -161,14 +239,12 @@ class CompletionRequest(_Sampling):
 
     @model_validator(mode="after")
     def _completion_supported(self):
-        if self.echo:
-            raise ValueError("echo is not supported")
         if self.suffix:
             raise ValueError("suffix (insertion) is not supported")
         if self.best_of not in (None, 1):
-            raise ValueError("best_of must be 1 on this server")
-        if self.logprobs:
-            raise ValueError("logprobs are not supported")
+            raise ValueError("best_of must be 1 on this server (use n for several choices)")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
         if isinstance(self.prompt, str) and not self.prompt:
             raise ValueError("prompt must not be empty")
         return self
@@ -193,19 +269,19 @@ def usage(prompt: int, completion: int, cached: int) -> dict:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def chat_response(rid: str, model: str, text: str, finish: str, use: dict, ext: dict) -> dict:
+def chat_response(rid: str, model: str, choices: list[dict], use: dict, ext: dict) -> dict:
+    """`choices`: [{"index", "message", "finish_reason", "logprobs"}] (see responses.py)."""
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": finish, "logprobs": None}],
-            "usage": use, "system_fingerprint": None, "muser": ext}
+            "choices": choices, "usage": use, "system_fingerprint": None, "muser": ext}
 
 
 def chat_chunk(rid: str, model: str, delta: dict, finish: str | None, ext: dict | None = None,
-               use: dict | None = None, empty: bool = False) -> dict:
+               use: dict | None = None, empty: bool = False, index: int = 0,
+               logprobs: dict | None = None) -> dict:
     out = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
            "model": model, "system_fingerprint": None,
-           "choices": [] if empty else [{"index": 0, "delta": delta, "finish_reason": finish,
-                                         "logprobs": None}]}
+           "choices": [] if empty else [{"index": index, "delta": delta, "finish_reason": finish,
+                                         "logprobs": logprobs}]}
     if use is not None:
         out["usage"] = use
     if ext is not None:
@@ -213,18 +289,19 @@ def chat_chunk(rid: str, model: str, delta: dict, finish: str | None, ext: dict 
     return out
 
 
-def completion_response(rid: str, model: str, text: str, finish: str, use: dict, ext: dict) -> dict:
+def completion_response(rid: str, model: str, choices: list[dict], use: dict, ext: dict) -> dict:
+    """`choices`: [{"index", "text", "finish_reason", "logprobs"}]."""
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
-            "usage": use, "system_fingerprint": None, "muser": ext}
+            "choices": choices, "usage": use, "system_fingerprint": None, "muser": ext}
 
 
 def completion_chunk(rid: str, model: str, text: str, finish: str | None, ext: dict | None = None,
-                     use: dict | None = None, empty: bool = False) -> dict:
+                     use: dict | None = None, empty: bool = False, index: int = 0,
+                     logprobs: dict | None = None) -> dict:
     out = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
            "system_fingerprint": None,
-           "choices": [] if empty else [{"index": 0, "text": text, "finish_reason": finish,
-                                         "logprobs": None}]}
+           "choices": [] if empty else [{"index": index, "text": text, "finish_reason": finish,
+                                         "logprobs": logprobs}]}
     if use is not None:
         out["usage"] = use
     if ext is not None:

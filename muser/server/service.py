@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
+import threading
 import time
 from typing import Any, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..engine.constrained import Grammar
+from ..engine.logits_processors import Controls
 from ..engine.sampling import SamplingParams
-from ..errors import RequestError
+from ..errors import ParameterError, RequestError
+from .choices import Decoding
 from .config import ServerConfig
 from .admission import PromptGate
 from .http_errors import AuthError, InvalidRequest, ModelNotFound, clip
@@ -33,6 +38,7 @@ from .scheduler import Job, Scheduler
 from .slots import Candidate, Slot, SlotPool
 from .text import SharedTokenizer, base_model_note, chars_per_token_bound, turn_marker_ids
 from .transport import read_body
+from . import tools as toolkit
 
 log = logging.getLogger("muser.server")
 
@@ -57,6 +63,9 @@ class ServerState:
                                    config.batch_decode, self.tokenizer,
                                    prefill_budget=config.prefill_budget,
                                    prefill_share=config.prefill_share)
+        if config.speculative:
+            from .speculation import SpecStep
+            self.scheduler.spec = SpecStep(config.spec_block)
         self.bos = engine.spec.bos_token_id
         self.gate = PromptGate(self.tokenizer, self.limits, config.max_messages,
                                chars_per_token_bound(engine.tokenizer))
@@ -65,6 +74,18 @@ class ServerState:
         m.gauge("slots_busy", "slots serving a request", lambda: self.pool.busy_count)
         m.gauge("queue_depth", "requests waiting for a slot", lambda: self.pool.queue_depth)
         m.gauge("healthy", "1 while the model pool is healthy", lambda: float(self.pool.healthy))
+        self._token_text = None
+        # The grammar engine's tokenizer reads the whole vocabulary once (~3 s for 262k tokens):
+        # build it now, off the request path (its lock makes an early request wait for it).
+        threading.Thread(target=lambda: engine.grammars.tokenizer, name="muser-grammar-warm",
+                         daemon=True).start()
+
+    @property
+    def token_text(self):
+        if self._token_text is None:
+            from .logprobs import TokenText
+            self._token_text = TokenText(self.engine)
+        return self._token_text
 
     # ------------------------------------------------------------------ gates
     def check_auth(self, request: Request) -> None:
@@ -182,12 +203,67 @@ class ServerState:
     def sampling(self, req) -> SamplingParams:
         return sampling_params(req.temperature, req.top_p, req.top_k, req.seed)
 
+    def decoding(self, req, chat: bool, tools=None) -> Decoding:
+        """Everything the request asks of the token choice, checked against this model
+        (vocabulary, grammar compilation): ParameterError -> 400 naming the field."""
+        vocab = self.engine.spec.vocab_size
+        controls = Controls(req.frequency_penalty or 0.0, req.presence_penalty or 0.0,
+                            1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                            Controls.bias_from(req.logit_bias, vocab), req.min_p or 0.0)
+        stop_ids = frozenset(req.stop_token_ids or ())
+        bad = sorted(t for t in stop_ids if t >= vocab)
+        if bad:
+            raise ParameterError("stop_token_ids", f"token ids must be in [0, {vocab}), got {bad[:5]}")
+        if chat:
+            logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        else:
+            logprobs = req.logprobs
+        grammar = self.grammar(req, tools)
+        if grammar is not None:
+            self.engine.grammars.check(grammar)
+        elif chat:            # a (base) model's free chat stops at the turn markers; a grammar decides itself
+            stop_ids = stop_ids | self.turn_markers
+        return Decoding(self.sampling(req), controls, grammar, logprobs, req.n, stop_ids,
+                        prompt_logprobs=not chat and req.echo and req.logprobs is not None)
+
+    def grammar(self, req, tools) -> Grammar | None:
+        rf, so = req.response_format, req.structured_outputs
+        if tools is not None and tools.constrained:
+            if (rf is not None and rf.type != "text") or so is not None:
+                raise ParameterError("tool_choice", "a required or named tool choice cannot be "
+                                     "combined with response_format or structured_outputs")
+            toolkit.check_schemas(tools, self.engine.grammars)
+            return toolkit.grammar(tools)
+        if rf is not None and rf.type == "json_object":
+            return Grammar("json_object", "", "response_format")
+        if rf is not None and rf.type == "json_schema":
+            if rf.json_schema.schema_ is None:
+                raise ParameterError("response_format.json_schema.schema", "a schema is required")
+            return Grammar.json_schema(rf.json_schema.schema_)
+        if so is None:
+            return None
+        if so.json_ is not None:
+            schema = so.json_
+            if isinstance(schema, str):
+                try:
+                    schema = json.loads(schema)
+                except ValueError as e:
+                    raise ParameterError("structured_outputs.json", f"not valid JSON: {e}") from None
+            return Grammar.json_schema(schema, "structured_outputs.json")
+        if so.regex is not None:
+            return Grammar("regex", so.regex, "structured_outputs.regex")
+        if so.choice is not None:
+            return Grammar("choice", json.dumps(so.choice), "structured_outputs.choice")
+        if so.grammar is not None:
+            return Grammar("lark", so.grammar, "structured_outputs.grammar")
+        return Grammar("json_object", "", "structured_outputs.json_object")
+
     async def serve(self, request: Request, req, candidate, *, chat: bool,
-                    max_tokens: int | None, replay: Callable[[Any], Callable[[int], Any]]) -> Response:
+                    max_tokens: int | None, replay: Callable[[Any], Callable[[int], Any]],
+                    decoding: Decoding, tools=None, echo: str = "") -> Response:
         if max_tokens is not None and max_tokens > self.max_context:
             raise InvalidRequest(f"max_tokens ({max_tokens}) exceeds the context of "
                                  f"{self.max_context} tokens", param="max_tokens")
-        sampling = self.sampling(req)
         t0 = time.perf_counter()
         watch = ClientWatch(request)
         try:
@@ -202,9 +278,8 @@ class ServerState:
         self.metrics.observe("queue_wait_seconds", placement.queue_wait)
         room = self.max_context - len(placement.prompt)
         max_new = room if max_tokens is None else min(max_tokens, room)
-        job = Job(placement, sampling, max_new, req.stops(), asyncio.get_running_loop(),
-                  replay=replay(placement.plan),
-                  stop_ids=self.turn_markers if chat else frozenset())
+        job = Job(placement, decoding, max_new, req.stops(), asyncio.get_running_loop(),
+                  replay=replay(placement.plan))
         watch.on_gone.append(job.cancel)
         watch.on_gone.append(self.scheduler.wake)
         try:
@@ -213,7 +288,7 @@ class ServerState:
             watch.close()
             self.pool.release(placement.slot)
             raise
-        fmt = Formatter(self, req, chat, t0)
+        fmt = Formatter(self, req, chat, t0, tools=tools, echo=echo)
         handed_off = False
         try:
             first = await fmt.next_event(job, watch)       # "start" or "error": a real status

@@ -419,16 +419,16 @@ def test_prefill_shares_the_worker_with_running_streams_and_stays_exact(share, g
 
 
 def test_chat_replies_stop_at_a_turn_marker(tiny, monkeypatch):
-    import muser.server.scheduler as sched
+    import muser.engine.picker as picker          # every token the scheduler takes is sampled here
     with serve(tiny, model_id="tiny", slots=1) as srv:
         marker = tiny.tokenizer.token_id("<start_of_turn>")
         calls = []
-        real = sched.sample_safely
+        real = picker.sample
 
         def forced(logits, params, gen):
             calls.append(1)
             return marker if len(calls) == 3 else real(logits, params, gen)
-        monkeypatch.setattr(sched, "sample_safely", forced)
+        monkeypatch.setattr(picker, "sample", forced)
         srv.state.scheduler.eos = set()
         r = srv.client().chat.completions.create(model="tiny", messages=CHAT, max_tokens=20,
                                                  temperature=0)

@@ -54,7 +54,7 @@ CHAT_CASES = [
     ("top_p above one", with_(OK_CHAT, top_p=1.5), 400),
     ("seed huge", with_(OK_CHAT, seed=2 ** 70), 400),
     ("seed string", with_(OK_CHAT, seed="1"), 400),
-    ("n=2", with_(OK_CHAT, n=2), 400),
+    ("n over the limit", with_(OK_CHAT, n=17), 400),
     ("n=0", with_(OK_CHAT, n=0), 400),
     ("stop too many", with_(OK_CHAT, stop=["a", "b", "c", "d", "e"]), 400),
     ("stop empty", with_(OK_CHAT, stop=""), 400),
@@ -62,9 +62,12 @@ CHAT_CASES = [
     ("stream string", with_(OK_CHAT, stream="yes"), 400),
     ("stream_options without stream", with_(OK_CHAT, stream_options={"include_usage": True}), 400),
     ("unknown field", with_(OK_CHAT, frobnicate=True), 400),
-    ("tools", with_(OK_CHAT, tools=[{"type": "function", "function": {"name": "f"}}]), 400),
-    ("logprobs", with_(OK_CHAT, logprobs=True), 400),
-    ("penalty", with_(OK_CHAT, presence_penalty=1.0), 400),
+    ("tool without a name", with_(OK_CHAT, tools=[{"type": "function", "function": {}}]), 400),
+    ("tool_choice without tools", with_(OK_CHAT, tool_choice="required"), 400),
+    ("top_logprobs without logprobs", with_(OK_CHAT, top_logprobs=2), 400),
+    ("top_logprobs over 20", with_(OK_CHAT, logprobs=True, top_logprobs=21), 400),
+    ("penalty out of range", with_(OK_CHAT, presence_penalty=2.5), 400),
+    ("logit_bias outside the vocabulary", with_(OK_CHAT, logit_bias={"100000": 1}), 400),
     ("nan", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}', 400),
 ]
 
@@ -75,7 +78,7 @@ COMP_CASES = [
     ("negative token id", with_(OK_COMP, prompt=[-1]), 400),
     ("two prompts", with_(OK_COMP, prompt=["a", "b"]), 400),
     ("empty token list", with_(OK_COMP, prompt=[]), 400),
-    ("echo", with_(OK_COMP, echo=True), 400),
+    ("logprobs over 20", with_(OK_COMP, logprobs=21), 400),
     ("best_of", with_(OK_COMP, best_of=3), 400),
     ("max_tokens negative", with_(OK_COMP, max_tokens=-3), 400),
 ]

@@ -155,12 +155,12 @@ def test_busy_staging_is_429_and_live_session_kept(tiny):
 
 
 def test_a_sampler_bug_fails_that_request_alone_never_hangs_it(tiny, monkeypatch):
-    import muser.server.sampler as sampler
+    import muser.engine.picker as picker          # every token the scheduler takes is sampled here
 
     def broken(*a, **k):
         raise ValueError("sampler bug")
     with serve(tiny, model_id="tiny", slots=1, output_reserve=32) as srv:
-        monkeypatch.setattr(sampler, "sample", broken)
+        monkeypatch.setattr(picker, "sample", broken)
         with pytest.raises(openai.InternalServerError) as e:
             srv.client(timeout=30).completions.create(model="tiny", prompt="x", max_tokens=3)
         assert e.value.status_code == 500 and "server stays healthy" in e.value.body["message"]
