@@ -115,7 +115,7 @@ def cmd_chat(args) -> int:
 
 def _chat_guard(engine) -> set[int]:
     """Chat on this model: warn once if it looks like a base model; the turn-marker stop ids."""
-    from .server.text import base_model_note, turn_marker_ids
+    from ..server.text import base_model_note, turn_marker_ids
     note = base_model_note(engine)
     if note:
         print(f"muser: warning: {note}", file=sys.stderr)
