@@ -31,7 +31,7 @@ def main() -> int:
     ap.add_argument("--keep", type=float, nargs="+", default=[1.0, 0.7])
     args = ap.parse_args()
     import muser
-    from muser.engine.defaults import default_dtype, default_quant
+    from muser.backends.defaults import default_dtype, default_quant
     from server_harness import serve                  # tests/server: uvicorn in a thread
     dtype = default_dtype("cpu")
     engine = muser.load(args.model, device="cpu", dtype=dtype, quant=default_quant("cpu", dtype))

@@ -15,8 +15,8 @@ unbounded client input (a 256 MiB file name, a megabyte-long field name).
 """
 from __future__ import annotations
 
-from ..errors import (ContextOverflow, MuserError, PackError, RequestError, SnapshotError,
-                      TokenizerUnavailable)
+from ..errors import (CacheOverflow, ContextOverflow, MuserError, PackError, RequestError,
+                      SnapshotError, TokenizerUnavailable)
 
 MAX_MESSAGE = 1000          # characters of an error message (client input is clipped further)
 
@@ -100,6 +100,8 @@ def to_http(exc: BaseException) -> ServerError:
         return exc
     if isinstance(exc, ContextOverflow):
         return ContextTooLong(str(exc), param="messages")
+    if isinstance(exc, CacheOverflow):            # refused before any write: the request's length
+        return ContextTooLong(f"context too long: {exc}")
     if isinstance(exc, (RequestError, PackError, SnapshotError)):
         return InvalidRequest(str(exc), param=getattr(exc, "param", None))
     if isinstance(exc, RecursionError):

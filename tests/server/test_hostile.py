@@ -112,6 +112,29 @@ def test_non_finite_logits_fail_one_request_while_another_streams_on(tiny):
         assert metric(srv, 'muser_request_failures_total{stage="first_token"}') == 1
 
 
+def test_a_failure_mid_stream_ends_that_stream_with_an_error_event_only(tiny, monkeypatch):
+    import muser.server.sampler as sampler
+    real, calls = sampler.sample, []
+
+    def flaky(logits, params, gen):
+        calls.append(1)
+        if len(calls) == 4:
+            raise ValueError("one bad draw")
+        return real(logits, params, gen)
+    with serve(tiny, model_id="tiny", slots=1) as srv:
+        srv.state.scheduler.eos = set()
+        monkeypatch.setattr(sampler, "sample", flaky)
+        r = srv.http().post("/v1/chat/completions", json={"model": "tiny", "messages": CHAT,
+                                                          "max_tokens": 10, "stream": True})
+        events = [x[6:] for x in r.text.splitlines() if x.startswith("data: ")]
+        assert r.status_code == 200 and events[-1] == "[DONE]"
+        assert "server stays healthy" in json.loads(events[-2])["error"]["message"]
+        monkeypatch.undo()
+        assert srv.http().get("/health").status_code == 200
+        ok = srv.client().chat.completions.create(model="tiny", messages=CHAT, max_tokens=3)
+        assert ok.usage.completion_tokens == 3
+
+
 def test_a_genuine_engine_fault_still_latches_the_pool(tiny):
     with serve(tiny, model_id="tiny", slots=1, output_reserve=32) as srv:
         def fail(*a, **k):
