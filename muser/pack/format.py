@@ -118,46 +118,47 @@ def _buffers(snap: SessionSnapshot) -> list:
     return bufs
 
 
-def _head(snap: SessionSnapshot, digests: list[str], key) -> bytes:
+def _head(snap: SessionSnapshot, digests: list[str], key, extra=None) -> bytes:
     """Length prefix + header.  Its length does not depend on the digests (fixed-width hex)."""
-    manifest = mf.build(snap, list(zip(digests[0::2], digests[1::2])))
+    manifest = mf.build(snap, list(zip(digests[0::2], digests[1::2])), extra)
     mf.validate(manifest)           # never write what we would refuse to read
     header = _header(manifest, mf.seal(mf.canonical(manifest), key))
     return struct.pack("<Q", len(header)) + header
 
 
-def _write(snap: SessionSnapshot, key, f) -> None:
+def _write(snap: SessionSnapshot, key, f, extra=None) -> None:
     """Write the pack to seekable `f`: the data first (hashed on a pool while it is written),
     then the header into the space reserved for it."""
     bufs = _buffers(snap)
-    reserved = len(_head(snap, ["0" * 64] * len(bufs), key))
+    reserved = len(_head(snap, ["0" * 64] * len(bufs), key, extra))
     f.seek(reserved)
     with ThreadPoolExecutor(_WORKERS) as pool:
         futures = [pool.submit(_sha, b) for b in bufs]
         for b in bufs:
             f.write(memoryview(b))
-        head = _head(snap, [fu.result() for fu in futures], key)
+        head = _head(snap, [fu.result() for fu in futures], key, extra)
     if len(head) != reserved:
         raise PackError(f"header length expected {reserved} bytes, found {len(head)} (writer bug)")
     f.seek(0)
     f.write(head)
 
 
-def pack_to_bytes(snap: SessionSnapshot, key=None) -> bytes:
+def pack_to_bytes(snap: SessionSnapshot, key=None, extra: dict | None = None) -> bytes:
     f = io.BytesIO()
-    _write(snap, key, f)
+    _write(snap, key, f, extra)
     return f.getvalue()
 
 
-def save_pack(snap: SessionSnapshot, path, key=None) -> None:
-    """Write `snap` to `path` atomically and durably (see the module docstring)."""
+def save_pack(snap: SessionSnapshot, path, key=None, extra: dict | None = None) -> None:
+    """Write `snap` to `path` atomically and durably (see the module docstring).  `extra`:
+    optional top-level manifest fields (a minor-version addition; readers ignore them)."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     name = os.path.basename(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.{os.getpid()}.", suffix=".tmp", dir=directory)
     try:
         with open(fd, "wb") as f:
-            _write(snap, key, f)
+            _write(snap, key, f, extra)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -266,7 +267,7 @@ def _read_tensors(f, manifest: dict) -> list[torch.Tensor]:
     return [b.view(dtype).reshape(p["shape"]) for b, (p, _) in zip(bufs, specs)]
 
 
-def _decode(f, size: int, key, expect_model, expect_encoding) -> tuple[SessionSnapshot, str]:
+def _decode(f, size: int, key, expect_model, expect_encoding) -> tuple[SessionSnapshot, str, dict]:
     manifest, state, _, _ = _read_header(f, size, key)
     tensors = _read_tensors(f, manifest)
     planes = tuple(PlaneCut(p["layer"], p["kind"], p["window"], p["start"], p["count"], k, v)
@@ -278,8 +279,8 @@ def _decode(f, size: int, key, expect_model, expect_encoding) -> tuple[SessionSn
         check_model(snap, expect_model)
     if expect_encoding is not None and snap.encoding != expect_encoding:
         raise PackEncodingMismatch(str(expect_encoding), str(snap.encoding))
-    log.info("loaded session pack at position %d: %s", snap.position, state)
-    return snap, state
+    log.debug("loaded session pack at position %d: %s", snap.position, state)
+    return snap, state, manifest
 
 
 def _open(source):
@@ -294,7 +295,17 @@ def verify(source, key=None, expect_model: dict | None = None,
     """Full check of a pack (path or bytes): (snapshot, authentication state in words)."""
     f, size = _open(source)
     with f:
-        return _decode(f, size, key, expect_model, expect_encoding)
+        return _decode(f, size, key, expect_model, expect_encoding)[:2]
+
+
+def load_with_manifest(path, key=None, expect_model: dict | None = None,
+                       expect_encoding: Encoding | None = None) -> tuple[SessionSnapshot, dict]:
+    """Every check of `verify`; returns the snapshot and the manifest it was read with (so a
+    reader of optional fields sees exactly the authenticated ones)."""
+    f, size = _open(path)
+    with f:
+        snap, _, manifest = _decode(f, size, key, expect_model, expect_encoding)
+    return snap, manifest
 
 
 def load_pack(path, key=None, expect_model: dict | None = None,

@@ -56,8 +56,11 @@ def canonical(obj) -> bytes:
                       allow_nan=False).encode("ascii")
 
 
-def build(snap, digests: list[tuple[str, str]]) -> dict:
-    """The manifest of `snap`; digests[i] = (keys sha256, values sha256) of plane i."""
+def build(snap, digests: list[tuple[str, str]], extra: dict | None = None) -> dict:
+    """The manifest of `snap`; digests[i] = (keys sha256, values sha256) of plane i.
+
+    `extra`: optional top-level fields a minor version may add (e.g. the cut store's
+    `store` record); they may not replace a 1.0 field."""
     planes, offset = [], 0
     dtype = snap.encoding.dtype
     for cut, (dk, dv) in zip(snap.planes, digests):
@@ -69,9 +72,15 @@ def build(snap, digests: list[tuple[str, str]]) -> dict:
             entry[name] = dict(offset=offset, length=length, sha256=digest)
             offset += length
         planes.append(entry)
-    return dict(format=FORMAT, version=f"{VERSION[0]}.{VERSION[1]}", model=json.loads(json.dumps(snap.model)),
-                encoding=dict(family=snap.encoding.family, dtype=dtype), position=int(snap.position),
-                tokens=[int(t) for t in snap.tokens], planes=planes)
+    manifest = dict(format=FORMAT, version=f"{VERSION[0]}.{VERSION[1]}",
+                    model=json.loads(json.dumps(snap.model)),
+                    encoding=dict(family=snap.encoding.family, dtype=dtype), position=int(snap.position),
+                    tokens=[int(t) for t in snap.tokens], planes=planes)
+    for name, value in (extra or {}).items():
+        if name in manifest:
+            raise PackIntegrityError(f"extra manifest field expected a new name, found {name!r} (a 1.0 field)")
+        manifest[name] = json.loads(json.dumps(value))
+    return manifest
 
 
 # ---------------------------------------------------------------------------- seal
