@@ -18,6 +18,7 @@ Threads: any.  `put` and `install` copy tensors under the lock (a few ms for a 2
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -150,20 +151,25 @@ class CutStore:
             payload = read_cut(session, k * B)
             cut = Cut(key, hashes[k], p, tuple(ids[k * B:]), tuple(blocks), nbytes(payload))
             new = sum(b.nbytes for b in blocks if b.rows is None) + cut.nbytes
-            self.index.add_cut(cut)
-            cut.pins += 1
-            self.index.ram_in(cut, payload, rows)
-            self.index.evict("ram")
-            cut.pins -= 1
             writing = self.writer is not None and not self.degraded
-            if writing:
+            fits = new <= self.index.budget["ram"]
+            if not fits and not writing:
+                self.counts["puts_rejected"] += 1       # would evict everything and still not fit
+                return None
+            self.index.add_cut(cut)
+            if fits:
+                cut.pins += 1
+                self.index.ram_in(cut, payload, rows)
+                self.index.evict("ram")
+                cut.pins -= 1
+            if writing:                                 # disk only, when over the RAM budget
                 self.index.write_started(cut)
                 self.writer.enqueue(cut, payload, [None if b.on_disk else r for b, r in zip(blocks, rows)])
-            if self.index.over("ram"):             # the cut alone is over the budget
+            if self.index.over("ram"):                  # pinned cuts left no room
                 self.index.ram_out(cut)
-                if not writing:
-                    self.counts["puts_rejected"] += 1
-                    return None
+            if not self.index.usable(cut) and not writing:
+                self.counts["puts_rejected"] += 1
+                return None
             self.counts["put_bytes"] += new
             return self._hit(cut, ids)
 
@@ -273,6 +279,31 @@ class CutStore:
             return self.install(session, hit)
         except StoreMiss:
             return 0
+
+    # ------------------------------------------------------------------ holding
+    def pin(self, hit: Hit) -> None:
+        """Hold `hit`'s cut: nothing it needs is evicted from any tier until `unpin`."""
+        with self.lock:
+            if self.index.cuts.get(hit.cut.key) is not hit.cut:
+                raise StoreMiss(f"the cut at position {hit.position} is no longer stored")
+            hit.cut.pins += 1
+
+    def unpin(self, hit: Hit) -> None:
+        with self.lock:
+            if hit.cut.pins <= 0:
+                raise StoreError(f"the cut at position {hit.position} is not pinned")
+            hit.cut.pins -= 1
+            self.index.evict("ram")
+            self.index.evict("disk")
+
+    @contextlib.contextmanager
+    def hold(self, hit: Hit):
+        """`with store.hold(hit): ...` -- pinned for the block (see `pin`)."""
+        self.pin(hit)
+        try:
+            yield hit
+        finally:
+            self.unpin(hit)
 
     # ------------------------------------------------------------------ housekeeping
     def evict(self, nbytes: int | None = None, tier: str = "ram") -> int:
