@@ -26,6 +26,10 @@ class ServerConfig:
     pack_key: bytes | None = None           # HMAC key for session packs
     max_body_bytes: int = 8 << 20
     batch_decode: bool = True               # one engine.decode_batch step for all active slots
+    prefix_cache_bytes: int | None = None   # RAM tier of the cut store; None -> a tenth of RAM; 0 = off
+    prefix_cache_dir: str | None = None     # disk tier (session packs, sealed with pack_key)
+    prefix_cache_disk_bytes: int | None = None   # disk tier budget; None -> bounded by the disk
+    prefix_cache_block: int = 64            # tokens per shared block (and the rounding of cuts)
 
     def __post_init__(self):
         if not 1 <= self.slots <= 256:
@@ -42,6 +46,13 @@ class ServerConfig:
             raise ValueError("queue_size must be >= 0 and queue_timeout > 0")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in [1, 65535], got {self.port}")
+        if (self.prefix_cache_bytes is not None and self.prefix_cache_bytes < 0) or \
+                (self.prefix_cache_disk_bytes is not None and self.prefix_cache_disk_bytes < 0):
+            raise ValueError("prefix cache sizes must be >= 0 bytes")
+        if not 1 <= self.prefix_cache_block <= 4096:
+            raise ValueError(f"prefix cache block must be in [1, 4096] tokens, got {self.prefix_cache_block}")
+        if self.prefix_cache_dir is not None and self.prefix_cache_bytes == 0:
+            raise ValueError("--prefix-cache-dir needs the prefix cache on (a size above 0)")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must not be empty (leave it unset to disable auth)")
 

@@ -8,6 +8,10 @@ same) for each job still prefilling, then one decode step for all decoding
 slots (batched through `engine.decode_batch`) -- so neither a long prompt
 nor a long generation starves the others -- sampling, stop conditions, text
 deltas, cancellation, and latching the pool unhealthy when a model step fails.
+With a prefix cache (prefix.py) admission installs the longest stored prefix
+when it beats the slot's live tokens, and a prefill stops at each of the
+request's cut points (the chunk is split there) to record a cut; a shift's
+rebuild in staging neither installs nor records.
 Does not own: placement or the queue (slots.py), HTTP (app.py).
 
 Events a request's asyncio queue receives, in order:
@@ -66,8 +70,9 @@ class Job:
 
 class Scheduler:
     def __init__(self, engine, pool: SlotPool, metrics, max_context: int,
-                 batch_decode: bool = True, tokenizer=None):
+                 batch_decode: bool = True, tokenizer=None, prefix=None):
         self.engine, self.pool, self.metrics = engine, pool, metrics
+        self.prefix = prefix                   # server.prefix.PrefixCache, or None (off)
         self.tokenizer = tokenizer if tokenizer is not None else LockedTokenizer(engine.tokenizer)
         self.max_context = max_context
         self.batch_decode = batch_decode
@@ -187,12 +192,14 @@ class Scheduler:
         else:
             s = p.slot.session
             job.target = s
-            if p.reuse and s.tokens == p.prompt[:p.reuse]:
-                job.feed = list(p.prompt[p.reuse:])
+            live = p.reuse if p.reuse and s.tokens == p.prompt[:p.reuse] else 0
+            if self.prefix is not None:       # the longest stored prefix, if longer than live
+                p.reuse, p.stored = self.prefix.admit(s, p.prompt, live)
             else:
-                p.reuse = 0
-                s.reset()
-                job.feed = list(p.prompt)
+                p.reuse = live
+                if not live:
+                    s.reset()
+            job.feed = list(p.prompt[p.reuse:])
         self._active.append(job)
 
     def _prefill_round(self) -> None:
@@ -202,7 +209,11 @@ class Scheduler:
             if job.cancelled.is_set():
                 self._finish(job, "cancelled")
                 continue
-            piece, rest = job.feed[:chunk], job.feed[chunk:]
+            n = chunk
+            if self.prefix is not None and not job.holds_staging:   # stop at the next cut point
+                at = job.target.position
+                n = min([n] + [c - at for c in job.placement.cuts if c > at])
+            piece, rest = job.feed[:n], job.feed[n:]
             t0 = time.perf_counter()
             try:
                 logits = job.target.prefill(piece)
@@ -215,6 +226,9 @@ class Scheduler:
                 return self._fail_all(f"prefill on {where} raised {type(e).__name__}: {e}", e)
             job.prefill_time += time.perf_counter() - t0
             job.feed = rest
+            if self.prefix is not None and not job.holds_staging \
+                    and job.target.position in job.placement.cuts:
+                self.prefix.put(job.target, "cut point")
             if not rest:
                 self._prefilled(job, logits)
 
@@ -238,7 +252,8 @@ class Scheduler:
         job.text = TextStream(self.tokenizer, job.stops)
         job.generator = job.sampling.generator()
         job.emit("start", {"slot": p.slot.id, "context_epoch": p.slot.epoch, "shifted": job.shifted,
-                           "cached_tokens": p.reuse, "prompt_tokens": len(p.prompt),
+                           "cached_tokens": p.reuse, "stored_tokens": p.stored,
+                           "prompt_tokens": len(p.prompt),
                            "prefill_seconds": job.prefill_time})
         self._take(job, logits)
 
