@@ -19,6 +19,7 @@ HELP = {
     "context_shifts_total": ("counter", "context shifts (staging rebuilds published)"),
     "disconnects_total": ("counter", "generations stopped because the client left"),
     "model_failures_total": ("counter", "model steps that raised (each latches the pool)"),
+    "prefix_cache_waits_total": ("counter", "requests that waited for a peer's cut (single flight)"),
     "queue_wait_seconds": ("summary", "time a request waited for a slot"),
     "prefill_seconds": ("summary", "time of one admission prefill"),
     "decode_seconds": ("summary", "time of one decode round (all active slots)"),

@@ -117,6 +117,19 @@ class PrefixCache:
             session.reset()
         return 0, 0
 
+    def peer_cut(self, prompt: Sequence[int], have: int, peers) -> tuple | None:
+        """Single flight: (peer, position) of the furthest cut a job still prefilling will record
+        that is a prefix of `prompt`, at least a block past the `have` tokens this prompt can
+        already reuse; None when no peer would save that much.  `peers`: (job, its prompt, its
+        cut points, its session's position)."""
+        best = None
+        for peer, other, cuts, at in peers:
+            shared = min(_common(prompt, other), len(prompt) - 1)
+            for c in cuts:
+                if at < c <= shared and c - have >= self.block_size and (best is None or c > best[1]):
+                    best = (peer, c)
+        return best
+
     # ------------------------------------------------------------------ figures
     def stats(self) -> dict:
         return self.store.stats()

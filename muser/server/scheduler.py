@@ -11,7 +11,9 @@ deltas, cancellation, and latching the pool unhealthy when a model step fails.
 With a prefix cache (prefix.py) admission installs the longest stored prefix
 when it beats the slot's live tokens, and a prefill stops at each of the
 request's cut points (the chunk is split there) to record a cut; a shift's
-rebuild in staging neither installs nor records.
+rebuild in staging neither installs nor records.  Single flight: a request whose
+prompt shares a prefix with one still prefilling waits (without computing) until
+that one has recorded its cut, then installs it.
 Does not own: placement or the queue (slots.py), HTTP (app.py).
 
 Events a request's asyncio queue receives, in order:
@@ -57,6 +59,7 @@ class Job:
     feed: list[int] | None = None      # prompt ids still to prefill (None once decoding)
     holds_staging: bool = False
     prefill_time: float = 0.0
+    wait: Any = None                   # (peer job, position): single flight on a peer's cut
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -190,21 +193,54 @@ class Scheduler:
             job.target.reset()
             job.feed = list(p.prompt)
         else:
-            s = p.slot.session
-            job.target = s
-            live = p.reuse if p.reuse and s.tokens == p.prompt[:p.reuse] else 0
-            if self.prefix is not None:       # the longest stored prefix, if longer than live
-                p.reuse, p.stored = self.prefix.admit(s, p.prompt, live)
-            else:
-                p.reuse = live
-                if not live:
-                    s.reset()
-            job.feed = list(p.prompt[p.reuse:])
+            job.target = p.slot.session
+            if self.prefix is not None and self._wait_for_peer(job):
+                self._active.append(job)       # resumed by _resume_waiters
+                return
+            self._admit_slot(job)
         self._active.append(job)
+
+    def _admit_slot(self, job: Job) -> None:
+        p, s = job.placement, job.placement.slot.session
+        live = p.reuse if p.reuse and s.tokens == p.prompt[:p.reuse] else 0
+        if self.prefix is not None:           # the longest stored prefix, if longer than live
+            p.reuse, p.stored = self.prefix.admit(s, p.prompt, live)
+        else:
+            p.reuse = live
+            if not live:
+                s.reset()
+        job.feed = list(p.prompt[p.reuse:])
+
+    def _wait_for_peer(self, job: Job) -> bool:
+        """Single flight: a job still prefilling a prefix this prompt shares, up to a cut point
+        past what the slot or the store holds, is let finish that cut; this job installs it."""
+        p = job.placement
+        have = max(p.reuse if p.slot.session.tokens == p.prompt[:p.reuse] else 0,
+                   self.prefix.peek(p.prompt))
+        peers = [(k, k.placement.prompt, k.placement.cuts, k.target.position) for k in self._active
+                 if not k.done and k.feed is not None and not k.holds_staging and k.wait is None]
+        job.wait = self.prefix.peer_cut(p.prompt, have, peers)
+        if job.wait is not None:
+            self.metrics.inc("prefix_cache_waits_total")
+        return job.wait is not None
+
+    def _resume_waiters(self) -> None:
+        for job in self._active:
+            if job.wait is None or job.done:
+                continue
+            peer, at = job.wait
+            if peer.done or peer.feed is None or peer.target.position >= at:
+                job.wait = None
+                if job.cancelled.is_set():
+                    self._finish(job, "cancelled")
+                else:
+                    self._admit_slot(job)
 
     def _prefill_round(self) -> None:
         """One chunk for every job still prefilling (chunks aligned as one prefill call's)."""
         chunk = max(1, int(getattr(getattr(self.engine, "config", None), "chunk_size", 512) or 512))
+        if self.prefix is not None:
+            self._resume_waiters()
         for job in [j for j in self._active if not j.done and j.feed is not None]:
             if job.cancelled.is_set():
                 self._finish(job, "cancelled")

@@ -130,7 +130,7 @@ def test_metrics_and_the_read_only_endpoint(tiny):
         chat(off, ask("hello world!"))
         assert chat(off, ask("how are you?"))[1] == 0
         assert off.http().get("/v1/prefix_cache").json() == {"object": "prefix_cache", "enabled": False}
-        assert "prefix_cache" not in off.http().get("/metrics").text
+        assert "muser_prefix_cache_lookups_total" not in off.http().get("/metrics").text
 
 
 def test_the_disk_tier_serves_after_a_restart(tiny, tmp_path):
@@ -174,7 +174,15 @@ def test_bad_disk_files_are_refused_and_the_prompt_recomputed(tiny, tmp_path, da
         assert srv.http().get("/health").json()["status"] == "healthy"
 
 
-def test_identical_prefixes_arriving_together_are_each_correct(tiny):
+@pytest.fixture(scope="module")
+def tiny8():
+    """The tiny model prefilling in chunks of 8: a prompt takes many rounds (others arrive meanwhile)."""
+    from muser.testing import tiny_model
+    return tiny_model(chunk_size=8)
+
+
+def test_identical_prefixes_arriving_together_are_computed_once(tiny8):
+    tiny = tiny8
     questions = ["hello world!", "how are you?", "fine, thanks.", "the lazy dog"]
 
     async def burst(srv):
@@ -190,10 +198,15 @@ def test_identical_prefixes_arriving_together_are_each_correct(tiny):
     with serve(tiny, model_id="tiny", slots=4, output_reserve=32) as srv:
         results = asyncio.run(burst(srv))
         assert len({slot for _, _, slot in results}) == 4
+        ends = []
         for q, (text, cached, slot) in zip(questions, results):
             ids, cuts = server_cuts(tiny, ask(q))
-            assert cached in (0, chat_boundaries(render(tiny), ask(q), ids)[0])
+            ends.append(chat_boundaries(render(tiny), ask(q), ids)[0])
             assert text == greedy(tiny, ids, cached, cuts, 6, srv, slot), q
+        # single flight: one request computed the system prompt, the others waited and installed it
+        assert sorted(c for _, c, _ in results) == [0] + ends[:3]
+        assert srv.state.prefix.stats()["installs"] == 3
+        assert "muser_prefix_cache_waits_total 3" in srv.http().get("/metrics").text
 
 
 def test_the_embedded_model_reuses_a_shared_system_prompt(gemma):
