@@ -34,6 +34,10 @@ class ServerConfig:
     shift_keep: float = 0.7                 # a shift keeps at most this fraction of the budget
     prefill_share: float = 0.5              # worker time prefill may take while streams decode
     prefill_budget: int | None = None       # prompt tokens per prefill round (None: chunk_size)
+    prefix_cache_bytes: int | None = None   # RAM tier of the cut store; None -> a tenth of RAM; 0 = off
+    prefix_cache_dir: str | None = None     # disk tier (session packs, sealed with pack_key)
+    prefix_cache_disk_bytes: int | None = None   # disk tier budget; None -> bounded by the disk
+    prefix_cache_block: int = 64            # tokens per shared block (and the rounding of cuts)
 
     def __post_init__(self):
         if not 1 <= self.slots <= 256:
@@ -50,6 +54,13 @@ class ServerConfig:
             raise ValueError("queue_size must be >= 0 and queue_timeout > 0")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in [1, 65535], got {self.port}")
+        if (self.prefix_cache_bytes is not None and self.prefix_cache_bytes < 0) or \
+                (self.prefix_cache_disk_bytes is not None and self.prefix_cache_disk_bytes < 0):
+            raise ValueError("prefix cache sizes must be >= 0 bytes")
+        if not 1 <= self.prefix_cache_block <= 4096:
+            raise ValueError(f"prefix cache block must be in [1, 4096] tokens, got {self.prefix_cache_block}")
+        if self.prefix_cache_dir is not None and self.prefix_cache_bytes == 0:
+            raise ValueError("--prefix-cache-dir needs the prefix cache on (a size above 0)")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be empty (leave it unset to disable auth)")
         if self.pack_key is not None and not bytes(self.pack_key).strip():
