@@ -9,5 +9,6 @@ from .config import EngineConfig, LayerSpec, ModelSpec
 from .errors import *  # noqa: F401,F403  (every typed error is importable from muser)
 from .errors import __doc__ as _errors_doc  # noqa: F401
 from .engine import DEFAULT_MODEL, Engine, SamplingParams, Session, load, make_drafter
+from .store import CutStore
 
 __version__ = "0.1.0"

@@ -21,6 +21,10 @@ Hierarchy::
         PackModelMismatch       the pack's model fingerprint is not this model's
         PackEncodingMismatch    (also an EncodingMismatch)
         PackShapeError          (also a SnapshotShapeError)
+      StoreError                the cut store (muser.store) refused an operation
+        StoreMismatch           a session of another model / encoding / block size than the store's
+        StoreMiss               a hit that is no longer installable (evicted, or its file went bad)
+          StoreCorrupt          a disk-tier file refused (integrity, auth, foreign); it was removed
       ModelError
         ModelFormatError        unreadable / unsupported weights or config
         TokenizerUnavailable    a text API on a model loaded without tokenizer files
@@ -115,6 +119,27 @@ class PackEncodingMismatch(PackError, EncodingMismatch):
 class PackShapeError(PackError, SnapshotShapeError):
     def __init__(self, layer: int, field: str, expected, got):
         SnapshotShapeError.__init__(self, layer, field, expected, got)
+
+
+# --------------------------------------------------------------------------- cut store
+class StoreError(MuserError):
+    """The cut store refused an operation; nothing in the store or the session changed."""
+
+
+class StoreMismatch(StoreError):
+    """A session whose model, encoding or plane layout is not the store's."""
+
+
+class StoreMiss(StoreError):
+    """A hit that can no longer be installed (evicted since the lookup, or its file went bad)."""
+
+
+class StoreCorrupt(StoreMiss):
+    """A disk-tier file failed a check (integrity, HMAC, model, encoding, chain); it was removed."""
+
+    def __init__(self, path, reason: str):
+        self.path, self.reason = str(path), reason
+        super().__init__(f"cut store file {self.path} refused: {reason}")
 
 
 # --------------------------------------------------------------------------- model

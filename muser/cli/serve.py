@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-
 import os
+import re
 
 from ..env import read as read_env
 from ..errors import PackAuthError
@@ -55,9 +55,33 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--speculative", default=None, choices=["prompt-lookup"],
                    help="verify prompt-lookup drafts in blocks (greedy output unchanged)")
     p.add_argument("--spec-block", type=int, default=8, help="speculative block size (2..16)")
+    p.add_argument("--prefix-cache-size", type=parse_size, default=None, metavar="BYTES",
+                   help="RAM budget of the prefix cache (cut store), e.g. 512MiB or 2GB; "
+                        "0 turns it off (default: a tenth of physical memory, at most 8 GiB)")
+    p.add_argument("--prefix-cache-dir", default=None,
+                   help="disk tier of the prefix cache: session packs that survive a restart "
+                        "(sealed with --key-file when given)")
+    p.add_argument("--prefix-cache-disk-size", type=parse_size, default=None, metavar="BYTES",
+                   help="disk tier budget (default: bounded by the disk; a full disk degrades to RAM)")
+    p.add_argument("--prefix-cache-block", type=int, default=64,
+                   help="tokens per shared block of the prefix cache (default 64)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=cmd_serve)
     return p
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000 ** 2, "mb": 1000 ** 2,
+          "mib": 1 << 20, "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1000 ** 4,
+          "tb": 1000 ** 4, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'0', '65536', '64MiB', '1.5GB' -> bytes (argparse type)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"expected a size like 0, 65536, 512MiB or 2GB, got {text!r}")
+    return int(float(m.group(1)) * _UNITS[unit])
 
 
 def _api_key(args, env) -> str | None:
@@ -103,7 +127,9 @@ def config_from_args(args) -> ServerConfig:
         pack_key=_pack_key(args, env), batch_decode=not args.no_batch_decode, shift_keep=args.shift_keep,
         prefill_share=args.prefill_share, prefill_budget=args.prefill_budget,
         header_timeout=args.header_timeout, speculative=args.speculative,
-        spec_block=args.spec_block)
+        spec_block=args.spec_block,
+        prefix_cache_bytes=args.prefix_cache_size, prefix_cache_dir=args.prefix_cache_dir,
+        prefix_cache_disk_bytes=args.prefix_cache_disk_size, prefix_cache_block=args.prefix_cache_block)
 
 
 def cmd_serve(args) -> int:

@@ -85,6 +85,19 @@ class Engine:
             from ..pack.manifest import check_model
             check_model(snap, self.fingerprint)
 
+    @property
+    def store(self):
+        """This engine's cut store (muser.store.CutStore): created on first use with a RAM tier of
+        the default size; assign a configured `CutStore(engine, ...)` (or None) to replace it."""
+        if getattr(self, "_store", None) is None:
+            from ..store import CutStore
+            self._store = CutStore(self)
+        return self._store
+
+    @store.setter
+    def store(self, value) -> None:
+        self._store = value
+
     def restore(self, snap: SessionSnapshot, into: Session | None = None) -> Session:
         s = into if into is not None else self.new_session()
         s.install(snap)

@@ -269,7 +269,7 @@ def _read_tensors(f, manifest: dict) -> list[torch.Tensor]:
     return [b.view(dtype).reshape(p["shape"]) for b, (p, _) in zip(bufs, specs)]
 
 
-def _decode(f, size: int, key, expect_model, expect_encoding) -> tuple[SessionSnapshot, str, dict | None]:
+def _decode(f, size: int, key, expect_model, expect_encoding) -> tuple[SessionSnapshot, str, dict]:
     manifest, state, _, _ = _read_header(f, size, key)
     tensors = _read_tensors(f, manifest)
     planes = tuple(PlaneCut(p["layer"], p["kind"], p["window"], p["start"], p["count"], k, v)
@@ -281,8 +281,8 @@ def _decode(f, size: int, key, expect_model, expect_encoding) -> tuple[SessionSn
         check_model(snap, expect_model)
     if expect_encoding is not None and snap.encoding != expect_encoding:
         raise PackEncodingMismatch(str(expect_encoding), str(snap.encoding))
-    log.info("loaded session pack at position %d: %s", snap.position, state)
-    return snap, state, manifest.get("meta")
+    log.debug("loaded session pack at position %d: %s", snap.position, state)
+    return snap, state, manifest
 
 
 def _open(source):
@@ -301,7 +301,18 @@ def read_pack(source, key=None, expect_model: dict | None = None,
     words, the manifest's `meta` object or None)."""
     f, size = _open(source)
     with f:
-        return _decode(f, size, key, expect_model, expect_encoding)
+        snap, state, manifest = _decode(f, size, key, expect_model, expect_encoding)
+    return snap, state, manifest.get("meta")
+
+
+def load_with_manifest(path, key=None, expect_model: dict | None = None,
+                       expect_encoding: Encoding | None = None) -> tuple[SessionSnapshot, dict]:
+    """Every check of `verify`; returns the snapshot and the manifest it was read with (so a
+    reader of optional fields sees exactly the authenticated ones)."""
+    f, size = _open(path)
+    with f:
+        snap, _, manifest = _decode(f, size, key, expect_model, expect_encoding)
+    return snap, manifest
 
 
 def verify(source, key=None, expect_model: dict | None = None,

@@ -51,6 +51,8 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
             yield
         finally:
             state.scheduler.stop()
+            if state.prefix is not None:
+                state.prefix.store.close()         # finish queued disk-tier writes
 
     app = FastAPI(title="muser", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
@@ -206,6 +208,14 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
         return {"object": "list", "data": [
             {"id": s.id, "busy": s.busy, "position": len(s.tokens), "context_epoch": s.epoch}
             for s in state.pool.slots]}
+
+    @app.get("/v1/prefix_cache")
+    async def prefix_cache(request: Request):
+        """Read-only: the cut store's size per tier, budgets, counts and hit figures."""
+        state.check_auth(request)
+        if state.prefix is None:
+            return {"object": "prefix_cache", "enabled": False}
+        return {"object": "prefix_cache", "enabled": True, **state.prefix.stats()}
 
     return app
 

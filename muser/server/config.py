@@ -36,6 +36,10 @@ class ServerConfig:
     prefill_budget: int | None = None       # prompt tokens per prefill round (None: chunk_size)
     speculative: str | None = None          # "prompt-lookup": verify drafted blocks (speculation.py)
     spec_block: int = 8                     # tokens per verification block (1 + drafts), <= 16
+    prefix_cache_bytes: int | None = None   # RAM tier of the cut store; None -> a tenth of RAM; 0 = off
+    prefix_cache_dir: str | None = None     # disk tier (session packs, sealed with pack_key)
+    prefix_cache_disk_bytes: int | None = None   # disk tier budget; None -> bounded by the disk
+    prefix_cache_block: int = 64            # tokens per shared block (and the rounding of cuts)
 
     def __post_init__(self):
         if not 1 <= self.slots <= 256:
@@ -56,6 +60,13 @@ class ServerConfig:
             raise ValueError(f"speculative must be prompt-lookup or off, got {self.speculative!r}")
         if not 2 <= self.spec_block <= 16:
             raise ValueError(f"spec_block must be in [2, 16], got {self.spec_block}")
+        if (self.prefix_cache_bytes is not None and self.prefix_cache_bytes < 0) or \
+                (self.prefix_cache_disk_bytes is not None and self.prefix_cache_disk_bytes < 0):
+            raise ValueError("prefix cache sizes must be >= 0 bytes")
+        if not 1 <= self.prefix_cache_block <= 4096:
+            raise ValueError(f"prefix cache block must be in [1, 4096] tokens, got {self.prefix_cache_block}")
+        if self.prefix_cache_dir is not None and self.prefix_cache_bytes == 0:
+            raise ValueError("--prefix-cache-dir needs the prefix cache on (a size above 0)")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be empty (leave it unset to disable auth)")
         if self.pack_key is not None and not bytes(self.pack_key).strip():

@@ -12,16 +12,17 @@ from typing import Callable
 HELP = {
     "requests_total": ("counter", "HTTP requests by endpoint and status"),
     "prompt_tokens_total": ("counter", "prompt tokens of served requests"),
-    "cached_tokens_total": ("counter", "prompt tokens served from a live cache"),
+    "cached_tokens_total": ("counter", "prompt tokens served from a live cache or the prefix cache"),
     "prefill_tokens_total": ("counter", "prompt tokens actually prefilled"),
     "completion_tokens_total": ("counter", "tokens sampled"),
-    "cache_hits_total": ("counter", "requests that reused a slot's live cache"),
+    "cache_hits_total": ("counter", "requests that reused a live cache or a stored prefix"),
     "draft_tokens_total": ("counter", "speculative draft tokens verified"),
     "accepted_draft_tokens_total": ("counter", "speculative draft tokens accepted"),
     "context_shifts_total": ("counter", "context shifts (staging rebuilds published)"),
     "disconnects_total": ("counter", "requests whose client left (mid-upload, queued or streaming)"),
     "request_failures_total": ("counter", "requests failed alone (their own sampling / text), pool kept"),
     "model_failures_total": ("counter", "model steps that raised (each latches the pool)"),
+    "prefix_cache_waits_total": ("counter", "requests that waited for a peer's cut (single flight)"),
     "queue_wait_seconds": ("summary", "time a request waited for a slot"),
     "prefill_seconds": ("summary", "time of one admission prefill"),
     "decode_seconds": ("summary", "time of one decode round (all active slots)"),
@@ -43,6 +44,7 @@ class Metrics:
         self._counters: dict[tuple[str, str], float] = {}
         self._summaries: dict[str, list[float]] = {}
         self._gauges: dict[str, tuple[str, Callable[[], float]]] = {}
+        self._collectors: list[Callable[[str], list[str]]] = []
 
     def inc(self, name: str, value: float = 1.0, labels: dict | None = None) -> None:
         key = (name, _labels(labels))
@@ -57,6 +59,10 @@ class Metrics:
 
     def gauge(self, name: str, help_: str, read: Callable[[], float]) -> None:
         self._gauges[name] = (help_, read)
+
+    def collector(self, lines: Callable[[str], list[str]]) -> None:
+        """`lines(prefix)` -> ready exposition lines (HELP, TYPE, samples), read at scrape time."""
+        self._collectors.append(lines)
 
     def value(self, name: str, labels: dict | None = None) -> float:
         with self._lock:
@@ -88,4 +94,9 @@ class Metrics:
             except Exception:              # noqa: BLE001 -- a scrape never fails
                 continue
             lines += [f"# HELP {full} {help_}", f"# TYPE {full} gauge", f"{full} {v:g}"]
+        for collect in self._collectors:
+            try:
+                lines += collect(self.prefix)
+            except Exception:              # noqa: BLE001 -- a scrape never fails
+                continue
         return "\n".join(lines) + "\n"

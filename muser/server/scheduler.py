@@ -5,7 +5,8 @@ a cold prefill, or a shift's rebuild: prefill into staging, publish by swap,
 empty the old generation), the rounds -- prefill rounds and decode rounds --
 sampling, stop conditions, text deltas, cancellation, the line between a
 request's failure and the pool's, and latching the pool unhealthy when a model
-step fails.  Does not own: placement or the queue (slots.py), HTTP (app.py).
+step fails.  Does not own: placement or the queue (slots.py), HTTP (app.py), the
+prefix cache itself (prefix.py).
 
 Prefill and decode share the worker like this.  A prompt is prefilled in the
 engine's chunks (chunk_size, cut exactly as one prefill call would cut it, so the
@@ -19,6 +20,15 @@ seconds before the next prefill round.  So a near-max-context prompt slows
 running streams to about `share` of their speed (2x at the default 0.5)
 instead of stalling them for every chunk, and a short prompt admitted next
 to a long one is not queued behind all of it.
+
+With a prefix cache (prefix.py) admission installs the longest stored prefix
+when it beats the slot's live tokens, and a prefill chunk also stops at each of
+the request's cut points (the chunk is split there) to record a cut -- so the
+cache is then what prefill(prefix) + prefill(suffix) builds, the store's
+exactness contract; a shift's rebuild in staging neither installs nor records.
+Single flight: a request whose prompt shares a prefix with one still
+prefilling waits (without computing) until that one has recorded its cut, then
+installs it.
 
 Failure containment: a model step (prefill / decode) that raises latches the
 pool unhealthy -- the cache's state is in doubt.  Anything else that goes
@@ -76,6 +86,7 @@ class Job:
     prefill_time: float = 0.0
     prompt_row: Any = None             # last log-softmaxed prompt row (prompt logprobs)
     prompt_picks: list = field(default_factory=list)
+    wait: Any = None                   # (peer job, position): single flight on a peer's cut
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -90,8 +101,9 @@ class Job:
 class Scheduler:
     def __init__(self, engine, pool: SlotPool, metrics, max_context: int,
                  batch_decode: bool = True, tokenizer=None, prefill_budget: int | None = None,
-                 prefill_share: float = 0.5):
+                 prefill_share: float = 0.5, prefix=None):
         self.engine, self.pool, self.metrics = engine, pool, metrics
+        self.prefix = prefix                   # server.prefix.PrefixCache, or None (off)
         if tokenizer is None:
             from .text import SharedTokenizer
             tokenizer = SharedTokenizer(engine.tokenizer)
@@ -271,18 +283,59 @@ class Scheduler:
             job.target.reset()
             job.feed = list(p.prompt)
         else:
-            s = p.slot.session
-            job.target = s
-            if p.reuse and s.tokens == p.prompt[:p.reuse] and not job.decoding.prompt_logprobs:
-                job.feed = list(p.prompt[p.reuse:])
-            else:
+            job.target = p.slot.session
+            if job.decoding.prompt_logprobs:  # every prompt row's logits are wanted: no reuse
                 p.reuse = 0
-                s.reset()
+                p.slot.session.reset()
                 job.feed = list(p.prompt)
+            elif self.prefix is not None and self._wait_for_peer(job):
+                self._active.append(job)       # resumed by _resume_waiters
+                return
+            else:
+                self._admit_slot(job)
         self._active.append(job)
 
+    def _admit_slot(self, job: Job) -> None:
+        p, s = job.placement, job.placement.slot.session
+        live = p.reuse if p.reuse and s.tokens == p.prompt[:p.reuse] else 0
+        if self.prefix is not None:           # the longest stored prefix, if longer than live
+            p.reuse, p.stored = self.prefix.admit(s, p.prompt, live)
+        else:
+            p.reuse = live
+            if not live:
+                s.reset()
+        job.feed = list(p.prompt[p.reuse:])
+
+    def _wait_for_peer(self, job: Job) -> bool:
+        """Single flight: a job still prefilling a prefix this prompt shares, up to a cut point
+        past what the slot or the store holds, is let finish that cut; this job installs it."""
+        p = job.placement
+        have = max(p.reuse if p.slot.session.tokens == p.prompt[:p.reuse] else 0,
+                   self.prefix.peek(p.prompt))
+        peers = [(k, k.placement.prompt, k.placement.cuts, k.target.position) for k in self._active
+                 if not k.done and k.feed is not None and not k.holds_staging and k.wait is None]
+        job.wait = self.prefix.peer_cut(p.prompt, have, peers)
+        if job.wait is not None:
+            self.metrics.inc("prefix_cache_waits_total")
+        return job.wait is not None
+
+    def _resume_waiters(self) -> None:
+        for job in self._active:
+            if job.wait is None or job.done:
+                continue
+            peer, at = job.wait
+            if peer.done or peer.feed is None or peer.target.position >= at:
+                job.wait = None
+                if job.cancelled.is_set():
+                    self._finish(job, "cancelled")
+                else:
+                    self._admit_slot(job)
+
     def _prefill_round(self) -> float:
-        """Whole chunks, least-served job first, until the token budget is spent; seconds taken."""
+        """Whole chunks, least-served job first, until the token budget is spent; seconds taken.
+        With a prefix cache a chunk also ends at the job's next cut point (a cut is recorded there)."""
+        if self.prefix is not None:
+            self._resume_waiters()
         jobs = [j for j in self._active if not j.done and j.feed is not None]
         jobs.sort(key=lambda j: j.chunks_done)       # stable: arrival order among equals
         used, t_round = 0, self.clock()
@@ -290,8 +343,11 @@ class Scheduler:
             if job.cancelled.is_set():
                 self._finish(job, "cancelled")
                 continue
-            rows = PROMPT_LOGPROB_ROWS if job.decoding.prompt_logprobs else self.chunk
-            piece = job.feed[:rows]
+            n = PROMPT_LOGPROB_ROWS if job.decoding.prompt_logprobs else self.chunk
+            if self.prefix is not None and not job.holds_staging and not job.decoding.prompt_logprobs:
+                at = job.target.position      # stop at the next cut point
+                n = min([n] + [c - at for c in job.placement.cuts if c > at])
+            piece = job.feed[:n]
             if used and used + len(piece) > self.prefill_budget:
                 continue                              # next round
             used += len(piece)
@@ -312,6 +368,9 @@ class Scheduler:
             job.prefill_time += time.perf_counter() - t0
             job.chunks_done += 1
             job.feed = job.feed[len(piece):]
+            if self.prefix is not None and not job.holds_staging \
+                    and job.target.position in job.placement.cuts:
+                self.prefix.put(job.target, "cut point")
             if not job.feed:
                 try:
                     self._prefilled(job, logits)
@@ -337,7 +396,8 @@ class Scheduler:
         self.metrics.inc("prefill_tokens_total", len(p.prompt) - p.reuse)
         p.slot.replay = job.replay(p.slot.epoch) if job.replay else None
         job.emit("start", {"slot": p.slot.id, "context_epoch": p.slot.epoch, "shifted": job.shifted,
-                           "cached_tokens": p.reuse, "prompt_tokens": len(p.prompt),
+                           "cached_tokens": p.reuse, "stored_tokens": p.stored,
+                           "prompt_tokens": len(p.prompt),
                            "prefill_seconds": job.prefill_time})
         if job.decoding.prompt_logprobs:
             job.emit("prompt", job.prompt_picks)

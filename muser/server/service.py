@@ -35,6 +35,7 @@ from .policy import (Limits, RawReplay, ReplayPlan, match_lineage, plan_chat, pl
 from .responses import ClientWatch, Formatter, SSEResponse
 from .sampler import sampling_params
 from .scheduler import Job, Scheduler
+from .prefix import PrefixCache, chat_boundaries, cut_points
 from .slots import Candidate, Slot, SlotPool
 from .text import SharedTokenizer, base_model_note, chars_per_token_bound, turn_marker_ids
 from .transport import read_body
@@ -57,12 +58,16 @@ class ServerState:
         self.limits = Limits(self.max_context, config.effective_reserve(self.max_context),
                              config.context_policy, config.keep, config.shift_keep)
         self.metrics = Metrics()
+        self.prefix = make_prefix_cache(engine, config)
         self.pool = SlotPool([engine.new_session() for _ in range(config.slots)],
-                             engine.new_session(), config.queue_size, config.queue_timeout)
+                             engine.new_session(), config.queue_size, config.queue_timeout,
+                             peek=self.prefix.peek if self.prefix else None)
         self.scheduler = Scheduler(engine, self.pool, self.metrics, self.max_context,
                                    config.batch_decode, self.tokenizer,
                                    prefill_budget=config.prefill_budget,
-                                   prefill_share=config.prefill_share)
+                                   prefill_share=config.prefill_share, prefix=self.prefix)
+        if self.prefix is not None:
+            self.metrics.collector(self.prefix.metric_lines)
         if config.speculative:
             from .speculation import SpecStep
             self.scheduler.spec = SpecStep(config.spec_block)
@@ -157,7 +162,8 @@ class ServerState:
         count = lambda ms: len(render(ms))           # noqa: E731
         fresh = plan_chat(messages, count, self.limits)
         log.info("chat plan: %s", fresh.reason)
-        fresh_c = Candidate(render(fresh.messages()), fresh, fresh.shifted)
+        ids = render(fresh.messages())
+        fresh_c = Candidate(ids, fresh, fresh.shifted, cuts=self.chat_cuts(fresh, ids))
         by_start: dict[int, Candidate] = {}
 
         def candidate(slot: Slot) -> Candidate:
@@ -171,6 +177,19 @@ class ServerState:
                     return by_start[j]
             return fresh_c
         return candidate, fresh
+
+    def chat_cuts(self, plan, ids: list[int]) -> tuple:
+        """Prefix-cache cut points of a chat prompt that is prefilled in place (not shifted)."""
+        if self.prefix is None or plan.shifted:
+            return ()
+        render = lambda ms, gen: self.tokenizer.apply_chat_template(ms, add_generation_prompt=gen)  # noqa: E731
+        return cut_points(len(ids), chat_boundaries(render, list(plan.messages()), ids),
+                          self.prefix.block_size)
+
+    def raw_cuts(self, plan, n: int) -> tuple:
+        if self.prefix is None or plan.shifted:
+            return ()
+        return cut_points(n, (), self.prefix.block_size)
 
     def raw_candidates(self, prompt: str | list[int]) -> tuple[Callable[[Slot], Candidate], list[int]]:
         if isinstance(prompt, str):
@@ -188,7 +207,8 @@ class ServerState:
         pinned = 1 if self.bos is not None and tokens[0] == self.bos else 0
         fresh = plan_raw(len(tokens), self.limits, pinned)
         log.info("raw plan: %s", fresh.reason)
-        fresh_c = Candidate(fresh.apply(tokens), fresh, fresh.shifted)
+        kept = fresh.apply(tokens)
+        fresh_c = Candidate(kept, fresh, fresh.shifted, cuts=self.raw_cuts(fresh, len(kept)))
 
         def candidate(slot: Slot) -> Candidate:
             r = slot.replay
@@ -333,3 +353,14 @@ class ServerState:
         return acquire.result()
 
 
+def make_prefix_cache(engine, config: ServerConfig) -> PrefixCache | None:
+    """The server's cut store (muser.store) from --prefix-cache-*; None when the size is 0."""
+    if config.prefix_cache_bytes == 0:
+        return None
+    from ..store import CutStore
+    store = CutStore(engine, ram_bytes=config.prefix_cache_bytes, disk_dir=config.prefix_cache_dir,
+                     disk_bytes=config.prefix_cache_disk_bytes, key=config.pack_key,
+                     block_size=config.prefix_cache_block)
+    log.info("prefix cache: RAM %s bytes, disk %s, block %d tokens", store.index.budget["ram"],
+             config.prefix_cache_dir or "off", store.block_size)
+    return PrefixCache(store)

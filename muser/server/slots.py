@@ -1,8 +1,9 @@
 """The slot pool: N serving sessions, one hidden staging session, a bounded queue.
 
 Owns: which slot a request is placed in (the free slot whose live context the
-request's prompt extends the most, then the slot of its own shifted lineage,
-then the least recently used), the bounded FIFO of waiting requests with its
+request's prompt extends the most -- or, when the prefix cache holds a longer
+prefix, which any slot can install, the least recently used slot -- then the
+slot of its own shifted lineage, then the least recently used), the bounded FIFO of waiting requests with its
 wait limit, the health latch, each slot's context epoch and replay plan, and
 the staging session with its swap (publishing a rebuilt context is an
 exchange of two references: it cannot fail halfway).
@@ -46,6 +47,8 @@ class Placement:
     plan: Any = None                 # policy.ChatPlan | policy.RawPlan
     lineage: bool = False            # placed by the slot's shifted lineage
     queue_wait: float = 0.0
+    cuts: tuple = ()                 # positions where the prefill records a cut (prefix cache)
+    stored: int = 0                  # prompt tokens installed from the prefix cache (admission)
 
 
 def extension(slot_tokens: Sequence[int], prompt: Sequence[int]) -> int:
@@ -64,22 +67,29 @@ class Candidate:
     plan: Any
     shifted: bool                    # the plan dropped context
     lineage: bool = False            # built from this slot's replay plan
+    cuts: tuple = ()                 # prefix-cache cut points of `prompt`
 
 
-def choose(free: Sequence[Slot], candidate: Callable[[Slot], Candidate]) -> Placement:
-    """Most reuse first; then the slot holding the request's own lineage; then LRU."""
+def choose(free: Sequence[Slot], candidate: Callable[[Slot], Candidate],
+           peek: Callable[[list[int]], int] | None = None) -> Placement:
+    """Most reuse first -- a slot's live tokens, or the prefix cache's longest stored prefix
+    (`peek`), which any slot can install; then the slot holding the request's own lineage;
+    then LRU (so a stored prefix goes to the least recently used slot)."""
     if not free:
         raise ValueError("choose() needs at least one free slot")
     best, best_key = None, None
+    peeked: dict[int, int] = {}
     for slot in free:
         c = candidate(slot)
         reuse = extension(slot.tokens, c.prompt)
-        key = (reuse, c.lineage, -slot.last_used, -slot.id)
+        if peek is not None and not c.shifted and id(c.prompt) not in peeked:
+            peeked[id(c.prompt)] = peek(c.prompt)
+        key = (max(reuse, peeked.get(id(c.prompt), 0)), c.lineage, -slot.last_used, -slot.id)
         if best_key is None or key > best_key:
             best, best_key = (slot, c, reuse), key
     slot, c, reuse = best
     return Placement(slot, c.prompt, reuse, rebuild=(reuse == 0 and c.shifted), plan=c.plan,
-                     lineage=c.lineage)
+                     lineage=c.lineage, cuts=c.cuts)
 
 
 @dataclass(eq=False)
@@ -91,11 +101,12 @@ class _Waiter:
 
 class SlotPool:
     def __init__(self, sessions: Sequence[Any], staging: Any, max_queue: int = 64,
-                 queue_timeout: float = 60.0):
+                 queue_timeout: float = 60.0, peek: Callable[[list[int]], int] | None = None):
         if not sessions:
             raise ValueError("a slot pool needs at least one slot")
         self.slots = [Slot(i, s) for i, s in enumerate(sessions)]
         self.staging = staging                    # never serves a request
+        self.peek = peek                          # prefix cache: stored tokens for a prompt
         self.staging_lock = threading.Lock()
         self.max_queue = max_queue
         self.queue_timeout = queue_timeout
@@ -145,7 +156,7 @@ class SlotPool:
         return [s for s in self.slots if not s.busy]
 
     def _lease(self, candidate: Callable[[Slot], Candidate]) -> Placement:
-        p = choose(self._free(), candidate)
+        p = choose(self._free(), candidate, self.peek)
         p.slot.busy = True
         p.slot.last_used = next(self._clock)
         return p

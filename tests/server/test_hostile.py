@@ -113,8 +113,8 @@ def test_non_finite_logits_fail_one_request_while_another_streams_on(tiny):
 
 
 def test_a_failure_mid_stream_ends_that_stream_with_an_error_event_only(tiny, monkeypatch):
-    import muser.server.sampler as sampler
-    real, calls = sampler.sample, []
+    import muser.engine.picker as picker          # every token the scheduler takes is sampled here
+    real, calls = picker.sample, []
 
     def flaky(logits, params, gen):
         calls.append(1)
@@ -123,7 +123,7 @@ def test_a_failure_mid_stream_ends_that_stream_with_an_error_event_only(tiny, mo
         return real(logits, params, gen)
     with serve(tiny, model_id="tiny", slots=1) as srv:
         srv.state.scheduler.eos = set()
-        monkeypatch.setattr(sampler, "sample", flaky)
+        monkeypatch.setattr(picker, "sample", flaky)
         r = srv.http().post("/v1/chat/completions", json={"model": "tiny", "messages": CHAT,
                                                           "max_tokens": 10, "stream": True})
         events = [x[6:] for x in r.text.splitlines() if x.startswith("data: ")]
