@@ -17,7 +17,7 @@ Package map (each module's docstring says what it owns and what it doesn't):
   promtext.py   merging the replicas' Prometheus texts (per replica and summed)
   ingress.py    the ingress FastAPI app (forwarding, retries, /health, /metrics)
   deployments.py  the Ray Serve deployments and `serve_app(...)`
-  cli.py        `muser serve --replicas N` (flags, starting or joining Ray)
+(`muser serve --replicas N` -- flags, starting or joining Ray -- is muser/cli/replicas.py.)
 
 Importing this package imports neither Ray nor torch: `from muser.server.replicas import serve_app`
 loads Ray only when called.
