@@ -101,9 +101,8 @@ class ReplicaCore:
                 if msg.get("more_body", False):
                     yield ("body", body)
                     continue
-                if (status == 200 and fwd.generation and self.tier is not None
-                        and self.spec.tier.save == "turns"):
-                    await self._save_turn(tail, fwd.session)   # before the last piece leaves
+                if status == 200 and fwd.generation:
+                    await self._turn_end(tail, fwd.session)    # before the last piece leaves
                 yield ("body", body)
 
     # ------------------------------------------------------------------ tier
@@ -134,13 +133,18 @@ class ReplicaCore:
             if fwd.session is not None:
                 self._note_session(target, fwd.session)
 
-    async def _save_turn(self, tail: bytes, session: str | None) -> None:
+    async def _turn_end(self, tail: bytes, session: str | None) -> None:
+        """Note which session the slot now holds; with tier save "turns", save its cut."""
         slot_id = _slot_of(tail)
         if slot_id is None or not 0 <= slot_id < len(self.state.pool.slots):
             return
         slot = self.state.pool.slots[slot_id]
-        if await self._save(slot, session) and session is not None:
+        if slot.busy:
+            return                           # a newer request owns it already
+        if session is not None:
             self._note_session(slot, session)
+        if self.tier is not None and self.spec.tier.save == "turns":
+            await self._save(slot, session)
 
     async def _save(self, slot: Slot, session: str | None) -> bool:
         pool = self.state.pool

@@ -1,0 +1,208 @@
+"""The replica pieces without Ray: routing keys, the routing policy, merged metrics,
+the shared tier (a cut moves between replicas bitwise; a bad file is a miss) and the CLI's
+flag checks.  Replicas here are `ReplicaCore`s in this process over one tiny engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+
+from muser.server.replicas.keys import block_keys, extend_keys, matched_blocks, session_key
+from muser.server.replicas.promtext import merge
+from muser.server.replicas.routing import ReplicaView, rank
+
+
+# ---------------------------------------------------------------------- keys
+def test_block_keys_name_whole_prefixes():
+    a = list(range(100, 140))
+    b = a[:16] + [7] + a[17:]
+    ka, kb = block_keys(a, 8), block_keys(b, 8)
+    assert len(ka) == 5 and ka[:2] == kb[:2] and all(x != y for x, y in zip(ka[2:], kb[2:]))
+    assert block_keys(a[:7], 8) == [] and block_keys(a[:39], 8) == ka[:4]
+    assert extend_keys(ka[:2], a, 8) == ka and extend_keys([], a, 8) == ka
+    assert extend_keys(ka, a[:20], 8) == ka[:2]
+    held = set(block_keys(a[:24], 8)) | set(block_keys(b, 8))
+    assert matched_blocks(ka, held) == 3 and matched_blocks(kb, held) == 5
+    assert matched_blocks(ka, set()) == 0
+
+
+def test_session_keys_are_short_stable_hashes():
+    assert session_key("user-1") == session_key(" user-1 ") != session_key("user-2")
+    assert len(session_key("user-1")) == 16 and "user" not in session_key("user-1")
+    assert session_key(None) is None and session_key("  ") is None
+
+
+# ---------------------------------------------------------------------- routing policy
+def V(i, queue=0, sessions=(), keys=(), mine=False, depth=0):
+    return ReplicaView(i, queue, frozenset(sessions), frozenset(keys), mine, depth)
+
+
+REQ = block_keys(list(range(50, 90)), 8)          # 5 blocks
+CASES = [
+    # (views, session, keys, first group must be within, rule)
+    ([V("a", mine=True), V("b", keys=REQ)], "s", REQ, {"a"}, "session"),
+    ([V("a"), V("b", sessions={"s"})], "s", REQ, {"b"}, "session"),
+    ([V("a", queue=9, mine=True), V("b", keys=REQ[:2])], "s", REQ, {"b"}, "prefix"),
+    ([V("a", keys=REQ[:2]), V("b", keys=REQ[:3]), V("c")], None, REQ, {"b"}, "prefix"),
+    ([V("a", depth=4), V("b", keys=REQ[:3])], None, REQ, {"a"}, "prefix"),
+    ([V("a", queue=9, keys=REQ), V("b")], None, REQ, {"a", "b"}, "balance"),  # Ray takes b
+    ([V("a", keys=REQ), V("b", keys=REQ), V("c", keys=REQ), V("d")], None, REQ, {"a", "b", "c"},
+     "prefix"),
+    ([V("a"), V("b"), V("c")], "new", REQ, {"a", "b", "c"}, "balance"),
+]
+
+
+@pytest.mark.parametrize("views,session,keys,expect,why", CASES)
+def test_rank_prefers_session_then_longest_prefix_within_the_imbalance_bound(
+        views, session, keys, expect, why):
+    groups, rule = rank(views, session, keys, imbalance=4, rng=random.Random(0))
+    assert rule == why
+    assert set(groups[0]) <= expect and 1 <= len(groups[0]) <= 2   # power of two choices
+    assert {i for g in groups for i in g} == {v.id for v in views}  # nobody is unreachable
+    assert set(groups[-1]) == {v.id for v in views} or len(views) <= 2
+
+
+def test_two_choices_spread_new_requests():
+    views = [V(c) for c in "abcd"]
+    rng = random.Random(1)
+    firsts = [tuple(sorted(rank(views, None, [], 4, rng)[0][0])) for _ in range(200)]
+    assert len(set(firsts)) == 6                       # every pair of the 4 gets drawn
+    assert rank([], "s", REQ, 4, rng) == ([], "none")
+
+
+# ---------------------------------------------------------------------- metrics
+def test_merged_metrics_are_per_replica_and_summed():
+    t = ("# HELP muser_x_total things\n# TYPE muser_x_total counter\n"
+         'muser_x_total{status="200"} {v}\n# HELP muser_s time\n# TYPE muser_s summary\n'
+         "muser_s_sum {v}\nmuser_s_count 2\n")
+    out = merge({"r1": t.replace("{v}", "3"), "r2": t.replace("{v}", "4")}, "muser_ingress_y 1\n")
+    lines = out.splitlines()
+    assert lines.count("# HELP muser_x_total things") == 1
+    assert 'muser_x_total{status="200"} 7' in lines
+    assert 'muser_x_total{status="200",replica="r1"} 3' in lines
+    assert "muser_s_sum 7" in lines and "muser_s_count 4" in lines
+    assert 'muser_s_count{replica="r2"} 2' in lines and lines[-1] == "muser_ingress_y 1"
+
+
+# ---------------------------------------------------------------------- replicas in-process
+@pytest.fixture(scope="module")
+def engine():
+    from muser.server.replicas.settings import EngineOptions
+    from muser.testing import tiny_model_dir
+    return EngineOptions(str(tiny_model_dir())).load()        # CPU default: bf16 + int8
+
+
+def spec(tier_dir, save="turns"):
+    from muser.server.config import ServerConfig
+    from muser.server.replicas.settings import ReplicaSpec, RoutingConfig, TierConfig
+    return ReplicaSpec(server=ServerConfig(model_id="tiny", slots=2, output_reserve=32),
+                       routing=RoutingConfig(block_tokens=8),
+                       tier=TierConfig(dir=str(tier_dir), save=save))
+
+
+async def complete(core, prompt, max_tokens, session=None):
+    from muser.server.replicas.wire import Forwarded
+    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
+                       "temperature": 0}).encode()
+    fwd = Forwarded("POST", "/v1/completions", headers=((b"content-type", b"application/json"),),
+                    body=body, session=session_key(session), prompt=tuple(prompt),
+                    keys=tuple(block_keys(prompt, 8)))
+    items = [i async for i in core.handle(fwd)]
+    assert items[0] == ("accepted", core.name) and items[1][0] == "start"
+    return items[1][1], json.loads(b"".join(i[1] for i in items if i[0] == "body"))
+
+
+def run(coro_fn, *cores):
+    async def main():
+        for c in cores:
+            await c.start()
+        try:
+            return await coro_fn()
+        finally:
+            for c in cores:
+                await c.stop()
+    return asyncio.run(main())
+
+
+P1 = [2] + [10 + (5 * j) % 300 for j in range(30)]
+P2 = P1 + [41, 42, 43, 44, 45]
+
+
+@pytest.mark.parametrize("session", ["conv-1", None])
+def test_a_turn_end_cut_continues_bitwise_on_another_replica(engine, tmp_path, session):
+    from muser.server.replicas.core import ReplicaCore
+    a, b, solo = (ReplicaCore(engine, spec(tmp_path), n) for n in "AB") , None, None
+    a, b = list(a)
+    solo = ReplicaCore(engine, spec(tmp_path / "solo"), "solo")
+
+    async def go():
+        st, r1 = await complete(a, P1, 1, session)
+        assert st == 200 and r1["muser"]["replica"] == "A"
+        sub = "sessions" if session else "prefix"
+        assert list(a.tier.root.joinpath(sub).glob("*.pack"))
+        keys = a.routing_stats()["keys"]
+        assert set(block_keys(P1, 8)) <= set(keys)
+        if session:
+            assert a.routing_stats()["sessions"] == [session_key(session)]
+        st, r2 = await complete(b, P2, 8, session)           # A is gone; B reads the tier
+        assert st == 200 and r2["usage"]["prompt_tokens_details"]["cached_tokens"] == len(P1)
+        slot = b.state.pool.slots[r2["muser"]["slot"]].session
+        cold = engine.new_session()
+        cold.prefill(list(slot.tokens))
+        assert slot.snapshot().equal(cold.snapshot())        # the moved cache, bit for bit
+        await complete(solo, P1, 1)
+        st, ref = await complete(solo, P2, 8)                  # one uninterrupted server
+        assert ref["usage"]["prompt_tokens_details"]["cached_tokens"] == len(P1)
+        assert r2["choices"][0]["text"] == ref["choices"][0]["text"]
+    run(go, a, b, solo)
+
+
+def test_drain_saves_live_slots_for_the_next_replica(engine, tmp_path):
+    from muser.server.replicas.core import ReplicaCore
+    a = ReplicaCore(engine, spec(tmp_path, save="drain"), "A")
+    b = ReplicaCore(engine, spec(tmp_path, save="drain"), "B")
+
+    async def go():
+        await a.start()
+        await complete(a, P1, 1, "drained")
+        assert not list(a.tier.root.glob("*/*.pack"))        # "drain": nothing per turn
+        await a.stop()                                        # scale-down: save, then stop
+        assert len(list(a.tier.root.glob("sessions/*.pack"))) == 1
+        st, r2 = await complete(b, P2, 4, "drained")
+        assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == len(P1)
+    run(go, b)
+
+
+def test_a_corrupt_tier_file_is_refused_removed_and_recomputed(engine, tmp_path):
+    from muser.server.replicas.core import ReplicaCore
+    a, b = ReplicaCore(engine, spec(tmp_path), "A"), ReplicaCore(engine, spec(tmp_path), "B")
+
+    async def go():
+        await complete(a, P1, 1, "bad")
+        pack = next(a.tier.root.glob("sessions/*.pack"))
+        raw = bytearray(pack.read_bytes())
+        raw[-64] ^= 0xFF                                      # a flipped byte in the tensors
+        pack.write_bytes(bytes(raw))
+        st, r2 = await complete(b, P2, 4, "bad")
+        assert st == 200 and r2["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert "muser_tier_refused_total 1" in b.state.metrics.render()
+        from muser.cache import SessionSnapshot                # B's turn replaced the bad file
+        assert SessionSnapshot.load(pack).position > len(P1)
+    run(go, a, b)
+
+
+# ---------------------------------------------------------------------- CLI
+@pytest.mark.parametrize("argv,needle", [
+    (["--replicas", "0"], "--replicas must be >= 1"),
+    (["--replicas", "2", "--max-replicas", "1"], "--max-replicas (1) must be >= --replicas (2)"),
+    (["--ray-address", "auto"], "--ray-address only apply with --replicas N"),
+    (["--prefix-cache-dir", "/tmp/x"], "--prefix-cache-dir only apply with --replicas N"),
+])
+def test_replica_flags_fail_before_anything_starts(argv, needle, capsys):
+    pytest.importorskip("ray.serve")
+    from muser.cli import main
+    assert main(["serve", "--model", "nowhere", *argv]) == 2
+    assert needle in capsys.readouterr().err
