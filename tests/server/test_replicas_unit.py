@@ -206,3 +206,20 @@ def test_replica_flags_fail_before_anything_starts(argv, needle, capsys):
     from muser.cli import main
     assert main(["serve", "--model", "nowhere", *argv]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_serve_app_hands_replicas_autoscaling_and_resources_to_ray():
+    pytest.importorskip("ray.serve")
+    import muser
+    app = muser.serve_app("gemma3-270m", num_replicas=None, num_gpus=1, num_cpus=2,
+                          autoscaling_config={"min_replicas": 1, "max_replicas": 3})
+    # Ray's Application has no public accessor for its bound deployments.
+    engine = app._bound_deployment.init_args[0]._bound_deployment
+    cfg = engine._deployment_config
+    assert engine.name == "MuserEngine" and engine.ray_actor_options == {"num_cpus": 2, "num_gpus": 1}
+    assert cfg.autoscaling_config.max_replicas == 3
+    assert cfg.request_router_config.request_router_class == "muser.server.replicas.router.MuserRouter"
+    fixed = muser.serve_app("gemma3-270m", num_replicas=3)._bound_deployment.init_args[0]
+    assert fixed._bound_deployment.num_replicas == 3
+    with pytest.raises(ValueError, match="num_replicas must be None or 'auto'"):
+        muser.serve_app("gemma3-270m", num_replicas=2, autoscaling_config={"max_replicas": 3})
