@@ -8,6 +8,7 @@ whichever replica serves it, before and after a replica is killed.
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import pytest
@@ -176,6 +177,10 @@ def test_a_killed_replica_loses_no_conversation_and_hangs_no_request(fleet, refe
     for t in threads:
         t.start()
     assert first_chunk.wait(30)
+    deadline = time.time() + 30                       # both generations are on the victim
+    while not any(r["replica"] == victim and r["busy"] == 2 for r in fleet.replicas()):
+        assert time.time() < deadline, fleet.replicas()
+        time.sleep(0.05)
     fleet.kill(victim)
     for t in threads:
         t.join(90)
