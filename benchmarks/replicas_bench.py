@@ -153,6 +153,10 @@ def part_move(args) -> list[dict]:
     ids = engine.tokenizer.encode(text)[:need]
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     rows = []
+    warm = engine.new_session()                 # first-call costs (kernel builds) out of the rows
+    warm.prefill(ids[:600])
+    warm.snapshot()
+    del warm
     with tempfile.TemporaryDirectory(dir=args.tier_dir) as d:
         tier = PackDirTier(d, engine, block=64)
         for n in args.contexts:
