@@ -95,10 +95,11 @@ def engine():
     return EngineOptions(str(tiny_model_dir())).load()        # CPU default: bf16 + int8
 
 
-def spec(tier_dir, save="turns"):
+def spec(tier_dir, save="turns", **server):
     from muser.server.config import ServerConfig
     from muser.server.replicas.settings import ReplicaSpec, RoutingConfig, TierConfig
-    return ReplicaSpec(server=ServerConfig(model_id="tiny", slots=2, output_reserve=32),
+    server = {"slots": 2, "output_reserve": 32, **server}
+    return ReplicaSpec(server=ServerConfig(model_id="tiny", **server),
                        routing=RoutingConfig(block_tokens=8),
                        tier=TierConfig(dir=str(tier_dir), save=save))
 
@@ -113,6 +114,18 @@ async def complete(core, prompt, max_tokens, session=None):
     items = [i async for i in core.handle(fwd)]
     assert items[0] == ("accepted", core.name) and items[1][0] == "start"
     return items[1][1], json.loads(b"".join(i[1] for i in items if i[0] == "body"))
+
+
+async def chat(core, messages, max_tokens, session=None):
+    from muser.server.replicas.wire import Forwarded
+    ids = core.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    body = json.dumps({"model": "tiny", "messages": messages, "max_tokens": max_tokens,
+                       "temperature": 0}).encode()
+    fwd = Forwarded("POST", "/v1/chat/completions",
+                    headers=((b"content-type", b"application/json"),), body=body,
+                    session=session_key(session), prompt=tuple(ids), keys=tuple(block_keys(ids, 8)))
+    items = [i async for i in core.handle(fwd)]
+    return json.loads(b"".join(i[1] for i in items if i[0] == "body"))
 
 
 def run(coro_fn, *cores):
@@ -158,6 +171,24 @@ def test_a_turn_end_cut_continues_bitwise_on_another_replica(engine, tmp_path, s
         assert ref["usage"]["prompt_tokens_details"]["cached_tokens"] == len(P1)
         assert r2["choices"][0]["text"] == ref["choices"][0]["text"]
     run(go, a, b, solo)
+
+
+def test_a_shifted_conversation_keeps_its_lineage_on_another_replica(engine, tmp_path):
+    from test_server_shift import conversation
+
+    from muser.server.replicas.core import ReplicaCore
+    cfg = dict(slots=1, max_context=160, output_reserve=24)
+    a, b = (ReplicaCore(engine, spec(tmp_path, **cfg), n) for n in "AB")
+    msgs = conversation(8)
+
+    async def go():
+        r = await chat(a, msgs, 1, "long")
+        assert r["muser"]["shifted"] and r["muser"]["context_epoch"] == 1
+        nxt = msgs + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+        r2 = await chat(b, nxt, 1, "long")                     # B never saw this session
+        assert r2["muser"]["shifted"] is False and r2["muser"]["context_epoch"] == 1
+        assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == r["usage"]["prompt_tokens"]
+    run(go, a, b)
 
 
 def test_drain_saves_live_slots_for_the_next_replica(engine, tmp_path):

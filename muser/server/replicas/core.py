@@ -115,8 +115,13 @@ class ReplicaCore:
         live = {s.id: extension(s.tokens, prompt) for s in free}
         best_live = max(live.values())
         hit = await asyncio.to_thread(self.tier.find, fwd.session, prompt)
-        if hit is None or hit.position <= best_live:
+        if hit is None:
             return
+        if hit.kind == "lineage":            # a shifted session: unless it is live here already
+            if best_live or any(self._session_of(s) == fwd.session for s in pool.slots):
+                return
+        elif hit.position <= best_live:
+            return                           # a free slot holds at least as much live
         # The slot of the same conversation when one holds part of it, else the least recently used.
         target = max(free, key=lambda s: (live[s.id], -s.last_used, -s.id))
         if target.busy:

@@ -51,7 +51,7 @@ def model_dir_name(engine) -> str:
 class Hit:
     path: Path
     position: int
-    kind: str                      # "session" | "prefix"
+    kind: str                      # "session" | "prefix" | "lineage"
 
 
 class _Frozen:
@@ -91,20 +91,26 @@ class PackDirTier:
         return 0
 
     def find(self, session: str | None, prompt: Sequence[int]) -> Hit | None:
-        """The longest stored cut that `prompt` strictly extends (its session's first)."""
+        """The longest stored cut that `prompt` strictly extends (its session's first).
+
+        A session whose context the policy has shifted holds a retained context that the
+        fresh prompt does not extend; its cut comes back as a "lineage" hit (position 0 in
+        the comparison): installed, it lets the server's own lineage match continue it."""
         best: Hit | None = None
         if session is not None:
             path = self.root / "sessions" / f"{session}.pack"
             p = self._fits(path, prompt)
             if p:
                 best = Hit(path, p, "session")
+            elif (self._index(path) or {}).get("shifted") and path.is_file():
+                best = Hit(path, 0, "lineage")
         keys = block_keys(prompt, self.block)
         by_block: dict[str, list[Path]] = {}
         for e in os.scandir(self.root / "prefix"):
             if e.name.endswith(".pack"):
                 by_block.setdefault(e.name[:16], []).append(Path(e.path))
         for i in range(len(keys) - 1, -1, -1):
-            if best is not None and best.position >= (i + 2) * self.block:
+            if best is not None and best.position >= (i + 2) * self.block > 0:
                 break                  # no cut ending in an earlier block can beat it
             hits = [(self._fits(f, prompt), f) for f in by_block.get(f"{keys[i]:016x}", ())]
             hits = [(p, f) for p, f in hits if p]
@@ -116,7 +122,7 @@ class PackDirTier:
         return best
 
     def load(self, hit: Hit, engine, slot: Slot) -> int:
-        """Install `hit` into `slot` (leased by the caller); its position, or 0 if refused."""
+        """Install `hit` into `slot` (leased by the caller); the installed position, 0 if refused."""
         try:
             restore_slot(engine, slot, hit.path, self.key)
         except Exception as e:            # noqa: BLE001 -- a bad file is a miss, never a 500
@@ -130,9 +136,10 @@ class PackDirTier:
             if bad:
                 self._remove(hit.path)
             return 0
+        position = slot.session.position
         self._count("tier_loads_total")
-        self._count("tier_loaded_tokens_total", hit.position)
-        return hit.position
+        self._count("tier_loaded_tokens_total", position)
+        return position
 
     # ------------------------------------------------------------------ save
     def save(self, session: str | None, slot_id: int, snap, epoch: int, replay: Any) -> Path | None:
@@ -147,7 +154,8 @@ class PackDirTier:
             path = self.root / "prefix" / f"{keys[-1]:016x}-{tokens_digest(tokens)[:16]}.pack"
         detached = Slot(slot_id, _Frozen(snap), epoch=epoch, replay=replay)
         save_slot(detached, path, self.key)
-        idx = {"position": snap.position, "tokens_sha256": tokens_digest(tokens)}
+        idx = {"position": snap.position, "tokens_sha256": tokens_digest(tokens),
+               "shifted": replay is not None}
         tmp = path.with_name(path.name + ".idx.tmp")
         tmp.write_text(json.dumps(idx))
         os.replace(tmp, path.with_name(path.name + ".idx.json"))
