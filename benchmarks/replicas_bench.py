@@ -151,6 +151,9 @@ def part_move(args) -> list[dict]:
     text = ("A hybrid cache keeps sliding windows in rings and full history in growing planes. "
             * (need // 8))
     ids = engine.tokenizer.encode(text)[:need]
+    contexts = [n for n in args.contexts if n < min(engine.max_context, len(ids))]
+    for n in sorted(set(args.contexts) - set(contexts)):
+        print(f"skipping context {n}: the model's context is {engine.max_context}", flush=True)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     rows = []
     warm = engine.new_session()                 # first-call costs (kernel builds) out of the rows
@@ -159,7 +162,7 @@ def part_move(args) -> list[dict]:
     del warm
     with tempfile.TemporaryDirectory(dir=args.tier_dir) as d:
         tier = PackDirTier(d, engine, block=64)
-        for n in args.contexts:
+        for n in contexts:
             src = Slot(0, engine.new_session())
             sync()
             t0 = time.perf_counter()
