@@ -111,10 +111,10 @@ def part_load(args) -> list[dict]:
     ray.init(num_cpus=max(cores, max(args.replicas) + 1), num_gpus=gpus, include_dashboard=False,
              object_store_memory=256 << 20, log_to_driver=False, configure_logging=False)
     port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     base = f"http://127.0.0.1:{port}"
     rows = []
     try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
         for n in args.replicas:
             threads = args.threads or (max(1, cores // n) if not args.num_gpus else None)
             app = serve_app(engine=EngineOptions(args.model, device=args.device, dtype=args.dtype,
