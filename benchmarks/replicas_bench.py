@@ -96,6 +96,42 @@ async def drive(base: str, model: str, args) -> dict:
             "ttft_p95_s": ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))]}
 
 
+def part_single(args) -> dict:
+    """The same load on one plain `muser serve` process (no Ray): the baseline."""
+    import subprocess
+
+    import httpx
+    port = free_port()
+    cmd = [sys.executable, "-m", "muser.cli", "serve", "--model", args.model, "--device",
+           args.device, "--port", str(port), "--slots", str(args.slots), "--served-name", "bench",
+           "--queue-size", "1024", "--queue-timeout", "3600", "--log-level", "warning"]
+    for flag, v in (("--dtype", args.dtype), ("--quant", args.quant),
+                    ("--max-context", args.max_context)):
+        if v is not None:
+            cmd += [flag, str(v)]
+    proc = subprocess.Popen(cmd)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        t0 = time.perf_counter()
+        while True:
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.perf_counter() - t0 > 600:
+                raise SystemExit("the single server did not start")
+            time.sleep(0.5)
+        r = asyncio.run(drive(base, "bench", args))
+        r.update(replicas="single", threads_per_replica=os.cpu_count(), gpus_per_replica=0,
+                 ready_s=time.perf_counter() - t0, slots=args.slots)
+        print(json.dumps(r), flush=True)
+        return r
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def part_load(args) -> list[dict]:
     import ray
     from ray import serve
@@ -128,7 +164,7 @@ def part_load(args) -> list[dict]:
             ready = time.perf_counter() - t0
             r = asyncio.run(drive(base, "bench", args))
             r.update(replicas=n, threads_per_replica=threads, gpus_per_replica=args.num_gpus,
-                     ready_s=ready)
+                     ready_s=ready, slots=args.slots)
             rows.append(r)
             print(json.dumps(r), flush=True)
             serve.delete("bench")
@@ -198,9 +234,9 @@ def table(load: list[dict], move: list[dict], args) -> str:
         base = load[0]["tok_s"]
         out += [f"replicas on {args.device} ({os.cpu_count()} cores, {args.model}): "
                 f"{args.clients} clients, {args.requests} requests x {args.max_tokens} tokens",
-                "| replicas | threads/replica | GPUs/replica | agg tok/s | vs first | TTFT median | TTFT p95 |",
-                "|---|---|---|---|---|---|---|"]
-        out += [f"| {r['replicas']} | {r['threads_per_replica'] or '-'} | {r['gpus_per_replica'] or '-'} "
+                "| replicas | slots/replica | threads/replica | GPUs/replica | agg tok/s | vs first | TTFT median | TTFT p95 |",
+                "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {r['replicas']} | {r['slots']} | {r['threads_per_replica'] or '-'} | {r['gpus_per_replica'] or '-'} "
                 f"| {r['tok_s']:.1f} | {r['tok_s'] / base:.2f}x | {r['ttft_median_s']:.2f} s "
                 f"| {r['ttft_p95_s']:.2f} s |" for r in load]
     if move:
@@ -232,9 +268,13 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--contexts", type=int, nargs="+", default=[2048, 8192, 32000])
     ap.add_argument("--tier-dir", default=None, help="where the move part writes (default: tmp)")
+    ap.add_argument("--single", action="store_true",
+                    help="part load: also run the plain single-process server first (baseline)")
     ap.add_argument("--json", default=None, help="write all rows here")
     args = ap.parse_args()
-    load = part_load(args) if args.part in ("load", "both") else []
+    load = []
+    if args.part in ("load", "both"):
+        load = ([part_single(args)] if args.single else []) + part_load(args)
     move = part_move(args) if args.part in ("move", "both") else []
     print(table(load, move, args))
     if args.json:
