@@ -95,7 +95,7 @@ def start_fleet(model_dir: str, tier_dir: str, key: str, delay: float = 0.02) ->
     from muser.server.config import ServerConfig
     from muser.server.replicas import serve_app
     from muser.server.replicas.settings import EngineOptions, RoutingConfig, TierConfig
-    ray.init(num_cpus=4, object_store_memory=96 << 20, include_dashboard=False,
+    ray.init(num_cpus=2, object_store_memory=96 << 20, include_dashboard=False,
              log_to_driver=False, configure_logging=False)
     cloudpickle.register_pickle_by_value(sys.modules[__name__])   # workers cannot import tests/
     port = free_port()
