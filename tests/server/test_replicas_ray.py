@@ -7,6 +7,7 @@ whichever replica serves it, before and after a replica is killed.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -144,12 +145,15 @@ def test_a_killed_replica_loses_no_conversation_and_hangs_no_request(fleet, refe
                      {"role": "user", "content": "fine, thanks"}]
     r2 = chat(ref, turn2, 12)               # the uninterrupted conversation, on one server
     victim = replica_of(a1)
-    # Two long generations that share the survivor's first routing block: prefix routing
-    # sends them to the victim too.  Premise: at T=0 each runs all 150 tokens.
-    long_msgs = {k: [{"role": "user", "content": f"hello world how are you? tell me a story number {n}"}]
-                 for k, n in (("stream", 3), ("whole", 4))}
-    for m in long_msgs.values():
-        assert chat(ref, m, 150).usage.completion_tokens == 150
+    # Two long generations that share the survivor's first routing block, so prefix routing
+    # sends them to the victim too; picked (on the reference) among prompts whose greedy
+    # reply runs all 150 tokens, so both are provably still generating when it dies.
+    candidates = ([{"role": "user", "content": f"hello world how are you? tell me a story number {n}"}]
+                  for n in range(24))
+    runners = list(itertools.islice(
+        (m for m in candidates if chat(ref, m, 150).usage.completion_tokens == 150), 2))
+    assert len(runners) == 2, "no two prompts run 150 tokens on this engine"
+    long_msgs = dict(zip(("stream", "whole"), runners))
     retries_before = _counter(fleet, "muser_ingress_retries_total")
 
     first_chunk = threading.Event()
