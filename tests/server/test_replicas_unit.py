@@ -220,8 +220,8 @@ def test_a_corrupt_tier_file_is_refused_removed_and_recomputed(engine, tmp_path)
         st, r2 = await complete(b, P2, 4, "bad")
         assert st == 200 and r2["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         assert "muser_tier_refused_total 1" in b.state.metrics.render()
-        from muser.cache import SessionSnapshot                # B's turn replaced the bad file
-        assert SessionSnapshot.load(pack).position > len(P1)
+        from muser.pack import load_pack                        # B's turn replaced the bad file
+        assert load_pack(pack).position > len(P1)
     run(go, a, b)
 
 

@@ -7,7 +7,7 @@ so two models sharing a directory never see each other's cuts):
   prefix/<block key>-<digest>.pack  a cut of a session-less conversation, named by
                                     the key of its last full routing block
 Each pack is written with the server's own `persist.save_slot` (session-pack
-format, atomic and durable, HMAC with the pack key, a lineage sidecar) plus an
+format, atomic and durable, HMAC with the pack key, the slot's lineage sealed in) plus an
 index `<name>.idx.json` = {position, tokens_sha256}, so `find` can tell
 whether a cut is a strict prefix of a prompt without reading the pack.
 Loading is `persist.restore_slot` (integrity, model and shape gates before
