@@ -34,6 +34,8 @@ class ServerConfig:
     shift_keep: float = 0.7                 # a shift keeps at most this fraction of the budget
     prefill_share: float = 0.5              # worker time prefill may take while streams decode
     prefill_budget: int | None = None       # prompt tokens per prefill round (None: chunk_size)
+    replica: str | None = None              # names this server in each response's muser object
+                                            # (set per replica by muser.server.replicas)
 
     def __post_init__(self):
         if not 1 <= self.slots <= 256:
