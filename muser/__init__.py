@@ -12,3 +12,12 @@ from .engine import DEFAULT_MODEL, Engine, SamplingParams, Session, load, make_d
 from .store import CutStore
 
 __version__ = "0.1.0"
+
+
+def serve_app(*args, **kwargs):
+    """The OpenAI server as a Ray Serve application: engine replicas behind one endpoint.
+
+    `serve.run(muser.serve_app("gemma3-270m", num_replicas=2))` -- arguments in
+    muser.server.replicas.deployments.serve_app; docs/scale-out.md.  Needs `muser[ray]`."""
+    from .server.replicas import serve_app as build
+    return build(*args, **kwargs)

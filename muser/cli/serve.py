@@ -16,6 +16,7 @@ from ..errors import PackAuthError
 from ..pack.manifest import load_key
 from ..server.config import ServerConfig
 from .args import load_engine, model_args
+from .replicas import add_replica_flags, maybe_run_replicas
 
 
 def add_serve_command(subparsers) -> argparse.ArgumentParser:
@@ -66,6 +67,7 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--prefix-cache-block", type=int, default=64,
                    help="tokens per shared block of the prefix cache (default 64)")
     p.add_argument("--log-level", default="info")
+    add_replica_flags(p)
     p.set_defaults(func=cmd_serve)
     return p
 
@@ -139,6 +141,9 @@ def cmd_serve(args) -> int:
     from ..server.transport import uvicorn_config
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     config = config_from_args(args)            # validate flags before loading weights
+    rc = maybe_run_replicas(args, config)      # --replicas N: Ray Serve (docs/scale-out.md)
+    if rc is not None:
+        return rc
     engine = load_engine(args)
     app = create_app(engine, config)
     server = uvicorn.Server(uvicorn_config(app, config, host=config.host, port=config.port,

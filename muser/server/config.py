@@ -40,6 +40,8 @@ class ServerConfig:
     prefix_cache_dir: str | None = None     # disk tier (session packs, sealed with pack_key)
     prefix_cache_disk_bytes: int | None = None   # disk tier budget; None -> bounded by the disk
     prefix_cache_block: int = 64            # tokens per shared block (and the rounding of cuts)
+    replica: str | None = None              # names this server in each response's muser object
+                                            # (set per replica by muser.server.replicas)
 
     def __post_init__(self):
         if not 1 <= self.slots <= 256:

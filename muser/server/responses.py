@@ -90,6 +90,8 @@ class Formatter:
                "shifted": i.get("shifted", False)}
         if self.chat and self.state.base_model_note:
             ext["warning"] = self.state.base_model_note
+        if self.state.config.replica is not None:
+            ext["replica"] = self.state.config.replica
         if plan is not None:
             if hasattr(plan, "dropped_turns"):
                 ext["dropped_turns"] = plan.dropped_turns
