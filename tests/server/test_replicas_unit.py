@@ -230,7 +230,6 @@ def test_a_corrupt_tier_file_is_refused_removed_and_recomputed(engine, tmp_path)
     (["--replicas", "0"], "--replicas must be >= 1"),
     (["--replicas", "2", "--max-replicas", "1"], "--max-replicas (1) must be >= --replicas (2)"),
     (["--ray-address", "auto"], "--ray-address only apply with --replicas N"),
-    (["--prefix-cache-dir", "/tmp/x"], "--prefix-cache-dir only apply with --replicas N"),
 ])
 def test_replica_flags_fail_before_anything_starts(argv, needle, capsys):
     pytest.importorskip("ray.serve")
