@@ -9,8 +9,10 @@ environment once per entry point (`muser.load` / an `Engine`, a CLI command,
 the native-kernel loader) and pass the `Env` on; nothing below that reads
 `os.environ`.
 
-An empty variable counts as unset.  A renamed variable still set is refused
-rather than silently ignored (`RENAMED`).
+An empty variable counts as unset -- except the two keys (MUSER_PACK_KEY,
+MUSER_API_KEY), which keep exactly what was set, so that a command can refuse
+a blank key (`muser serve` does) instead of mistaking it for no key.  A renamed
+variable still set is refused rather than silently ignored (`RENAMED`).
 """
 from __future__ import annotations
 
@@ -64,8 +66,8 @@ RENAMED = {"MUSER_CACHE": "MUSER_CACHE_DIR"}
 class Env:
     cache_dir: Path = Path("~/.cache/muser").expanduser()
     native: bool = True
-    pack_key: str | None = None
-    api_key: str | None = None
+    pack_key: str | None = None                     # as set (may be blank); None: unset
+    api_key: str | None = None                      # as set (may be blank); None: unset
     rows: str = "fused"
     gemv: str = "dot"
     attn: str = "fused"
@@ -148,8 +150,8 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
         kw["cache_dir"] = Path(v).expanduser()
     if (v := get("MUSER_NATIVE")) is not None:
         kw["native"] = _bool("MUSER_NATIVE", v)
-    kw["pack_key"] = get("MUSER_PACK_KEY")
-    kw["api_key"] = get("MUSER_API_KEY")
+    kw["pack_key"] = e.get("MUSER_PACK_KEY")       # a blank key is the reader's to refuse
+    kw["api_key"] = e.get("MUSER_API_KEY")
     for name, field in (("MUSER_ROWS", "rows"), ("MUSER_GEMV", "gemv"), ("MUSER_ATTN", "attn")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)

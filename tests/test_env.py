@@ -37,7 +37,9 @@ def test_defaults_without_any_knob():
     ("MUSER_TEST_REF_DIR", "/tmp/ref", "test_ref_dir", Path("/tmp/ref")),
     ("MUSER_TEST_REFRESH", "1", "test_refresh", True),
     ("MUSER_TRITON_INTERPRET", "yes", "triton_interpret", True),
-    ("MUSER_PACK_KEY", "", "pack_key", None),          # empty == unset
+    ("MUSER_ROWS", "", "rows", "fused"),              # empty == unset
+    ("MUSER_PACK_KEY", "", "pack_key", ""),           # ... but a key is kept as set: blank is refusable
+    ("MUSER_API_KEY", " ", "api_key", " "),
 ])
 def test_each_knob_is_typed(name, value, field, want):
     assert getattr(env.read({name: value}), field) == want

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
 
 from ..env import read as read_env
@@ -87,15 +86,14 @@ def parse_size(text: str) -> int:
 
 
 def _api_key(args, env) -> str | None:
-    """--api-key, else MUSER_API_KEY; given but empty (an unset $KEY) is refused, never 'no auth'.
-    (muser.env reads an empty variable as unset, so the raw environment is asked about that.)"""
+    """--api-key, else MUSER_API_KEY; given but empty (an unset $KEY) is refused, never 'no auth'
+    (muser.env keeps a key variable exactly as set, blank included)."""
     if args.api_key is not None:
         if not args.api_key.strip():
             raise ValueError("--api-key is empty (was it an unset variable?): pass a key, or "
                              "leave the flag out to serve without authentication")
         return args.api_key
-    raw = os.environ.get("MUSER_API_KEY")
-    if raw is not None and not raw.strip():
+    if env.api_key is not None and not env.api_key.strip():
         raise ValueError("MUSER_API_KEY is set but empty: set a key, or unset it to serve "
                          "without authentication")
     return env.api_key
@@ -105,8 +103,7 @@ def _pack_key(args, env) -> bytes | None:
     """The pack key, read as `muser pack` reads it (one key file, one key: load_key); an empty or
     blank key -- file or MUSER_PACK_KEY -- is refused at start, not at the first save."""
     where = args.key_file or "MUSER_PACK_KEY"
-    if args.key_file is None and os.environ.get("MUSER_PACK_KEY", None) is not None \
-            and not os.environ["MUSER_PACK_KEY"].strip():
+    if args.key_file is None and env.pack_key is not None and not env.pack_key.strip():
         raise ValueError("MUSER_PACK_KEY is set but empty: set a key, or unset it for "
                          "unsigned packs")
     try:
