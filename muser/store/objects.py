@@ -122,7 +122,7 @@ class Cut:
 
 # ------------------------------------------------------------------------- rows out of planes
 def _cpu(t: torch.Tensor) -> torch.Tensor:
-    return t if t.device.type == "cpu" else t.cpu()
+    return t.cpu()                      # no copy when it is already there
 
 
 def _rows(plane, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
