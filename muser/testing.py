@@ -28,18 +28,37 @@ CHAT_TEMPLATE = (
 )
 
 
-def _write_tokenizer(path: Path, vocab: int) -> None:
+# gpt-oss's harmony format, compactly (system, developer instructions, turns, generation
+# prompt); the released template adds tools, dates and channel handling on the same frame.
+HARMONY_SPECIALS = ["<|start|>", "<|message|>", "<|end|>", "<|channel|>", "<|return|>", "<|call|>",
+                    "<|constrain|>", "<|endoftext|>"]
+HARMONY_TEMPLATE = (
+    "{{- '<|start|>system<|message|>You are a helpful assistant.\\nReasoning: ' + (reasoning_effort | "
+    "default('medium')) + '\\n\\n# Valid channels: analysis, commentary, final. Channel must be included "
+    "for every message.<|end|>' -}}"
+    "{%- set msgs = messages -%}"
+    "{%- if messages and messages[0]['role'] in ('system', 'developer') -%}"
+    "{{- '<|start|>developer<|message|># Instructions\\n\\n' + messages[0]['content'] + '<|end|>' -}}"
+    "{%- set msgs = messages[1:] -%}{%- endif -%}"
+    "{%- for m in msgs -%}{%- if m['role'] == 'assistant' -%}"
+    "{{- '<|start|>assistant<|channel|>final<|message|>' + m['content'] + '<|end|>' -}}"
+    "{%- else -%}{{- '<|start|>' + m['role'] + '<|message|>' + m['content'] + '<|end|>' -}}{%- endif -%}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}"
+)
+
+
+def _write_tokenizer(path: Path, vocab: int, harmony: bool = False) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS,
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS + (HARMONY_SPECIALS if harmony else []),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([CORPUS], trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
                                    pad_token="<pad>", unk_token="<unk>")
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = HARMONY_TEMPLATE if harmony else CHAT_TEMPLATE
     fast.save_pretrained(path)
 
 
@@ -68,18 +87,65 @@ def tiny_model_dir(arch: str = "gemma3", layers: int = 6, window: int = 4, vocab
     elif arch == "llama":
         common.pop("sliding_window")
         model = tr.LlamaForCausalLM(tr.LlamaConfig(**common))
+    elif arch in FAMILIES:
+        model = _family_model(tr, arch, common, layers, window, head_dim)
     else:
-        raise ValueError(f"arch must be gemma3, cohere2 or llama, got {arch!r}")
-    # Random init leaves some norms at exactly 0 / 1; perturb so parity tests see every weight.
+        raise ValueError(f"arch must be one of gemma3, cohere2, llama, {', '.join(FAMILIES)}; got {arch!r}")
+    # Random init leaves some norms at exactly 0 / 1 (and biases, sinks, scales at 0 / 1);
+    # perturb so parity tests see every weight.
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or "scale" in name:
                 p.add_(0.1 * torch.randn_like(p))
+            elif name.endswith("bias") or name.endswith("sinks"):
+                p.normal_(0, 0.3)
+        for layer in getattr(getattr(model, "model", None), "layers", []):
+            if hasattr(layer, "layer_scalar"):                 # Gemma 4: a buffer, not a parameter
+                layer.layer_scalar.fill_(0.8 + 0.4 * torch.rand(()).item())
     model.save_pretrained(path, safe_serialization=True)
     if tokenizer:
-        _write_tokenizer(path, vocab)
+        _write_tokenizer(path, vocab, harmony=arch == "gpt_oss")
     (path / "muser-tiny.json").write_text(json.dumps({"arch": arch, "seed": seed}))
     return path
+
+
+# The 2025-26 hybrid families (issue 16), tiny: every feature of the family switched on.
+FAMILIES = ("gpt_oss", "gemma4", "gemma4_moe", "olmo3", "exaone4", "ministral")
+
+
+def _family_model(tr, arch: str, common: dict, layers: int, window: int, head_dim: int):
+    c = dict(common)
+    if arch == "gpt_oss":
+        # 1:1 sliding / full, sinks, YaRN (short original context so the ramp is exercised), 4 experts top-2
+        c.pop("pad_token_id")
+        cfg = tr.GptOssConfig(num_local_experts=4, num_experts_per_tok=2, **dict(c, intermediate_size=32),
+                              rope_parameters={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0,
+                                               "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0,
+                                               "original_max_position_embeddings": 32})
+        return tr.GptOssForCausalLM(cfg)
+    if arch in ("gemma4", "gemma4_moe"):
+        # 2:1 sliding / full (last layer full), 2x-wide global heads with one kv head and V = K,
+        # proportional RoPE on global layers, per-layer inputs, the last third KV-shared
+        types = ["full_attention" if (i + 1) % 3 == 0 else "sliding_attention" for i in range(layers)]
+        moe = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=24) \
+            if arch == "gemma4_moe" else {}
+        cfg = tr.Gemma4TextConfig(layer_types=types, global_head_dim=2 * head_dim, attention_k_eq_v=True,
+                                  num_global_key_value_heads=1, hidden_size_per_layer_input=8,
+                                  vocab_size_per_layer_input=c["vocab_size"], num_kv_shared_layers=layers // 3,
+                                  final_logit_softcapping=30.0, **moe, **c)
+        return tr.Gemma4ForCausalLM(cfg)
+    c.pop("head_dim") if arch in ("olmo3", "exaone4") else None
+    if arch == "olmo3":
+        # 3:1 sliding / full, post-norms only, qk-norm over all heads, YaRN on full layers
+        cfg = tr.Olmo3Config(rope_scaling={"rope_type": "yarn", "factor": 8.0, "attention_factor": 1.1,
+                                           "original_max_position_embeddings": 32}, **c)
+        return tr.Olmo3ForCausalLM(cfg)
+    if arch == "exaone4":
+        # 3:1 sliding / full, NoPE full layers, post-norms only, per-head qk-norm
+        return tr.Exaone4ForCausalLM(tr.Exaone4Config(sliding_window_pattern=4, **c))
+    # ministral: Ministral's interleaved sliding / full pattern
+    types = ["full_attention" if (i + 1) % 2 == 0 else "sliding_attention" for i in range(layers)]
+    return tr.MinistralForCausalLM(tr.MinistralConfig(layer_types=types, **c))
 
 
 def tiny_model(arch: str = "gemma3", device: str = "cpu", dtype: str = "float32",

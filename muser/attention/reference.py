@@ -30,11 +30,16 @@ def attention(
     mask: torch.Tensor,         # bool [T, S]
     scale: float,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,   # [H] float32 logits (gpt-oss), or None
 ) -> torch.Tensor:              # [T, H, D], dtype of q
     """Grouped-query attention in float32 with an explicit visibility mask.
 
     Keys are reduced in the order they are given: callers that promise bitwise
     replay must hand keys over in the same order every time.
+
+    Sinks: head h's learned logit sinks[h] joins every softmax denominator as one
+    more "key" with no value: p_j = exp(s_j) / (exp(sinks[h]) + sum_i exp(s_i)).
+    A query's weights then sum to less than 1 (the rest is attention to nothing).
     """
     T, H, D = q.shape
     S, KV, _ = k.shape
@@ -46,7 +51,11 @@ def attention(
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    if sinks is not None:
+        sink = sinks.float().reshape(KV, group, 1, 1).expand(KV, group, T, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
     # A query row with no visible key (cannot happen for causal self-attention,
     # where a query always sees itself) would be NaN; keep it zero instead.
     probs = torch.nan_to_num(probs, nan=0.0)

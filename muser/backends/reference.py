@@ -16,11 +16,11 @@ from ..model.transformer import EAGER
 from .base import Backend
 
 
-def attend(q, k, v, mask, scale, softcap=None):
-    """The reference attention; `mask` None means every key is visible."""
+def attend(q, k, v, mask, scale, softcap=None, sinks=None):
+    """The reference attention; `mask` None means every key is visible; sinks: gpt-oss's."""
     if mask is None:
         mask = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool, device=q.device)
-    return reference_attention(q, k, v, mask, scale, softcap)
+    return reference_attention(q, k, v, mask, scale, softcap, sinks)
 
 
 class ReferenceBackend(Backend):

@@ -32,6 +32,11 @@ its neighbours, nor on how many there are): consecutive sessions are grouped up
 to that many padded rows, one pass per group.  A backend without row-invariant
 matmuls (0) gives each session its own pass.
 
+KV-shared layers (Gemma 4: `LayerSpec.kv_source`) own no plane: each layer attends over
+`session.planes[session.plane_of[layer]]`, and a shared layer (k = v = None) over its
+source layer's staged chunk, which `SharedStages` keeps uncommitted until the last
+reader has attended.  Each layer attends with its own softmax scale and sinks.
+
 Transactions: every session's forward runs inside a checkpoint unless its
 caller already opened one; if anything raises half-way through the layers (a
 bad kernel, an OOM, an injected fault) every session's stored rows are rolled
@@ -42,7 +47,7 @@ from __future__ import annotations
 import torch
 
 from ..attention.reference import visibility_mask
-from ..cache import Checkpoint, stage
+from ..cache import Checkpoint, last_readers, stage
 from ..model import transformer as tf
 
 PAD_ROWS = 16   # chunk row counts are rounded up to this
@@ -106,56 +111,94 @@ def _pass(engine, sessions, chunks, all_logits: bool, pad: bool) -> torch.Tensor
     positional = getattr(attention, "positional", None)       # CPU: keys by absolute position
     banded = getattr(attention, "banded", None)               # CUDA: the window as a band
     ops = backend.ops
+    shared = [SharedStages(spec) for _ in sessions]
 
-    def attend_one(plane, b, q, k, v):                   # q [rows_b, H, D], k/v [rows_b, KV, D]
+    def attend_one(plane, b, ls, lw, q, k, v):           # q [rows_b, H, D], k/v [rows_b, KV, D] or None
         n, t_pad, start = q.shape[0], padded[b], starts[b]
         if n < t_pad:                                    # compact chunk: scratch rows enter as zeros
-            q, k, v = (torch.cat([x, x.new_zeros((t_pad - n, *x.shape[1:]))]) for x in (q, k, v))
-        staged = stage(plane, start, k, v, real[b])
+            q, k, v = (None if x is None else torch.cat([x, x.new_zeros((t_pad - n, *x.shape[1:]))])
+                       for x in (q, k, v))
+        staged = shared[b].take(ls) if k is None else stage(plane, start, k, v, real[b])
+        scale, softcap, sinks = spec.layer_scale(ls), spec.attn_logit_softcap, lw.sinks
         if positional is not None:
-            out = _attend_positional(positional, plane, staged, q, start, spec)
-        elif staged.needs_mask and staged.ordered and banded is not None:
+            out = _attend_positional(positional, plane, staged, q, start, scale, softcap, sinks)
+        elif staged.needs_mask and staged.ordered and banded is not None and sinks is None:
             # CUDA: the window rule as positions (flash attention, no dense mask)
             out = banded(q, staged.keys, staged.values, start, staged.first_position,
-                         plane.window, spec.scale, spec.attn_logit_softcap)
+                         plane.window, scale, softcap)
         else:
             mask = None
             if staged.needs_mask:
                 pos = att_pos if B == 1 else att_pos[att_off[b]:att_off[b] + t_pad]
                 mask = visibility_mask(pos, staged.key_positions(), plane.window)
-            out = attention(q, staged.keys, staged.values, mask, spec.scale, spec.attn_logit_softcap)
-        staged.commit()                                  # attend before overwrite
+            if sinks is None:
+                out = attention(q, staged.keys, staged.values, mask, scale, softcap)
+            else:
+                out = attention(q, staged.keys, staged.values, mask, scale, softcap, sinks=sinks)
+        shared[b].done(ls, staged)                       # attend before overwrite (after shared readers)
         return out[:n]
 
-    def attend_for(li):
+    def attend_for(li, ls, lw):
         if B == 1:
-            plane = sessions[0].planes[li]
-            return lambda q, k, v: attend_one(plane, 0, q, k, v)
-        planes = [s.planes[li] for s in sessions]
+            s0 = sessions[0]
+            plane = s0.planes[s0.plane_of[li]]
+            return lambda q, k, v: attend_one(plane, 0, ls, lw, q, k, v)
+        planes = [s.planes[s.plane_of[li]] for s in sessions]
 
-        def attend(q, k, v):                             # q [sum rows, H, D], k/v [sum rows, KV, D]
-            return torch.cat([attend_one(planes[b], b, q[o:o + r], k[o:o + r], v[o:o + r])
+        def attend(q, k, v):                             # q [sum rows, H, D], k/v [sum rows, KV, D] or None
+            return torch.cat([attend_one(planes[b], b, ls, lw, q[o:o + r], None if k is None else k[o:o + r],
+                                         None if v is None else v[o:o + r])
                               for b, (o, r) in enumerate(zip(mm_off, rows))])
         return attend
 
     h = tf.embed(weights, spec, ids_t)                   # [sum rows, hidden]
+    ple = tf.per_layer_inputs(weights, spec, ids_t, h, ops)   # Gemma 4: [sum rows, L, P]
     memo: dict = {}
     for li, (layer_spec, lw) in enumerate(zip(spec.layers, weights.layers)):
-        h = tf.layer_forward(lw, spec, layer_spec, h, mm_pos, attend_for(li), memo, ops)
+        h = tf.layer_forward(lw, spec, layer_spec, h, mm_pos, attend_for(li, layer_spec, lw), memo, ops,
+                             None if ple is None else ple[:, li])
     h = _keep_rows(h, real, rows, mm_off, all_logits)
     return tf.logits(weights, spec, tf.final_hidden(weights, spec, h, ops))
 
 
-def _attend_positional(positional, plane, staged, q, start: int, spec) -> torch.Tensor:
+def _attend_positional(positional, plane, staged, q, start: int, scale: float, softcap: float | None,
+                       sinks=None) -> torch.Tensor:
     """Attention of q [T, H, D] (positions start ..) over a staged chunk, keys read by position:
     an ordered view (in place, shadow) from its first position, or the ring in place (ring
-    decode) through its origins."""
+    decode) through its origins.  Sinks (gpt-oss) join the kernel's merge."""
     if staged.ordered:
         keys, values, pos0, rot, count = staged.keys, staged.values, staged.first_position, 0, staged.keys.shape[0]
     else:
         keys, values = plane.keys, plane.values
         pos0, rot, count = plane.origin_logical, plane.origin_physical, plane.len
-    return positional(q, start, plane.window, keys, values, pos0, count, rot, spec.scale, spec.attn_logit_softcap)
+    if sinks is None:
+        return positional(q, start, plane.window, keys, values, pos0, count, rot, scale, softcap)
+    return positional(q, start, plane.window, keys, values, pos0, count, rot, scale, softcap, sinks=sinks)
+
+
+class SharedStages:
+    """One pass's staged chunks (of one session) that KV-shared layers still have to read.
+
+    A layer whose plane later layers read (Gemma 4's KV sharing) keeps its staged chunk
+    -- the key/value view its queries attended -- uncommitted until its last reader has
+    attended over the same view: on a full ring the commit overwrites rows the readers'
+    earliest queries still see.  Every other layer commits as soon as it has attended."""
+
+    def __init__(self, spec):
+        self.last = last_readers(spec.layers)
+        self.pending: dict[int, object] = {}
+
+    def take(self, ls):
+        return self.pending[ls.kv_source]
+
+    def done(self, ls, staged) -> None:
+        if ls.kv_source is None:
+            if ls.index in self.last:
+                self.pending[ls.index] = staged
+            else:
+                staged.commit()
+        elif self.last[ls.kv_source] == ls.index:
+            self.pending.pop(ls.kv_source).commit()
 
 
 def _padded(t: int) -> int:

@@ -7,6 +7,10 @@ the CLI builds a geometry from a ModelSpec).
     ring plane     min(context, capacity) rows, capacity = min(max_context, W)  -> flat after W
     growing plane  context rows                                             -> linear to max_context
 
+Per-layer geometry (Gemma 4: 512-wide global heads) is `layer_rows`; a KV-shared
+layer (`shared`) reads another layer's plane and holds nothing: it is counted once,
+as its source, and reported apart with the bytes sharing saves.
+
 The design chapter's geometry: 39 sliding layers (W = 2,048) + 13 full, rows
 of 1,024 bytes (K+V, f16), max context 131,072:
     sliding = 39 x 2,048 x 1,024   =    81,788,928 bytes at any context >= 2,048
@@ -26,11 +30,19 @@ class CacheGeometry:
     head_dim: int
     dtype_bytes: int
     max_context: int
+    layer_rows: tuple[tuple[int, int], ...] | None = None   # per layer (kv_heads, head_dim), when they vary
+    shared: tuple[bool, ...] | None = None                  # per layer: reads another layer's plane
 
     @property
     def row_bytes(self) -> int:
-        """K + V of one token in one layer."""
+        """K + V of one token in one layer (the model-wide geometry)."""
         return 2 * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    def layer_row_bytes(self, i: int) -> int:
+        if self.layer_rows is None:
+            return self.row_bytes
+        kv, d = self.layer_rows[i]
+        return 2 * kv * d * self.dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,8 @@ class CachePlan:
     full_layers: int
     sliding_bytes: int
     full_bytes: int
+    shared_layers: int = 0      # layers that read another layer's plane (not in the counts above)
+    shared_saved_bytes: int = 0  # what those layers would hold with planes of their own
 
     @property
     def total_bytes(self) -> int:
@@ -49,16 +63,21 @@ class CachePlan:
 def plan(geometry: CacheGeometry, context: int) -> CachePlan:
     if not 0 <= context <= geometry.max_context:
         raise ValueError(f"context must be in [0, {geometry.max_context}], got {context}")
-    sliding = full = 0
-    n_sliding = n_full = 0
-    for w in geometry.windows:
-        if w is None:
+    sliding = full = saved = 0
+    n_sliding = n_full = n_shared = 0
+    for i, w in enumerate(geometry.windows):
+        rows = context if w is None else min(context, geometry.max_context, w)
+        nbytes = rows * geometry.layer_row_bytes(i)
+        if geometry.shared is not None and geometry.shared[i]:
+            n_shared += 1
+            saved += nbytes
+        elif w is None:
             n_full += 1
-            full += context * geometry.row_bytes
+            full += nbytes
         else:
             n_sliding += 1
-            sliding += min(context, geometry.max_context, w) * geometry.row_bytes
-    return CachePlan(context, n_sliding, n_full, sliding, full)
+            sliding += nbytes
+    return CachePlan(context, n_sliding, n_full, sliding, full, n_shared, saved)
 
 
 def curve(geometry: CacheGeometry, points: int = 64) -> list[CachePlan]:

@@ -26,9 +26,12 @@ def spec_for(model: str, max_context: int | None):
 def geometry(spec, dtype: str, max_context: int | None = None) -> CacheGeometry:
     if dtype not in DTYPE_BYTES:
         raise ModelFormatError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+    uniform = spec.uniform_geometry
     return CacheGeometry(tuple(l.window if l.kind == "sliding" else None for l in spec.layers),
                          spec.num_kv_heads, spec.head_dim, DTYPE_BYTES[dtype],
-                         min(max_context or spec.max_context, spec.max_context))
+                         min(max_context or spec.max_context, spec.max_context),
+                         layer_rows=None if uniform else tuple((l.kv_heads, l.head_dim) for l in spec.layers),
+                         shared=None if uniform else tuple(not l.owns_plane for l in spec.layers))
 
 
 def _mib(n: int) -> str:
@@ -39,11 +42,16 @@ def run_cache_plan(args) -> int:
     spec = spec_for(args.model, args.max_context)
     g = geometry(spec, args.dtype, args.max_context)
     p = plan(g, args.context)
-    print(f"model {args.model}: {p.sliding_layers} sliding + {p.full_layers} full layers, "
-          f"row {g.row_bytes} B ({args.dtype}), max context {g.max_context:,}")
+    rows = sorted({g.layer_row_bytes(i) for i in range(len(g.windows))})
+    shared = f" + {p.shared_layers} KV-shared" if p.shared_layers else ""
+    print(f"model {args.model} ({spec.architecture}): {p.sliding_layers} sliding + {p.full_layers} full layers"
+          f"{shared}, row {' / '.join(map(str, rows))} B ({args.dtype}), max context {g.max_context:,}")
     print(f"at {p.context:,} tokens:")
     print(f"  sliding planes  {_mib(p.sliding_bytes)}")
     print(f"  full planes     {_mib(p.full_bytes)}")
+    if p.shared_layers:
+        print(f"  shared planes   0 B: {p.shared_layers} layers read an earlier layer's plane "
+              f"(saves {_mib(p.shared_saved_bytes)})")
     print(f"  total           {_mib(p.total_bytes)}")
     if args.plot:
         import matplotlib

@@ -54,6 +54,9 @@ class Engine:
             "head_dim": spec.head_dim,
             "weights_digest": weights_digest,
         }
+        if not spec.uniform_geometry:
+            # per-layer planes (Gemma 4): each layer's [kv_heads, head_dim, kv_source]
+            self.fingerprint["layer_geometry"] = [[l.kv_heads, l.head_dim, l.kv_source] for l in spec.layers]
 
     # ------------------------------------------------------------------ basics
     @property

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..cache import Checkpoint, build_planes
+from ..cache import Checkpoint, build_planes, plane_index
 from ..cache import snapshot as cut
 from ..errors import CacheOverflow, CheckpointError, RequestError
 
@@ -22,6 +22,7 @@ class Session:
         spec = engine.spec
         self.planes = build_planes(spec.layers, engine.config.backend, engine.max_context,
                                    spec.num_kv_heads, spec.head_dim, engine.cache_dtype, engine.device)
+        self.plane_of = plane_index(spec.layers)      # layer -> index into self.planes (KV sharing)
         self.tokens: list[int] = []          # ids consumed, in order (the lineage)
         self._open: Checkpoint | None = None  # a caller's speculative checkpoint
 

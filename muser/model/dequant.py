@@ -148,3 +148,26 @@ def q8_0_blocks(data: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     scales = b[..., :2].contiguous().view(torch.float16).reshape(rows, -1).float()
     qs = b[..., 2:].contiguous().view(torch.int8).reshape(rows, -1)
     return qs, scales
+
+
+# ---------------------------------------------------------------------------- MXFP4 (HF safetensors)
+# FP4 E2M1 values by 4-bit code (sign in bit 3); OCP MX spec, as gpt-oss's checkpoints use it.
+FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def mxfp4_hf(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """gpt-oss's `*_blocks` / `*_scales` safetensors pair -> [..., rows, G * 32] in `dtype`.
+
+    blocks uint8 [..., rows, G, 16]: 32 FP4 codes per block, two per byte, LOW nibble
+    first (element 2j is byte j & 0xF, element 2j + 1 is byte j >> 4) -- unlike GGUF's
+    MXFP4, which stores a block's first 16 values in the low nibbles.  scales uint8
+    [..., rows, G]: E8M0 exponents, value = code * 2^(scale - 127).  Rows are output
+    features, so the result is already [out, in] per expert (what `F.linear` takes).
+    """
+    if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != 16:
+        raise ValueError(f"MXFP4 blocks {tuple(blocks.shape)} do not match scales {tuple(scales.shape)}")
+    lut = torch.tensor(FP4_E2M1, dtype=torch.float32)
+    b = blocks.to(torch.uint8)
+    vals = torch.stack((lut[(b & 0x0F).long()], lut[(b >> 4).long()]), dim=-1)      # [..., G, 16, 2]
+    vals = torch.ldexp(vals.flatten(-2), (scales.to(torch.int32) - 127)[..., None])  # [..., G, 32]
+    return vals.flatten(-2).to(dtype)

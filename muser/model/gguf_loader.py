@@ -1,8 +1,10 @@
 """Load a GGUF file into (ModelSpec, Weights).
 
-Owns: the GGUF tensor names -> `Weights` fields map, llama.cpp's q/k row
-permutation (undone for the `llama` arch only), and raw Q8_0 access for an
-int8 path (`raw_q8_0`).
+Owns: the GGUF tensor names -> `Weights` fields map (gemma3, llama/qwen2, and
+gpt-oss: sinks, router, experts stored split gate / up / down as [E, out, in],
+MXFP4 dequantized by gguf-py's own code), llama.cpp's q/k row permutation
+(undone for the `llama` arch only), and raw Q8_0 access for an int8 path
+(`raw_q8_0`).
 Does not own: header parsing (`gguf_file`), block formats (`dequant`), the
 layer map (`spec`).
 
@@ -25,7 +27,7 @@ from muser.errors import ModelFormatError
 from muser.model.dequant import dequantize, q8_0_blocks
 from muser.model.gguf_file import GGUFFile
 from muser.model.spec import spec_from_gguf
-from muser.model.weights import LayerWeights, Weights
+from muser.model.weights import LayerWeights, MoeWeights, Weights, missing
 
 # GGUF per-layer suffix -> LayerWeights field
 _LAYER = {
@@ -38,6 +40,11 @@ _LAYER = {
     "post_ffw_norm.weight": "post_ffn_norm",
     "ffn_gate.weight": "w_gate", "ffn_up.weight": "w_up", "ffn_down.weight": "w_down",
 }
+# gpt-oss (llama.cpp's names): sinks, the router and the experts, stacked [E, out, in]
+_MOE = {"ffn_gate_inp.weight": "router", "ffn_gate_inp.bias": "router_bias",
+        "ffn_gate_exps.weight": "w_gate", "ffn_gate_exps.bias": "b_gate",
+        "ffn_up_exps.weight": "w_up", "ffn_up_exps.bias": "b_up",
+        "ffn_down_exps.weight": "w_down", "ffn_down_exps.bias": "b_down"}
 _IGNORED = {"rope_freqs.weight"}       # llama3 rope factors: refused by the spec before we get here
 _PERMUTED_ARCHS = {"llama"}
 
@@ -62,6 +69,7 @@ def load_gguf(path, dtype: torch.dtype = torch.float32, progress: bool = True,
     _prefetch(r)
     top: dict[str, torch.Tensor] = {}
     per_layer: list[dict[str, torch.Tensor]] = [{} for _ in range(spec.num_layers)]
+    moe_raw: dict[int, dict[str, torch.Tensor]] = {}
     it = r.tensors
     if progress:
         from tqdm.auto import tqdm
@@ -70,7 +78,18 @@ def load_gguf(path, dtype: torch.dtype = torch.float32, progress: bool = True,
         name = t.name
         if name in _IGNORED:
             continue
-        field = _LAYER.get(name.split(".", 2)[-1]) if name.startswith("blk.") else None
+        suffix = name.split(".", 2)[-1] if name.startswith("blk.") else None
+        field = _LAYER.get(suffix)
+        if arch == "gpt_oss":
+            if suffix == "post_attention_norm.weight":      # gpt-oss: the norm before the experts
+                field = "pre_ffn_norm"
+            elif suffix in ("attn_sinks.weight", "attn_sinks"):
+                field = "sinks"
+            elif suffix in _MOE:
+                # MXFP4 and every other block type: dequantized (unknown types by gguf's own code)
+                w = dequantize(t.data, t.tensor_type, torch.float32)
+                moe_raw.setdefault(int(name.split(".", 2)[1]), {})[_MOE[suffix]] = w
+                continue
         # norms are kept float32 whatever the matrices' dtype (the norms run in float32)
         is_norm = (field or "").endswith("norm") or name == "output_norm.weight"
         w = dequantize(t.data, t.tensor_type, torch.float32 if is_norm else dtype)
@@ -87,13 +106,34 @@ def load_gguf(path, dtype: torch.dtype = torch.float32, progress: bool = True,
             top[name] = w
         else:
             raise ModelFormatError(f"GGUF tensor {name!r} has no place in muser's weights")
+    for i, raw in moe_raw.items():
+        per_layer[i]["moe"] = _experts(raw, spec, dtype, i)
     try:
         layers = [LayerWeights(**d) for d in per_layer]
     except TypeError as e:
         raise ModelFormatError(f"GGUF is missing layer tensors: {e}") from None
+    for i, (lw, ls) in enumerate(zip(layers, spec.layers)):
+        gaps = missing(lw, spec, ls)
+        if gaps:
+            raise ModelFormatError(f"GGUF layer {i} lacks {', '.join(gaps)}")
     weights = Weights(embed=top["token_embd.weight"], final_norm=top["output_norm.weight"],
                       layers=layers, lm_head=top.get("output.weight"))
     return spec, weights.to(None, dtype), r
+
+
+def _experts(raw: dict, spec, dtype, layer: int) -> MoeWeights:
+    """gpt-oss experts as llama.cpp stores them: gate / up / down split (no interleaving),
+    [E, out, in] (ggml ne0 = in), biases [E, out], the router [E, hidden] + bias [E]."""
+    need = set(_MOE.values())
+    if need - set(raw):
+        raise ModelFormatError(f"GGUF layer {layer}: experts lack {', '.join(sorted(need - set(raw)))}")
+    E = spec.moe.num_experts
+    if raw["w_gate"].shape[0] != E:
+        raise ModelFormatError(f"GGUF layer {layer}: expected {E} experts, got {raw['w_gate'].shape[0]}")
+    split = {k: [raw[k][e].to(dtype).contiguous() for e in range(E)] for k in ("w_gate", "w_up", "w_down")}
+    return MoeWeights(router=raw["router"].to(dtype), router_bias=raw["router_bias"].to(dtype),
+                      b_gate=raw["b_gate"].to(dtype), b_up=raw["b_up"].to(dtype), b_down=raw["b_down"].to(dtype),
+                      **split)
 
 
 def _prefetch(r) -> None:

@@ -132,6 +132,9 @@ def load(path: Path) -> ctypes.CDLL:
                   ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                   ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_float, ctypes.c_void_p,
                   ctypes.c_int, ctypes.c_int]
+    rs = lib.muser_attend_rows_sinks
+    rs.restype = ctypes.c_int
+    rs.argtypes = r.argtypes[:20] + [ctypes.c_void_p] + r.argtypes[20:]        # + sinks before out
     return lib
 
 
@@ -334,7 +337,7 @@ def attend_visible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
 
 def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions, window: int | None,
                 key_pos0: int, scale: float, softcap: float | None = None, count: int | None = None,
-                rotation: int = 0, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+                rotation: int = 0, lib: ctypes.CDLL | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of query rows at absolute positions over keys addressed by position
     (csrc/attend.c: one arithmetic per row, whatever the call).
 
@@ -342,7 +345,8 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions, wi
     Row t sees the keys at [max(0, p - window + 1), p] (window None: [0, p]).
     k/v [cap, KV, D] with the head dim contiguous (any row / head strides, k and v alike):
     key position j is row (rotation + j - key_pos0) % cap; `count` keys from key_pos0 are
-    held (default cap).  Returns [T, H, D] in q's dtype."""
+    held (default cap).  `sinks`: float32 [H] logits joining each head's softmax denominator
+    (gpt-oss), or None.  Returns [T, H, D] in q's dtype."""
     if not attend_supported(q, k, v):
         raise ValueError(f"attend_rows: unsupported operands q {q.dtype} {tuple(q.shape)}, "
                          f"k {k.dtype} {tuple(k.shape)} strides {k.stride()}, v strides {v.stride()}")
@@ -358,11 +362,17 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions, wi
     q = q.contiguous()
     out = torch.empty((t, h, d), dtype=q.dtype)
     n = cap if count is None else count
-    rc = _lib(lib).muser_attend_rows(
-        q.data_ptr(), q.dtype is torch.bfloat16, t, h, d, pos_ptr, first, int(window or 0),
-        k.data_ptr(), v.data_ptr(), k.dtype is torch.bfloat16, kv, int(key_pos0), n, int(rotation), cap,
-        k.stride(0), k.stride(1), float(scale), float(softcap or 0.0), out.data_ptr(),
-        q.dtype is torch.bfloat16, torch.get_num_threads())
+    common = (q.data_ptr(), q.dtype is torch.bfloat16, t, h, d, pos_ptr, first, int(window or 0),
+              k.data_ptr(), v.data_ptr(), k.dtype is torch.bfloat16, kv, int(key_pos0), n, int(rotation), cap,
+              k.stride(0), k.stride(1), float(scale), float(softcap or 0.0))
+    tail = (out.data_ptr(), q.dtype is torch.bfloat16, torch.get_num_threads())
+    if sinks is None:
+        rc = _lib(lib).muser_attend_rows(*common, *tail)
+    else:
+        sinks = sinks.to(torch.float32).contiguous()
+        if sinks.shape != (h,):
+            raise ValueError(f"sinks must be float32 [{h}], got {tuple(sinks.shape)}")
+        rc = _lib(lib).muser_attend_rows_sinks(*common, sinks.data_ptr(), *tail)
     if rc == -2:
         raise MemoryError("attend_rows: could not allocate its scratch")
     if rc != 0:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from . import native
 from .quant import QuantizedLinear, auto_kernel, linear as qlinear, quantize_rowwise_int8
-from .weights import LayerWeights, Weights
+from .weights import LayerWeights, MoeWeights, Weights
 
 DENSE_ROWS = 64
 
@@ -80,21 +80,38 @@ def _fast(w: torch.Tensor, equalize: bool = False, dense: bool = True, out_float
     return FastLinear(q, w.to(torch.bfloat16).contiguous() if keep_dense else None, out_float)
 
 
+def _quantize_moe(mw: MoeWeights) -> MoeWeights:
+    """Experts like every other projection (int8, gate|up fused), never with the aten
+    fallback's dense bf16 copy: a chunk spreads its rows over the experts (512 rows x top-4 /
+    32 experts ~ 64 per expert), and a 20B-class model's experts would double in memory.  The
+    router is int8 too (row-invariant routing: a token picks the same experts alone or batched)."""
+    return replace(mw, router=_fast(mw.router, dense=False),
+                   w_gate_up=[_fast(torch.cat([g, u]), dense=False) for g, u in zip(mw.w_gate, mw.w_up)],
+                   w_down=[_fast(d, dense=False) for d in mw.w_down], w_gate=None, w_up=None)
+
+
 def quantize_weights(weights: Weights, embed_dtype: torch.dtype = torch.bfloat16) -> Weights:
     layers: list[LayerWeights] = []
     for lw in weights.layers:
-        fuse_qkv = lw.bq is None and lw.bk is None and lw.bv is None
-        fused = dict(
-            wqkv=_fast(torch.cat([lw.wq, lw.wk, lw.wv])) if fuse_qkv else None,
-            w_gate_up=_fast(torch.cat([lw.w_gate, lw.w_up])),
-            wo=_fast(lw.wo), w_down=_fast(lw.w_down), w_gate=None, w_up=None,
-        )
-        if fuse_qkv:
-            fused.update(wq=None, wk=None, wv=None)
+        fused: dict = {"wo": _fast(lw.wo)}
+        proj = [w for w in (lw.wq, lw.wk, lw.wv) if w is not None]     # KV-shared: q only; V = K: q|k
+        if lw.bq is None and lw.bk is None and lw.bv is None:
+            fused.update(wqkv=_fast(torch.cat(proj)), wq=None, wk=None, wv=None)
         else:
-            fused.update(wq=_fast(lw.wq), wk=_fast(lw.wk), wv=_fast(lw.wv))
+            fused.update(wq=_fast(lw.wq), wk=None if lw.wk is None else _fast(lw.wk),
+                         wv=None if lw.wv is None else _fast(lw.wv))
+        if lw.w_gate is not None:                                        # dense MLP (not gpt-oss)
+            fused.update(w_gate_up=_fast(torch.cat([lw.w_gate, lw.w_up])), w_down=_fast(lw.w_down),
+                         w_gate=None, w_up=None)
+        if lw.moe is not None:
+            fused["moe"] = _quantize_moe(lw.moe)
+        if lw.ple_gate is not None:
+            fused.update(ple_gate=_fast(lw.ple_gate), ple_proj=_fast(lw.ple_proj))
         layers.append(replace(lw, **fused))
     # The LM head only ever sees the last row(s) of a chunk: no dense copy needed.
     head = _fast(weights.output, equalize=True, dense=False, out_float=True)
     return Weights(embed=weights.embed.to(embed_dtype), final_norm=weights.final_norm,
-                   layers=layers, lm_head=head)
+                   layers=layers, lm_head=head,
+                   per_layer_embed=None if weights.per_layer_embed is None else weights.per_layer_embed.to(embed_dtype),
+                   per_layer_proj=None if weights.per_layer_proj is None else _fast(weights.per_layer_proj),
+                   per_layer_norm=weights.per_layer_norm)

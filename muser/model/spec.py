@@ -1,8 +1,11 @@
 """The layer map: a checkpoint's config turned into a frozen `ModelSpec`.
 
 Owns: every decision about a layer's kind (sliding or full), its window, its
-RoPE (base, linear scale, or none), and the architecture knobs the transformer
-reads (norm style, soft-caps, scales).  This is the ONLY place those are
+RoPE (base, linear scale, YaRN / llama3 / proportional schedule, or none), its
+head dim and kv heads, whether it reads another layer's plane (KV sharing), and
+the architecture knobs the transformer reads (norm style and placement, qk-norm
+span, sinks, experts, per-layer inputs, soft-caps, scales), for Gemma 3 / 4,
+gpt-oss, OLMo 3, EXAONE 4, Cohere2 and Llama / Qwen2 / Mistral / Ministral.  This is the ONLY place those are
 decided; loaders and the transformer read the spec and never re-derive them.
 Does not own: tensors (`weights`, loaders) or the maths (`transformer`).
 
@@ -15,7 +18,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from muser.config import LayerSpec, ModelSpec
+from muser.config import LayerSpec, ModelSpec, MoeSpec, RopeScaling
 from muser.errors import ModelFormatError
 
 # Gemma 3's conventions (its config class defaults), used where a source is silent.
@@ -33,9 +36,12 @@ def _layer_types(n: int, pattern: int) -> list[str]:
     return [_FULL if (i + 1) % pattern == 0 else _SLIDING for i in range(n)]
 
 
-def _rope_params(cfg: dict, kind: str, default_theta: float) -> tuple[float, float]:
-    """(theta, linear scale) for a layer type, reading transformers 5's `rope_parameters`
-    (flat, or keyed by layer type) and the older `rope_theta` / `rope_scaling` keys."""
+def _rope_params(cfg: dict, kind: str, default_theta: float,
+                 legacy_kinds: tuple[str, ...] = (_FULL,)) -> tuple[float, float, RopeScaling | None]:
+    """(theta, linear scale, other schedule) for a layer type, reading transformers 5's
+    `rope_parameters` (flat, or keyed by layer type) and the older `rope_theta` /
+    `rope_scaling` keys (`legacy_kinds`: the layer types an old `rope_scaling` applies to --
+    Gemma 3 and OLMo 3 scale their global layers only)."""
     rp = cfg.get("rope_parameters") or {}
     if kind in rp or _FULL in rp or _SLIDING in rp:      # keyed by layer type (Gemma 3)
         rp = rp.get(kind) or {}
@@ -46,16 +52,43 @@ def _rope_params(cfg: dict, kind: str, default_theta: float) -> tuple[float, flo
         else:
             theta = cfg.get("rope_theta", default_theta)
     scaling = dict(rp) if rp.get("rope_type", "default") != "default" else None
-    if scaling is None and cfg.get("rope_scaling") and kind == _FULL:
-        scaling = cfg["rope_scaling"]                    # old Gemma 3 configs: global layers only
-    scale = 1.0
-    if scaling:
-        rtype = scaling.get("rope_type", scaling.get("type", "default"))
-        if rtype == "linear":
-            scale = float(scaling["factor"])
-        elif rtype != "default":
-            raise ModelFormatError(f"RoPE type {rtype!r} is not supported (only default and linear)")
-    return float(theta), scale
+    if scaling is None and cfg.get("rope_scaling") and kind in legacy_kinds:
+        scaling = cfg["rope_scaling"]
+    if not scaling:
+        if float(rp.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise ModelFormatError(f"partial rotary factor {rp['partial_rotary_factor']} without the "
+                                   "proportional RoPE type is not supported")
+        return float(theta), 1.0, None
+    rtype = scaling.get("rope_type", scaling.get("type", "default"))
+    if rtype == "default":
+        return float(theta), 1.0, None
+    if rtype == "linear":
+        return float(theta), float(scaling["factor"]), None
+    if rtype == "proportional":
+        return float(theta), 1.0, RopeScaling("proportional", factor=float(scaling.get("factor", 1.0)),
+                                              partial=float(scaling.get("partial_rotary_factor", 1.0)))
+    if rtype == "llama3":
+        return float(theta), 1.0, RopeScaling(
+            "llama3", factor=float(scaling["factor"]), low_freq=float(scaling["low_freq_factor"]),
+            high_freq=float(scaling["high_freq_factor"]),
+            original_context=int(scaling["original_max_position_embeddings"]))
+    if rtype == "yarn":
+        orig = int(scaling["original_max_position_embeddings"])
+        factor = scaling.get("factor") or cfg.get("max_position_embeddings", orig) / orig
+        att = scaling.get("attention_factor")
+        ms, msd = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        if att is None and ms and msd:
+            def get(m):
+                return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+            att = get(ms) / get(msd)
+        top = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        return float(theta), 1.0, RopeScaling(
+            "yarn", factor=float(factor), beta_fast=float(scaling.get("beta_fast") or 32),
+            beta_slow=float(scaling.get("beta_slow") or 1), original_context=orig,
+            # transformers reads `truncate` from the top-level rope dict
+            truncate=bool(top.get("truncate", scaling.get("truncate", True))),
+            attention_factor=None if att is None else float(att))
+    raise ModelFormatError(f"RoPE type {rtype!r} is not supported (default, linear, yarn, llama3, proportional)")
 
 
 def _eos(value) -> tuple[int, ...]:
@@ -64,7 +97,10 @@ def _eos(value) -> tuple[int, ...]:
     return tuple(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
 
 
-def _layers(types: list[str], window: int | None, thetas: dict, rope_full: bool = True) -> tuple[LayerSpec, ...]:
+def _layers(types: list[str], window: int | None, thetas: dict, rope_full: bool = True,
+            geometry: dict[int, dict] | None = None) -> tuple[LayerSpec, ...]:
+    """LayerSpecs from layer types; thetas: type -> (theta, scale[, scaling]);
+    geometry: layer -> LayerSpec overrides (head_dim, kv_heads, kv_source, k_eq_v)."""
     out = []
     for i, t in enumerate(types):
         if t not in (_FULL, _SLIDING):
@@ -72,10 +108,11 @@ def _layers(types: list[str], window: int | None, thetas: dict, rope_full: bool 
         sliding = t == _SLIDING
         if sliding and not window:
             raise ModelFormatError(f"layer {i}: sliding layer but the config has no sliding_window")
-        theta, scale = thetas[t]
+        theta, scale, *rest = thetas[t]
         out.append(LayerSpec(index=i, kind="sliding" if sliding else "full",
                              window=int(window) if sliding else None,
-                             rope=sliding or rope_full, rope_theta=theta, rope_scale=scale))
+                             rope=sliding or rope_full, rope_theta=theta, rope_scale=scale,
+                             rope_scaling=rest[0] if rest else None, **(geometry or {}).get(i, {})))
     return tuple(out)
 
 
@@ -83,9 +120,9 @@ def spec_from_hf_config(cfg: dict, max_context: int | None = None) -> ModelSpec:
     """A `ModelSpec` from a HF `config.json` dict (Gemma 3, Cohere2, Llama/Qwen2/Mistral)."""
     mtype = cfg.get("model_type", "")
     top = cfg
-    if mtype == "gemma3" and "text_config" in cfg:      # multimodal wrapper: the text tower
-        cfg = dict(cfg["text_config"] or {}, model_type="gemma3_text")
-        mtype = "gemma3_text"
+    if mtype in ("gemma3", "gemma4") and "text_config" in cfg:      # multimodal wrapper: the text tower
+        mtype = mtype + "_text"
+        cfg = dict(cfg["text_config"] or {}, model_type=mtype)
     n = cfg.get("num_hidden_layers")
     if not n:
         raise ModelFormatError(f"config of type {mtype!r} has no num_hidden_layers")
@@ -123,7 +160,7 @@ def spec_from_hf_config(cfg: dict, max_context: int | None = None) -> ModelSpec:
 
     if mtype == "cohere2":
         types = cfg.get("layer_types") or _layer_types(n, int(cfg.get("sliding_window_pattern", COHERE2_SLIDING_PATTERN)))
-        theta, scale = _rope_params(cfg, _SLIDING, 10_000.0)
+        theta, scale, _ = _rope_params(cfg, _SLIDING, 10_000.0)
         return ModelSpec(
             architecture="cohere2", vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
             intermediate_size=int(cfg["intermediate_size"]), num_heads=heads, num_kv_heads=kv,
@@ -140,19 +177,23 @@ def spec_from_hf_config(cfg: dict, max_context: int | None = None) -> ModelSpec:
             attention_bias=bool(cfg.get("attention_bias", False)),
         )
 
-    if mtype in ("llama", "qwen2", "mistral"):
+    family = _FAMILIES.get(mtype)
+    if family is not None:
+        return family(cfg, top, n, hidden, heads, kv, ctx)
+
+    if mtype in ("llama", "qwen2", "mistral", "ministral"):
         head_dim = int(cfg.get("head_dim") or hidden // heads)
         window = cfg.get("sliding_window")
         types = cfg.get("layer_types")
         if not types:
-            if mtype == "mistral" and window:
+            if mtype in ("mistral", "ministral") and window:
                 types = [_SLIDING] * n
             elif mtype == "qwen2" and cfg.get("use_sliding_window") and window:
                 mwl = int(cfg.get("max_window_layers", n))
                 types = [_SLIDING if i >= mwl else _FULL for i in range(n)]
             else:
                 types = [_FULL] * n
-        rope = _rope_params(cfg, _FULL, 10_000.0)
+        rope = _rope_params(cfg, _FULL, 10_000.0, legacy_kinds=(_FULL, _SLIDING))
         return ModelSpec(
             architecture=mtype, vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
             intermediate_size=int(cfg["intermediate_size"]), num_heads=heads, num_kv_heads=kv,
@@ -164,7 +205,129 @@ def spec_from_hf_config(cfg: dict, max_context: int | None = None) -> ModelSpec:
             # Qwen2 always has q/k/v biases, whatever the config says
             attention_bias=mtype == "qwen2" or bool(cfg.get("attention_bias", False)),
         )
-    raise ModelFormatError(f"unsupported model_type {mtype!r} (gemma3, cohere2, llama, qwen2, mistral)")
+    raise ModelFormatError(f"unsupported model_type {mtype!r} (gemma3, gemma4, gpt_oss, olmo3, exaone4, "
+                           "cohere2, llama, qwen2, mistral, ministral)")
+
+
+# ----------------------------------------------------------------------------- 2025-26 hybrid families
+def _common(cfg: dict, mtype: str, hidden: int, heads: int, kv: int, ctx: int, head_dim: int,
+            tie_default: bool) -> dict:
+    return dict(architecture=mtype, vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
+                intermediate_size=int(cfg["intermediate_size"]), num_heads=heads, num_kv_heads=kv,
+                head_dim=head_dim, max_context=ctx, norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                tie_embeddings=bool(cfg.get("tie_word_embeddings", tie_default)),
+                bos_token_id=cfg.get("bos_token_id"), eos_token_ids=_eos(cfg.get("eos_token_id")))
+
+
+def _gpt_oss(cfg, top, n, hidden, heads, kv, ctx) -> ModelSpec:
+    """gpt-oss: 1:1 sliding (128) / full, sinks on every layer, YaRN on every layer,
+    q/k/v/o biases, top-k experts with the clamped SwiGLU instead of the MLP."""
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    types = cfg.get("layer_types") or [_SLIDING if (i + 1) % 2 else _FULL for i in range(n)]
+    rope = {t: _rope_params(cfg, t, 150_000.0, legacy_kinds=(_FULL, _SLIDING)) for t in (_SLIDING, _FULL)}
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ModelFormatError(f"gpt-oss activation {act!r} is not supported (its experts are SwiGLU)")
+    moe = MoeSpec("gpt_oss", int(cfg["num_local_experts"]), int(cfg["num_experts_per_tok"]),
+                  int(cfg["intermediate_size"]), float(cfg.get("swiglu_alpha", 1.702)),
+                  float(cfg.get("swiglu_limit", 7.0)))
+    return ModelSpec(layers=_layers(types, cfg.get("sliding_window", 128), rope),
+                     attention_bias=bool(cfg.get("attention_bias", True)), attention_sinks=True, moe=moe,
+                     **_common(cfg, "gpt_oss", hidden, heads, kv, ctx, head_dim, tie_default=False))
+
+
+def _olmo3(cfg, top, n, hidden, heads, kv, ctx) -> ModelSpec:
+    """OLMo 3: 3:1 sliding / full, RoPE on every layer (an old `rope_scaling` -- YaRN in the
+    long-context checkpoints -- on full layers only), no input norms: post-attention and
+    post-feed-forward norms only, qk-norm over all heads at once (before the head split)."""
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    types = cfg.get("layer_types") or _layer_types(n, 4)
+    rope = {t: _rope_params(cfg, t, 500_000.0) for t in (_SLIDING, _FULL)}
+    return ModelSpec(layers=_layers(types, cfg.get("sliding_window", 4096), rope),
+                     activation=_act(cfg.get("hidden_act", "silu")), pre_norm=False, qk_norm=True,
+                     qk_norm_span="all", attention_bias=bool(cfg.get("attention_bias", False)),
+                     **_common(cfg, "olmo3", hidden, heads, kv, ctx, head_dim, tie_default=False))
+
+
+def _exaone4(cfg, top, n, hidden, heads, kv, ctx) -> ModelSpec:
+    """EXAONE 4: 3:1 sliding / full ("LLLG"); with a window the full layers are NoPE
+    (without one every layer is full and rotated); post-norms only, per-head qk-norm."""
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    window = cfg.get("sliding_window")
+    types = cfg.get("layer_types")
+    if not types:
+        pattern = cfg.get("sliding_window_pattern", 4)
+        if not window:
+            types = [_FULL] * n
+        elif isinstance(pattern, str):          # e.g. "LLLG": L local (sliding), G global
+            if set(pattern) - {"L", "G"} or not pattern:
+                raise ModelFormatError(f"EXAONE 4 sliding_window_pattern {pattern!r}: expected L/G letters")
+            types = [_SLIDING if pattern[i % len(pattern)] == "L" else _FULL for i in range(n)]
+        else:
+            types = _layer_types(n, int(pattern))
+    rope = _rope_params(cfg, _SLIDING, 10_000.0, legacy_kinds=(_FULL, _SLIDING))
+    return ModelSpec(layers=_layers(types, window, {_SLIDING: rope, _FULL: rope}, rope_full=not window),
+                     activation=_act(cfg.get("hidden_act", "silu")), pre_norm=False, qk_norm=True,
+                     **_common(cfg, "exaone4", hidden, heads, kv, ctx, head_dim, tie_default=False))
+
+
+def _gemma4(cfg, top, n, hidden, heads, kv, ctx) -> ModelSpec:
+    """Gemma 4 (text): 5:1 sliding / full by default; global layers get their own head dim
+    (512) and kv heads, proportional partial RoPE and (attention_k_eq_v) V = K; Gemma's
+    sandwich norms (effective weights, no +1), qk-norm, an unscaled value norm, softmax
+    scale 1; per-layer input embeddings; the last `num_kv_shared_layers` layers read the
+    plane of the last earlier layer of their kind; optional experts beside the MLP."""
+    if cfg.get("use_bidirectional_attention") == "all":
+        raise ModelFormatError("Gemma 4 with bidirectional attention is not a causal LM")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ModelFormatError(f"Gemma 4 activation {act!r} is not supported")
+    head_dim = int(cfg.get("head_dim") or 256)
+    types = list(cfg.get("layer_types") or _layer_types(n, 6))
+    types[-1] = _FULL                                   # transformers forces the last layer global
+    rope = {_SLIDING: _rope_params(cfg, _SLIDING, 10_000.0), _FULL: _rope_params(cfg, _FULL, 1_000_000.0)}
+    if not cfg.get("rope_parameters"):                  # transformers' defaults for Gemma 4
+        rope = {_SLIDING: (10_000.0, 1.0, None), _FULL: (1_000_000.0, 1.0, RopeScaling("proportional", partial=0.25))}
+    k_eq_v = bool(cfg.get("attention_k_eq_v", False))
+    # transformers writes `per_layer_config` (possibly {} when no layer differs); without the key
+    # (config.json as Google writes it) global layers get `global_head_dim`, 512 by default.
+    per_layer = {int(k): v for k, v in (cfg.get("per_layer_config") or {}).items()}
+    if "per_layer_config" not in cfg:
+        over = {"head_dim": int(cfg.get("global_head_dim", 512))}
+        if k_eq_v and cfg.get("num_global_key_value_heads"):
+            over["num_key_value_heads"] = int(cfg["num_global_key_value_heads"])
+        per_layer = {i: over for i, t in enumerate(types) if t == _FULL}
+    geometry: dict[int, dict] = {}
+    for i, t in enumerate(types):
+        o = per_layer.get(i, {})
+        geometry[i] = dict(head_dim=int(o.get("head_dim", head_dim)),
+                           kv_heads=int(o.get("num_key_value_heads", kv)), k_eq_v=k_eq_v and t == _FULL)
+    shared = int(cfg.get("num_kv_shared_layers", 0) or 0)
+    first = n - shared
+    if shared:
+        if first <= 0:
+            raise ModelFormatError(f"Gemma 4 num_kv_shared_layers {shared} leaves no layer computing K/V")
+        for i in range(first, n):                       # the last earlier layer of the same type
+            src = max((j for j in range(first) if types[j] == types[i]), default=None)
+            if src is None:
+                raise ModelFormatError(f"Gemma 4 layer {i} ({types[i]}) shares K/V but no earlier layer has its type")
+            geometry[i] = dict(geometry[src], kv_source=src)
+    moe = None
+    if cfg.get("enable_moe_block"):
+        moe = MoeSpec("gemma4", int(cfg["num_experts"]), int(cfg["top_k_experts"]),
+                      int(cfg["moe_intermediate_size"]))
+    common = _common(cfg, "gemma4", hidden, heads, kv, ctx, head_dim, tie_default=True)
+    common["eos_token_ids"] = _eos(cfg.get("eos_token_id", top.get("eos_token_id", 1)))
+    common["tie_embeddings"] = bool(top.get("tie_word_embeddings", cfg.get("tie_word_embeddings", True)))
+    return ModelSpec(layers=_layers(types, cfg.get("sliding_window", 512), rope, geometry=geometry),
+                     embed_scale=math.sqrt(hidden), query_scale=1.0,
+                     final_logit_softcap=cfg.get("final_logit_softcapping"),
+                     activation="gelu_tanh", qk_norm=True, sandwich_norm=True, v_norm=True, moe=moe,
+                     per_layer_input=int(cfg.get("hidden_size_per_layer_input") or 0),
+                     attention_bias=bool(cfg.get("attention_bias", False)), **common)
+
+
+_FAMILIES = {"gpt_oss": _gpt_oss, "olmo3": _olmo3, "exaone4": _exaone4, "gemma4_text": _gemma4}
 
 
 def _act(name: str) -> str:
@@ -214,7 +377,8 @@ def spec_from_gguf(reader_or_path, max_context: int | None = None) -> ModelSpec:
     ctx = int(max_context or m("context_length", 8192))
     bos = gguf_meta(r, "tokenizer.ggml.bos_token_id")
     eos = _eos(gguf_meta(r, "tokenizer.ggml.eos_token_id"))
-    common = dict(vocab_size=int(vocab), hidden_size=int(hidden), intermediate_size=int(m("feed_forward_length")),
+    ffn = m("feed_forward_length") or m("expert_feed_forward_length")
+    common = dict(vocab_size=int(vocab), hidden_size=int(hidden), intermediate_size=int(ffn),
                   num_heads=int(heads), num_kv_heads=int(kv), head_dim=int(head_dim), max_context=ctx,
                   norm_eps=float(m("attention.layer_norm_rms_epsilon", 1e-6)),
                   tie_embeddings="output.weight" not in names, bos_token_id=bos)
@@ -249,4 +413,22 @@ def spec_from_gguf(reader_or_path, max_context: int | None = None) -> ModelSpec:
         types = [_SLIDING if window else _FULL] * int(n)
         return ModelSpec(architecture=arch, layers=_layers(types, window, {_SLIDING: rope, _FULL: rope}),
                          eos_token_ids=eos, attention_bias="blk.0.attn_q.bias" in names, **common)
-    raise ModelFormatError(f"GGUF architecture {arch!r} is not supported (gemma3, llama, qwen2)")
+    if arch == "gpt-oss":
+        # llama.cpp's gpt-oss: sliding on even layers (its swa pattern 2, as transformers'
+        # layer_types), YaRN on every layer (gpt-oss's own untruncated ramp), sinks, experts.
+        scaling = None
+        if m("rope.scaling.type") == "yarn":
+            scaling = RopeScaling("yarn", factor=float(m("rope.scaling.factor")),
+                                  original_context=int(m("rope.scaling.original_context_length", 4096)),
+                                  beta_fast=float(m("rope.scaling.yarn_beta_fast", 32.0)),
+                                  beta_slow=float(m("rope.scaling.yarn_beta_slow", 1.0)), truncate=False)
+        elif m("rope.scaling.type") not in (None, "none"):
+            raise ModelFormatError(f"gpt-oss GGUF RoPE scaling {m('rope.scaling.type')!r} is not supported")
+        rope = (float(m("rope.freq_base", 150_000.0)), 1.0, scaling)
+        types = [_SLIDING if i % 2 == 0 else _FULL for i in range(int(n))]
+        moe = MoeSpec("gpt_oss", int(m("expert_count")), int(m("expert_used_count")),
+                      int(m("expert_feed_forward_length") or ffn))
+        return ModelSpec(architecture="gpt_oss", layers=_layers(types, m("attention.sliding_window", 128),
+                                                                {_SLIDING: rope, _FULL: rope}),
+                         eos_token_ids=eos, attention_bias=True, attention_sinks=True, moe=moe, **common)
+    raise ModelFormatError(f"GGUF architecture {arch!r} is not supported (gemma3, gpt-oss, llama, qwen2)")

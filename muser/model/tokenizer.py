@@ -38,6 +38,11 @@ GEMMA_CHAT_TEMPLATE = (
 )
 # tokens that end a turn in some chat template; one is an end-of-sequence id when the template uses it
 _END_OF_TURN = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|END_OF_TURN_TOKEN|>", "<|end|>")
+# Harmony (gpt-oss): every message ends with <|end|>, but generation ends only with <|return|>
+# (the final answer) or <|call|> (a tool call) -- after an analysis message ends with <|end|> the
+# model goes on with <|start|>assistant<|channel|>final...  So with a harmony template <|end|>
+# must NOT stop generation, and these two must.
+_HARMONY_STOPS = ("<|return|>", "<|call|>")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
 
 
@@ -51,9 +56,16 @@ class Tokenizer:
         vocab = hf.get_vocab()
         eos = [hf.eos_token_id] if hf.eos_token_id is not None else []
         eos += list(extra_eos)
+        self.harmony = bool(self.chat_template) and "<|channel|>" in self.chat_template
         for tok in _END_OF_TURN:
+            if self.harmony and tok == "<|end|>":
+                continue
             if tok in vocab and self.chat_template and tok in self.chat_template:
                 eos.append(vocab[tok])
+        if self.harmony:
+            eos += [vocab[tok] for tok in _HARMONY_STOPS if tok in vocab]
+            end = vocab.get("<|end|>")
+            eos = [i for i in eos if i != end]
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(int(i) for i in eos))
         self.bos_token_id: int | None = hf.bos_token_id
         self.vocab_size: int = len(hf)

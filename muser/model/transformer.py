@@ -1,9 +1,13 @@
 """The transformer as plain functions of tensors (gpt-fast style), device-free.
 
-Owns: the per-token maths of every supported architecture -- embedding, norms,
-q/k/v projection, qk-norm, RoPE (half-rotation and interleaved; NoPE layers
-skip it), the MLP, the residual wiring (sequential, Gemma sandwich, Cohere
-parallel) and the output head (soft-cap, logit scale) -- and `Ops`, the table
+Owns: the per-token maths of every supported architecture -- embedding (and
+Gemma 4's per-layer inputs), norms, q/k/v projection (V = K, KV-shared layers
+that project q only), qk-norm (per head, or over all heads: OLMo 3), the value
+norm (Gemma 4), RoPE (half-rotation and interleaved over the layer's own head
+dim; NoPE layers skip it; schedules from `rope.py`), the feed-forward (MLP,
+experts via `moe.py`, or both), the residual wiring (pre-norm, Gemma sandwich,
+post-norm only, Cohere parallel, layer scalar) and the output head (soft-cap,
+logit scale) -- and `Ops`, the table
 of element-wise pieces a device may run its own way (norm, qk-norm + RoPE,
 act * up, residual add + norm, how long a RoPE table to build).  `EAGER` is the
 plain-torch table, the specification the backends' tables are tested against.
@@ -26,7 +30,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from muser.config import LayerSpec, ModelSpec
+from muser.config import LayerSpec, ModelSpec, RopeScaling
+from muser.model import moe, rope
 from muser.model.weights import LayerWeights, Weights
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -43,25 +48,28 @@ def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
 _ROPE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def rope_tables(theta: float, scale: float, head_dim: int, device, length: int):
-    """(cos, sin), each float32 [L >= length, head_dim/2], cached per (theta, scale, head_dim, device).
+def rope_tables(theta: float, scale: float, head_dim: int, device, length: int,
+                scaling: RopeScaling | None = None):
+    """(cos, sin), each float32 [L >= length, head_dim/2], cached per (theta, scale, scaling, head_dim, device).
 
-    Computed the way transformers does (float32 inverse frequencies, linear
-    scaling divides them, float32 position x frequency), so angles agree bitwise.
+    Computed the way transformers does (float32 inverse frequencies from `rope.inv_freq`,
+    float32 position x frequency, cos/sin times the schedule's amplitude -- 1 except
+    YaRN), so angles agree bitwise.
     """
     device = torch.device(device)
-    key = (float(theta), float(scale), int(head_dim), device)
+    key = (float(theta), float(scale), scaling, int(head_dim), device)
     hit = _ROPE.get(key)
     if hit is not None and hit[0].shape[0] >= length:
         return hit
     n = 1024
     while n < length:
         n *= 2
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
-    if scale != 1.0:
-        inv = inv / scale
+    inv, amp = rope.inv_freq(theta, scale, scaling, head_dim, device)
     freqs = torch.arange(n, dtype=torch.float32, device=device)[:, None] * inv[None, :]   # [n, D/2]
-    _ROPE[key] = (freqs.cos(), freqs.sin())
+    cos, sin = freqs.cos(), freqs.sin()
+    if amp != 1.0:
+        cos, sin = cos * amp, sin * amp
+    _ROPE[key] = (cos, sin)
     return _ROPE[key]
 
 
@@ -80,16 +88,16 @@ def rope_for(spec: ModelSpec, ls: LayerSpec, positions: torch.Tensor, memo: dict
     """cos, sin float32 [T, D/2] for this layer's RoPE at `positions` [T].
 
     `memo`: a dict the caller keeps for one forward pass (one `positions`), so the
-    layers sharing a RoPE base (all sliding layers, all full layers) gather once.
+    layers sharing a RoPE schedule (all sliding layers, all full layers) gather once.
     The table's length (`ops.rope_rows`) never changes a value: row p is p x freq."""
     if memo is not None:
-        key = (ls.rope_theta, ls.rope_scale)
+        key = (ls.rope_theta, ls.rope_scale, ls.rope_scaling, ls.head_dim)
         hit = memo.get(key)
         if hit is None:
             hit = memo[key] = rope_for(spec, ls, positions, None, ops)
         return hit
     need = (ops or EAGER).rope_rows(spec, positions)
-    cos, sin = rope_tables(ls.rope_theta, ls.rope_scale, spec.head_dim, positions.device, need)
+    cos, sin = rope_tables(ls.rope_theta, ls.rope_scale, ls.head_dim, positions.device, need, ls.rope_scaling)
     return cos[positions], sin[positions]
 
 
@@ -174,6 +182,22 @@ def mlp(lw: LayerWeights, spec: ModelSpec, x: torch.Tensor, ops: Ops = EAGER) ->
     return linear(ops.act_mul(linear(x, lw.w_gate), linear(x, lw.w_up), spec), lw.w_down)
 
 
+def feed_forward(lw: LayerWeights, spec: ModelSpec, h: torch.Tensor, x: torch.Tensor,
+                 ops: Ops = EAGER) -> torch.Tensor:
+    """The block after attention, before its residual add.  x = the normed input the MLP
+    reads; h = the residual stream (Gemma 4's router and experts read it, with their own norms).
+    Dense MLP; gpt-oss: experts instead of the MLP; Gemma 4: MLP and experts side by side."""
+    if lw.moe is None:
+        return mlp(lw, spec, x, ops)
+    mw, ms = lw.moe, spec.moe
+    if ms.style == "gpt_oss":
+        return moe.experts(mw, ms, x, *moe.route(mw, ms, x))
+    dense = ops.norm(mlp(lw, spec, x, ops), mw.post_dense_norm, spec)
+    weights, idx = moe.route(mw, ms, ops.norm(h, mw.router_norm, spec))
+    routed = moe.experts(mw, ms, ops.norm(h, mw.pre_moe_norm, spec), weights, idx)
+    return dense + ops.norm(routed, mw.post_moe_norm, spec)
+
+
 # ----------------------------------------------------------------------------- model
 def embed(weights: Weights, spec: ModelSpec, ids: torch.Tensor) -> torch.Tensor:
     """ids [T] int64 -> h [T, hidden] in the weights' dtype."""
@@ -184,37 +208,99 @@ def embed(weights: Weights, spec: ModelSpec, ids: torch.Tensor) -> torch.Tensor:
     return h
 
 
+def per_layer_inputs(weights: Weights, spec: ModelSpec, ids: torch.Tensor, h: torch.Tensor, ops: Ops = EAGER):
+    """Gemma 4's per-layer inputs (PLE): [T, L, P] in h's dtype, or None for other models.
+    (proj(h) / sqrt(hidden), RMS-normed per layer, + table[ids] * sqrt(P)) / sqrt(2);
+    `h` is the scaled main embedding of the same rows."""
+    if not spec.per_layer_input:
+        return None
+    T, L, P = h.shape[0], spec.num_layers, spec.per_layer_input
+    proj = linear(h, weights.per_layer_proj) * spec.hidden_size ** -0.5
+    proj = ops.norm(proj.reshape(T * L, P), weights.per_layer_norm, spec).reshape(T, L, P)   # rows of P
+    table = F.embedding(ids, weights.per_layer_embed).reshape(T, L, P)
+    table = table * torch.tensor(P ** 0.5, dtype=table.dtype)     # rounded to the table's dtype, as transformers
+    return ((proj + table.to(proj.dtype)) * 2.0 ** -0.5).to(h.dtype)
+
+
+_ONES: dict = {}
+
+
+def _unit(d: int, device) -> torch.Tensor:
+    """float32 ones [d]: the multiplier of an unscaled RMS norm (Gemma 4's value norm)."""
+    key = (d, torch.device(device))
+    if key not in _ONES:
+        _ONES[key] = torch.ones(d, dtype=torch.float32, device=device)
+    return _ONES[key]
+
+
+def _project_qkv(lw: LayerWeights, spec: ModelSpec, ls: LayerSpec, x: torch.Tensor):
+    """q [T, H, D] and, for a layer that owns a plane, k and v [T, KV, D] (else None)."""
+    T = x.shape[0]
+    H, KV, D = spec.num_heads, ls.kv_heads, ls.head_dim
+    has_k, has_v = ls.owns_plane, ls.owns_plane and not ls.k_eq_v
+    if lw.wqkv is not None:
+        sizes = (H * D,) + ((KV * D,) if has_k else ()) + ((KV * D,) if has_v else ())
+        parts = linear(x, lw.wqkv).split(sizes, dim=-1)
+        q, k, v = parts[0], parts[1] if has_k else None, parts[2] if has_v else None
+    else:
+        q = linear(x, lw.wq, lw.bq)
+        k = linear(x, lw.wk, lw.bk) if has_k else None
+        v = linear(x, lw.wv, lw.bv) if has_v else None
+    if ls.k_eq_v:
+        v = k                                       # Gemma 4 global layers: V is K before its norm
+    q = q.reshape(T, H, D)
+    if k is not None:
+        k, v = k.reshape(T, KV, D), v.reshape(T, KV, D)
+    return q, k, v
+
+
+def _norm_rope_qk(lw: LayerWeights, spec: ModelSpec, q, k, cos, sin, ops: Ops):
+    """qk-norm (per head, or over all heads: OLMo 3) then RoPE."""
+    if spec.qk_norm and spec.qk_norm_span == "all":
+        q = ops.norm(q.reshape(q.shape[0], -1), lw.q_norm, spec).view(q.shape)
+        k = None if k is None else ops.norm(k.reshape(k.shape[0], -1), lw.k_norm, spec).view(k.shape)
+        return (ops.norm_rope(q, None, spec, cos, sin),
+                None if k is None else ops.norm_rope(k, None, spec, cos, sin))
+    q = ops.norm_rope(q, lw.q_norm if spec.qk_norm else None, spec, cos, sin)
+    k = None if k is None else ops.norm_rope(k, lw.k_norm if spec.qk_norm else None, spec, cos, sin)
+    return q, k
+
+
 def layer_forward(lw: LayerWeights, spec: ModelSpec, ls: LayerSpec, h: torch.Tensor,
                   positions: torch.Tensor, attend: Attend, rope_memo: dict | None = None,
-                  ops: Ops = EAGER) -> torch.Tensor:
+                  ops: Ops = EAGER, per_layer_input: torch.Tensor | None = None) -> torch.Tensor:
     """One decoder layer.  h [T, hidden], positions [T] int64 -> h [T, hidden].
 
     `attend(q [T,H,D], k [T,KV,D], v [T,KV,D]) -> [T,H,D]` receives q/k already
-    qk-normed and rotated (NoPE layers: not rotated) and v as projected.
+    qk-normed and rotated (NoPE layers: not rotated) and v as projected (Gemma 4:
+    RMS-normed).  A KV-shared layer (ls.kv_source) passes k = v = None: the caller
+    attends over the source layer's keys.  The caller also supplies the layer's
+    sinks (lw.sinks) and softmax scale (spec.layer_scale(ls)).
     `rope_memo`: see `rope_for` (one dict per forward pass, shared by its layers).
     `ops`: the element-wise pieces (a backend's table; default the eager maths).
+    `per_layer_input`: this layer's slice [T, P] of `per_layer_inputs` (Gemma 4).
     """
     T = h.shape[0]
-    H, KV, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
-    x = ops.norm(h, lw.attn_norm, spec)
-    if lw.wqkv is not None:
-        q, k, v = linear(x, lw.wqkv).split((H * D, KV * D, KV * D), dim=-1)
-        q, k, v = q.reshape(T, H, D), k.reshape(T, KV, D), v.reshape(T, KV, D)
-    else:
-        q = linear(x, lw.wq, lw.bq).view(T, H, D)
-        k = linear(x, lw.wk, lw.bk).view(T, KV, D)
-        v = linear(x, lw.wv, lw.bv).view(T, KV, D)
+    x = ops.norm(h, lw.attn_norm, spec) if spec.pre_norm else h
+    q, k, v = _project_qkv(lw, spec, ls, x)
     cos, sin = rope_for(spec, ls, positions, rope_memo, ops) if ls.rope else (None, None)
-    q = ops.norm_rope(q, lw.q_norm if spec.qk_norm else None, spec, cos, sin)
-    k = ops.norm_rope(k, lw.k_norm if spec.qk_norm else None, spec, cos, sin)
+    q, k = _norm_rope_qk(lw, spec, q, k, cos, sin, ops)
+    if v is not None and spec.v_norm:
+        v = ops.norm_rope(v, _unit(v.shape[-1], v.device), spec, None, None)
     a = attend(q, k, v)                                            # [T, H, D]
-    o = linear(a.reshape(T, H * D).to(h.dtype), lw.wo, lw.bo)    # [T, hidden]
+    o = linear(a.reshape(T, -1).to(h.dtype), lw.wo, lw.bo)        # [T, hidden]
     if spec.parallel_block:                                        # Cohere: both read the same x
         return ops.residual(h, o, spec, d2=mlp(lw, spec, x, ops))[0]
-    sandwich = spec.sandwich_norm                                  # Gemma: norm o and m first
-    h, x = ops.residual(h, o, spec, lw.post_attn_norm if sandwich else None, lw.pre_ffn_norm)
-    m = mlp(lw, spec, x, ops)
-    return ops.residual(h, m, spec, lw.post_ffn_norm if sandwich else None)[0]
+    post = spec.sandwich_norm or not spec.pre_norm                 # Gemma / OLMo 3 / EXAONE 4: norm o and m
+    h, x = ops.residual(h, o, spec, lw.post_attn_norm if post else None, lw.pre_ffn_norm if spec.pre_norm else None)
+    m = feed_forward(lw, spec, h, h if x is None else x, ops)
+    h = ops.residual(h, m, spec, lw.post_ffn_norm if post else None)[0]
+    if per_layer_input is not None:                                # Gemma 4 PLE: gated per-layer residual
+        g = _act(linear(h, lw.ple_gate), spec) * per_layer_input
+        h = ops.residual(h, linear(g, lw.ple_proj), spec, lw.ple_norm)[0]
+    if lw.layer_scale is not None:
+        h = h * lw.layer_scale
+    return h
 
 
 def final_hidden(weights: Weights, spec: ModelSpec, h: torch.Tensor, ops: Ops = EAGER) -> torch.Tensor:
@@ -248,13 +334,19 @@ def forward_reference(weights: Weights, spec: ModelSpec, ids, all_logits: bool =
     ids = torch.as_tensor(ids, dtype=torch.long, device=dev)
     pos = torch.arange(ids.shape[0], device=dev)
     h = embed(weights, spec, ids)
+    ple = per_layer_inputs(weights, spec, ids, h, ops)
     memo: dict = {}
-    for lw, ls in zip(weights.layers, spec.layers):
+    kv: dict[int, tuple] = {}                   # layer -> its (k, v): what KV-shared layers read
+    for i, (lw, ls) in enumerate(zip(weights.layers, spec.layers)):
         mask = visibility_mask(pos, pos, ls.window)
 
-        def attend(q, k, v, mask=mask):
-            return attention(q, k, v, mask, spec.scale, spec.attn_logit_softcap)
-        h = layer_forward(lw, spec, ls, h, pos, attend, memo, ops)
+        def attend(q, k, v, mask=mask, ls=ls, lw=lw):
+            if k is None:
+                k, v = kv[ls.kv_source]
+            else:
+                kv[ls.index] = (k, v)
+            return attention(q, k, v, mask, spec.layer_scale(ls), spec.attn_logit_softcap, lw.sinks)
+        h = layer_forward(lw, spec, ls, h, pos, attend, memo, ops, None if ple is None else ple[:, i])
     if not all_logits:
         h = h[-1:]
     return logits(weights, spec, final_hidden(weights, spec, h, ops))

@@ -3,14 +3,16 @@ and the ring backend agrees with the full-history oracle across every wrap phase
 import pytest
 import torch
 
-from muser.testing import tiny_model
+from muser.testing import FAMILIES, tiny_model
 
 WINDOW = 4
 
 
-@pytest.fixture(scope="module", params=["gemma3", "cohere2", "gemma3-bf16-int8"])
+@pytest.fixture(scope="module", params=["gemma3", "cohere2", "gemma3-bf16-int8", *FAMILIES,
+                                        *(f"{a}-bf16-int8" for a in FAMILIES)])
 def engines(request):
-    """(production engine, f32 oracle).  The int8 fast path must keep every bitwise contract too."""
+    """(production engine, f32 oracle), for every family.  The int8 fast path (the CPU
+    default) must keep every bitwise contract too."""
     arch, *fast = request.param.split("-")
     oracle = tiny_model(arch, window=WINDOW, tokenizer=False, backend="oracle")
     if fast:

@@ -73,6 +73,18 @@ def unsupported(spec) -> str | None:
         return f"odd head_dim {spec.head_dim}"
     if spec.num_heads % spec.num_kv_heads:
         return "heads not a multiple of kv heads"
+    # The hybrid families' features have no fused CUDA step yet: their decode steps run
+    # the eager session path (correct, not fast) until kernels take them.
+    if not spec.uniform_geometry:
+        return "per-layer head dims / kv heads or KV-shared layers"
+    if spec.attention_sinks:
+        return "attention sinks"
+    if spec.moe is not None:
+        return "mixture of experts"
+    if spec.per_layer_input or spec.v_norm or not spec.pre_norm or spec.qk_norm_span != "head":
+        return "Gemma 4 / OLMo 3 / EXAONE 4 layer wiring"
+    if any(l.rope_scaling is not None for l in spec.layers):
+        return "YaRN / proportional RoPE"
     return None
 
 

@@ -44,18 +44,19 @@ class CudaAttention:
         self.stats = {"flash": 0, "sdpa": 0, "reference": 0}
         self.last_error: str | None = None
 
-    def __call__(self, q, k, v, mask, scale, softcap=None):
-        if softcap is not None or q.dtype == torch.float32:
-            return self._reference(q, k, v, mask, scale, softcap)
+    def __call__(self, q, k, v, mask, scale, softcap=None, sinks=None):
+        if softcap is not None or sinks is not None or q.dtype == torch.float32:
+            # no CUDA kernel takes sinks yet: the reference arithmetic, on the GPU
+            return self._reference(q, k, v, mask, scale, softcap, sinks)
         self.stats["sdpa"] += 1
         return _sdpa(q, k, v, mask, scale).to(q.dtype)
 
-    def _reference(self, q, k, v, mask, scale, softcap):
+    def _reference(self, q, k, v, mask, scale, softcap, sinks=None):
         from ...attention.reference import attention
         self.stats["reference"] += 1
         if mask is None:
             mask = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool, device=q.device)
-        return attention(q, k, v, mask, scale, softcap)
+        return attention(q, k, v, mask, scale, softcap, sinks)
 
     def banded(self, q, k, v, q_start: int, k_start: int, window: int | None, scale: float,
                softcap: float | None = None):

@@ -17,7 +17,8 @@
  *            l_c = tree16 of 16 lanes, lane i summing e_j for j = i mod 16 in j order;
  *            o_c[d] = sum_j e_j v_j[d], fma in j order from 0
  *   merge    M = max_c m_c;  w_c = exp(m_c - M);  L = sum_c w_c l_c;  out = (sum_c w_c o_c) / L
- *            (products then sums, c ascending)
+ *            (products then sums, c ascending).  With attention sinks (gpt-oss: a learned logit
+ *            s_h per head joining the denominator) M = max(M, s_h) and L += exp(s_h - M) last.
  * so a decode step, a verification row, a row of any prefill chunk and a batched row compute
  * the same bits for the same token (issue 12).
  *
@@ -50,6 +51,7 @@ typedef struct {
     float scale, softcap;
     void *out; int out_bf16;
     int64_t R;           /* rows per block */
+    const float *sinks;  /* [H] softmax sinks, or NULL */
 } Args;
 
 /* ------------------------------------------------------------------ element-wise maths */
@@ -447,6 +449,8 @@ static void merge(const Args *a, int64_t t0, int r, int64_t g, float *base, int6
             float mc = slot(base, rg, c - cb0, NP, D)[0];
             M = mc > M ? mc : M;
         }
+        float sink = a->sinks ? a->sinks[g * G + hh] : 0.0f;
+        if (a->sinks && sink > M) M = sink;
         for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
         for (int64_t c = c_lo; c <= c_hi; c++) {
             const float *sl = slot(base, rg, c - cb0, NP, D);
@@ -465,6 +469,7 @@ static void merge(const Args *a, int64_t t0, int r, int64_t g, float *base, int6
             }
 #endif
         }
+        if (a->sinks) L = L + exp_s(sink - M);
         int64_t h = g * G + hh;
         for (int64_t d = 0; d < D; d++) st(a->out, a->out_bf16, (t * a->H + h) * D + d, acc[d] / L);
     }
@@ -590,14 +595,22 @@ static int attend(Args *a, int nthreads) {
 /* q [T, H, D] at positions qpos[T] (or qpos0 .. qpos0 + T - 1 when qpos is NULL); keys/values as
  * described at the top; out [T, H, D].
  * D % 16 == 0, D <= 1024, H / KV <= 16. */
+int muser_attend_rows_sinks(const void *q, int q_bf16, int64_t T, int64_t H, int64_t D, const int64_t *qpos,
+                            int64_t qpos0, int64_t window, const void *k, const void *v, int kv_bf16, int64_t KV,
+                            int64_t pos0, int64_t S, int64_t rot, int64_t cap, int64_t stride_s, int64_t stride_kv,
+                            float scale, float softcap, const float *sinks, void *out, int out_bf16, int nthreads) {
+    if (S < 1 || cap < S || rot < 0 || rot >= cap) return -1;
+    Args a = {q, q_bf16, T, H, D, KV, 0, qpos, qpos0, window, k, v, kv_bf16, pos0, S, rot, cap, stride_s, stride_kv,
+              scale, softcap, out, out_bf16, 0, sinks};
+    return attend(&a, nthreads);
+}
+
 int muser_attend_rows(const void *q, int q_bf16, int64_t T, int64_t H, int64_t D, const int64_t *qpos,
                       int64_t qpos0, int64_t window, const void *k, const void *v, int kv_bf16, int64_t KV, int64_t pos0,
                       int64_t S, int64_t rot, int64_t cap, int64_t stride_s, int64_t stride_kv, float scale,
                       float softcap, void *out, int out_bf16, int nthreads) {
-    if (S < 1 || cap < S || rot < 0 || rot >= cap) return -1;
-    Args a = {q, q_bf16, T, H, D, KV, 0, qpos, qpos0, window, k, v, kv_bf16, pos0, S, rot, cap, stride_s, stride_kv,
-              scale, softcap, out, out_bf16, 0};
-    return attend(&a, nthreads);
+    return muser_attend_rows_sinks(q, q_bf16, T, H, D, qpos, qpos0, window, k, v, kv_bf16, KV, pos0, S, rot, cap,
+                                   stride_s, stride_kv, scale, softcap, NULL, out, out_bf16, nthreads);
 }
 
 /* Every key visible (keys in storage order, positions 0..S-1, every query at S - 1). */
