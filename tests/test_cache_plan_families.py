@@ -18,7 +18,7 @@ GPT_OSS_20B = {
 
 def muser(capsys, *args):
     """The CLI's argument parsing and command, in process (test_generate_cli runs the real process)."""
-    from muser.cli import build_parser
+    from muser.cli.main import build_parser
     a = build_parser().parse_args(list(args))
     rc = a.func(a)
     return SimpleNamespace(returncode=rc, stdout=capsys.readouterr().out, stderr="")

@@ -11,6 +11,7 @@ import torch
 
 import muser
 from muser.errors import PackModelMismatch
+from muser.pack.format import pack_from_bytes, pack_to_bytes
 from muser.testing import FAMILIES, tiny_model, tiny_model_dir
 
 transformers = pytest.importorskip("transformers")
@@ -52,7 +53,7 @@ def test_gpt_oss_128_ring_restores_bitwise_at_wrap_phases(gpt_oss_128, split):
     prompt = ids(split + 520, 2)
     live = engine.new_session()
     live.prefill(prompt[:split])
-    restored = engine.restore(muser.SessionSnapshot.from_bytes(live.snapshot().to_bytes()))
+    restored = engine.restore(pack_from_bytes(pack_to_bytes(live.snapshot())))
     for s in (live, restored):
         s.out = [s.prefill(prompt[split:]), s.decode(5), s.decode(6)]
     assert all(torch.equal(a, b) for a, b in zip(live.out, restored.out))
@@ -75,7 +76,7 @@ def test_kv_shared_layers_own_no_plane(gemma4):
     snap = s.snapshot()
     assert [c.layer for c in snap.planes] == owners
     assert snap.nbytes() == sum(p.row_bytes() * min(11, p.capacity) for p in s.planes)
-    packed = muser.SessionSnapshot.from_bytes(snap.to_bytes())          # a pack holds one cut per plane
+    packed = pack_from_bytes(pack_to_bytes(snap))          # a pack holds one cut per plane
     assert [c.layer for c in packed.planes] == owners
     restored = gemma4.restore(packed)
     cp = s.checkpoint(3)
@@ -90,7 +91,7 @@ def test_kv_shared_layers_own_no_plane(gemma4):
 
 def test_cache_plan_counts_shared_planes_once(gemma4):
     from muser.cache.plan import plan
-    from muser.engine.plan_cli import geometry
+    from muser.cli.plan import geometry
     g = geometry(gemma4.spec, "bfloat16", 256)
     p = plan(g, 200)
     assert (p.sliding_layers, p.full_layers, p.shared_layers) == (3, 1, 2)
@@ -125,10 +126,10 @@ def test_packs_refuse_another_architecture(src, dst):
     b = tiny_model(dst, window=4, tokenizer=False)
     s = a.new_session()
     s.prefill(ids(6))
-    data = s.snapshot().to_bytes()
+    data = pack_to_bytes(s.snapshot())
     target = b.new_session()
     target.prefill(ids(2))
     before = target.snapshot()
     with pytest.raises(PackModelMismatch):
-        b.restore(muser.SessionSnapshot.from_bytes(data), into=target)
+        b.restore(pack_from_bytes(data), into=target)
     assert target.snapshot().equal(before)

@@ -140,7 +140,7 @@ def test_sinks_equal_transformers_eager_attention():
 def test_every_cpu_attention_path_takes_sinks(rows, window, dtype):
     """Decode (all visible), short chunks (reference) and long chunks (fused kernel + its
     log-sum-exp) agree with the reference with sinks."""
-    from muser.attention import select_attention
+    from muser.backends.cpu.attention import CpuAttention
     from muser.attention.reference import attention, visibility_mask
     g = torch.Generator().manual_seed(rows)
     S = rows + 40
@@ -150,7 +150,7 @@ def test_every_cpu_attention_path_takes_sinks(rows, window, dtype):
     qpos, kpos = torch.arange(S - rows, S), torch.arange(S)
     mask = visibility_mask(qpos, kpos, window)
     want = attention(q, k, v, mask, 0.125, sinks=sinks).float()
-    got = select_attention("cpu")(q, k, v, None if rows == 1 and window is None else mask, 0.125, None, sinks=sinks)
+    got = CpuAttention()(q, k, v, None if rows == 1 and window is None else mask, 0.125, None, sinks=sinks)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
     without = attention(q, k, v, mask, 0.125).float()
