@@ -305,3 +305,15 @@ def test_speculating_server_gives_the_same_greedy_answers_and_valid_json(tiny):
                    if line.startswith("muser_accepted_draft_tokens_total"))
     assert accepted > 0
     jsonschema.validate(json.loads(spec[1][0][0]), SCHEMA)
+
+
+def test_a_shifted_conversation_still_gets_valid_json(srv):
+    msgs = []
+    for i in range(14):
+        msgs += [{"role": "user", "content": f"turn {i}: the quick brown fox jumps over the lazy dog"},
+                 {"role": "assistant", "content": "fine, thanks. hello world"}]
+    msgs.append({"role": "user", "content": "now answer in json"})
+    r = chat(srv, messages=msgs, response_format=RF, temperature=0)
+    assert r.model_extra["muser"]["shifted"] is True
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
