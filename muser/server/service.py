@@ -298,7 +298,10 @@ class ServerState:
         self.metrics.observe("queue_wait_seconds", placement.queue_wait)
         room = self.max_context - len(placement.prompt)
         max_new = room if max_tokens is None else min(max_tokens, room)
-        job = Job(placement, decoding, max_new, req.stops(), asyncio.get_running_loop(),
+        # Under a grammar the grammar decides where the output ends: a stop string cutting it
+        # early would break "finish_reason stop => valid" (docs/server.md).
+        stops = [] if decoding.grammar is not None else req.stops()
+        job = Job(placement, decoding, max_new, stops, asyncio.get_running_loop(),
                   replay=replay(placement.plan))
         watch.on_gone.append(job.cancel)
         watch.on_gone.append(self.scheduler.wake)

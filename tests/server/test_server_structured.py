@@ -317,3 +317,9 @@ def test_a_shifted_conversation_still_gets_valid_json(srv):
     assert r.model_extra["muser"]["shifted"] is True
     assert r.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+
+
+def test_stop_strings_do_not_cut_a_constrained_output(srv):
+    r = chat(srv, response_format=RF, temperature=0, stop=['"', "}"])
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
