@@ -154,6 +154,7 @@ def test_completion_logprobs_and_echo_with_prompt_logprobs(srv, tiny):
     # the tiny model runs the float32 path, whose matmuls are not chunk-invariant (docs/exactness.md):
     # the echo prefill (row by row) and the plain one agree to rounding, not bit for bit
     assert r2.choices[0].logprobs.token_logprobs == pytest.approx(lp.token_logprobs[len(prompt):], abs=1e-5)
+    assert r2.choices[0].logprobs.tokens == lp.tokens[len(prompt):]
 
 
 # ----------------------------------------------------------------------------- n > 1
