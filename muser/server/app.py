@@ -69,6 +69,11 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
         if request is not None:
             _count(request, exc.status)
         headers = {"retry-after": "1"} if exc.status in (429, 503) else None
+        if exc.status in (408, 413):
+            # The body was refused before it was read: what is left of it is still on the
+            # wire, and on a kept-alive connection it would be parsed as the next request's
+            # head (a 431 to the client's next, innocent request).  Close after answering.
+            headers = {"connection": "close"}
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(ServerError)
@@ -89,10 +94,6 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
 
     # Typed errors get their own handlers: Starlette answers a handler registered for plain
     # `Exception` and then re-raises (uvicorn logs a traceback and resets the connection).
-    @app.exception_handler(MuserError)
-    async def _muser_error(request, exc: MuserError):
-        return _error(to_http(exc), request)
-
     @app.exception_handler(RecursionError)
     async def _too_deep(request, exc: RecursionError):
         return _error(to_http(exc), request)

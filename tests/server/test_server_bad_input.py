@@ -118,7 +118,9 @@ def test_malformed_completion(srv, name, body, status):
 
 def test_other_bad_requests(srv):
     h = srv.http()
-    assert_openai_error(post(h, "/v1/chat/completions", b"x" * (1 << 17)), 413)
+    r = post(h, "/v1/chat/completions", b"x" * (1 << 17))
+    assert_openai_error(r, 413)
+    assert r.headers["connection"] == "close"     # the unread body must not become a request head
     assert_openai_error(h.get("/v1/chat/completions"), 405)
     assert_openai_error(h.get("/v1/nope"), 404)
     assert_openai_error(h.get("/v1/models/gpt-4"), 404)
