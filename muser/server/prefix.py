@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
-from ..errors import StoreError
+from ..errors import MuserError, StoreError
 
 log = logging.getLogger("muser.server")
 PROBE = "\u2063"        # an invisible separator as the probe message: no real message starts so
@@ -107,7 +107,9 @@ class PrefixCache:
                 self.put(session, "evicted slot")
             try:
                 return self.store.install(session, hit), hit.position
-            except StoreError as e:          # evicted meanwhile, or a bad file (logged, removed)
+            except MuserError as e:
+                # evicted meanwhile, a bad file (logged, removed) or refused by the snapshot gate:
+                # the session is unchanged, the prompt is recomputed
                 log.warning("prefix cache: installing %d stored tokens failed (%s); recomputing",
                             hit.position, e)
         if live:

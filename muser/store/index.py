@@ -45,6 +45,7 @@ class Index:
         self.users: dict[int, int] = {}              # id(block) -> indexed cuts standing on it
         self.cuts: dict[bytes, Cut] = {}
         self.by_base: dict[bytes, list[Cut]] = {}
+        self.through: dict[bytes, set] = {}          # block chain -> cuts standing on that block
         self.lru: OrderedDict[bytes, Cut] = OrderedDict()   # least recently used first
         self._clock = 0
 
@@ -91,12 +92,16 @@ class Index:
                 if cut.extends(other, self.block_size):
                     cut.ancestors.add(other)
                     other.descendants.add(cut)
-        for other in self.cuts.values():
+        # a cut extending this one stands on its base block (or, for a base at the root, anywhere)
+        maybe = self.through.get(cut.base, ()) if cut.blocks else self.cuts.values()
+        for other in list(maybe) + self.by_base.get(cut.base, []):
             if other.extends(cut, self.block_size):
                 cut.descendants.add(other)
                 other.ancestors.add(cut)
         self.cuts[cut.key] = cut
         self.by_base.setdefault(cut.base, []).append(cut)
+        for b in cut.blocks:
+            self.through.setdefault(b.chain, set()).add(cut)
         self.lru[cut.key] = cut
         self.touch(cut)
 
@@ -107,6 +112,11 @@ class Index:
         self.by_base[cut.base].remove(cut)
         if not self.by_base[cut.base]:
             del self.by_base[cut.base]
+        for b in cut.blocks:
+            users = self.through[b.chain]
+            users.discard(cut)
+            if not users:
+                del self.through[b.chain]
         for a in cut.ancestors:
             a.descendants.discard(cut)
         for d in cut.descendants:
@@ -251,4 +261,6 @@ class Index:
             ram += b.nbytes if b.rows is not None else 0
             disk += b.disk_bytes if b.on_disk else 0
         assert sum(len(v) for v in self.blocks.values()) == len(seen) == len(self.users)
+        assert sum(len(v) for v in self.through.values()) == sum(len(c.blocks) for c in self.cuts.values())
+        assert all(c in self.through[b.chain] for c in self.cuts.values() for b in c.blocks)
         assert (ram, disk) == (self.used["ram"], self.used["disk"]), (ram, disk, self.used)
