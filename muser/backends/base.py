@@ -51,7 +51,8 @@ class Backend:
         """The captured decode-step runner, or None (only CUDA has one)."""
         return None
 
-    def forward(self, engine, sessions, chunks, all_logits: bool, pad: bool) -> torch.Tensor:
+    def forward(self, engine, sessions, chunks, all_logits: bool, pad: bool,
+                logits: bool = True) -> torch.Tensor:
         """The step driver: `chunks[b]` (validated token ids) through every layer for
         `sessions[b]`; float32 logits (see backends/step.py)."""
-        return one_forward(engine, sessions, chunks, all_logits, pad)
+        return one_forward(engine, sessions, chunks, all_logits, pad, logits)

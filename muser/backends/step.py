@@ -53,19 +53,22 @@ from ..model import transformer as tf
 PAD_ROWS = 16   # chunk row counts are rounded up to this
 
 
-def forward(engine, sessions: list, chunks: list[list[int]], all_logits: bool, pad: bool) -> torch.Tensor:
+def forward(engine, sessions: list, chunks: list[list[int]], all_logits: bool, pad: bool,
+            logits: bool = True) -> torch.Tensor:
     """float32 logits: [sum of chunk lengths, vocab] with `all_logits`, else [B, vocab] (each
-    session's last row).  Appends every chunk to its session's planes and lineage."""
+    session's last row); [0, vocab] without `logits` (a prefill chunk that is not the last one:
+    the final norm and the head are skipped, the planes are the same).  Appends every chunk to its
+    session's planes and lineage."""
     guards = [Checkpoint(s.planes, s.position, len(c)) if s._open is None else None
               for s, c in zip(sessions, chunks)]
     try:
         if len(sessions) == 1:
-            logits = _pass(engine, sessions, chunks, all_logits, pad)
+            out = _pass(engine, sessions, chunks, all_logits, pad, logits)
         else:
-            parts = [_pass(engine, sessions[a:b], chunks[a:b], all_logits, pad)
+            parts = [_pass(engine, sessions[a:b], chunks[a:b], all_logits, pad, logits)
                      for a, b in _groups(chunks, pad and not engine.backend.exact_rows,
                                          engine.backend.invariant_rows)]
-            logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+            out = parts[0] if len(parts) == 1 else torch.cat(parts)
     except BaseException:
         for g in guards:
             if g is not None and g.open:
@@ -75,10 +78,10 @@ def forward(engine, sessions: list, chunks: list[list[int]], all_logits: bool, p
         if g is not None:
             g.commit()
         s.tokens.extend(c)
-    return logits
+    return out
 
 
-def _pass(engine, sessions, chunks, all_logits: bool, pad: bool) -> torch.Tensor:
+def _pass(engine, sessions, chunks, all_logits: bool, pad: bool, logits: bool = True) -> torch.Tensor:
     """One pass of the stacked rows of `sessions` through every layer (no transaction)."""
     spec, weights, backend, dev = engine.spec, engine.weights, engine.backend, engine.device
     B = len(sessions)
@@ -157,6 +160,8 @@ def _pass(engine, sessions, chunks, all_logits: bool, pad: bool) -> torch.Tensor
     for li, (layer_spec, lw) in enumerate(zip(spec.layers, weights.layers)):
         h = tf.layer_forward(lw, spec, layer_spec, h, mm_pos, attend_for(li, layer_spec, lw), memo, ops,
                              None if ple is None else ple[:, li])
+    if not logits:
+        return torch.empty((0, spec.vocab_size), dtype=torch.float32, device=h.device)
     h = _keep_rows(h, real, rows, mm_off, all_logits)
     return tf.logits(weights, spec, tf.final_hidden(weights, spec, h, ops))
 

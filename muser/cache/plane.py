@@ -195,6 +195,13 @@ class Plane:
         """Live rows in ascending position order: ([len, KV, D], [len, KV, D]) (a copy)."""
         return self.read_slots(self.origin_physical, self.len)
 
+    def shadow_rows(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Live rows in position order, then `keys`/`values` [t, KV, D]: staging's detached
+        shadow, each a new [len + t, KV, D] tensor in the plane's dtype."""
+        old_k, old_v = self.logical_rows()
+        return (torch.cat([old_k, keys.to(self.dtype)], dim=0),
+                torch.cat([old_v, values.to(self.dtype)], dim=0))
+
     def install(self, start_position: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Lay logical rows for [start, start + n) into an empty-or-reset plane.
 
@@ -300,6 +307,19 @@ class RingPlane(Plane):
         for slot, off, n in slot_runs(first_slot, keys.shape[0], self.capacity):
             self.keys[slot:slot + n].copy_(keys[off:off + n])
             self.values[slot:slot + n].copy_(values[off:off + n])
+
+    def shadow_rows(self, keys, values):
+        # One pass into one buffer (the base class un-rotates, then concatenates: two): a small
+        # chunk on a full ring copies the whole window here, so this is most of its staging.
+        live, t = self.len, keys.shape[0]
+        k = self.keys.new_empty((live + t, *self.keys.shape[1:]))           # [len + t, KV, D]
+        v = self.values.new_empty((live + t, *self.values.shape[1:]))
+        for slot, off, n in slot_runs(self.origin_physical, live, self.capacity):
+            k[off:off + n].copy_(self.keys[slot:slot + n])
+            v[off:off + n].copy_(self.values[slot:slot + n])
+        k[live:].copy_(keys)
+        v[live:].copy_(values)
+        return k, v
 
     def allocated_bytes(self) -> int:
         return 2 * self.keys.numel() * self.keys.element_size()

@@ -98,8 +98,6 @@ def stage(plane: Plane, start: int, keys: torch.Tensor, values: torch.Tensor,
         return Staged(plane.keys, plane.values, plane.origin_logical, False, False, plane, start, None)
 
     # Overwrite: detached shadow in logical order, store after attention.
-    old_k, old_v = plane.logical_rows()                               # [live, KV, D]
-    shadow_k = torch.cat([old_k, keys.to(plane.dtype)], dim=0)        # [live + t, KV, D]
-    shadow_v = torch.cat([old_v, values.to(plane.dtype)], dim=0)
+    shadow_k, shadow_v = plane.shadow_rows(keys, values)             # [live + t, KV, D]
     return Staged(shadow_k, shadow_v, span_first, True, True, plane, start,
                   (keys[:real], values[:real]))

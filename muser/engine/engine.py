@@ -120,9 +120,9 @@ class Engine:
         chunks = [s._validate(c) for s, c in zip(sessions, chunks)]
         return self._forward(sessions, chunks, all_logits, pad)
 
-    def _forward(self, sessions, chunks, all_logits: bool, pad: bool) -> torch.Tensor:
+    def _forward(self, sessions, chunks, all_logits: bool, pad: bool, logits: bool = True) -> torch.Tensor:
         """`forward` for validated input (Session validates once per call, not per chunk)."""
-        return self.backend.forward(self, sessions, chunks, all_logits, pad)
+        return self.backend.forward(self, sessions, chunks, all_logits, pad, logits)
 
     def decode_batch(self, sessions: list[Session], tokens: list[int]) -> torch.Tensor:
         """One decode step for several sessions: float32 logits [B, vocab].  Each row is bitwise

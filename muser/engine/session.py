@@ -58,16 +58,19 @@ class Session:
             raise CacheOverflow(-1, self.engine.max_context, self.position + len(ids))
         return ids
 
-    def prefill(self, ids, chunk_size: int | None = None) -> torch.Tensor:
-        """Consume `ids`; return float32 logits [vocab] of the last position."""
+    def prefill(self, ids, chunk_size: int | None = None, logits: bool = True) -> torch.Tensor | None:
+        """Consume `ids`; return float32 logits [vocab] of the last position (None without
+        `logits`: a piece of a longer prompt -- the head, ~6 ms of a CPU step, is skipped).  Only
+        the last chunk computes logits; the planes are the same either way."""
         ids = self._validate(ids)
         chunk = chunk_size or self.engine.config.chunk_size
         if chunk < 1:
             raise RequestError(f"chunk_size must be >= 1, got {chunk}")
-        logits = None
+        out = None
         for i in range(0, len(ids), chunk):
-            logits = self.engine._forward([self], [ids[i:i + chunk]], False, True)
-        return logits[-1]
+            last = i + chunk >= len(ids)
+            out = self.engine._forward([self], [ids[i:i + chunk]], False, True, logits and last)
+        return out[-1] if logits else None
 
     def decode(self, token_id: int) -> torch.Tensor:
         """Consume one token; return float32 logits [vocab] for the next one."""

@@ -300,6 +300,7 @@ class Scheduler:
         live = p.reuse if p.reuse and s.tokens == p.prompt[:p.reuse] else 0
         if self.prefix is not None:           # the longest stored prefix, if longer than live
             p.reuse, p.stored = self.prefix.admit(s, p.prompt, live)
+            p.cuts = self.prefix.plan_cuts(s, p.cuts, p.reuse, p.stored)
         else:
             p.reuse = live
             if not live:
@@ -356,7 +357,8 @@ class Scheduler:
                 if job.decoding.prompt_logprobs:
                     logits = self._prompt_logprobs(job, piece)
                 else:
-                    logits = job.target.prefill(piece)
+                    # a piece of a longer prompt (it ends at a cut point or the budget): no head
+                    logits = job.target.prefill(piece, logits=len(piece) == len(job.feed))
             except SAFE_ERRORS as e:
                 job.placement.slot.replay = None
                 self._finish(job, error=e)

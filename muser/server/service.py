@@ -36,7 +36,7 @@ from .policy import (Limits, RawReplay, ReplayPlan, match_lineage, plan_chat, pl
 from .responses import ClientWatch, Formatter, SSEResponse
 from .sampler import sampling_params
 from .scheduler import Job, Scheduler
-from .prefix import PrefixCache, chat_boundaries, cut_points
+from .prefix import BoundaryMemo, PrefixCache, chat_boundaries, cut_points
 from .slots import Candidate, Slot, SlotPool
 from .text import SharedTokenizer, base_model_note, chars_per_token_bound, turn_marker_ids
 from .transport import read_body
@@ -64,6 +64,7 @@ class ServerState:
         self.prefix, sessions = on_short_thread(
             lambda: (make_prefix_cache(engine, config),
                      [engine.new_session() for _ in range(config.slots + 1)]), name="muser-slots")
+        self.boundaries = BoundaryMemo()          # chat boundaries probed (event loop only)
         self.pool = SlotPool(sessions[:-1], sessions[-1], config.queue_size, config.queue_timeout,
                              peek=self.prefix.peek if self.prefix else None)
         self.scheduler = Scheduler(engine, self.pool, self.metrics, self.max_context,
@@ -187,7 +188,8 @@ class ServerState:
         if self.prefix is None or plan.shifted:
             return ()
         render = lambda ms, gen: self.tokenizer.apply_chat_template(ms, add_generation_prompt=gen)  # noqa: E731
-        return cut_points(len(ids), chat_boundaries(render, list(plan.messages()), ids),
+        return cut_points(len(ids), chat_boundaries(render, list(plan.messages()), ids,
+                                                    self.boundaries),
                           self.prefix.block_size)
 
     def raw_cuts(self, plan, n: int) -> tuple:

@@ -43,9 +43,9 @@ class CudaBackend(Backend):
         self._runner = None
         self._runner_env = env if env is not None else self.env
 
-    def forward(self, engine, sessions, chunks, all_logits, pad):
+    def forward(self, engine, sessions, chunks, all_logits, pad, logits=True):
         if not pad and all(len(c) == 1 for c in chunks):
             runner = self.runner(engine)
             if runner is not None:           # one graph replay for every session
                 return runner.decode(sessions, [c[0] for c in chunks])
-        return one_forward(engine, sessions, chunks, all_logits, pad)
+        return one_forward(engine, sessions, chunks, all_logits, pad, logits)
