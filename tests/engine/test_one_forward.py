@@ -63,3 +63,17 @@ def test_bad_input_is_refused_before_anything_runs(engine):
         engine.forward([a, b], [[4], []])
     assert a.snapshot().equal(before[0]) and b.snapshot().equal(before[1])
     assert engine.decode_batch([], []).shape == (0, engine.spec.vocab_size)
+
+
+def test_a_prompt_piece_without_logits_leaves_the_same_planes_and_final_logits(engine):
+    """`prefill(piece, logits=False)` skips the head of a piece that is not the prompt's last
+    (the server splits at cut points): nothing else changes, bit for bit."""
+    ids = [(5 * j) % 300 + 3 for j in range(23)]
+    a, b = engine.new_session(), engine.new_session()
+    assert a.prefill(ids[:9], logits=False) is None
+    la = a.prefill(ids[9:])
+    b.prefill(ids[:9])
+    lb = b.prefill(ids[9:])
+    assert torch.equal(la, lb)
+    for pa, pb in zip(a.snapshot().planes, b.snapshot().planes):
+        assert torch.equal(pa.keys, pb.keys) and torch.equal(pa.values, pb.values)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from muser.engine.sampling import SamplingParams, sample
-from muser.server.prefix import chat_boundaries, cut_points
+from muser.server.prefix import BoundaryMemo, chat_boundaries, cut_points
 from server_harness import serve
 
 # Issue 12 ("one arithmetic per token"): once every CPU path computes a token's rows the same
@@ -256,3 +256,35 @@ def test_chat_boundaries_follow_the_template(tiny):
         assert ids[:pos] == r(msgs[:k] + [{"role": "user", "content": "zzz"}], False)[:pos]
         assert tiny.tokenizer.decode(ids[:pos]).endswith("<end_of_turn>\n<start_of_turn>user\n")
     assert cut_points(len(ids), b, 64) == tuple(sorted(set(b) | ({len(ids) // 64 * 64} - {0})))
+
+
+def test_probed_boundaries_are_remembered_not_rendered_again(tiny):
+    r, calls = render(tiny), []
+
+    def counting(ms, gen=True):
+        calls.append(len(ms))
+        return r(ms, gen)
+    msgs = [SYSTEM, {"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": "again"}]
+    ids = r(msgs)
+    memo = BoundaryMemo()
+    first = chat_boundaries(counting, msgs, ids, memo)
+    assert first == chat_boundaries(r, msgs, ids) and len(calls) == 2
+    longer = msgs + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    ids2 = r(longer)
+    assert chat_boundaries(counting, longer, ids2, memo) == chat_boundaries(r, longer, ids2)
+    assert len(calls) == 3                      # only the new turn's boundary was probed
+
+
+def test_a_cut_point_just_past_the_start_is_not_split_at_but_the_live_start_is_stored(tiny):
+    from muser.server.prefix import MIN_PIECE, PrefixCache
+    from muser.store import CutStore
+    ids = [(3 * j) % 200 + 5 for j in range(160)]
+    pc = PrefixCache(CutStore(tiny, 8 << 20, block_size=32))
+    s = tiny.new_session()
+    s.prefill(ids[:40])
+    near, far = 40 + MIN_PIECE - 1, 40 + MIN_PIECE
+    assert pc.plan_cuts(s, (near, far, 128), reuse=40, stored=0) == (far, 128)
+    hit = pc.store.longest_prefix(ids, limit=len(ids) - 1)
+    assert hit is not None and hit.position == 40       # the live start, stored instead
+    assert pc.plan_cuts(s, (far, 128), reuse=40, stored=0) == (far, 128)   # nothing near: as is
