@@ -79,24 +79,33 @@ class Tokenizer:
                               clean_up_tokenization_spaces=False)
 
     def token_id(self, token: str) -> int | None:
-        return self.hf.get_vocab().get(token)
+        """The id of one vocabulary entry, None when there is none (no dict of the whole
+        vocabulary is built: 262k entries on Gemma)."""
+        i = self.hf.convert_tokens_to_ids(token)
+        if i is None or (i == self.hf.unk_token_id and token != self.hf.unk_token):
+            return None
+        return int(i)
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The chat template's text for `messages` ([{"role": ..., "content": str}, ...])."""
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    variables: dict | None = None) -> str:
+        """The chat template's text for `messages` ([{"role": ..., "content": str}, ...]);
+        `variables`: extra template variables (e.g. gpt-oss's `reasoning_effort`)."""
         if not self.chat_template:
             raise ModelFormatError(f"tokenizer from {self.source or 'memory'} has no chat template")
         try:
             return self.hf.apply_chat_template(messages, chat_template=self.chat_template, tokenize=False,
-                                               add_generation_prompt=add_generation_prompt)
+                                               add_generation_prompt=add_generation_prompt,
+                                               **(variables or {}))
         except Exception as e:      # jinja's TemplateError from raise_exception, bad message shapes
             if type(e).__name__ in ("TemplateError", "TemplateSyntaxError", "KeyError", "TypeError"):
                 raise RequestError(f"chat messages rejected by the template: {e}") from e
             raise
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            variables: dict | None = None) -> list[int]:
         """Token ids of the rendered chat.  The template writes BOS itself, so none is added
         (as transformers' `apply_chat_template(tokenize=True)` does)."""
-        return self.encode(self.render_chat(messages, add_generation_prompt), add_bos=False)
+        return self.encode(self.render_chat(messages, add_generation_prompt, variables), add_bos=False)
 
 
 class StreamDecoder:

@@ -34,6 +34,7 @@ class Decoding:
     n: int = 1
     stop_ids: frozenset = frozenset()
     prompt_logprobs: bool = False        # completions echo + logprobs
+    channels: bool = False               # a harmony chat: reasoning apart (channels.ChannelText)
 
     def generator(self, index: int) -> torch.Generator:
         g = torch.Generator()

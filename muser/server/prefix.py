@@ -69,9 +69,10 @@ class BoundaryMemo:
                 self._d.popitem(last=False)
 
 
-def _prefix_digests(messages: list[dict]) -> list[bytes]:
-    """d[k] = a digest of messages[:k] (a hash chain: one pass over the conversation)."""
-    out, h = [b""], hashlib.blake2b(digest_size=16)
+def _prefix_digests(messages: list[dict], variables: dict | None) -> list[bytes]:
+    """d[k] = a digest of the template variables and messages[:k] (a hash chain: one pass)."""
+    h = hashlib.blake2b(json.dumps(variables or {}, sort_keys=True, default=str).encode(), digest_size=16)
+    out = [b""]
     for m in messages:
         h.update(json.dumps(m, sort_keys=True, default=str).encode())
         h.update(b"\x1e")
@@ -80,12 +81,13 @@ def _prefix_digests(messages: list[dict]) -> list[bytes]:
 
 
 def chat_boundaries(render, messages: list[dict], ids: Sequence[int],
-                    memo: BoundaryMemo | None = None) -> list[int]:
+                    memo: BoundaryMemo | None = None, variables: dict | None = None) -> list[int]:
     """Token positions in `ids` (the rendered `messages`) where the system prologue and each
     completed turn end.  `render(messages, add_generation_prompt)` -> ids.  A boundary the
     template cannot express (a refusal, or a rendering that does not share the prefix) is
     skipped: the cut is only ever a token prefix of `ids`, so a boundary can cost reuse, never
-    correctness."""
+    correctness.  `memo` remembers probed boundaries, keyed by the template `variables` the
+    rendering used and the messages up to the boundary."""
     ends = []
     n_sys = 0
     while n_sys < len(messages) and messages[n_sys].get("role") in ("system", "developer"):
@@ -96,7 +98,7 @@ def chat_boundaries(render, messages: list[dict], ids: Sequence[int],
         if messages[i].get("role") == "user" and messages[i - 1].get("role") != "user":
             ends.append(i)                   # a completed turn ends before the next user message
     ends = ends[:1] + ends[1:][-MAX_TURN_CUTS:] if n_sys else ends[-MAX_TURN_CUTS:]
-    digests = _prefix_digests(messages) if memo is not None and ends else None
+    digests = _prefix_digests(messages, variables) if memo is not None and ends else None
     out = []
     for k in ends:
         b = memo.get(digests[k]) if digests else None

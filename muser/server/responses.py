@@ -149,7 +149,7 @@ class Formatter:
     def _wants_logprobs(self) -> bool:
         return bool(self.req.logprobs) if self.chat else self.req.logprobs is not None
 
-    def _choice(self, index: int, text: str, finish: str, picks) -> dict:
+    def _choice(self, index: int, text: str, finish: str, picks, reasoning: str = "") -> dict:
         lp = None
         if self._wants_logprobs:
             if self.chat:
@@ -168,12 +168,15 @@ class Formatter:
                        "tool_calls": [{"id": f"call_{self.rid[-12:]}_{index}_{i}", "type": "function",
                                        "function": c} for i, c in enumerate(calls)]}
                 finish = "tool_calls" if finish == "stop" else finish
+        if reasoning:                         # a harmony model's analysis channel (channels.py)
+            msg["reasoning_content"] = reasoning
         return {"index": index, "message": msg, "finish_reason": finish, "logprobs": lp}
 
     async def whole(self, job: Job, watch: ClientWatch) -> Response:
         n = job.decoding.n
         parts: list[list[str]] = [[] for _ in range(n)]
         picks: list[list] = [[] for _ in range(n)]
+        thoughts: list[list[str]] = [[] for _ in range(n)]
         while True:
             ev = await self.next_event(job, watch)
             if ev is None or ev[0] == "error":
@@ -183,6 +186,8 @@ class Formatter:
                 i, text, ps = payload
                 parts[i].append(text)
                 picks[i] += ps
+            elif kind == "reasoning":
+                thoughts[payload[0]].append(payload[1])
             elif kind == "prompt":
                 self.prompt_picks = payload[0]
             elif kind == "done":
@@ -191,7 +196,8 @@ class Formatter:
                     return self.early_exit(None)
                 self._done("200")
                 choices = [self._choice(i, "".join(parts[i]), finishes[i] if i < len(finishes)
-                                        else finishes[0], picks[i]) for i in range(n)]
+                                        else finishes[0], picks[i], "".join(thoughts[i]))
+                           for i in range(n)]
                 build = schemas.chat_response if self.chat else schemas.completion_response
                 return JSONResponse(build(self.rid, self.model, choices, self._usage(generated),
                                           self._ext()))
@@ -216,6 +222,10 @@ class Formatter:
             kind, *payload = await job.events.get()
             if kind == "prompt":
                 self.prompt_picks = payload[0]
+            elif kind == "reasoning":             # only a chat's (channels.py)
+                i, text = payload
+                yield schemas.chat_chunk(self.rid, self.model, {"reasoning_content": text}, None,
+                                         index=i)
             elif kind == "delta":
                 i, text, ps = payload
                 lp = self._logprobs(ps, offsets[i]) if self._wants_logprobs and ps else None

@@ -38,7 +38,8 @@ row with no finite value) fails that request alone: it gets an error event
 every other request goes on.
 
 Events a request's asyncio queue receives, in order:
-  ("start", info)  ("prompt", picks)?  ("delta", index, text, picks)*  ("end", index, finish)*
+  ("start", info)  ("prompt", picks)?  ("delta", index, text, picks)* and, for a harmony chat,
+  ("reasoning", index, text)* between them  ("end", index, finish)*
   then ("done", [finish per choice], n_generated in all) or ("error", exc)
 A request with n > 1 decodes n choices (choices.py): the prompt is prefilled once, the
 other n-1 sessions start from its cut by snapshot install, and every choice's session
@@ -58,6 +59,7 @@ from .choices import PROMPT_LOGPROB_ROWS, Choice, Decoding, fork_sessions, promp
 from .http_errors import Internal, Overloaded, ServerError, Unavailable, to_http
 from .sampler import NonFiniteLogits, finite_logits
 from .slots import Placement, SlotPool
+from .channels import ChannelText
 from .text import TextStream
 
 log = logging.getLogger("muser.server")
@@ -225,6 +227,9 @@ class Scheduler:
         if finish != "stop_string":
             try:
                 tail = c.text.flush()
+                thought = c.text.take_reasoning()
+                if thought:
+                    job.emit("reasoning", c.index, thought)
             except Exception:                 # noqa: BLE001 -- a broken tail never blocks the end
                 log.exception("flushing a request's text failed")
         if tail or c.picks:
@@ -412,7 +417,8 @@ class Scheduler:
         except SAFE_ERRORS as e:
             return self._finish(job, error=e)
         sessions = [p.slot.session] + fork_sessions(self.engine, p.slot.session, d.n - 1, self._spare)
-        job.choices = [Choice(i, s, pk, TextStream(self.tokenizer, job.stops), forked=i > 0)
+        text = ChannelText if d.channels else TextStream
+        job.choices = [Choice(i, s, pk, text(self.tokenizer, job.stops), forked=i > 0)
                        for i, (s, pk) in enumerate(zip(sessions, pickers))]
         for c in job.choices:
             if not job.done:
@@ -447,6 +453,9 @@ class Scheduler:
         if tok in self.eos or tok in job.decoding.stop_ids:
             return self._end(job, c, "stop")
         out, stopped = c.text.push(tok)
+        thought = c.text.take_reasoning()
+        if thought:
+            job.emit("reasoning", c.index, thought)
         if out or c.picks:
             job.emit("delta", c.index, out, c.picks)
             c.picks = []

@@ -198,7 +198,7 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
     parallel_tool_calls: bool | None = None
     modalities: list[StrictStr] | None = None
-    reasoning_effort: StrictStr | None = None
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None   # a template variable
 
     @model_validator(mode="after")
     def _chat_supported(self):
@@ -220,6 +220,12 @@ class ChatCompletionRequest(_Sampling):
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def template_variables(self) -> dict | None:
+        """Chat-template variables the request sets (gpt-oss's template reads reasoning_effort;
+        a template that does not mention one ignores it)."""
+        return {"reasoning_effort": self.reasoning_effort} if self.reasoning_effort else None
 
     def plain_messages(self) -> list[dict]:
         return [m.plain() for m in self.messages]

@@ -53,6 +53,7 @@ class ServerState:
                              "muser serve needs a tokenizer (add tokenizer.json)")
         self.tokenizer = SharedTokenizer(engine.tokenizer)
         self.turn_markers = frozenset(turn_marker_ids(engine.tokenizer))
+        self.tokenizer_speaks_harmony = bool(getattr(engine.tokenizer, "harmony", False))
         self.base_model_note = base_model_note(engine)
         self.model_id = config.model_id or engine.name
         self.max_context = config.effective_max_context(engine.max_context)
@@ -144,16 +145,18 @@ class ServerState:
             raise InvalidRequest("the request JSON is nested too deeply") from None
 
     # ------------------------------------------------------------------ candidates
-    def render_chat(self, messages: list[dict]) -> list[int]:
+    def render_chat(self, messages: list[dict], variables: dict | None = None) -> list[int]:
         try:
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            ids = self.tokenizer.apply_chat_template(messages, True, variables)
         except RequestError:
             raise
         except Exception as e:             # noqa: BLE001 -- a template's refusal is a bad request
             raise InvalidRequest(f"the chat template refused these messages: {e}") from None
         return list(ids)
 
-    def chat_candidates(self, messages: list[dict]) -> tuple[Callable[[Slot], Candidate], Any]:
+    def chat_candidates(self, messages: list[dict], variables: dict | None = None
+                        ) -> tuple[Callable[[Slot], Candidate], Any]:
+        """`variables`: the request's chat-template variables (`reasoning_effort`)."""
         messages = self.gate.chat_messages(messages)
         self.gate.check_size(messages=messages)
         rendered: dict[tuple, list[int]] = {}
@@ -161,14 +164,14 @@ class ServerState:
         def render(ms: list[dict]) -> list[int]:
             key = tuple(id(m) for m in ms)
             if key not in rendered:
-                rendered[key] = self.render_chat(list(ms))
+                rendered[key] = self.render_chat(list(ms), variables)
             return rendered[key]
 
         count = lambda ms: len(render(ms))           # noqa: E731
         fresh = plan_chat(messages, count, self.limits)
         log.info("chat plan: %s", fresh.reason)
         ids = render(fresh.messages())
-        fresh_c = Candidate(ids, fresh, fresh.shifted, cuts=self.chat_cuts(fresh, ids))
+        fresh_c = Candidate(ids, fresh, fresh.shifted, cuts=self.chat_cuts(fresh, ids, variables))
         by_start: dict[int, Candidate] = {}
 
         def candidate(slot: Slot) -> Candidate:
@@ -183,13 +186,13 @@ class ServerState:
             return fresh_c
         return candidate, fresh
 
-    def chat_cuts(self, plan, ids: list[int]) -> tuple:
+    def chat_cuts(self, plan, ids: list[int], variables: dict | None = None) -> tuple:
         """Prefix-cache cut points of a chat prompt that is prefilled in place (not shifted)."""
         if self.prefix is None or plan.shifted:
             return ()
-        render = lambda ms, gen: self.tokenizer.apply_chat_template(ms, add_generation_prompt=gen)  # noqa: E731
+        render = lambda ms, gen: self.tokenizer.apply_chat_template(ms, gen, variables)  # noqa: E731
         return cut_points(len(ids), chat_boundaries(render, list(plan.messages()), ids,
-                                                    self.boundaries),
+                                                    self.boundaries, variables),
                           self.prefix.block_size)
 
     def raw_cuts(self, plan, n: int) -> tuple:
@@ -250,7 +253,8 @@ class ServerState:
         elif chat:            # a (base) model's free chat stops at the turn markers; a grammar decides itself
             stop_ids = stop_ids | self.turn_markers
         return Decoding(self.sampling(req), controls, grammar, logprobs, req.n, stop_ids,
-                        prompt_logprobs=not chat and req.echo and req.logprobs is not None)
+                        prompt_logprobs=not chat and req.echo and req.logprobs is not None,
+                        channels=chat and grammar is None and self.tokenizer_speaks_harmony)
 
     def grammar(self, req, tools) -> Grammar | None:
         rf, so = req.response_format, req.structured_outputs

@@ -42,11 +42,15 @@ class SharedTokenizer:
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self._tok.decode(ids, skip_special_tokens)
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
-        return list(self._tok.apply_chat_template(messages, add_generation_prompt))
+    def token_id(self, token: str) -> int | None:
+        return self._tok.token_id(token)
 
-    def render_chat(self, messages, add_generation_prompt: bool = True) -> str:
-        return self._tok.render_chat(messages, add_generation_prompt)
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True,
+                            variables: dict | None = None) -> list[int]:
+        return list(self._tok.apply_chat_template(messages, add_generation_prompt, variables))
+
+    def render_chat(self, messages, add_generation_prompt: bool = True, variables: dict | None = None) -> str:
+        return self._tok.render_chat(messages, add_generation_prompt, variables)
 
 
 # Normalizers that never shrink the text: each input character stays one or more characters.
@@ -151,3 +155,7 @@ class TextStream:
     def flush(self) -> str:
         out, self.pending = self.pending + self.decoder.flush(), ""
         return out
+
+    def take_reasoning(self) -> str:
+        """Plain text has no reasoning channel (channels.ChannelText has)."""
+        return ""

@@ -108,6 +108,7 @@ def test_model_step_failure_latches_unhealthy(tiny, stream):
         c = srv.client()
         c.completions.create(model="tiny", prompt="warm", max_tokens=2)
         boom = RuntimeError("injected decode failure")
+        state.scheduler.eos = set()            # a sampled end-of-sequence would need no decode step
 
         def fail(*a, **k):
             raise boom
