@@ -16,51 +16,66 @@ Header tokens (role, channel, recipient `to=...`, `<|constrain|>json`) are read 
 on the `analysis` channel is reasoning (`reasoning_content`, as vLLM names it); `final` and
 `commentary` are content.  Without the split a client reads "analysisLet me
 think...assistantfinalThe answer is 4." as the answer.  Stop strings apply to the content.
-Not yet: a commentary message addressed to a function (`to=functions.NAME`) is a tool call in
-harmony; it is returned as content, not as `tool_calls`.
+A message addressed to a function (`commentary to=functions.NAME <|constrain|>json`, ended by
+<|call|>) is a tool call: when the request offered tools it is written out in the server's one
+tool-call text format (tools.py: a `<tool_call>` block), so the same parser and stream turn it
+into `tool_calls`.
 """
 from __future__ import annotations
 
+import json
+
 from .text import TextStream
+from .tools import CLOSE, OPEN
 
 REASONING = ("analysis",)
+FUNCTIONS = "functions."
 
 
 class ChannelText:
     """TextStream's interface (`push`, `flush`), plus `take_reasoning()` for the analysis text."""
 
-    def __init__(self, tokenizer, stops: list[str]):
+    def __init__(self, tokenizer, stops: list[str], tool_calls: bool = False):
         self.tok, self.stops = tokenizer, stops
         self.start, self.message = tokenizer.token_id("<|start|>"), tokenizer.token_id("<|message|>")
         self.ends = {tokenizer.token_id(t) for t in ("<|end|>", "<|return|>", "<|call|>")} - {None}
         self.header: list[int] = []          # header ids since the last <|start|>
         self.body: TextStream | None = None   # the message body being read, None in a header
         self.reasoning = False
+        self.call = False                     # the body is a function's JSON arguments
+        self.tool_calls = tool_calls          # the request offered tools
         self._thought = ""
 
     def push(self, token: int) -> tuple[str, bool]:
         """(content text safe to emit, whether a stop string ended the generation)."""
         if self.body is None:
             if token == self.message:
-                channel = self._channel(self.tok.decode(self.header))
-                self.reasoning = channel in REASONING
-                self.body = TextStream(self.tok, [] if self.reasoning else self.stops)
+                header = self.tok.decode(self.header)
                 self.header = []
+                channel, name = self._channel(header), self._function(header)
+                self.reasoning = channel in REASONING
+                self.call = self.tool_calls and name is not None and not self.reasoning
+                self.body = TextStream(self.tok, [] if self.reasoning or self.call else self.stops)
+                if self.call:
+                    return f"{OPEN}{{\"name\": {json.dumps(name)}, \"arguments\": ", False
             elif token == self.start:
                 self.header = []
             else:
                 self.header.append(token)
             return "", False
         if token in self.ends:
-            tail = self.body.flush()
-            self.body = None
-            return self._route(tail, False)
+            return self._close(), False
         return self._route(*self.body.push(token))
 
     def flush(self) -> str:
-        if self.body is None:
-            return ""
+        """The rest of the open message (<|call|> and <|return|> end generation before push)."""
+        return "" if self.body is None else self._close()
+
+    def _close(self) -> str:
         text, _ = self._route(self.body.flush(), False)
+        if self.call:
+            text += "}" + CLOSE + "\n"
+        self.body, self.call = None, False
         return text
 
     def take_reasoning(self) -> str:
@@ -72,6 +87,14 @@ class ChannelText:
             self._thought += text
             return "", False
         return text, stopped
+
+    @staticmethod
+    def _function(header: str) -> str | None:
+        """`... to=functions.get_weather <|constrain|>json` -> "get_weather" (None: no function)."""
+        for word in header.replace("<|", " <|").split():
+            if word.startswith("to=" + FUNCTIONS) and len(word) > len("to=" + FUNCTIONS):
+                return word[len("to=" + FUNCTIONS):]
+        return None
 
     @staticmethod
     def _channel(header: str) -> str:

@@ -35,6 +35,7 @@ class Decoding:
     stop_ids: frozenset = frozenset()
     prompt_logprobs: bool = False        # completions echo + logprobs
     channels: bool = False               # a harmony chat: reasoning apart (channels.ChannelText)
+    tool_calls: bool = False             # the request offered tools (harmony calls become blocks)
 
     def generator(self, index: int) -> torch.Generator:
         g = torch.Generator()

@@ -417,8 +417,11 @@ class Scheduler:
         except SAFE_ERRORS as e:
             return self._finish(job, error=e)
         sessions = [p.slot.session] + fork_sessions(self.engine, p.slot.session, d.n - 1, self._spare)
-        text = ChannelText if d.channels else TextStream
-        job.choices = [Choice(i, s, pk, text(self.tokenizer, job.stops), forked=i > 0)
+        def text():
+            if d.channels:
+                return ChannelText(self.tokenizer, job.stops, d.tool_calls)
+            return TextStream(self.tokenizer, job.stops)
+        job.choices = [Choice(i, s, pk, text(), forked=i > 0)
                        for i, (s, pk) in enumerate(zip(sessions, pickers))]
         for c in job.choices:
             if not job.done:

@@ -254,7 +254,8 @@ class ServerState:
             stop_ids = stop_ids | self.turn_markers
         return Decoding(self.sampling(req), controls, grammar, logprobs, req.n, stop_ids,
                         prompt_logprobs=not chat and req.echo and req.logprobs is not None,
-                        channels=chat and grammar is None and self.tokenizer_speaks_harmony)
+                        channels=chat and grammar is None and self.tokenizer_speaks_harmony,
+                        tool_calls=tools is not None and tools.active)
 
     def grammar(self, req, tools) -> Grammar | None:
         rf, so = req.response_format, req.structured_outputs

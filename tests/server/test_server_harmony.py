@@ -18,7 +18,7 @@ REPLY = ("<|channel|>analysis<|message|>The user wants a sum. 2 + 2 = 4.<|end|>"
 
 @pytest.fixture(scope="module")
 def oss():
-    return tiny_model("gpt_oss")
+    return tiny_model("gpt_oss", max_context=1024)
 
 
 class Scripted:
@@ -32,11 +32,15 @@ class Scripted:
         return Pick(self.ids.pop(0))
 
 
-@pytest.fixture()
-def scripted(oss, monkeypatch):
-    ids = oss.tokenizer.encode(REPLY, add_bos=False)
+def script(oss, monkeypatch, reply=REPLY):
+    ids = oss.tokenizer.encode(reply, add_bos=False)
     monkeypatch.setattr(choices.Decoding, "picker", lambda self, engine, i, prompt, c=None: Scripted(ids))
     return ids
+
+
+@pytest.fixture()
+def scripted(oss, monkeypatch):
+    return script(oss, monkeypatch)
 
 
 def split(tok, ids, stops=()):
@@ -102,3 +106,35 @@ def test_reasoning_effort_reaches_the_template_and_bad_values_are_refused(oss, s
         bad = srv.http().post("/v1/chat/completions", json={"model": "oss", "messages": msgs,
                                                             "reasoning_effort": "extreme"})
         assert bad.status_code == 400 and "reasoning_effort" in bad.text
+
+
+CALL = ("<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+        'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>')
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_harmony_function_call_comes_back_as_tool_calls(oss, monkeypatch, stream):
+    script(oss, monkeypatch, CALL)
+    with serve(oss, model_id="oss", slots=1, output_reserve=64) as srv:
+        client = srv.client()
+        msgs = [{"role": "user", "content": "Weather in Paris?"}]
+        if not stream:
+            r = client.chat.completions.create(model="oss", messages=msgs, max_tokens=200, tools=WEATHER)
+            c = r.choices[0]
+            assert c.finish_reason == "tool_calls" and not c.message.content
+            assert [(t.function.name, t.function.arguments) for t in c.message.tool_calls] == \
+                [("get_weather", '{"city": "Paris"}')]
+            assert c.message.model_extra["reasoning_content"] == "Need the weather."
+            return
+        name, args, finish = "", "", None
+        for ch in client.chat.completions.create(model="oss", messages=msgs, max_tokens=200,
+                                                 tools=WEATHER, stream=True):
+            if ch.choices:
+                d = ch.choices[0].delta
+                for t in d.tool_calls or []:
+                    name += t.function.name or ""
+                    args += t.function.arguments or ""
+                finish = ch.choices[0].finish_reason or finish
+        assert (name, args, finish) == ("get_weather", '{"city": "Paris"}', "tool_calls")
