@@ -107,8 +107,8 @@ def test_non_finite_logits_fail_one_request_while_another_streams_on(tiny):
         for slot, f in real.items():
             slot.session.prefill = f
         assert srv.http().get("/health").status_code == 200
-        ok = srv.client().completions.create(model="tiny", prompt="poison", max_tokens=3)
-        assert ok.usage.completion_tokens == 3
+        ok = srv.client().completions.create(model="tiny", prompt="poison", max_tokens=3, temperature=0)
+        assert ok.usage.completion_tokens == 3                     # greedy: no sampled early EOS
         assert metric(srv, 'muser_request_failures_total{stage="first_token"}') == 1
 
 
@@ -131,14 +131,15 @@ def test_a_failure_mid_stream_ends_that_stream_with_an_error_event_only(tiny, mo
         assert "server stays healthy" in json.loads(events[-2])["error"]["message"]
         monkeypatch.undo()
         assert srv.http().get("/health").status_code == 200
-        ok = srv.client().chat.completions.create(model="tiny", messages=CHAT, max_tokens=3)
-        assert ok.usage.completion_tokens == 3
+        ok = srv.client().completions.create(model="tiny", prompt="again", max_tokens=3, temperature=0)
+        assert ok.usage.completion_tokens == 3                     # greedy, no turn-marker stop
 
 
 def test_a_genuine_engine_fault_still_latches_the_pool(tiny):
     with serve(tiny, model_id="tiny", slots=1, output_reserve=32) as srv:
         def fail(*a, **k):
             raise RuntimeError("injected device fault")
+        srv.state.scheduler.eos = set()          # a sampled end-of-sequence would need no decode step
         srv.state.pool.slots[0].session.decode = fail
         with pytest.raises(openai.InternalServerError) as e:
             srv.client().completions.create(model="tiny", prompt="x", max_tokens=4)
