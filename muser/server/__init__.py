@@ -5,7 +5,12 @@ Package map (each module's docstring says what it owns and what it doesn't):
   schemas.py      strict OpenAI request models and response shapes
   http_errors.py  server errors and the map from muser's typed errors to HTTP
   slots.py        SlotPool: slots + hidden staging, placement, bounded queue, health latch
-  scheduler.py    the worker thread: prefill / shift rebuild / batched decode / sampling
+  scheduler.py    the worker thread: its loop, prefill/decode time share, failure containment;
+                  prefill_rounds.py (admission, shift rebuild, prefill) and decode_rounds.py
+                  (token choice, stops, batched decode, speculation) are its methods;
+                  job.py a request as the worker sees it, and its events
+  prefix.py       the prefix cache over muser.store (cut points, boundaries, admission)
+  channels.py     a harmony reply's channels: reasoning apart, function calls as tool calls
   text.py         shared tokenizer proxy (no lock), size bounds, base-model note, stop-aware deltas
   admission.py    message cap, system-only chats, refusing prompts too long by size alone
   sampler.py      request-safe sampling: temperature / top_p floors, non-finite logits

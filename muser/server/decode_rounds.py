@@ -1,0 +1,115 @@
+"""The worker's decode side: choosing each token, stop conditions, decode rounds.
+
+Owns: taking a token from a row of logits (the picker, non-finite rows refused), what a token
+does to its choice (text deltas, reasoning, stop strings, end of sequence, length), and the
+decode round (one batched step or a speculative verification block for every decoding choice).
+Does not own: the loop and failure policy (scheduler.py), prefill (prefill_rounds.py).
+"""
+from __future__ import annotations
+
+from .choices import Choice
+from .job import SAFE_ERRORS, Job
+from .sampler import finite_logits
+
+
+class DecodeRounds:
+    """Scheduler methods (a mixin over its state: eos, metrics, engine, spec, _active)."""
+
+    def _take(self, job: Job, c: Choice, logits) -> None:
+        """Choose choice `c`'s next token from `logits` and decide whether it goes on."""
+        if job.max_new <= 0:
+            return self._end(job, c, "length")
+        try:
+            pick = c.picker.pick(finite_logits(logits))
+        except SAFE_ERRORS as e:               # e.g. constraints that leave no token
+            return self._finish(job, error=e)
+        self._settle(job, c, pick)
+
+    def _settle(self, job: Job, c: Choice, pick) -> None:
+        """Emit choice `c`'s chosen token and decide whether it goes on (pending = it)."""
+        tok = pick.token
+        c.generated += 1
+        self.metrics.inc("completion_tokens_total")
+        if c.picker.logprobs is not None:
+            c.picks.append(pick)
+        if tok in self.eos or tok in job.decoding.stop_ids:
+            return self._end(job, c, "stop")
+        out, stopped = c.text.push(tok)
+        thought = c.text.take_reasoning()
+        if thought:
+            job.emit("reasoning", c.index, thought)
+        if out or c.picks:
+            job.emit("delta", c.index, out, c.picks)
+            c.picks = []
+        if stopped:
+            return self._end(job, c, "stop_string")
+        if c.picker.stopped:                  # the grammar is complete
+            return self._end(job, c, "stop")
+        if c.generated >= job.max_new or c.session.position >= self.max_context:
+            return self._end(job, c, "length")
+        c.pending = tok
+
+    def _decode_round(self) -> float:
+        """One decode step (or verification block) for every decoding choice; seconds taken."""
+        work = [(j, c) for j in self._active if not j.done and j.feed is None
+                for c in j.choices if not c.done and c.pending is not None]
+        t_round = self.clock()
+        if self.spec is not None and work:
+            work = self._speculate(work)
+        if not work:
+            return self.clock() - t_round
+        sessions = [c.session for _, c in work]
+        tokens = [c.pending for _, c in work]
+        t0 = self.clock()
+        try:
+            if self.batch_decode and len(work) > 1:
+                logits = self.engine.decode_batch(sessions, tokens)
+            else:
+                logits = [s.decode(t) for s, t in zip(sessions, tokens)]
+        except Exception as e:                 # noqa: BLE001
+            self._fail_all(f"decode step for {len(work)} session(s) raised "
+                           f"{type(e).__name__}: {e}", e)
+            return self.clock() - t_round
+        self.metrics.observe("decode_seconds", self.clock() - t0)
+        for i, (job, c) in enumerate(work):
+            c.pending = None
+            if job.done:
+                continue
+            if job.cancelled.is_set():
+                self._finish(job, "cancelled")
+                continue
+            try:
+                self._take(job, c, logits[i])
+            except Exception as e:             # noqa: BLE001 -- this request's own failure
+                self._job_failed(job, e, "sampling the next token", "decode")
+        return self.clock() - t_round
+
+    def _speculate(self, work: list) -> list:
+        """Verify a drafted block for every choice that has drafts; the rest (returned) take
+        the batched decode step."""
+        rest = []
+        for job, c in work:
+            room = min(job.max_new - c.generated, self.max_context - c.session.position) - 1
+            drafts = self.spec.drafts(c, room) if not job.cancelled.is_set() else []
+            if not drafts:
+                rest.append((job, c))
+                continue
+            t0 = self.clock()
+            try:
+                picks = self.spec.run(c, drafts)
+            except SAFE_ERRORS as e:
+                self._finish(job, error=e)
+                continue
+            except Exception as e:             # noqa: BLE001
+                self._fail_all(f"verification block on slot {job.placement.slot.id} raised "
+                               f"{type(e).__name__}: {e}", e)
+                return []
+            self.metrics.observe("decode_seconds", self.clock() - t0)
+            self.metrics.inc("draft_tokens_total", len(drafts))
+            self.metrics.inc("accepted_draft_tokens_total", len(picks) - 1)
+            c.pending = None
+            for pick in picks:
+                self._settle(job, c, pick)
+                if c.done or job.done:
+                    break
+        return rest
