@@ -39,7 +39,13 @@ _LAYER = {
     "ffn_norm.weight": "pre_ffn_norm",
     "post_ffw_norm.weight": "post_ffn_norm",
     "ffn_gate.weight": "w_gate", "ffn_up.weight": "w_up", "ffn_down.weight": "w_down",
+    # Gemma 4: the layer's output scale and its per-layer input (gate, projection, norm)
+    "layer_output_scale.weight": "layer_scale",
+    "inp_gate.weight": "ple_gate", "proj.weight": "ple_proj", "post_norm.weight": "ple_norm",
 }
+# Gemma 4's per-layer input embeddings, beside token_embd
+_TOP_PLE = {"per_layer_token_embd.weight": "per_layer_embed", "per_layer_model_proj.weight": "per_layer_proj",
+            "per_layer_proj_norm.weight": "per_layer_norm"}
 # gpt-oss (llama.cpp's names): sinks, the router and the experts, stacked [E, out, in]
 _MOE = {"ffn_gate_inp.weight": "router", "ffn_gate_inp.bias": "router_bias",
         "ffn_gate_exps.weight": "w_gate", "ffn_gate_exps.bias": "b_gate",
@@ -91,7 +97,8 @@ def load_gguf(path, dtype: torch.dtype = torch.float32, progress: bool = True,
                 moe_raw.setdefault(int(name.split(".", 2)[1]), {})[_MOE[suffix]] = w
                 continue
         # norms are kept float32 whatever the matrices' dtype (the norms run in float32)
-        is_norm = (field or "").endswith("norm") or name == "output_norm.weight"
+        is_norm = (field or "").endswith("norm") or name in ("output_norm.weight",
+                                                              "per_layer_proj_norm.weight")
         w = dequantize(t.data, t.tensor_type, torch.float32 if is_norm else dtype)
         if name.startswith("blk."):
             idx = name.split(".", 2)[1]
@@ -102,7 +109,7 @@ def load_gguf(path, dtype: torch.dtype = torch.float32, progress: bool = True,
             elif arch in _PERMUTED_ARCHS and field in ("wk", "bk"):
                 w = _unpermute(w, spec.num_kv_heads)
             per_layer[int(idx)][field] = w
-        elif name in ("token_embd.weight", "output_norm.weight", "output.weight"):
+        elif name in ("token_embd.weight", "output_norm.weight", "output.weight") or name in _TOP_PLE:
             top[name] = w
         else:
             raise ModelFormatError(f"GGUF tensor {name!r} has no place in muser's weights")
@@ -116,8 +123,12 @@ def load_gguf(path, dtype: torch.dtype = torch.float32, progress: bool = True,
         gaps = missing(lw, spec, ls)
         if gaps:
             raise ModelFormatError(f"GGUF layer {i} lacks {', '.join(gaps)}")
+    if spec.per_layer_input and any(k not in top for k in _TOP_PLE):
+        raise ModelFormatError("Gemma 4 GGUF lacks its per-layer input embeddings "
+                               f"({', '.join(sorted(set(_TOP_PLE) - set(top)))})")
     weights = Weights(embed=top["token_embd.weight"], final_norm=top["output_norm.weight"],
-                      layers=layers, lm_head=top.get("output.weight"))
+                      layers=layers, lm_head=top.get("output.weight"),
+                      **{f: top.get(k) for k, f in _TOP_PLE.items()})
     return spec, weights.to(None, dtype), r
 
 

@@ -377,6 +377,12 @@ def spec_from_gguf(reader_or_path, max_context: int | None = None) -> ModelSpec:
     ctx = int(max_context or m("context_length", 8192))
     bos = gguf_meta(r, "tokenizer.ggml.bos_token_id")
     eos = _eos(gguf_meta(r, "tokenizer.ggml.eos_token_id"))
+    if arch == "gemma4":                       # per-layer arrays: read as a transformers config
+        from .gguf_gemma4 import gemma4_config
+        cfg = gemma4_config(r, m, names, dict(vocab_size=int(vocab), norm_eps=float(m(
+            "attention.layer_norm_rms_epsilon", 1e-6)), bos_token_id=bos, eos_token_ids=eos,
+            tie_embeddings="output.weight" not in names))
+        return _gemma4(cfg, {}, int(n), int(hidden), int(heads), int(cfg["num_key_value_heads"]), ctx)
     ffn = m("feed_forward_length") or m("expert_feed_forward_length")
     common = dict(vocab_size=int(vocab), hidden_size=int(hidden), intermediate_size=int(ffn),
                   num_heads=int(heads), num_kv_heads=int(kv), head_dim=int(head_dim), max_context=ctx,
@@ -431,4 +437,5 @@ def spec_from_gguf(reader_or_path, max_context: int | None = None) -> ModelSpec:
         return ModelSpec(architecture="gpt_oss", layers=_layers(types, m("attention.sliding_window", 128),
                                                                 {_SLIDING: rope, _FULL: rope}),
                          eos_token_ids=eos, attention_bias=True, attention_sinks=True, moe=moe, **common)
-    raise ModelFormatError(f"GGUF architecture {arch!r} is not supported (gemma3, gpt-oss, llama, qwen2)")
+    raise ModelFormatError(f"GGUF architecture {arch!r} is not supported (gemma3, gemma4, gpt-oss, llama, "
+                           "qwen2)")

@@ -13,6 +13,7 @@ Loading is cached per (path, modification time, size): the first build of the
 from __future__ import annotations
 
 import functools
+import warnings
 from pathlib import Path
 
 from muser.errors import ModelFormatError, RequestError, TokenizerUnavailable
@@ -172,13 +173,24 @@ def load_tokenizer(path) -> Tokenizer | None:
 
 
 @functools.lru_cache(maxsize=8)
-def _load_cached(path: str, _key) -> Tokenizer:
+def _load_cached(path: str, _key) -> Tokenizer | None:
     p = Path(path)
     if p.is_dir():
         return _from_hf_dir(p)
     if p.suffix != ".gguf":
         raise ModelFormatError(f"{p}: expected a .gguf file or a model directory")
-    return _from_gguf(p)
+    try:
+        return _from_gguf(p)
+    except Exception as e:              # noqa: BLE001 -- transformers cannot read this vocabulary
+        # (no tokenizer metadata, or a tokenizer model it does not know, e.g. Gemma 4's "gemma4")
+        why = f"{type(e).__name__}: {e}"[:200]
+    if any((p.parent / f).exists() for f in _TOKENIZER_FILES):
+        warnings.warn(f"muser: the tokenizer in {p.name} could not be read ({why}); using the "
+                      f"tokenizer files beside it in {p.parent}")
+        return _from_hf_dir(p.parent)
+    warnings.warn(f"muser: no tokenizer could be read from {p.name} ({why}); the model is loaded "
+                  "without one (pass token ids, or put the model's tokenizer.json beside the file)")
+    return None
 
 
 def _from_gguf(p: Path) -> Tokenizer:

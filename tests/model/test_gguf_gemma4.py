@@ -1,0 +1,142 @@
+"""Gemma 4 from GGUF, written as llama.cpp's converter (`Gemma4Model`, conversion/gemma.py) writes
+it: per-layer flags, head dims and kv heads as arrays, `shared_kv_layers`, proportional RoPE as a
+`rope_freqs` tensor, no +1 on the norms, V = K where a full layer has no attn_v.  Written here
+with gguf-py (names from its own `TensorNameMap`) from the tiny transformers checkpoint; loaded
+back, the spec and every weight equal the safetensors load, bit for bit, and so do the logits.
+
+No real llama.cpp-converted Gemma 4 file is available offline: this pins the loader to the
+converter's code as read, not to a file it produced."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+
+from muser.errors import ModelFormatError                          # noqa: E402
+from muser.model.gguf_loader import load_gguf                      # noqa: E402
+from muser.model.safetensors_loader import load_hf_dir             # noqa: E402
+from muser.testing import tiny_model_dir                           # noqa: E402
+
+
+def _write(src, path, drop=(), experts=False):
+    from safetensors import safe_open
+    cfg = json.loads((src / "config.json").read_text())
+    n, types = cfg["num_hidden_layers"], cfg["layer_types"]
+    over = {int(k): v for k, v in cfg["per_layer_config"].items()}
+    full = next(i for i, t in enumerate(types) if t == "full_attention")
+    head_full, head_swa = over[full]["head_dim"], cfg["head_dim"]
+    w = gguf.GGUFWriter(str(path), "gemma4")
+    w.add_block_count(n)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(cfg["rope_parameters"]["full_attention"]["rope_theta"])
+    w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_shared_kv_layers(cfg["num_kv_shared_layers"])
+    w.add_embedding_length_per_layer_input(cfg["hidden_size_per_layer_input"])
+    w.add_sliding_window_pattern([t == "sliding_attention" for t in types])
+    w.add_key_length(head_full)
+    w.add_value_length(head_full)
+    w.add_key_length_swa(head_swa)
+    w.add_value_length_swa(head_swa)
+    w.add_head_count_kv([over.get(i, {}).get("num_key_value_heads", cfg["num_key_value_heads"])
+                         for i in range(n)])
+    w.add_rope_dimension_count(head_full)
+    w.add_rope_dimension_count_swa(head_swa)
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+    if experts:
+        w.add_expert_count(4)
+    partial = cfg["rope_parameters"]["full_attention"]["partial_rotary_factor"]
+    rot = int(head_full * partial / 2)
+    w.add_tensor("rope_freqs.weight", np.array([1.0] * rot + [1e30] * (head_full // 2 - rot), np.float32))
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA4, n)
+    with safe_open(str(next(src.glob("*.safetensors"))), "pt") as f:
+        for key in f.keys():
+            hf = key + ".weight" if key.endswith("layer_scalar") else key
+            name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
+            if name in drop:
+                continue
+            w.add_tensor(name, np.ascontiguousarray(f.get_tensor(key).float().numpy()))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    src = tiny_model_dir("gemma4", tokenizer=False)
+    path = tmp_path_factory.mktemp("g4") / "tiny-gemma4.gguf"
+    _write(src, path)
+    return src, path
+
+
+def test_the_gguf_spec_and_weights_equal_the_safetensors_load(tiny):
+    src, path = tiny
+    spec_h, w_h = load_hf_dir(src, dtype=torch.float32)
+    spec_g, w_g, _ = load_gguf(path, dtype=torch.float32, progress=False)
+    # GGUF stores the norm's epsilon as float32: the same float32 the norm adds
+    assert np.float32(spec_g.norm_eps) == np.float32(spec_h.norm_eps)
+    assert dataclasses.replace(spec_g, eos_token_ids=spec_h.eos_token_ids, norm_eps=spec_h.norm_eps) == spec_h
+    assert [(l.kind, l.head_dim, l.kv_heads, l.kv_source, l.k_eq_v) for l in spec_g.layers] == \
+        [(l.kind, l.head_dim, l.kv_heads, l.kv_source, l.k_eq_v) for l in spec_h.layers]
+    for field in ("embed", "final_norm", "per_layer_embed", "per_layer_proj", "per_layer_norm"):
+        assert torch.equal(getattr(w_g, field), getattr(w_h, field)), field
+    for i, (a, b) in enumerate(zip(w_g.layers, w_h.layers)):
+        for f in dataclasses.fields(a):
+            x, y = getattr(a, f.name), getattr(b, f.name)
+            assert (x is None) == (y is None), (i, f.name)
+            if isinstance(x, torch.Tensor):
+                assert x.dtype == y.dtype and torch.equal(x, y), (i, f.name)
+
+
+def test_the_gguf_model_computes_the_safetensors_models_logits(tiny):
+    from muser.engine.engine import Engine
+    from muser.config import EngineConfig
+    src, path = tiny
+    ids = [(7 * j) % 300 + 3 for j in range(19)]
+    out = []
+    for spec, w in (load_hf_dir(src, dtype=torch.float32), load_gguf(path, dtype=torch.float32, progress=False)[:2]):
+        e = Engine("g4", spec, w, None, EngineConfig(device="cpu", dtype="float32"), "digest")
+        out.append(e.new_session().prefill(ids))
+    assert torch.equal(out[0], out[1])
+
+
+@pytest.mark.parametrize("case, needle", [("experts", "experts"), ("ple", "per-layer input")])
+def test_what_the_loader_cannot_read_is_refused_by_name(tmp_path, case, needle):
+    src = tiny_model_dir("gemma4", tokenizer=False)
+    path = tmp_path / f"{case}.gguf"
+    if case == "experts":
+        _write(src, path, experts=True)
+    else:
+        _write(src, path, drop=("per_layer_model_proj.weight",))
+    with pytest.raises(ModelFormatError, match=needle):
+        load_gguf(path, dtype=torch.float32, progress=False)
+
+
+def test_muser_load_takes_the_tokenizer_beside_a_file_whose_own_it_cannot_read(tmp_path):
+    import shutil
+    import muser
+    src = tiny_model_dir("gemma4")                    # with tokenizer files
+    bare, beside = tmp_path / "bare" / "m.gguf", tmp_path / "beside" / "m.gguf"
+    for p in (bare, beside):
+        p.parent.mkdir()
+        _write(src, p)                                # no tokenizer metadata in the file
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(f, beside.parent / f.name)
+    with pytest.warns(UserWarning, match="without one"):
+        e = muser.load(str(bare), dtype="float32", progress=False)
+    assert not e.has_tokenizer and e.new_session().prefill([5, 6, 7]).shape == (384,)
+    with pytest.warns(UserWarning, match="beside it"):
+        e = muser.load(str(beside), dtype="float32", progress=False)
+    assert e.tokenizer.encode("hello world", add_bos=False)
