@@ -14,6 +14,8 @@ What llama.cpp's `Gemma4Model` (conversion/gemma.py) writes, and how it maps bac
     rope_freqs (tensor, full layers only)     [head_dim/2]: 1.0 for rotated pairs, 1e30 for the
                                               rest -- "proportional" RoPE's partial_rotary_factor
     no attn_v on a full layer                 V = K there                           -> attention_k_eq_v
+    gemma4.feed_forward_length                an int, or one per layer (double-wide MLP of the
+                                              KV-shared layers: the weights carry the width)
 Norms are stored as Gemma 4 uses them (no +1, unlike Gemma 3).  Experts (`expert_count`) are
 refused: their fused layout is not read yet.
 """
@@ -66,10 +68,8 @@ def gemma4_config(reader, meta, names: set, common: dict) -> dict:
     head_full = int(meta("attention.key_length"))
     head_swa = int(meta("attention.key_length_swa", head_full))
     kv = _per_layer(meta("attention.head_count_kv"), n, "attention.head_count_kv")
+    # one width per layer when the KV-shared layers' MLP is double-wide: the weights carry it
     ffn = _per_layer(meta("feed_forward_length"), n, "feed_forward_length")
-    if len(set(ffn)) != 1:
-        raise ModelFormatError("Gemma 4 GGUF with a per-layer feed-forward width (use_double_wide_mlp) "
-                               "is not supported yet")
     shared = int(meta("attention.shared_kv_layers", 0) or 0)
     computing = range(n - shared)
     k_eq_v = any(types[i] == FULL and f"blk.{i}.attn_v.weight" not in names for i in computing)

@@ -27,28 +27,36 @@ def _write(src, path, drop=(), experts=False):
     from safetensors import safe_open
     cfg = json.loads((src / "config.json").read_text())
     n, types = cfg["num_hidden_layers"], cfg["layer_types"]
-    over = {int(k): v for k, v in cfg["per_layer_config"].items()}
+    over = {int(k): v for k, v in (cfg.get("per_layer_config") or {}).items()}
     full = next(i for i, t in enumerate(types) if t == "full_attention")
-    head_full, head_swa = over[full]["head_dim"], cfg["head_dim"]
+    head_swa = cfg["head_dim"]
+    head_full = cfg.get("global_head_dim") or over.get(full, {}).get("head_dim", head_swa)
+    kv_full = cfg.get("num_global_key_value_heads") if cfg.get("attention_k_eq_v") else None
+    kv = [over.get(i, {}).get("num_key_value_heads", kv_full if t == "full_attention" and kv_full
+                              else cfg["num_key_value_heads"]) for i, t in enumerate(types)]
+    shared = cfg["num_kv_shared_layers"]
+    ffn = cfg["intermediate_size"]
+    if cfg.get("use_double_wide_mlp"):               # as the converter writes it
+        ffn = [ffn if i < n - shared else 2 * ffn for i in range(n)]
     w = gguf.GGUFWriter(str(path), "gemma4")
     w.add_block_count(n)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_feed_forward_length(ffn)
     w.add_head_count(cfg["num_attention_heads"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_rope_freq_base(cfg["rope_parameters"]["full_attention"]["rope_theta"])
-    w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    if cfg.get("final_logit_softcapping"):
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     w.add_sliding_window(cfg["sliding_window"])
-    w.add_shared_kv_layers(cfg["num_kv_shared_layers"])
+    w.add_shared_kv_layers(shared)
     w.add_embedding_length_per_layer_input(cfg["hidden_size_per_layer_input"])
     w.add_sliding_window_pattern([t == "sliding_attention" for t in types])
     w.add_key_length(head_full)
     w.add_value_length(head_full)
     w.add_key_length_swa(head_swa)
     w.add_value_length_swa(head_swa)
-    w.add_head_count_kv([over.get(i, {}).get("num_key_value_heads", cfg["num_key_value_heads"])
-                         for i in range(n)])
+    w.add_head_count_kv(kv)
     w.add_rope_dimension_count(head_full)
     w.add_rope_dimension_count_swa(head_swa)
     w.add_bos_token_id(cfg["bos_token_id"])
@@ -72,6 +80,25 @@ def _write(src, path, drop=(), experts=False):
     w.close()
 
 
+def _compare(src, path):
+    spec_h, w_h = load_hf_dir(src, dtype=torch.float32)
+    spec_g, w_g, _ = load_gguf(path, dtype=torch.float32, progress=False)
+    # GGUF stores the norm's epsilon as float32: the same float32 the norm adds
+    assert np.float32(spec_g.norm_eps) == np.float32(spec_h.norm_eps)
+    assert dataclasses.replace(spec_g, eos_token_ids=spec_h.eos_token_ids, norm_eps=spec_h.norm_eps,
+                               intermediate_size=spec_h.intermediate_size) == spec_h
+    for field in ("embed", "final_norm", "per_layer_embed", "per_layer_proj", "per_layer_norm"):
+        x, y = getattr(w_g, field), getattr(w_h, field)
+        assert (x is None and y is None) or torch.equal(x, y), field
+    for i, (a, b) in enumerate(zip(w_g.layers, w_h.layers)):
+        for f in dataclasses.fields(a):
+            x, y = getattr(a, f.name), getattr(b, f.name)
+            assert (x is None) == (y is None), (i, f.name)
+            if isinstance(x, torch.Tensor):
+                assert x.dtype == y.dtype and torch.equal(x, y), (i, f.name)
+    return spec_g
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     src = tiny_model_dir("gemma4", tokenizer=False)
@@ -81,22 +108,27 @@ def tiny(tmp_path_factory):
 
 
 def test_the_gguf_spec_and_weights_equal_the_safetensors_load(tiny):
-    src, path = tiny
-    spec_h, w_h = load_hf_dir(src, dtype=torch.float32)
-    spec_g, w_g, _ = load_gguf(path, dtype=torch.float32, progress=False)
-    # GGUF stores the norm's epsilon as float32: the same float32 the norm adds
-    assert np.float32(spec_g.norm_eps) == np.float32(spec_h.norm_eps)
-    assert dataclasses.replace(spec_g, eos_token_ids=spec_h.eos_token_ids, norm_eps=spec_h.norm_eps) == spec_h
-    assert [(l.kind, l.head_dim, l.kv_heads, l.kv_source, l.k_eq_v) for l in spec_g.layers] == \
-        [(l.kind, l.head_dim, l.kv_heads, l.kv_source, l.k_eq_v) for l in spec_h.layers]
-    for field in ("embed", "final_norm", "per_layer_embed", "per_layer_proj", "per_layer_norm"):
-        assert torch.equal(getattr(w_g, field), getattr(w_h, field)), field
-    for i, (a, b) in enumerate(zip(w_g.layers, w_h.layers)):
-        for f in dataclasses.fields(a):
-            x, y = getattr(a, f.name), getattr(b, f.name)
-            assert (x is None) == (y is None), (i, f.name)
-            if isinstance(x, torch.Tensor):
-                assert x.dtype == y.dtype and torch.equal(x, y), (i, f.name)
+    spec = _compare(*tiny)
+    assert [(l.kind, l.kv_source, l.k_eq_v) for l in spec.layers][-2:] == [("sliding", 3, False), ("full", 2, True)]
+
+
+@pytest.mark.parametrize("variant", [
+    dict(attention_k_eq_v=False, use_double_wide_mlp=True, num_kv_shared_layers=2, hidden_size_per_layer_input=4),
+    dict(attention_k_eq_v=False, num_kv_shared_layers=0, hidden_size_per_layer_input=0, global_head_dim=16),
+])
+def test_gemma4_variants_from_gguf(variant, tmp_path):
+    """Own V projections, the double-wide MLP of KV-shared layers (a per-layer width array), no
+    per-layer inputs, no sharing: each GGUF loads to the safetensors spec and weights."""
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+    kw = dict(dict(global_head_dim=32), **variant)
+    cfg = Gemma4TextConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=5,
+                           layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+                           vocab_size_per_layer_input=300, max_position_embeddings=256, **kw)
+    torch.manual_seed(0)
+    Gemma4ForCausalLM(cfg).float().save_pretrained(tmp_path / "hf")
+    _write(tmp_path / "hf", tmp_path / "m.gguf")
+    _compare(tmp_path / "hf", tmp_path / "m.gguf")
 
 
 def test_the_gguf_model_computes_the_safetensors_models_logits(tiny):
