@@ -16,8 +16,10 @@ What llama.cpp's `Gemma4Model` (conversion/gemma.py) writes, and how it maps bac
     no attn_v on a full layer                 V = K there                           -> attention_k_eq_v
     gemma4.feed_forward_length                an int, or one per layer (double-wide MLP of the
                                               KV-shared layers: the weights carry the width)
-Norms are stored as Gemma 4 uses them (no +1, unlike Gemma 3).  Experts (`expert_count`) are
-refused: their fused layout is not read yet.
+    gemma4.expert_count / _used_count         experts beside the MLP (26B-A4B): ffn_gate_up_exps
+    gemma4.expert_feed_forward_length         [E, 2I, hidden], ffn_down_exps [E, hidden, I], the router
+                                              ffn_gate_inp (+ .scale), per-expert scales ffn_down_exps.scale
+Norms are stored as Gemma 4 uses them (no +1, unlike Gemma 3).
 """
 from __future__ import annotations
 
@@ -56,9 +58,7 @@ def _partial_factor(reader, head_dim: int) -> float:
 def gemma4_config(reader, meta, names: set, common: dict) -> dict:
     """`meta(key, default)` reads `gemma4.<key>`; `common`: what spec_from_gguf already read."""
     n = int(meta("block_count"))
-    if meta("expert_count"):
-        raise ModelFormatError("Gemma 4 GGUF with experts is not supported yet (use the safetensors "
-                               "checkpoint)")
+    experts = int(meta("expert_count", 0) or 0)
     pattern = meta("attention.sliding_window_pattern")
     if pattern is None or isinstance(pattern, (int, float)):
         raise ModelFormatError("Gemma 4 GGUF lacks attention.sliding_window_pattern (one flag per layer)")
@@ -95,4 +95,6 @@ def gemma4_config(reader, meta, names: set, common: dict) -> dict:
         "final_logit_softcapping": meta("final_logit_softcapping"),
         "rope_parameters": {SLIDING: sliding_rope, FULL: full_rope},
         "attention_bias": "blk.0.attn_q.bias" in names,
+        "enable_moe_block": experts > 0, "num_experts": experts or None,
+        "top_k_experts": meta("expert_used_count"), "moe_intermediate_size": meta("expert_feed_forward_length"),
     }

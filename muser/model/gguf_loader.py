@@ -26,6 +26,7 @@ from muser.config import ModelSpec
 from muser.errors import ModelFormatError
 from muser.model.dequant import dequantize, q8_0_blocks
 from muser.model.gguf_file import GGUFFile
+from muser.model.safetensors_loader import stacked_experts
 from muser.model.spec import spec_from_gguf
 from muser.model.weights import LayerWeights, MoeWeights, Weights, missing
 
@@ -51,6 +52,13 @@ _MOE = {"ffn_gate_inp.weight": "router", "ffn_gate_inp.bias": "router_bias",
         "ffn_gate_exps.weight": "w_gate", "ffn_gate_exps.bias": "b_gate",
         "ffn_up_exps.weight": "w_up", "ffn_up_exps.bias": "b_up",
         "ffn_down_exps.weight": "w_down", "ffn_down_exps.bias": "b_down"}
+# Gemma 4's experts (llama.cpp's names): fused gate/up [E, 2I, hidden], down [E, hidden, I], the
+# router and its two scales, and the norms around the expert branch -- the safetensors keys'
+# roles, so one conversion (safetensors_loader.stacked_experts) builds the MoeWeights
+_GEMMA4_MOE = {"ffn_gate_up_exps.weight": "gate_up", "ffn_down_exps.weight": "down",
+               "ffn_gate_inp.weight": "router", "ffn_gate_inp.scale": "router_scale",
+               "ffn_down_exps.scale": "expert_scale", "post_ffw_norm_1.weight": "post_dense_norm",
+               "pre_ffw_norm_2.weight": "pre_moe_norm", "post_ffw_norm_2.weight": "post_moe_norm"}
 _IGNORED = {"rope_freqs.weight"}       # llama3 rope factors: refused by the spec before we get here
 _PERMUTED_ARCHS = {"llama"}
 
@@ -96,6 +104,10 @@ def load_gguf(path, dtype: torch.dtype = torch.float32, progress: bool = True,
                 w = dequantize(t.data, t.tensor_type, torch.float32)
                 moe_raw.setdefault(int(name.split(".", 2)[1]), {})[_MOE[suffix]] = w
                 continue
+        elif arch == "gemma4" and suffix in _GEMMA4_MOE:
+            w = dequantize(t.data, t.tensor_type, torch.float32)
+            moe_raw.setdefault(int(name.split(".", 2)[1]), {})[_GEMMA4_MOE[suffix]] = w
+            continue
         # norms are kept float32 whatever the matrices' dtype (the norms run in float32)
         is_norm = (field or "").endswith("norm") or name in ("output_norm.weight",
                                                               "per_layer_proj_norm.weight")
@@ -114,7 +126,8 @@ def load_gguf(path, dtype: torch.dtype = torch.float32, progress: bool = True,
         else:
             raise ModelFormatError(f"GGUF tensor {name!r} has no place in muser's weights")
     for i, raw in moe_raw.items():
-        per_layer[i]["moe"] = _experts(raw, spec, dtype, i)
+        per_layer[i]["moe"] = (stacked_experts(raw, spec, dtype, i) if arch == "gemma4"
+                               else _experts(raw, spec, dtype, i))
     try:
         layers = [LayerWeights(**d) for d in per_layer]
     except TypeError as e:

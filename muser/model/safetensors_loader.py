@@ -118,7 +118,7 @@ def load_hf_dir(path, dtype: torch.dtype = torch.float32,
     for i, d in enumerate(per_layer):
         raw = d.pop("_moe", None)
         if raw is not None:
-            d["moe"] = _experts(raw, spec, dtype, i)
+            d["moe"] = stacked_experts(raw, spec, dtype, i)
         try:
             lw = LayerWeights(**d)
         except TypeError as e:
@@ -148,10 +148,10 @@ def _place(key, t, spec, gemma, dtype, top, per_layer) -> None:
     m = _LAYER_RE.match(name)
     suffix = m.group(2) if m else None
     if suffix in _MOE:                          # experts keep their raw dtype until split
-        per_layer[_layer(key, m, spec)].setdefault("_moe", {})[_MOE[suffix]] = t
+        per_layer[_layer(key, m, spec)].setdefault("_moe", {})[_MOE[suffix]] = _aligned(t)
         return
     # Gemma 3 applies (1 + w): store the effective multiplier, computed in float32
-    t = (t.float() + 1.0) if (gemma and is_norm) else t.to(torch.float32 if is_norm else dtype)
+    t = _aligned((t.float() + 1.0) if (gemma and is_norm) else t.to(torch.float32 if is_norm else dtype))
     if key.startswith("lm_head.") or name == "lm_head.weight":
         top["lm_head"] = t
         return
@@ -176,8 +176,20 @@ def _layer(key, m, spec) -> int:
     return i
 
 
-def _experts(raw: dict, spec, dtype, layer: int) -> MoeWeights:
-    """One layer's stacked expert tensors -> a `MoeWeights` of per-expert [out, in] matrices."""
+ALIGN = 64                                  # bytes: the CPU allocator's alignment
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """`t` in storage of its own that starts on an ALIGN boundary.  A tensor read from the file
+    can start anywhere (8 bytes past a 64-byte line was seen), and MKL's float32 GEMM rounds by
+    alignment: the same bits loaded from GGUF (aligned) gave logits 6e-8 apart.  Aligned,
+    a weight's arithmetic depends on its bits alone."""
+    return t.clone() if t.data_ptr() % ALIGN else t
+
+
+def stacked_experts(raw: dict, spec, dtype, layer: int) -> MoeWeights:
+    """One layer's stacked expert tensors -> a `MoeWeights` of per-expert [out, in] matrices
+    (also Gemma 4's experts from GGUF, whose tensors gguf_loader names by the same roles)."""
     ms = spec.moe
     if ms is None:
         raise ModelFormatError(f"layer {layer}: expert tensors but the config enables no experts")

@@ -23,7 +23,7 @@ from muser.model.safetensors_loader import load_hf_dir             # noqa: E402
 from muser.testing import tiny_model_dir                           # noqa: E402
 
 
-def _write(src, path, drop=(), experts=False):
+def _write(src, path, drop=()):
     from safetensors import safe_open
     cfg = json.loads((src / "config.json").read_text())
     n, types = cfg["num_hidden_layers"], cfg["layer_types"]
@@ -61,16 +61,25 @@ def _write(src, path, drop=(), experts=False):
     w.add_rope_dimension_count_swa(head_swa)
     w.add_bos_token_id(cfg["bos_token_id"])
     w.add_eos_token_id(cfg["eos_token_id"])
-    if experts:
-        w.add_expert_count(4)
+    if cfg.get("enable_moe_block"):
+        w.add_expert_count(cfg["num_experts"])
+        w.add_expert_used_count(cfg["top_k_experts"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     partial = cfg["rope_parameters"]["full_attention"]["partial_rotary_factor"]
     rot = int(head_full * partial / 2)
     w.add_tensor("rope_freqs.weight", np.array([1.0] * rot + [1e30] * (head_full // 2 - rot), np.float32))
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA4, n)
     with safe_open(str(next(src.glob("*.safetensors"))), "pt") as f:
         for key in f.keys():
-            hf = key + ".weight" if key.endswith("layer_scalar") else key
-            name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
+            bid = key.split(".layers.")[1].split(".")[0] if ".layers." in key else None
+            if key.endswith("router.scale"):               # the converter's own two names
+                name = f"blk.{bid}.ffn_gate_inp.scale"
+            elif key.endswith("router.per_expert_scale"):
+                name = f"blk.{bid}.ffn_down_exps.scale"
+            else:
+                hf = key + ".weight" if key.endswith("layer_scalar") or (
+                    ".experts." in key and not key.endswith(".weight")) else key
+                name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
             if name in drop:
                 continue
             w.add_tensor(name, np.ascontiguousarray(f.get_tensor(key).float().numpy()))
@@ -91,12 +100,22 @@ def _compare(src, path):
         x, y = getattr(w_g, field), getattr(w_h, field)
         assert (x is None and y is None) or torch.equal(x, y), field
     for i, (a, b) in enumerate(zip(w_g.layers, w_h.layers)):
-        for f in dataclasses.fields(a):
-            x, y = getattr(a, f.name), getattr(b, f.name)
-            assert (x is None) == (y is None), (i, f.name)
-            if isinstance(x, torch.Tensor):
-                assert x.dtype == y.dtype and torch.equal(x, y), (i, f.name)
+        _same(a, b, f"layer {i}")
     return spec_g
+
+
+def _same(x, y, where):
+    """Tensors equal bit for bit (and in dtype), through dataclasses (experts) and lists."""
+    assert (x is None) == (y is None), where
+    if isinstance(x, torch.Tensor):
+        assert x.dtype == y.dtype and torch.equal(x, y), where
+    elif isinstance(x, (list, tuple)):
+        assert len(x) == len(y), where
+        for k, (p, q) in enumerate(zip(x, y)):
+            _same(p, q, f"{where}[{k}]")
+    elif dataclasses.is_dataclass(x):
+        for f in dataclasses.fields(x):
+            _same(getattr(x, f.name), getattr(y, f.name), f"{where}.{f.name}")
 
 
 @pytest.fixture(scope="module")
@@ -131,10 +150,12 @@ def test_gemma4_variants_from_gguf(variant, tmp_path):
     _compare(tmp_path / "hf", tmp_path / "m.gguf")
 
 
-def test_the_gguf_model_computes_the_safetensors_models_logits(tiny):
+@pytest.mark.parametrize("arch", ["gemma4", "gemma4_moe"])
+def test_the_gguf_model_computes_the_safetensors_models_logits(arch, tmp_path):
     from muser.engine.engine import Engine
     from muser.config import EngineConfig
-    src, path = tiny
+    src, path = tiny_model_dir(arch, tokenizer=False), tmp_path / "m.gguf"
+    _write(src, path)
     ids = [(7 * j) % 300 + 3 for j in range(19)]
     out = []
     for spec, w in (load_hf_dir(src, dtype=torch.float32), load_gguf(path, dtype=torch.float32, progress=False)[:2]):
@@ -143,16 +164,23 @@ def test_the_gguf_model_computes_the_safetensors_models_logits(tiny):
     assert torch.equal(out[0], out[1])
 
 
-@pytest.mark.parametrize("case, needle", [("experts", "experts"), ("ple", "per-layer input")])
-def test_what_the_loader_cannot_read_is_refused_by_name(tmp_path, case, needle):
-    src = tiny_model_dir("gemma4", tokenizer=False)
-    path = tmp_path / f"{case}.gguf"
-    if case == "experts":
-        _write(src, path, experts=True)
-    else:
-        _write(src, path, drop=("per_layer_model_proj.weight",))
+def test_gemma4_with_experts_from_gguf(tmp_path):
+    """The 26B-A4B layout: experts beside the MLP, fused gate/up, the router's two scales."""
+    src = tiny_model_dir("gemma4_moe", tokenizer=False)
+    _write(src, tmp_path / "moe.gguf")
+    spec = _compare(src, tmp_path / "moe.gguf")
+    assert spec.moe is not None and spec.moe.num_experts == 4
+
+
+@pytest.mark.parametrize("drop, needle", [
+    (("per_layer_model_proj.weight",), "per-layer input"),
+    (("blk.1.ffn_down_exps.scale",), "expert_scale"),
+])
+def test_a_gguf_missing_what_the_header_promises_is_refused_by_name(tmp_path, drop, needle):
+    src = tiny_model_dir("gemma4_moe", tokenizer=False)
+    _write(src, tmp_path / "bad.gguf", drop=drop)
     with pytest.raises(ModelFormatError, match=needle):
-        load_gguf(path, dtype=torch.float32, progress=False)
+        load_gguf(tmp_path / "bad.gguf", dtype=torch.float32, progress=False)
 
 
 def test_muser_load_takes_the_tokenizer_beside_a_file_whose_own_it_cannot_read(tmp_path):
