@@ -28,7 +28,7 @@ from muser.model.dequant import dequantize, q8_0_blocks
 from muser.model.gguf_file import GGUFFile
 from muser.model.safetensors_loader import stacked_experts
 from muser.model.spec import spec_from_gguf
-from muser.model.weights import LayerWeights, MoeWeights, Weights, missing
+from muser.model.weights import LayerWeights, MoeWeights, Weights, aligned, missing
 
 # GGUF per-layer suffix -> LayerWeights field
 _LAYER = {
@@ -111,7 +111,8 @@ def load_gguf(path, dtype: torch.dtype = torch.float32, progress: bool = True,
         # norms are kept float32 whatever the matrices' dtype (the norms run in float32)
         is_norm = (field or "").endswith("norm") or name in ("output_norm.weight",
                                                               "per_layer_proj_norm.weight")
-        w = dequantize(t.data, t.tensor_type, torch.float32 if is_norm else dtype)
+        # a float tensor comes back as a view of the memory map: give it aligned storage
+        w = aligned(dequantize(t.data, t.tensor_type, torch.float32 if is_norm else dtype))
         if name.startswith("blk."):
             idx = name.split(".", 2)[1]
             if field is None:

@@ -23,7 +23,7 @@ from muser.config import ModelSpec
 from muser.errors import ModelFormatError
 from muser.model.spec import spec_from_hf_config
 from muser.model.dequant import mxfp4_hf
-from muser.model.weights import LayerWeights, MoeWeights, Weights, missing
+from muser.model.weights import LayerWeights, MoeWeights, Weights, aligned, missing
 
 # HF per-layer suffix -> LayerWeights field
 _LAYER = {
@@ -148,10 +148,10 @@ def _place(key, t, spec, gemma, dtype, top, per_layer) -> None:
     m = _LAYER_RE.match(name)
     suffix = m.group(2) if m else None
     if suffix in _MOE:                          # experts keep their raw dtype until split
-        per_layer[_layer(key, m, spec)].setdefault("_moe", {})[_MOE[suffix]] = _aligned(t)
+        per_layer[_layer(key, m, spec)].setdefault("_moe", {})[_MOE[suffix]] = aligned(t)
         return
     # Gemma 3 applies (1 + w): store the effective multiplier, computed in float32
-    t = _aligned((t.float() + 1.0) if (gemma and is_norm) else t.to(torch.float32 if is_norm else dtype))
+    t = aligned((t.float() + 1.0) if (gemma and is_norm) else t.to(torch.float32 if is_norm else dtype))
     if key.startswith("lm_head.") or name == "lm_head.weight":
         top["lm_head"] = t
         return
@@ -174,17 +174,6 @@ def _layer(key, m, spec) -> int:
     if i >= spec.num_layers:
         raise ModelFormatError(f"tensor {key!r}: layer {i} >= num_layers {spec.num_layers}")
     return i
-
-
-ALIGN = 64                                  # bytes: the CPU allocator's alignment
-
-
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """`t` in storage of its own that starts on an ALIGN boundary.  A tensor read from the file
-    can start anywhere (8 bytes past a 64-byte line was seen), and MKL's float32 GEMM rounds by
-    alignment: the same bits loaded from GGUF (aligned) gave logits 6e-8 apart.  Aligned,
-    a weight's arithmetic depends on its bits alone."""
-    return t.clone() if t.data_ptr() % ALIGN else t
 
 
 def stacked_experts(raw: dict, spec, dtype, layer: int) -> MoeWeights:

@@ -194,3 +194,14 @@ def missing(lw: LayerWeights, spec, ls) -> list[str]:
         need += ["ple_gate", "ple_proj", "ple_norm"]
     return [n for n in need if getattr(lw, n) is None and not (n in ("wq", "wk", "wv") and lw.wqkv is not None)
             and not (n in ("w_gate", "w_up") and lw.w_gate_up is not None)]
+
+
+ALIGN = 64                                  # bytes: the CPU allocator's alignment
+
+
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """`t` in storage of its own that starts on an ALIGN boundary.  A tensor read from a file
+    can start anywhere (8 bytes past a 64-byte line was seen in a safetensors file), and MKL's
+    float32 GEMM rounds by alignment: the same bits loaded from GGUF (aligned) and safetensors
+    gave logits 6e-8 apart.  Aligned, a weight's arithmetic depends on its bits alone."""
+    return t.clone() if t.data_ptr() % ALIGN else t
