@@ -52,6 +52,8 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a client has to send a request head before the connection is "
                         "closed (default 10)")
+    p.add_argument("--max-connections", type=int, default=1024,
+                   help="open connections (or running requests) before new ones get 503 (default 1024)")
     p.add_argument("--speculative", default=None, choices=["prompt-lookup"],
                    help="verify prompt-lookup drafts in blocks (greedy output unchanged)")
     p.add_argument("--spec-block", type=int, default=8, help="speculative block size (2..16)")
@@ -126,6 +128,7 @@ def config_from_args(args) -> ServerConfig:
         pack_key=_pack_key(args, env), batch_decode=not args.no_batch_decode, shift_keep=args.shift_keep,
         prefill_share=args.prefill_share, prefill_budget=args.prefill_budget,
         header_timeout=args.header_timeout, speculative=args.speculative,
+        max_connections=args.max_connections,
         spec_block=args.spec_block,
         prefix_cache_bytes=args.prefix_cache_size, prefix_cache_dir=args.prefix_cache_dir,
         prefix_cache_disk_bytes=args.prefix_cache_disk_size, prefix_cache_block=args.prefix_cache_block)

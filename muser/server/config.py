@@ -30,6 +30,7 @@ class ServerConfig:
     body_timeout: float = 60.0              # seconds to receive a whole body before 408
     header_timeout: float = 10.0            # seconds to send a request head before the close
     max_header_bytes: int = 64 << 10        # request line + headers before the close
+    max_connections: int = 1024             # open connections (or requests) before 503s
     batch_decode: bool = True               # one engine.decode_batch step for all active slots
     shift_keep: float = 0.7                 # a shift keeps at most this fraction of the budget
     prefill_share: float = 0.5              # worker time prefill may take while streams decode
@@ -79,7 +80,8 @@ class ServerConfig:
             raise ValueError(f"prefill_share must be in (0, 1], got {self.prefill_share}")
         if self.prefill_budget is not None and self.prefill_budget < 1:
             raise ValueError(f"prefill_budget must be >= 1, got {self.prefill_budget}")
-        for name in ("max_body_bytes", "max_slot_body_bytes", "max_header_bytes", "max_messages"):
+        for name in ("max_body_bytes", "max_slot_body_bytes", "max_header_bytes", "max_messages",
+                     "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.body_timeout <= 0 or self.header_timeout <= 0:

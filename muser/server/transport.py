@@ -129,5 +129,9 @@ def uvicorn_config(app, config, **kw):
     import uvicorn
     kw.setdefault("timeout_graceful_shutdown", 5)
     kw.setdefault("timeout_keep_alive", 5)
+    # limit_concurrency: past this many open connections (or running requests) uvicorn answers
+    # 503 at once instead of accepting more -- a client that opens thousands of idle sockets
+    # cannot exhaust the process's descriptors or memory
+    kw.setdefault("limit_concurrency", config.max_connections)
     return uvicorn.Config(app, http=guarded_protocol(config.header_timeout, config.max_header_bytes),
                           h11_max_incomplete_event_size=config.max_header_bytes, **kw)

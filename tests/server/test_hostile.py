@@ -377,6 +377,42 @@ def test_incomplete_request_heads_time_out_but_long_streams_do_not(tiny):
         assert '"finish_reason":"length"' in r.text.replace(" ", "")
 
 
+def test_a_body_that_stalls_gets_408_and_the_connection_closes(tiny):
+    with serve(tiny, model_id="tiny", slots=1, body_timeout=0.5) as srv:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                      b"content-length: 100\r\n\r\n{\"model\": ")        # 11 of 100 bytes, then nothing
+            t0, got = time.time(), b""
+            while b"\r\n\r\n" not in got or not got.rstrip().endswith(b"}"):
+                part = s.recv(65536)
+                if not part:
+                    break
+                got += part
+            assert got.startswith(b"HTTP/1.1 408") and b"request_timeout" in got
+            assert b"connection: close" in got.lower() and time.time() - t0 < 9
+        assert srv.http().get("/health").status_code == 200
+
+
+def test_connections_past_the_cap_get_503_and_the_server_recovers(tiny):
+    with serve(tiny, model_id="tiny", slots=1, max_connections=3) as srv:
+        idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(3)]
+        try:
+            time.sleep(0.2)                       # the server has accepted all three
+            with httpx.Client(base_url=srv.base, timeout=10) as h:
+                r = h.get("/health")
+            assert r.status_code == 503
+        finally:
+            for s in idle:
+                s.close()
+        deadline = time.time() + 10
+        while True:                               # the idle sockets' close reaches the server
+            with httpx.Client(base_url=srv.base, timeout=10) as h:
+                if h.get("/health").status_code == 200:
+                    break
+            assert time.time() < deadline
+            time.sleep(0.05)
+
+
 # ----------------------------------------------------------------------------- conversations
 def test_409_names_the_real_cause(tiny, tmp_path):
     with serve(tiny, model_id="tiny", slots=1, session_dir=str(tmp_path)) as srv:
