@@ -43,6 +43,8 @@ def paced_engine(options, delay: float):
 class Fleet:
     port: int
     key: str
+    model_dir: str = ""
+    tier_dir: str = ""
 
     @property
     def base(self) -> str:
@@ -85,26 +87,33 @@ def free_port() -> int:
     return port
 
 
+def deploy(model_dir: str, tier_dir: str, key: str, delay: float = 0.02, replicas: int = 2,
+           save: str = "turns") -> None:
+    """(Re)deploy the replicated app on the running cluster; returns once it is serving."""
+    from ray import serve
+
+    from muser.server.config import ServerConfig
+    from muser.server.replicas import serve_app
+    from muser.server.replicas.settings import EngineOptions, RoutingConfig, TierConfig
+    app = serve_app(engine=EngineOptions(model_dir),
+                    server=ServerConfig(model_id="tiny", slots=2, output_reserve=32, api_key=key),
+                    routing=RoutingConfig(block_tokens=8, stats_period_s=0.5, route_timeout_s=30),
+                    tier=TierConfig(dir=tier_dir, save=save), num_replicas=replicas, num_cpus=1,
+                    threads=1, engine_factory=functools.partial(paced_engine, delay=delay),
+                    graceful_shutdown_timeout_s=10)
+    serve.run(app, name=APP, route_prefix="/")
+
+
 def start_fleet(model_dir: str, tier_dir: str, key: str, delay: float = 0.02) -> Fleet:
     """Raises whatever Ray raises when it cannot start (the caller skips on that)."""
     import sys
 
     import ray
     from ray import cloudpickle, serve
-
-    from muser.server.config import ServerConfig
-    from muser.server.replicas import serve_app
-    from muser.server.replicas.settings import EngineOptions, RoutingConfig, TierConfig
     ray.init(num_cpus=2, object_store_memory=96 << 20, include_dashboard=False,
              log_to_driver=False, configure_logging=False)
     cloudpickle.register_pickle_by_value(sys.modules[__name__])   # workers cannot import tests/
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    app = serve_app(engine=EngineOptions(model_dir),
-                    server=ServerConfig(model_id="tiny", slots=2, output_reserve=32, api_key=key),
-                    routing=RoutingConfig(block_tokens=8, stats_period_s=0.5, route_timeout_s=30),
-                    tier=TierConfig(dir=tier_dir), num_replicas=2, num_cpus=1, threads=1,
-                    engine_factory=functools.partial(paced_engine, delay=delay),
-                    graceful_shutdown_timeout_s=10)
-    serve.run(app, name=APP, route_prefix="/")
-    return Fleet(port, key)
+    deploy(model_dir, tier_dir, key, delay)
+    return Fleet(port, key, model_dir, tier_dir)

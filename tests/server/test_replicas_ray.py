@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from replica_fleet import start_fleet
+from replica_fleet import APP, deploy, start_fleet
 
 KEY = "fleet-key"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -208,3 +208,28 @@ def test_a_killed_replica_loses_no_conversation_and_hangs_no_request(fleet, refe
     assert a2.choices[0].message.content == r2.choices[0].message.content
     with httpx.Client(base_url=fleet.base, timeout=30) as h:
         assert h.get("/health").status_code == 200     # the survivor (and Ray's replacement)
+
+
+def test_replicas_that_stop_gracefully_drain_their_conversations_to_the_tier(fleet, reference,
+                                                                              tmp_path):
+    """With per-turn saving off (`save="drain"`), a replica that stops gracefully -- an app
+    deleted or redeployed, a scale-down -- saves its live slots first: the next turn, on a fresh
+    replica, starts from the conversation's cut and reads as on one uninterrupted server."""
+    from ray import serve
+    tier = str(tmp_path / "drain-tier")
+    deploy(fleet.model_dir, tier, fleet.key, save="drain")
+    c, ref = fleet.client(), reference.client()
+    turn1 = [{"role": "user", "content": "tell me about rings and planes"}]
+    a1 = chat(c, turn1, 1, session="drained")
+    packs = lambda: sorted(p.name for p in (tmp_path / "drain-tier").rglob("*.pack"))   # noqa: E731
+    assert packs() == []                              # "drain": nothing is saved per turn
+    serve.delete(APP)                                 # every replica stops gracefully: it drains
+    assert packs(), "the stopped replicas saved no conversation"
+    deploy(fleet.model_dir, tier, fleet.key, replicas=1, save="drain")
+    turn2 = turn1 + [{"role": "assistant", "content": a1.choices[0].message.content},
+                     {"role": "user", "content": "and the window?"}]
+    a2 = chat(c, turn2, 8, session="drained")
+    r2 = chat(ref, turn2, 8)
+    assert a2.usage.prompt_tokens_details.cached_tokens == a1.usage.prompt_tokens > 0
+    assert a2.choices[0].message.content == r2.choices[0].message.content
+
