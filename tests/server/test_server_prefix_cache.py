@@ -1,9 +1,11 @@
 """The prefix cache behind the HTTP server (real uvicorn, the official openai client).
 
-Exactness contract, today: a reply served through a stored cut equals the same engine computing
+Exactness contract: a reply served through a stored cut equals the same engine computing
 prefill(prefix) then prefill(suffix) -- the suffix split at the request's own cut points, as the
-server splits it -- and greedy decoding.  A reply through the store also equals the reply the same
-server gives from a live slot that was never evicted.
+server splits it -- and greedy decoding (every path).  A reply through the store also equals the
+reply the same server gives from a live slot that was never evicted.  On the CPU default (one
+arithmetic per token) it is also the reply of a fresh server with the store off, token for token,
+with the slot's cache bit for bit (`test_the_embedded_model_reuses_a_shared_system_prompt`).
 """
 import asyncio
 
@@ -210,14 +212,27 @@ def test_identical_prefixes_arriving_together_are_computed_once(tiny8):
 
 
 def test_the_embedded_model_reuses_a_shared_system_prompt(gemma):
+    """On the CPU default (one arithmetic per token, issue 12) a reply through a stored cut is
+    also the reply of a fresh server whose store is off: token for token, and the slot's cache
+    bit for bit."""
     system = {"role": "system", "content": "You answer questions about caches. " * 40}
+    msgs = ask("What is a growing plane?", system)
     with serve(gemma, slots=2, output_reserve=16) as srv:
         chat(srv, ask("What is a ring buffer?", system), max_tokens=4)
-        msgs = ask("What is a growing plane?", system)
         ids, cuts = server_cuts(gemma, msgs)
-        text, cached, slot = chat(srv, msgs, max_tokens=4, slot=True)
+        text, cached, slot = chat(srv, msgs, max_tokens=8, slot=True)
         assert cached == chat_boundaries(render(gemma), msgs, ids)[0] > 200
-        assert text == greedy(gemma, ids, cached, cuts, 4, srv, slot)
+        assert text == greedy(gemma, ids, cached, cuts, 8, srv, slot)
+        warm = srv.state.pool.slots[slot].session.snapshot()
+    if not gemma.exact_rows:
+        return                                           # not the invariant path: as above only
+    with serve(gemma, slots=1, output_reserve=16, prefix_cache_bytes=0) as off:
+        cold_text, cold_cached = chat(off, msgs, max_tokens=8)
+        cold = off.state.pool.slots[0].session.snapshot()
+    assert cold_cached == 0 and cold_text == text
+    assert cold.position == warm.position
+    for a, b in zip(warm.planes, cold.planes):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 
 
 def test_prefix_cache_flags():
