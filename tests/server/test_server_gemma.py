@@ -56,3 +56,43 @@ def test_gemma_shift_equals_cold_prefill(gemma):
         cold = gemma.new_session()
         cold.prefill(kept)
         assert slot.session.snapshot().equal(cold.snapshot())
+
+
+def test_default_cpu_answers_do_not_depend_on_what_else_is_served(gemma):
+    """Issue 12 at the HTTP surface, on the default CPU configuration: four requests decoded in
+    one batch get the same tokens and the same logprobs, bit for bit, as each served alone."""
+    import asyncio
+
+    if not gemma.exact_rows:
+        pytest.skip("not the invariant CPU path (no native kernels)")
+    prompts = [f"Question {i}: name {i + 2} things a cache keeps." for i in range(4)]
+
+    def ask(client, p):
+        return client.completions.create(model=srv.state.model_id, prompt=p, max_tokens=8,
+                                         temperature=0, logprobs=2)
+
+    def key(r):
+        c = r.choices[0]
+        return c.text, c.logprobs.tokens, c.logprobs.token_logprobs, c.logprobs.top_logprobs
+
+    with serve(gemma, slots=4, output_reserve=16) as srv:
+        alone = [key(ask(srv.client(), p)) for p in prompts]
+        for s in srv.state.pool.slots:          # no live cache to reuse: the same prefill again
+            s.session.reset()
+
+        async def together():
+            ac = srv.async_client()
+            try:
+                return await asyncio.gather(*(ac.completions.create(
+                    model=srv.state.model_id, prompt=p, max_tokens=8, temperature=0, logprobs=2)
+                    for p in prompts))
+            finally:
+                await ac.close()
+        sizes, real = [], gemma.decode_batch
+        gemma.decode_batch = lambda sessions, tokens: (sizes.append(len(sessions)), real(sessions, tokens))[1]
+        try:
+            batch = [key(r) for r in asyncio.run(together())]
+        finally:
+            del gemma.decode_batch                # back to the class's method
+    assert max(sizes) >= 2                        # they really shared decode steps
+    assert batch == alone
