@@ -102,7 +102,9 @@ def cmd_chat(args) -> int:
         reply, reply_ids = [], []
         tokens = _counting(_until(engine.stream(new[-1:], args.max_tokens, args.temperature, args.top_p,
                                                 args.top_k, args.seed, session=session), stop_ids), reply_ids)
-        for piece in stream_text(engine, tokens, args.stop):
+        pieces = (_channels(engine, tokens, args.stop) if getattr(engine.tokenizer, "harmony", False)
+                  else stream_text(engine, tokens, args.stop))
+        for piece in pieces:
             reply.append(piece)
             sys.stdout.write(piece)
             sys.stdout.flush()
@@ -128,6 +130,32 @@ def _until(ids, stop_ids: set):
         if i in stop_ids:
             return
         yield i
+
+
+def _channels(engine, tokens, stop):
+    """A harmony reply (gpt-oss): the answer's text deltas; the reasoning goes to stderr, dimmed,
+    and stays out of the conversation (as harmony drops earlier analysis)."""
+    from ..server.channels import ChannelText
+    stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
+    ct, thinking = ChannelText(engine.tokenizer, stops), False
+    for t in tokens:
+        out, stopped = ct.push(t)
+        thought = ct.take_reasoning()
+        if thought:
+            sys.stderr.write(("" if thinking else "\x1b[2m[thinking] ") + thought)
+            thinking = True
+        if out:
+            if thinking:
+                sys.stderr.write("\x1b[0m\n")
+                thinking = False
+            yield out
+        if stopped:
+            return
+    tail, thought = ct.flush(), ct.take_reasoning()
+    if thought or thinking:
+        sys.stderr.write(thought + "\x1b[0m\n")
+    if tail:
+        yield tail
 
 
 def _counting(ids, seen: list):

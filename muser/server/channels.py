@@ -30,6 +30,7 @@ from .tools import CLOSE, OPEN
 
 REASONING = ("analysis",)
 FUNCTIONS = "functions."
+MAX_HEADER = 64         # header tokens before a reply that never opens a message is read as content
 
 
 class ChannelText:
@@ -62,6 +63,18 @@ class ChannelText:
                 self.header = []
             else:
                 self.header.append(token)
+                if len(self.header) > MAX_HEADER:
+                    # not harmony after all (a model that ignores its template): plain content
+                    ids, self.header = self.header, []
+                    self.reasoning = self.call = False
+                    self.body = TextStream(self.tok, self.stops)
+                    out, stopped = "", False
+                    for t in ids:
+                        piece, stopped = self.body.push(t)
+                        out += piece
+                        if stopped:
+                            break
+                    return out, stopped
             return "", False
         if token in self.ends:
             return self._close(), False

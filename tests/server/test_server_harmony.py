@@ -138,3 +138,35 @@ def test_a_harmony_function_call_comes_back_as_tool_calls(oss, monkeypatch, stre
                     args += t.function.arguments or ""
                 finish = ch.choices[0].finish_reason or finish
         assert (name, args, finish) == ("get_weather", '{"city": "Paris"}', "tool_calls")
+
+
+def test_a_reply_that_never_opens_a_message_is_read_as_content(oss):
+    """A model that ignores its template (or random weights) must not go silent."""
+    from muser.server.channels import MAX_HEADER
+    tok = oss.tokenizer
+    ids = tok.encode("just some plain words " * 30, add_bos=False)
+    assert len(ids) > MAX_HEADER
+    assert split(tok, ids) == ("", tok.decode(ids), False)
+
+
+def test_muser_chat_prints_the_answer_and_sends_the_reasoning_to_stderr(oss, monkeypatch, capsys):
+    import argparse
+    import importlib
+    cli = importlib.import_module("muser.cli.main")
+    ids = oss.tokenizer.encode(REPLY, add_bos=False)
+    monkeypatch.setattr(cli, "load_engine", lambda args: oss)
+    monkeypatch.setattr(type(oss), "stream", lambda self, *a, **k: iter(ids))
+    lines = iter(["What is 2 + 2?"])
+
+    def fake_input(prompt=""):
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+    monkeypatch.setattr("builtins.input", fake_input)
+    args = argparse.Namespace(system=None, max_tokens=64, temperature=0.0, top_p=1.0, top_k=0,
+                              seed=None, stop=None, stats=False)
+    assert cli.cmd_chat(args) == 0
+    out, err = capsys.readouterr()
+    assert "model> The answer is 4." in out and "sum" not in out
+    assert "The user wants a sum. 2 + 2 = 4." in err
