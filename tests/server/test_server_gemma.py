@@ -68,7 +68,7 @@ def test_default_cpu_answers_do_not_depend_on_what_else_is_served(gemma):
     prompts = [f"Question {i}: name {i + 2} things a cache keeps." for i in range(4)]
 
     def ask(client, p):
-        return client.completions.create(model=srv.state.model_id, prompt=p, max_tokens=8,
+        return client.completions.create(model=srv.state.model_id, prompt=p, max_tokens=16,
                                          temperature=0, logprobs=2)
 
     def key(r):
@@ -84,7 +84,7 @@ def test_default_cpu_answers_do_not_depend_on_what_else_is_served(gemma):
             ac = srv.async_client()
             try:
                 return await asyncio.gather(*(ac.completions.create(
-                    model=srv.state.model_id, prompt=p, max_tokens=8, temperature=0, logprobs=2)
+                    model=srv.state.model_id, prompt=p, max_tokens=16, temperature=0, logprobs=2)
                     for p in prompts))
             finally:
                 await ac.close()
