@@ -185,7 +185,7 @@ def _remove_stale_temporaries(directory: str, name: str) -> None:
         if not (entry.startswith(prefix) and entry.endswith(".tmp")):
             continue
         pid = entry[len(prefix):].split(".", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or pid_alive(int(pid)):
             continue
         try:
             os.unlink(os.path.join(directory, entry))
@@ -193,7 +193,8 @@ def _remove_stale_temporaries(directory: str, name: str) -> None:
             pass
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (a writer whose temporary file must be kept)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

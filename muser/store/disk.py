@@ -23,14 +23,13 @@ are verified when an object is loaded.
 from __future__ import annotations
 
 import logging
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..cache.snapshot import PlaneCut, SessionSnapshot
 from ..errors import MuserError, StoreCorrupt
-from ..pack.format import load_with_manifest, read_manifest, save_pack
+from ..pack.format import load_with_manifest, pid_alive, read_manifest, save_pack
 from ..pack.manifest import check_model
 from . import chain as ch
 from .objects import Block, Cut, Layout
@@ -152,7 +151,7 @@ class DiskTier:
             name = path.name
             temp = TEMP_NAME.fullmatch(name)
             if temp is not None:
-                if not _alive(int(temp.group(1))):
+                if not pid_alive(int(temp.group(1))):
                     path.unlink(missing_ok=True)
                 continue
             if not name.endswith(".pack"):
@@ -239,13 +238,3 @@ class DiskTier:
 
     def load_cut(self, cut: Cut) -> tuple[PlaneCut, ...]:
         return self._load(cut, "cut")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:              # exists, owned by someone else
-        return True
-    return True
