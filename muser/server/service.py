@@ -11,7 +11,6 @@ Does not own: validation (schemas.py), placement (slots.py), model steps
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import threading
@@ -29,7 +28,7 @@ from ..errors import ParameterError, RequestError
 from .choices import Decoding
 from .config import ServerConfig
 from .admission import PromptGate
-from .http_errors import AuthError, InvalidRequest, ModelNotFound, clip
+from .http_errors import InvalidRequest, ModelNotFound, clip
 from .metrics import Metrics
 from .policy import (Limits, RawReplay, ReplayPlan, match_lineage, plan_chat, plan_raw,
                      plan_raw_continuation)
@@ -39,7 +38,7 @@ from .scheduler import Job, Scheduler
 from .prefix import BoundaryMemo, PrefixCache, chat_boundaries, cut_points
 from .slots import Candidate, Slot, SlotPool
 from .text import SharedTokenizer, base_model_note, chars_per_token_bound, turn_marker_ids
-from .transport import read_body
+from .transport import check_bearer, read_body
 from . import tools as toolkit
 
 log = logging.getLogger("muser.server")
@@ -100,15 +99,7 @@ class ServerState:
 
     # ------------------------------------------------------------------ gates
     def check_auth(self, request: Request) -> None:
-        key = self.config.api_key
-        if key is None:
-            return
-        header = request.headers.get("authorization", "")
-        if not header:
-            raise AuthError("missing API key: send 'Authorization: Bearer <key>'")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise AuthError("incorrect API key provided")
+        check_bearer(request, self.config.api_key)
 
     def check_model(self, model: str) -> None:
         if model != self.model_id:

@@ -8,21 +8,34 @@ the uvicorn protocol guard (`guarded_protocol`: a connection whose request
 head is not complete within `header_timeout` seconds, or grows past
 `max_header_bytes`, is closed -- uvicorn itself only times out idle
 keep-alive connections, so a half-sent head would hold a connection forever)
-and `uvicorn_config`, the one place `muser serve` and the tests build
-uvicorn's settings.
+`check_bearer` (the API key gate, for the server and the replicas' ingress alike) and
+`uvicorn_config`, the one place `muser serve` and the tests build uvicorn's settings.
 Does not own: what a body means (schemas.py, app.py) or error shapes
 (http_errors.py).
 """
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 
 from starlette.requests import ClientDisconnect, Request
 
-from .http_errors import ClientGone, PayloadTooLarge, RequestTimeout
+from .http_errors import AuthError, ClientGone, PayloadTooLarge, RequestTimeout
 
 log = logging.getLogger("muser.server")
+
+
+def check_bearer(request: Request, key: str | None) -> None:
+    """AuthError unless the request carries `Authorization: Bearer <key>` (no key: open)."""
+    if key is None:
+        return
+    header = request.headers.get("authorization", "")
+    if not header:
+        raise AuthError("missing API key: send 'Authorization: Bearer <key>'")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        raise AuthError("incorrect API key provided")
 
 
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:

@@ -23,15 +23,15 @@ Does not own: serving (each replica's muser.server app), the routing policy.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from ..http_errors import AuthError, Internal, NotFound, PayloadTooLarge, ServerError, Unavailable
+from ..http_errors import Internal, NotFound, ServerError, Unavailable
 from ..metrics import Metrics
+from ..transport import check_bearer, read_body
 from .keys import block_keys, session_key
 from .promtext import merge
 from .settings import ReplicaSpec
@@ -77,27 +77,11 @@ class Ingress:
 
     # ------------------------------------------------------------------ gates and hints
     def check_auth(self, request: Request) -> None:
-        key = self.spec.server.api_key
-        if key is None:
-            return
-        header = request.headers.get("authorization", "")
-        if not header:
-            raise AuthError("missing API key: send 'Authorization: Bearer <key>'")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise AuthError("incorrect API key provided")
+        check_bearer(request, self.spec.server.api_key)
 
     async def read_body(self, request: Request) -> bytes:
-        limit = self.spec.server.max_body_bytes
-        n = request.headers.get("content-length")
-        if n is not None and n.isdigit() and int(n) > limit:
-            raise PayloadTooLarge(f"request body of {n} bytes exceeds {limit}")
-        body = bytearray()
-        async for piece in request.stream():
-            body += piece
-            if len(body) > limit:
-                raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-        return bytes(body)
+        # the server's own reader: bounded as it arrives, and within the body timeout
+        return await read_body(request, self.spec.server.max_body_bytes, self.spec.server.body_timeout)
 
     def prompt_of(self, path: str, body: bytes) -> list[int]:
         """The token ids a replica will render for this body; [] when it will not parse."""
