@@ -125,10 +125,10 @@ def _pass(engine, sessions, chunks, all_logits: bool, pad: bool, logits: bool = 
         scale, softcap, sinks = spec.layer_scale(ls), spec.attn_logit_softcap, lw.sinks
         if positional is not None:
             out = _attend_positional(positional, plane, staged, q, start, scale, softcap, sinks)
-        elif staged.needs_mask and staged.ordered and banded is not None and sinks is None:
+        elif staged.needs_mask and staged.ordered and banded is not None:
             # CUDA: the window rule as positions (flash attention, no dense mask)
             out = banded(q, staged.keys, staged.values, start, staged.first_position,
-                         plane.window, scale, softcap)
+                         plane.window, scale, softcap, sinks)
         else:
             mask = None
             if staged.needs_mask:

@@ -116,3 +116,25 @@ def _load(name_or_path, device, dtype, backend, max_context, chunk_size, quant, 
     tokenizer = load_tokenizer(path)
     weights = weights.to(device, torch_dtype)         # int8 weights: the CPU backend quantizes
     return Engine(name, spec, weights, tokenizer, config, weights_digest(files, env.digests_path), env)
+
+
+def from_state_dict(config: dict, state_dict, device: str = "cuda", dtype: str = "bfloat16",
+                    max_context: int | None = None, name: str = "state-dict") -> Engine:
+    """An engine over a model already in memory: a transformers config (dict) and its state dict
+    (`model.state_dict()`), for benchmarks and tests at real shapes -- tensors in `dtype` on
+    `device` are shared, not copied.  No tokenizer; the weights digest is a random one, so packs
+    and stored cuts made with this engine restore only into it."""
+    import uuid
+    from ..env import read as read_env
+    from ..backends.defaults import check, default_chunk_size, default_quant
+    from ..model.safetensors_loader import load_hf_tensors
+    env = read_env()
+    quant = default_quant(device, dtype, "ring")
+    config_e = EngineConfig(device=device, dtype=dtype, backend="ring", max_context=max_context,
+                            chunk_size=default_chunk_size(device), quant=quant)
+    check(config_e)
+    torch_dtype = DTYPES[dtype]
+    spec, weights = load_hf_tensors(config, state_dict.items(), torch_dtype, max_context)
+    weights = weights.to(device, torch_dtype)
+    return Engine(name, spec, weights, None, config_e, "memory-" + uuid.uuid4().hex, env)
+

@@ -97,23 +97,35 @@ def load_hf_dir(path, dtype: torch.dtype = torch.float32,
                 max_context: int | None = None) -> tuple[ModelSpec, Weights]:
     """(spec, weights on CPU in `dtype`, norms float32 and effective)."""
     path = Path(path)
-    cfg = _read_config(path)
+
+    def tensors():
+        for shard in _shards(path):
+            with safe_open(str(shard), framework="pt") as f:
+                for key in f.keys():
+                    yield key, f.get_tensor(key)
+    return load_hf_tensors(_read_config(path), tensors(), dtype, max_context,
+                           _eos_from_generation_config(path), where=str(path))
+
+
+def load_hf_tensors(cfg: dict, tensors, dtype: torch.dtype = torch.float32,
+                    max_context: int | None = None, extra_eos: tuple[int, ...] = (),
+                    where: str = "state dict") -> tuple[ModelSpec, Weights]:
+    """A transformers config (dict) and its (name, tensor) pairs -> (spec, weights).  Tensors
+    stay where they are (a GPU state dict loads without a host copy); a tensor already in
+    `dtype` and aligned is used as is, shared with its source."""
     spec = spec_from_hf_config(cfg, max_context=max_context)
-    extra_eos = _eos_from_generation_config(path)
     if extra_eos:
         from dataclasses import replace
         spec = replace(spec, eos_token_ids=tuple(dict.fromkeys(spec.eos_token_ids + extra_eos)))
     gemma = spec.architecture == "gemma3"
     top: dict[str, torch.Tensor] = {}
     per_layer: list[dict] = [{} for _ in range(spec.num_layers)]
-    for shard in _shards(path):
-        with safe_open(str(shard), framework="pt") as f:
-            for key in f.keys():
-                if _SKIP.search(key):
-                    continue
-                _place(key, f.get_tensor(key), spec, gemma, dtype, top, per_layer)
+    for key, t in tensors:
+        if _SKIP.search(key):
+            continue
+        _place(key, t, spec, gemma, dtype, top, per_layer)
     if "embed" not in top or "final_norm" not in top:
-        raise ModelFormatError(f"{path}: checkpoint lacks the embedding or the final norm")
+        raise ModelFormatError(f"{where}: checkpoint lacks the embedding or the final norm")
     layers = []
     for i, d in enumerate(per_layer):
         raw = d.pop("_moe", None)
@@ -122,17 +134,17 @@ def load_hf_dir(path, dtype: torch.dtype = torch.float32,
         try:
             lw = LayerWeights(**d)
         except TypeError as e:
-            raise ModelFormatError(f"{path}: checkpoint is missing layer tensors: {e}") from None
+            raise ModelFormatError(f"{where}: checkpoint is missing layer tensors: {e}") from None
         gaps = missing(lw, spec, spec.layers[i])
         if gaps:
-            raise ModelFormatError(f"{path}: layer {i} lacks {', '.join(gaps)}")
+            raise ModelFormatError(f"{where}: layer {i} lacks {', '.join(gaps)}")
         layers.append(lw)
     lm_head = None if spec.tie_embeddings else top.get("lm_head")
     if not spec.tie_embeddings and lm_head is None:
-        raise ModelFormatError(f"{path}: untied model without lm_head.weight")
+        raise ModelFormatError(f"{where}: untied model without lm_head.weight")
     if spec.per_layer_input and any(top.get(k) is None for k in ("per_layer_embed", "per_layer_proj",
                                                                    "per_layer_norm")):
-        raise ModelFormatError(f"{path}: Gemma 4 checkpoint lacks its per-layer input embeddings")
+        raise ModelFormatError(f"{where}: Gemma 4 checkpoint lacks its per-layer input embeddings")
     return spec, Weights(embed=top["embed"], final_norm=top["final_norm"], layers=layers, lm_head=lm_head,
                          per_layer_embed=top.get("per_layer_embed"), per_layer_proj=top.get("per_layer_proj"),
                          per_layer_norm=top.get("per_layer_norm"))

@@ -170,6 +170,7 @@ class Ops:
     act_mul: Callable       # (gate, up, spec)
     residual: Callable      # (h, d, spec, w_post=None, w_next=None, d2=None) -> (h', x | None)
     rope_rows: Callable     # (spec, positions) -> rows of the RoPE table to build
+    experts: Callable = moe.experts   # (mw, ms, x [T, hidden], weights [T, k], idx [T, k]) -> [T, hidden]
 
 
 EAGER = Ops(norm=norm, norm_rope=norm_rope, act_mul=act_mul, residual=residual, rope_rows=rope_rows_asked)
@@ -191,10 +192,10 @@ def feed_forward(lw: LayerWeights, spec: ModelSpec, h: torch.Tensor, x: torch.Te
         return mlp(lw, spec, x, ops)
     mw, ms = lw.moe, spec.moe
     if ms.style == "gpt_oss":
-        return moe.experts(mw, ms, x, *moe.route(mw, ms, x))
+        return ops.experts(mw, ms, x, *moe.route(mw, ms, x))
     dense = ops.norm(mlp(lw, spec, x, ops), mw.post_dense_norm, spec)
     weights, idx = moe.route(mw, ms, ops.norm(h, mw.router_norm, spec))
-    routed = moe.experts(mw, ms, ops.norm(h, mw.pre_moe_norm, spec), weights, idx)
+    routed = ops.experts(mw, ms, ops.norm(h, mw.pre_moe_norm, spec), weights, idx)
     return dense + ops.norm(routed, mw.post_moe_norm, spec)
 
 

@@ -84,3 +84,19 @@ def test_plain_call_routes():
     ones = torch.ones(5, 8, dtype=torch.bool)
     assert rel(out, reference(q.double(), k.double(), v.double(), ones, 0.25)) < 1e-5
     assert att.stats == {"flash": 0, "sdpa": 1, "reference": 2}
+
+
+def test_sinks_join_a_finished_softmax_through_its_log_sum_exp():
+    """prefill._join_sinks: attention without sinks and its log-sum-exp -> the reference with
+    sinks (the flash route's arithmetic, checked on the CPU in float32)."""
+    from muser.backends.cuda.prefill import _join_sinks
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(5, 4, 8, generator=g), torch.randn(9, 2, 8, generator=g),
+               torch.randn(9, 2, 8, generator=g))
+    mask = visibility_mask(torch.arange(4, 9), torch.arange(9), 6)
+    sinks = torch.tensor([-1.0, 0.5, 4.0, -20.0])
+    plain = reference(q, k, v, mask, 0.3)
+    scores = torch.einsum("thd,shd->hts", q, k.repeat_interleave(2, dim=1)) * 0.3
+    lse = torch.logsumexp(scores.masked_fill(~mask, float("-inf")), dim=-1)        # [H, T]
+    assert torch.allclose(_join_sinks(plain, lse, sinks), reference(q, k, v, mask, 0.3, None, sinks),
+                          atol=1e-6)

@@ -32,7 +32,7 @@ def visible(p):
     return p.logical_rows()
 
 
-def run(planes, heads, kv, d, dtype, dev, softcap=None, scale=0.125):
+def run(planes, heads, kv, d, dtype, dev, softcap=None, scale=0.125, sinks=None):
     from muser.backends.cuda.triton_decode import DecodeWorkspace, decode_attention, plane_row, splits_for
     growing = planes[0].kind == "growing"
     q = torch.randn(len(planes), heads, d).to(dev, dtype)
@@ -41,12 +41,13 @@ def run(planes, heads, kv, d, dtype, dev, softcap=None, scale=0.125):
     nsplit = splits_for(planes[0].capacity, growing)
     ws = DecodeWorkspace(len(planes), kv, heads // kv, d, nsplit, dev)
     out = torch.full_like(q, float("nan"))
-    decode_attention(q, table, meta, kv, nsplit, scale, softcap, ws=ws, out=out)
+    decode_attention(q, table, meta, kv, nsplit, scale, softcap, ws=ws, out=out, sinks=sinks)
     assert int(ws.cnt.abs().sum()) == 0                 # the election counters are back at 0
     for b, p in enumerate(planes):
         k, v = visible(p)
         mask = torch.ones(1, k.shape[0], dtype=torch.bool, device=dev)
-        ref = reference(q[b:b + 1].float(), k.float(), v.float(), mask, scale, softcap)
+        ref = reference(q[b:b + 1].float(), k.float(), v.float(), mask, scale, softcap,
+                        None if sinks is None else sinks.cpu().to(dev))
         assert not out[b].isnan().any()
         assert rel(out[b:b + 1], ref) < 1.5e-2, (p.kind, p.len)
     return q, table, meta, nsplit, out
@@ -72,6 +73,16 @@ def test_softcap_and_determinism(dev, kdtype):
     from muser.backends.cuda.triton_decode import decode_attention
     for _ in range(3):
         assert torch.equal(out, decode_attention(q, table, meta, 1, nsplit, 0.3, 3.0))
+
+
+@pytest.mark.parametrize("kind,lens", [("ring", (1, 37, 64, 131)), ("growing", (1, 300, 2049))])
+def test_sinks_join_every_head_softmax(dev, kdtype, kind, lens):
+    """gpt-oss: a learned per-head logit joins the denominator (large sinks: most mass on them)."""
+    planes = [filled(kind, n, 2, 64, kdtype, dev, cap=64, chunk=50, seed=n) for n in lens]
+    sinks = torch.tensor([-2.0, 0.0, 1.5, 3.0, 8.0, -30.0, 0.5, 2.0], device=dev)
+    q, table, meta, nsplit, out = run(planes, 8, 2, 64, kdtype, dev, sinks=sinks)
+    from muser.backends.cuda.triton_decode import decode_attention
+    assert torch.equal(out, decode_attention(q, table, meta, 2, nsplit, 0.125, None, sinks=sinks))
 
 
 def _torch_qk(qkv, pos, cos, sin, qn, kn, heads, kv, d, interleaved):

@@ -133,3 +133,21 @@ def test_packs_refuse_another_architecture(src, dst):
     with pytest.raises(PackModelMismatch):
         b.restore(pack_from_bytes(data), into=target)
     assert target.snapshot().equal(before)
+
+
+@pytest.mark.parametrize("arch", ["gpt_oss", "gemma4"])
+def test_an_engine_over_a_state_dict_in_memory_equals_the_loaded_one(arch):
+    """`loader.from_state_dict` (the real-shape GPU benchmarks' way in: no checkpoint written)
+    builds the engine `muser.load` builds from the saved directory: logits torch.equal."""
+    import json
+    from safetensors.torch import load_file
+    from muser.engine.loader import from_state_dict
+    from muser.testing import tiny_model_dir
+    path = tiny_model_dir(arch, layers=2, tokenizer=False)
+    sd = {}
+    for f in sorted(path.glob("*.safetensors")):
+        sd.update(load_file(str(f)))
+    mem = from_state_dict(json.loads((path / "config.json").read_text()), sd, device="cpu", dtype="float32")
+    disk = muser.load(str(path), device="cpu", dtype="float32", quant="none", progress=False)
+    ids = list(range(3, 40))
+    assert torch.equal(mem.new_session().prefill(ids), disk.new_session().prefill(ids))

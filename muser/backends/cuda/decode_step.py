@@ -36,6 +36,8 @@ import torch.nn.functional as F
 from ...env import Env
 from ...model import transformer as tf
 from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention
+from .triton_moe import experts_rows, route_rows, stack_experts
+from .triton_moe import supported as moe_supported
 from .triton_ops import act_mul, add_norm, dot_rows, gemv, qk_rope_store
 
 
@@ -49,7 +51,8 @@ def _fuse(parts: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
 
 
 def fuse_weights(weights) -> list[dict]:
-    """Per layer {'wqkv', 'bqkv', 'wgu'}; rebinds wq/wk/wv/w_gate/w_up (and biases) to views."""
+    """Per layer {'wqkv', 'bqkv', 'wgu'}; rebinds wq/wk/wv/w_gate/w_up (and biases) to views;
+    a layer's experts are stacked (triton_moe.stack_experts: the lists become views too)."""
     out = []
     for lw in weights.layers:
         if getattr(lw, "_fused", None) is not None:
@@ -59,7 +62,11 @@ def fuse_weights(weights) -> list[dict]:
         bqkv = None
         if lw.bq is not None:
             bqkv, (lw.bq, lw.bk, lw.bv) = _fuse([lw.bq, lw.bk, lw.bv])
-        wgu, (lw.w_gate, lw.w_up) = _fuse([lw.w_gate, lw.w_up])
+        wgu = None
+        if lw.w_gate is not None:                  # experts only (gpt-oss): no dense MLP
+            wgu, (lw.w_gate, lw.w_up) = _fuse([lw.w_gate, lw.w_up])
+        if lw.moe is not None:
+            stack_experts(lw.moe)
         lw._fused = {"wqkv": wqkv, "bqkv": bqkv, "wgu": wgu}
         out.append(lw._fused)
     return out
@@ -77,14 +84,18 @@ def unsupported(spec) -> str | None:
     # the eager session path (correct, not fast) until kernels take them.
     if not spec.uniform_geometry:
         return "per-layer head dims / kv heads or KV-shared layers"
-    if spec.attention_sinks:
-        return "attention sinks"
-    if spec.moe is not None:
-        return "mixture of experts"
+    if spec.moe is not None and spec.moe.style != "gpt_oss":
+        return "Gemma 4 experts beside a dense MLP"
     if spec.per_layer_input or spec.v_norm or not spec.pre_norm or spec.qk_norm_span != "head":
         return "Gemma 4 / OLMo 3 / EXAONE 4 layer wiring"
-    if any(l.rope_scaling is not None for l in spec.layers):
-        return "YaRN / proportional RoPE"
+    return None
+
+
+def unsupported_weights(weights) -> str | None:
+    """Why these weights cannot take the fused step (quantized CPU experts, say)."""
+    for i, lw in enumerate(weights.layers):
+        if lw.moe is not None and not moe_supported(lw.moe):
+            return f"layer {i}: experts that are not plain tensors"
     return None
 
 
@@ -104,7 +115,7 @@ class DecodeStep:
         for ls in spec.layers:
             if ls.rope:
                 self.rope.append(tf.rope_tables(ls.rope_theta, ls.rope_scale, spec.head_dim, dev,
-                                                spec.max_context))
+                                                spec.max_context, ls.rope_scaling))
             else:
                 self.rope.append((None, None))
         self.embed_scale = (torch.tensor(spec.embed_scale, dtype=engine.dtype, device=dev)
@@ -129,6 +140,10 @@ class DecodeStep:
         return F.linear(x, w, b)
 
     def _mlp(self, lw, fz, x):
+        if lw.moe is not None:                     # gpt-oss: experts instead of the MLP
+            weights, idx = route_rows(x, lw.moe, self.spec.moe, lw.moe.router,
+                                      lambda v, w, b: self._linear("o", v, w, b))
+            return experts_rows(x, lw.moe, self.spec.moe, weights, idx)
         if "gu" in self.gemv_for and (x.shape[0] == 1 or not self.batch1_only):
             a = self.gemv(x, fz["wgu"], glu=True, gelu=self.gelu)         # act*mul fused in
         else:
@@ -153,13 +168,14 @@ class DecodeStep:
             qn, kn = (lw.q_norm, lw.k_norm) if spec.qk_norm else (None, None)
             if self.fused_attn:
                 a = fused_decode_attention(qkv, pos, cos, sin, qn, kn, eps, table, meta, H, KV, D,
-                                           self.splits[i], spec.scale, spec.attn_logit_softcap,
-                                           spec.rope_interleaved, ws, **self.tunes[i])
+                                           self.splits[i], spec.layer_scale(ls),
+                                           spec.attn_logit_softcap, spec.rope_interleaved, ws,
+                                           sinks=lw.sinks, **self.tunes[i])
             else:
                 q = qk_rope_store(qkv, pos, cos, sin, qn, kn, eps, table, meta, H, KV, D,
                                   spec.rope_interleaved)
-                a = decode_attention(q, table, meta, KV, self.splits[i], spec.scale,
-                                     spec.attn_logit_softcap, ws, **self.tunes[i])
+                a = decode_attention(q, table, meta, KV, self.splits[i], spec.layer_scale(ls),
+                                     spec.attn_logit_softcap, ws, sinks=lw.sinks, **self.tunes[i])
             o = self._linear("o", a.view(B, H * D), lw.wo, lw.bo)
             nxt = layers[i + 1].attn_norm if i + 1 < len(layers) else w.final_norm
             if spec.parallel_block:

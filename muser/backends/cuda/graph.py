@@ -27,7 +27,7 @@ import torch
 from ...cache.plane import advance_lockstep
 from ...env import Env
 from ...errors import CacheError, RequestError
-from .decode_step import DecodeStep, unsupported
+from .decode_step import DecodeStep, unsupported, unsupported_weights
 from .triton_decode import plane_row, splits_for, tune_for
 
 
@@ -76,7 +76,7 @@ class _SessionView:
 
 class GraphRunner:
     def __init__(self, engine, env: Env | None = None, capture: bool = True):
-        why = unsupported(engine.spec)
+        why = unsupported(engine.spec) or unsupported_weights(engine.weights)
         if why:
             raise RequestError(f"CUDA decode step does not support this model: {why}")
         self.engine = engine
@@ -201,6 +201,7 @@ class GraphRunner:
 
 def make_runner(engine, env: Env | None = None):
     """A GraphRunner for a ring-family engine (the CUDA backend's), or None when it does not apply."""
-    if engine.encoding.family != "ring" or unsupported(engine.spec):
+    if (engine.encoding.family != "ring" or unsupported(engine.spec)
+            or unsupported_weights(engine.weights)):
         return None
     return GraphRunner(engine, env)

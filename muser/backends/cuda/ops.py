@@ -5,15 +5,19 @@ runs for chunks (prefill, extend; decode steps run the captured step,
 decode_step.py).  With the row kernels (triton_rows.py: Triton installed and
 MUSER_ROWS not `eager`), norms, residual add (+ norm), qk-norm + RoPE and
 act * up of tensors of one supported dtype are one pass each over a chunk's
-rows; anything else takes the eager maths.  RoPE tables are built for the
+rows, and the experts of a short chunk are two grouped launches (triton_moe.py);
+anything else takes the eager maths.  RoPE tables are built for the
 whole context, so no step reads a position back to the host.
 Does not own: the kernels (triton_rows.py) or the maths (transformer.py).
 """
 from __future__ import annotations
 
+import torch
+
+from ...model import moe
 from ...model import transformer as tf
 from ...model.transformer import Ops
-from . import triton_rows
+from . import triton_moe, triton_rows
 
 
 def _fused(x, *others) -> bool:
@@ -48,8 +52,17 @@ def _residual(h, d, spec, w_post=None, w_next=None, d2=None):
     return tf.residual(h, d, spec, w_post, w_next, d2, norm_fn=_norm)
 
 
+def _experts(mw, ms, x, weights, idx):
+    # short chunks (decode rows, verification blocks, chat suffixes): grouped on the device, no
+    # host sync, rows invariant; long prefill chunks: moe.py's grouped cuBLAS matmuls
+    if (x.shape[0] <= moe.FIXED_ROWS_MAX and x.dtype in (torch.bfloat16, torch.float16)
+            and triton_moe.supported(mw)):
+        return triton_moe.experts_rows(x, mw, ms, weights, idx)
+    return moe.experts(mw, ms, x, weights, idx)
+
+
 FUSED = Ops(norm=_norm, norm_rope=_norm_rope, act_mul=_act_mul, residual=_residual,
-            rope_rows=tf.rope_rows_context)
+            rope_rows=tf.rope_rows_context, experts=_experts)
 EAGER = Ops(norm=tf.norm, norm_rope=tf.norm_rope, act_mul=tf.act_mul, residual=tf.residual,
             rope_rows=tf.rope_rows_context)
 

@@ -106,17 +106,28 @@ def _kernel():
             M = M_new
         return M, L, A
 
-    globals()["_merge"] = merge          # a module global: the interpreter resolves names there
+    @triton.jit
+    def sink(SNK, heads, hm, M, L, A):
+        """Join each head's sink logit to the merged softmax as one more key with no value:
+        M' = max(M, sink), L' = L e^(M - M') + e^(sink - M'), A' = A e^(M - M')."""
+        sk = tl.load(SNK + heads, mask=hm, other=float("-inf")).to(tl.float32)
+        M_new = tl.maximum(M, sk)
+        alpha = tl.exp(M - M_new)
+        return M_new, L * alpha + tl.exp(sk - M_new), A * alpha[:, None]
+
+    globals()["_merge"] = merge          # module globals: the interpreter resolves names there
+    globals()["_sink"] = sink
 
     @triton.jit
-    def attn_kernel(QKV, Q, POS, COS, SIN, QN, KN, TAB, META, MS, LS, ACC, CNT, O,
+    def attn_kernel(QKV, Q, POS, COS, SIN, QN, KN, TAB, META, MS, LS, ACC, CNT, O, SNK,
                     scale, softcap, eps,
                     H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                     HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_G: tl.constexpr,
                     BLOCK_GC: tl.constexpr, BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr,
                     MIN_PER: tl.constexpr, GS: tl.constexpr, NG: tl.constexpr, NROWS: tl.constexpr,
                     SB: tl.constexpr, FUSED: tl.constexpr, QK_NORM: tl.constexpr,
-                    ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, SOFTCAP: tl.constexpr):
+                    ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, SOFTCAP: tl.constexpr,
+                    SINKS: tl.constexpr):
         pid = tl.program_id(0)                    # b * KV + kvh
         s = tl.program_id(1)                      # split
         b = pid // KV
@@ -190,7 +201,7 @@ def _kernel():
             # the new row goes into the plane once; no program of this launch reads it back
             # (each uses k_new / v_new from registers for that row)
             off = slot.to(tl.int64) * rs + kvh * hs
-            smask = cv & (s == 0)
+            smask = cv & ((c * 0 + s) == 0)             # a tensor mask (the interpreter)
             tl.store(kp + off + dm, k_new, mask=smask)
             tl.store(vp + off + dm, v_new, mask=smask)
         else:
@@ -225,11 +236,11 @@ def _kernel():
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             m = m_new
         base = pid * NSPLIT + s
-        live = lo < hi
-        tl.store(MS + base * G + g, m, mask=gm & live)
-        tl.store(LS + base * G + g, l, mask=gm & live)
+        live = gm & ((g * 0 + lo) < hi)           # [BLOCK_G]: a tensor mask (the interpreter)
+        tl.store(MS + base * G + g, m, mask=live)
+        tl.store(LS + base * G + g, l, mask=live)
         tl.store(ACC + (base * G + g)[:, None] * D + dm[None, :], acc,
-                 mask=gm[:, None] & cv[None, :] & live)
+                 mask=live[:, None] & cv[None, :])
         # Combine, deterministically, in two levels: the last split of each group of GS to
         # finish merges the group (in split order) into the group's first slot; the last group
         # to finish merges the groups (in group order) into the output.  Which program does a
@@ -249,23 +260,27 @@ def _kernel():
             M, L, A = _merge(MS, LS, ACC, pid * NSPLIT + g0, 1, GS, tl.minimum(GS, nact - g0),
                             gc, gcm, dm, cv, G, D, SB, BLOCK_GC, 2 * BLOCK_H)
             if NG == 1:
+                if SINKS:
+                    M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
                 tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
                          (A / L[:, None]).to(O.dtype.element_ty), mask=gcm[:, None] & cv[None, :])
                 tl.store(CNT + pid, 0)
             else:
                 tl.store(CNT + NROWS + pid * NG + grp, 0)
-                gl = g0 < nact
+                gl = gcm & ((gc * 0 + g0) < nact)      # [BLOCK_GC]: a tensor mask
                 gb = pid * NSPLIT + g0
                 tl.debug_barrier()
-                tl.store(MS + gb * G + gc, M, mask=gcm & gl)
-                tl.store(LS + gb * G + gc, L, mask=gcm & gl)
+                tl.store(MS + gb * G + gc, M, mask=gl)
+                tl.store(LS + gb * G + gc, L, mask=gl)
                 tl.store(ACC + (gb * G + gc)[:, None] * D + dm[None, :], A,
-                         mask=gcm[:, None] & cv[None, :] & gl)
+                         mask=gl[:, None] & cv[None, :])
                 tl.debug_barrier()
                 top = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
                 if top == NG - 1:
                     M2, L2, A2 = _merge(MS, LS, ACC, pid * NSPLIT, GS, NG, tl.cdiv(nact, GS),
                                        gc, gcm, dm, cv, G, D, SB, BLOCK_GC, 2 * BLOCK_H)
+                    if SINKS:
+                        M2, L2, A2 = _sink(SNK, kvh * G + gc, gcm, M2, L2, A2)
                     tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
                              (A2 / L2[:, None]).to(O.dtype.element_ty),
                              mask=gcm[:, None] & cv[None, :])
@@ -298,7 +313,7 @@ class DecodeWorkspace:
 
 def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads, head_dim,
             nsplit, scale, softcap, interleaved, ws, out, min_rows=0, warps=None, sb=None,
-            stages=2, block_n=None):
+            stages=2, block_n=None, sinks=None):
     kern = _kernel()
     B = table.shape[0]
     G = heads // kv_heads
@@ -317,14 +332,14 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
     kern[(B * kv_heads, nsplit)](
         src, src, pos if pos is not None else meta, cos if rope else ws.ms, sin if rope else ws.ms,
         q_norm if q_norm is not None else ws.ms, k_norm if k_norm is not None else ws.ms,
-        table, meta, ws.ms, ws.ls, ws.acc, ws.cnt, out,
+        table, meta, ws.ms, ws.ls, ws.acc, ws.cnt, out, sinks if sinks is not None else ws.ms,
         float(scale), float(softcap or 1.0), float(eps),
         H=heads, KV=kv_heads, G=G, D=head_dim, HALF=half, BLOCK_H=block_h,
         BLOCK_G=_pow2(G, 16), BLOCK_GC=_pow2(G), BLOCK_N=block_n, NSPLIT=nsplit, MIN_PER=min_per,
         GS=GROUP_SPLITS, NG=ng, NROWS=B * kv_heads,
         SB=sb or max(2, 32 // _pow2(G)), FUSED=qkv is not None, QK_NORM=q_norm is not None,
         ROPE=rope, INTERLEAVED=bool(interleaved), SOFTCAP=softcap is not None,
-        num_warps=warps or 4, num_stages=stages)
+        SINKS=sinks is not None, num_warps=warps or 4, num_stages=stages)
     return out
 
 
@@ -335,25 +350,28 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
                            nsplit: int, scale: float, softcap: float | None, interleaved: bool,
                            ws: DecodeWorkspace | None = None,
                            out: torch.Tensor | None = None, min_rows: int = 0,
-                           **tune) -> torch.Tensor:
+                           sinks: torch.Tensor | None = None, **tune) -> torch.Tensor:
     """qkv [B, (H + 2KV) * D] -> attention output [B, H, D], one launch.
 
     Per batch row: qk-norm (if given) and RoPE (if cos/sin) of q and k in float32, each
     rounded to the activation dtype as muser.model.transformer rounds; the k/v row stored at
     meta's slot of the row's plane; attention over the plane's n visible rows.  pos int64 [B].
+    `sinks` float32 [H] (gpt-oss): each head's sink logit joins its softmax denominator.
     `min_rows` and `tune` (block_n / warps / sb / stages): `tune_for(growing)`.  Graph-capturable: no host reads, static grid.
     """
     B = qkv.shape[0]
     if out is None:
         out = qkv.new_empty(B, heads, head_dim)
     return _launch(qkv, None, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads,
-                   head_dim, nsplit, scale, softcap, interleaved, ws, out, min_rows, **tune)
+                   head_dim, nsplit, scale, softcap, interleaved, ws, out, min_rows,
+                   sinks=sinks, **tune)
 
 
 def decode_attention(q: torch.Tensor, table: torch.Tensor, meta: torch.Tensor, kv_heads: int,
                      nsplit: int, scale: float, softcap: float | None,
                      ws: DecodeWorkspace | None = None, out: torch.Tensor | None = None,
-                     min_rows: int = 0, **tune) -> torch.Tensor:
+                     min_rows: int = 0, sinks: torch.Tensor | None = None,
+                     **tune) -> torch.Tensor:
     """q [B, H, D] (cache dtype, already normed/rotated) over each row's plane -> [B, H, D].
 
     table int64 [B, 4] (see module doc), meta [B, 2] (only n is read); `nsplit` from
@@ -363,4 +381,4 @@ def decode_attention(q: torch.Tensor, table: torch.Tensor, meta: torch.Tensor, k
     if out is None:
         out = torch.empty_like(q)
     return _launch(None, q, None, None, None, None, None, 0.0, table, meta, H, kv_heads, D,
-                   nsplit, scale, softcap, False, ws, out, min_rows, **tune)
+                   nsplit, scale, softcap, False, ws, out, min_rows, sinks=sinks, **tune)

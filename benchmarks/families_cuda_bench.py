@@ -1,0 +1,233 @@
+"""The 2025-26 hybrid families at real shapes on one GPU: muser vs transformers vs the floor.
+
+gpt-oss-20b (openai/gpt-oss-20b's config as published: 24 layers alternating a 128-token window
+with full attention, sinks, YaRN, 32 experts top-4) and a Gemma 4 of similar size (the 26B-A4B
+shape as its GGUF header states it: 30 layers, 128 experts top-8 beside a dense MLP, 512-dim
+global heads).  Random bf16 weights, built once by transformers on the GPU; muser runs over the
+same tensors (`muser.engine.loader.from_state_dict`: no checkpoint written, dense tensors shared).
+
+Measured in the same process, one model at a time:
+  * floor: bytes a decode token must read (attention, norms, router, the k routed experts of
+    every layer, the head) / device-to-device copy bandwidth (read + write, measured here);
+    batch 16: the experts 16 tokens are expected to touch, E (1 - (1 - k/E)^16) per layer;
+  * batch-1 decode ms/token at --context (API: session.decode + argmax read back);
+  * 16 sessions decoding together at --context, tokens/s;
+  * prefill of --prefill tokens, tokens/s (engine's default CUDA chunk);
+  * transformers (same weights, its default attention, bf16): decode b1 / b16, prefill;
+  * a logits cross-check muser vs transformers (prefill + 6 decode steps).
+
+    PYTHONPATH=. python3 benchmarks/families_cuda_bench.py [--models gpt-oss-20b,gemma4-26b-a4b]
+        [--context 2048] [--prefill 16384] [--steps 24] [--out DIR] [--no-hf]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+from cuda_measure import copy_bandwidth, cross_check, hf_decode, hf_prefill, rand_ids, reserve, sync
+
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": True,
+    "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "intermediate_size": 2880,
+    "layer_types": ["sliding_attention", "full_attention"] * 12, "max_position_embeddings": 131072,
+    "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
+    "num_local_experts": 32, "rms_norm_eps": 1e-05, "sliding_window": 128, "swiglu_limit": 7.0,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                     "rope_type": "yarn", "truncate": False},
+    "rope_theta": 150000, "tie_word_embeddings": False, "vocab_size": 201088, "eos_token_id": 200002,
+    "pad_token_id": 199999,
+}
+# google/gemma-4-26B-A4B's text model as its GGUF header states it (gemma4.* keys); the global
+# layers' 512-dim heads and kv heads follow from transformers' Gemma4TextConfig.
+GEMMA4_26B = dict(vocab_size=262144, hidden_size=2816, intermediate_size=2112, num_hidden_layers=30,
+                  num_attention_heads=16, num_key_value_heads=8, head_dim=256, sliding_window=1024,
+                  final_logit_softcapping=30.0, hidden_size_per_layer_input=0, enable_moe_block=True,
+                  num_experts=128, top_k_experts=8, moe_intermediate_size=704, max_position_embeddings=131072)
+LOG = []
+
+
+def log(*a):
+    line = " ".join(str(x) for x in a)
+    LOG.append(line)
+    print(line, flush=True)
+
+
+def build(name: str, max_context: int):
+    import transformers as tr
+    if name == "gpt-oss-20b":
+        cfg = tr.GptOssConfig(**{k: v for k, v in GPT_OSS_20B.items() if k not in ("architectures", "model_type")})
+    else:
+        cfg = tr.Gemma4TextConfig(**GEMMA4_26B)
+        cfg._attn_implementation = "sdpa"
+    cfg.max_position_embeddings = max(cfg.max_position_embeddings, max_context)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = tr.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    with torch.no_grad():                 # norms and sinks away from their init constants
+        for pname, p in model.named_parameters():
+            if "norm" in pname or "sinks" in pname:
+                p.add_(0.1 * torch.randn_like(p))
+    model.eval()
+    d = cfg.to_dict()
+    d["model_type"] = cfg.model_type
+    return model, d
+
+
+def active_bytes(engine, batch: int = 1) -> tuple[int, int]:
+    """(bytes a decode step reads at this batch, total weight bytes): everything but the
+    embedding table, with each layer's experts counted as the expected number touched."""
+    w, spec = engine.weights, engine.spec
+    total = w.nbytes()
+    embed = w.embed.numel() * w.embed.element_size()
+    per_token = total - embed + (embed if w.lm_head is None else 0)   # a tied head reads the table
+    if spec.moe is not None:
+        E, k = spec.moe.num_experts, spec.moe.top_k
+        touched = E * (1 - (1 - k / E) ** batch)
+        for lw in w.layers:
+            mw = lw.moe
+            if mw is None:
+                continue
+            one = sum(t.numel() * t.element_size() for t in
+                      (mw.w_gate_up or []) + (mw.w_gate or []) + (mw.w_up or []) + list(mw.w_down)) / E
+            per_token -= int(one * (E - touched))
+    return per_token, total
+
+
+def decode_ms(engine, context, steps, vocab):
+    s = engine.new_session()
+    reserve(s, context + steps + 16)
+    s.prefill(rand_ids(context, vocab, 1))
+    tok = 5
+    for _ in range(4):
+        tok = int(s.decode(tok).argmax())
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        tok = int(s.decode(tok).argmax())
+    return (time.perf_counter() - t0) / steps
+
+
+def batch_tps(engine, batch, context, steps, vocab):
+    sessions = []
+    for i in range(batch):
+        s = engine.new_session()
+        reserve(s, context + steps + 16)
+        s.prefill(rand_ids(context, vocab, 100 + i))
+        sessions.append(s)
+    toks = [5] * batch
+    for _ in range(3):
+        toks = engine.decode_batch(sessions, toks).argmax(-1).tolist()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        toks = engine.decode_batch(sessions, toks).argmax(-1).tolist()
+    return batch * steps / (time.perf_counter() - t0)
+
+
+def prefill_tps(engine, n, vocab, reps=2):
+    best = None
+    for r in range(reps + 1):
+        s = engine.new_session()
+        reserve(s, n)
+        ids = rand_ids(n, vocab, 7 + r)
+        sync()
+        t0 = time.perf_counter()
+        s.prefill(ids)
+        sync()
+        dt = time.perf_counter() - t0
+        if r:
+            best = dt if best is None else min(best, dt)
+        del s
+    return n / best
+
+
+def step(r, key, fn, *a):
+    t0 = time.perf_counter()
+    try:
+        r[key] = fn(*a)
+    except Exception as e:                   # noqa: BLE001 -- recorded, the run goes on
+        r[key] = f"failed: {type(e).__name__}: {str(e)[:200]}"
+        traceback.print_exc()
+    log(f"  {key}: {r[key]}  ({time.perf_counter() - t0:.1f} s)")
+    torch.cuda.empty_cache()
+
+
+def run_model(name, args, bw, results):
+    from muser.engine.loader import from_state_dict
+    t0 = time.perf_counter()
+    ctx = max(args.context + args.steps + 64, args.prefill) + 1024
+    model, cfg = build(name, ctx)
+    engine = from_state_dict(cfg, model.state_dict(), device="cuda", dtype="bfloat16", max_context=ctx,
+                             name=name)
+    vocab = engine.spec.vocab_size
+    r = results[name] = {"setup_s": round(time.perf_counter() - t0, 1)}
+    (a1, total), (a16, _) = active_bytes(engine, 1), active_bytes(engine, 16)
+    r.update(weight_bytes=total, read_b1=a1, read_b16=a16, floor_b1_ms=a1 / bw * 1e3,
+             floor_b16_ms=a16 / bw * 1e3, fused_step=engine.decode_runner() is not None
+             if hasattr(engine, "decode_runner") else None)
+    log(f"{name}: weights {total / 1e9:.1f} GB, decode reads {a1 / 1e9:.2f} GB (b1) / {a16 / 1e9:.2f} GB (b16), "
+        f"floor {r['floor_b1_ms']:.3f} ms, setup {r['setup_s']} s, fused step {r['fused_step']}")
+    step(r, "muser_decode_b1_ms", lambda: decode_ms(engine, args.context, args.steps, vocab) * 1e3)
+    step(r, "muser_b16_tps", lambda: batch_tps(engine, 16, args.context, max(8, args.steps // 2), vocab))
+    step(r, "muser_prefill_tps", lambda: prefill_tps(engine, args.prefill, vocab))
+    if not args.no_hf:
+        step(r, "cross_check", lambda: cross_check(engine, model, vocab))
+        step(r, "hf_decode_b1_ms", lambda: hf_decode(model, 1, args.context, max(4, args.steps // 3), vocab) * 1e3)
+        step(r, "hf_b16_tps", lambda: 16 / hf_decode(model, 16, args.context, 4, vocab))
+        for n in (args.prefill, 4096):
+            key = f"hf_prefill_{n}_tps"
+            step(r, key, lambda n=n: hf_prefill(model, n, vocab, reps=1))
+            if not str(r[key]).startswith("failed"):
+                break
+    del engine, model
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def table(results) -> str:
+    def f(x, fmt="{:.2f}"):
+        return fmt.format(x) if isinstance(x, (int, float)) else "-"
+    rows = ["| model | weights GB | read/token GB | floor ms | muser b1 ms | hf b1 ms | muser b16 tok/s | "
+            "hf b16 tok/s | muser prefill tok/s | hf prefill tok/s | max rel err vs hf |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        hfp = next((v for k, v in r.items() if k.startswith("hf_prefill") and not str(v).startswith("failed")), None)
+        cc = r.get("cross_check")
+        rows.append(f"| {name} | {f(r['weight_bytes'] / 1e9, '{:.1f}')} | {f(r['read_b1'] / 1e9)} | "
+                    f"{f(r['floor_b1_ms'], '{:.3f}')} | {f(r.get('muser_decode_b1_ms'))} | {f(r.get('hf_decode_b1_ms'))} | "
+                    f"{f(r.get('muser_b16_tps'), '{:,.0f}')} | {f(r.get('hf_b16_tps'), '{:,.0f}')} | "
+                    f"{f(r.get('muser_prefill_tps'), '{:,.0f}')} | {f(hfp, '{:,.0f}')} | "
+                    f"{f(cc[0], '{:.2e}') if isinstance(cc, (list, tuple)) else '-'} |")
+    return "\n".join(rows)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="gpt-oss-20b,gemma4-26b-a4b")
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--prefill", type=int, default=16384)
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--no-hf", action="store_true")
+    args = ap.parse_args(argv)
+    bw = copy_bandwidth()
+    log(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read + write)")
+    results = {}
+    for name in args.models.split(","):
+        run_model(name, args, bw, results)
+        with open(os.path.join(args.out, "families_cuda.json"), "w") as fh:
+            json.dump({"bandwidth": bw, "args": vars(args), "results": results}, fh, indent=1, default=str)
+    log(table(results))
+    with open(os.path.join(args.out, "families_cuda.log"), "w") as fh:
+        fh.write("\n".join(LOG) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The decode step's experts (muser.backends.cuda.triton_moe) against the eager specification
+(muser.model.moe), both styles: routing equal, outputs close, rows batch-invariant bitwise
+(a token's experts give the same bits alone or beside others routed elsewhere), stacking
+leaves the layer's expert lists as views (nothing held twice)."""
+import pytest
+import torch
+
+from muser.config import MoeSpec
+from muser.model import moe
+from muser.model.weights import MoeWeights
+
+from cudautil import HAS_CUDA, needs_kernels, rel
+
+pytestmark = needs_kernels
+
+DEV = "cuda" if HAS_CUDA else "cpu"
+DT = torch.bfloat16 if HAS_CUDA else torch.float16       # the interpreter has no bfloat16
+
+
+def layer(style, E=8, k=3, hidden=96, inter=80, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, s=0.1):
+        return (torch.randn(*shape, generator=g) * s).to(DEV, DT)
+    ms = MoeSpec(style, E, k, inter)
+    gpt = style == "gpt_oss"
+    mw = MoeWeights(router=r(E, hidden), w_gate=[r(inter, hidden) for _ in range(E)],
+                    w_up=[r(inter, hidden) for _ in range(E)], w_down=[r(hidden, inter) for _ in range(E)],
+                    router_bias=r(E) if gpt else None, b_gate=r(E, inter) if gpt else None,
+                    b_up=r(E, inter) if gpt else None, b_down=r(E, hidden) if gpt else None)
+    return mw, ms
+
+
+def x_rows(n, hidden=96, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, hidden, generator=g).to(DEV, DT)
+
+
+def _plain(x, w, b=None):
+    return torch.nn.functional.linear(x, w, b)
+
+
+@pytest.mark.parametrize("style", ["gpt_oss", "gemma4"])
+def test_experts_match_the_eager_moe(style):
+    from muser.backends.cuda.triton_moe import experts_rows, route_rows
+    mw, ms = layer(style)
+    x = x_rows(5)
+    w_ref, i_ref = moe.route(mw, ms, x)
+    w, i = route_rows(x, mw, ms, mw.router, _plain)
+    assert torch.equal(i, i_ref) and torch.equal(w, w_ref)
+    ref = moe.experts(mw, ms, x, w_ref, i_ref)
+    out = experts_rows(x, mw, ms, w, i)
+    assert out.dtype == x.dtype and rel(out.float(), ref.float()) < 2e-2
+
+
+@pytest.mark.parametrize("style", ["gpt_oss", "gemma4"])
+def test_a_row_is_bitwise_the_same_alone_or_in_a_batch(style):
+    from muser.backends.cuda.triton_moe import experts_rows, route_rows
+    mw, ms = layer(style, E=4, k=2)                      # 4 experts, 17 rows: tiles of 16 overflow
+    x = x_rows(17, seed=2)
+    w, i = route_rows(x, mw, ms, mw.router, _plain)
+    batch = experts_rows(x, mw, ms, w, i)
+    for b in (0, 5, 16):
+        assert torch.equal(batch[b:b + 1], experts_rows(x[b:b + 1], mw, ms, w[b:b + 1], i[b:b + 1]))
+
+
+def test_stacking_leaves_views_of_one_tensor():
+    from muser.backends.cuda.triton_moe import stack_experts, supported
+    mw, _ = layer("gpt_oss")
+    before = [t.clone() for t in mw.w_gate]
+    assert supported(mw)
+    st = stack_experts(mw)
+    assert stack_experts(mw) is st
+    for e, t in enumerate(before):
+        assert torch.equal(mw.w_gate[e], t)
+        assert mw.w_gate[e].data_ptr() == st["gu"][e].data_ptr()
+        assert mw.w_down[e].data_ptr() == st["down"][e].data_ptr()
+
+
+def test_gpt_oss_takes_the_fused_decode_step():
+    """Sinks, YaRN and experts in the captured step's kernels: through ring wraps it agrees
+    with the float32 CPU oracle (bitwise-close in float32 under the interpreter; bf16 on a GPU
+    within the families' bound), and a session's logits are bitwise the same decoded alone or
+    beside a neighbour at another position."""
+    from muser.backends.cuda.graph import GraphRunner
+    from muser.testing import tiny_model
+    dtype = "bfloat16" if HAS_CUDA else "float32"        # the CPU engine has no float16
+    eng = tiny_model("gpt_oss", device=DEV, dtype=dtype, tokenizer=False)
+    oracle = tiny_model("gpt_oss", tokenizer=False)
+    runner = GraphRunner(eng, capture=HAS_CUDA)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, 300, (21,), generator=g).tolist()
+    a, b, c, o = eng.new_session(), eng.new_session(), eng.new_session(), oracle.new_session()
+    for s in (a, b, c, o):
+        s.prefill(prompt, chunk_size=8)
+    c.prefill([7, 8, 9])                                 # a neighbour at another position
+    worst = 0.0
+    for t in torch.randint(3, 300, (24,), generator=g).tolist():   # the rings wrap
+        both = runner.decode([a, c], [t, t])
+        alone = runner.decode([b], [t])
+        assert torch.equal(both[0], alone[0])
+        worst = max(worst, rel(alone[0].cpu(), o.decode(t)))
+    for s in (a, b, c):
+        s.check_invariants()
+    assert worst < (0.05 if HAS_CUDA else 1e-5), worst
