@@ -44,10 +44,12 @@ GPT_OSS_20B = {
     "rope_theta": 150000, "tie_word_embeddings": False, "vocab_size": 201088, "eos_token_id": 200002,
     "pad_token_id": 199999,
 }
-# google/gemma-4-26B-A4B's text model as its GGUF header states it (gemma4.* keys); the global
-# layers' 512-dim heads and kv heads follow from transformers' Gemma4TextConfig.
+# google/gemma-4-26B-A4B's text model as its GGUF header states it (gemma4.* keys: 8 kv heads of
+# 256 on sliding layers, 2 of 512 on global ones -- which transformers' config gives only with V = K,
+# as its EP plan for this model says -- and 128 experts top-8 of width 704 beside a 2112 MLP).
 GEMMA4_26B = dict(vocab_size=262144, hidden_size=2816, intermediate_size=2112, num_hidden_layers=30,
                   num_attention_heads=16, num_key_value_heads=8, head_dim=256, sliding_window=1024,
+                  global_head_dim=512, num_global_key_value_heads=2, attention_k_eq_v=True,
                   final_logit_softcapping=30.0, hidden_size_per_layer_input=0, enable_moe_block=True,
                   num_experts=128, top_k_experts=8, moe_intermediate_size=704, max_position_embeddings=131072)
 LOG = []

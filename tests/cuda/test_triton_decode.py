@@ -53,7 +53,7 @@ def run(planes, heads, kv, d, dtype, dev, softcap=None, scale=0.125, sinks=None)
     return q, table, meta, nsplit, out
 
 
-@pytest.mark.parametrize("heads,kv,d", [(4, 1, 256), (8, 4, 256), (4, 2, 16), (16, 4, 128)])
+@pytest.mark.parametrize("heads,kv,d", [(4, 1, 256), (8, 4, 256), (4, 2, 16), (16, 4, 128), (16, 2, 512)])
 def test_rings_filling_and_wrapped(dev, kdtype, heads, kv, d):
     cap = 64
     planes = [filled("ring", n, kv, d, kdtype, dev, cap=cap, seed=n) for n in (1, 37, 64, 100, 131)]

@@ -58,7 +58,10 @@ def fuse_weights(weights) -> list[dict]:
         if getattr(lw, "_fused", None) is not None:
             out.append(lw._fused)
             continue
-        wqkv, (lw.wq, lw.wk, lw.wv) = _fuse([lw.wq, lw.wk, lw.wv])
+        if lw.wv is None:                          # V = K (Gemma 4 global layers): q | k
+            wqkv, (lw.wq, lw.wk) = _fuse([lw.wq, lw.wk])
+        else:
+            wqkv, (lw.wq, lw.wk, lw.wv) = _fuse([lw.wq, lw.wk, lw.wv])
         bqkv = None
         if lw.bq is not None:
             bqkv, (lw.bq, lw.bk, lw.bv) = _fuse([lw.bq, lw.bk, lw.bv])
@@ -80,14 +83,17 @@ def unsupported(spec) -> str | None:
         return f"odd head_dim {spec.head_dim}"
     if spec.num_heads % spec.num_kv_heads:
         return "heads not a multiple of kv heads"
-    # The hybrid families' features have no fused CUDA step yet: their decode steps run
-    # the eager session path (correct, not fast) until kernels take them.
-    if not spec.uniform_geometry:
-        return "per-layer head dims / kv heads or KV-shared layers"
-    if spec.moe is not None and spec.moe.style != "gpt_oss":
-        return "Gemma 4 experts beside a dense MLP"
-    if spec.per_layer_input or spec.v_norm or not spec.pre_norm or spec.qk_norm_span != "head":
-        return "Gemma 4 / OLMo 3 / EXAONE 4 layer wiring"
+    # What the step has no kernels for runs the eager session path (correct, not fast).
+    if any(not l.owns_plane for l in spec.layers):
+        return "KV-shared layers"
+    if any(l.kv_heads and spec.num_heads % l.kv_heads for l in spec.layers):
+        return "heads not a multiple of a layer's kv heads"
+    if any(l.k_eq_v and spec.attention_bias for l in spec.layers):
+        return "V = K with attention biases"
+    if spec.per_layer_input:
+        return "per-layer input embeddings (Gemma 4 E2B / E4B)"
+    if not spec.pre_norm or spec.qk_norm_span != "head":
+        return "OLMo 3 / EXAONE 4 layer wiring"
     return None
 
 
@@ -114,7 +120,7 @@ class DecodeStep:
         self.rope = []
         for ls in spec.layers:
             if ls.rope:
-                self.rope.append(tf.rope_tables(ls.rope_theta, ls.rope_scale, spec.head_dim, dev,
+                self.rope.append(tf.rope_tables(ls.rope_theta, ls.rope_scale, ls.head_dim, dev,
                                                 spec.max_context, ls.rope_scaling))
             else:
                 self.rope.append((None, None))
@@ -127,11 +133,15 @@ class DecodeStep:
         self.batch1_only = mode == "fast"         # gemv: batch 1 only (batch-variant)
         self.gemv = gemv if mode == "fast" else dot_rows
         self.gelu = spec.activation == "gelu_tanh"
-        self.fused_attn = env.attn != "separate"
+        # the separate form has no v-norm / V = K: Gemma 4 always takes the fused attention
+        self.fused_attn = env.attn != "separate" or spec.v_norm or any(l.k_eq_v for l in spec.layers)
 
     def workspace(self, batch: int) -> DecodeWorkspace:
+        """One workspace for every layer: sized for the largest kv-head count, group and head dim."""
         s = self.spec
-        return DecodeWorkspace(batch, s.num_kv_heads, s.num_heads // s.num_kv_heads, s.head_dim,
+        kv = max(l.kv_heads for l in s.layers)
+        group = max(s.num_heads // l.kv_heads for l in s.layers)
+        return DecodeWorkspace(batch, kv, group, max(l.head_dim for l in s.layers),
                                max(self.splits), self.engine.device)
 
     def _linear(self, what, x, w, b=None):
@@ -139,11 +149,26 @@ class DecodeStep:
             return self.gemv(x, w, bias=b)
         return F.linear(x, w, b)
 
+    def _experts(self, mw, x_router, x):
+        weights, idx = route_rows(x_router, mw, self.spec.moe, mw.router,
+                                  lambda v, w, b: self._linear("o", v, w, b))
+        return experts_rows(x, mw, self.spec.moe, weights, idx)
+
+    def _ffn(self, lw, fz, h, x):
+        """transformer.feed_forward: the MLP; gpt-oss: experts instead; Gemma 4: both, each
+        with its own norms (h = the residual stream the experts and their router read)."""
+        mw = lw.moe
+        if mw is None:
+            return self._mlp(lw, fz, x)
+        if self.spec.moe.style == "gpt_oss":
+            return self._experts(mw, x, x)
+        eps, ln = self.spec.norm_eps, self.layernorm
+        dense = add_norm(self._mlp(lw, fz, x), mw.post_dense_norm, eps, ln)[1]
+        routed = self._experts(mw, add_norm(h, mw.router_norm, eps, ln)[1],
+                               add_norm(h, mw.pre_moe_norm, eps, ln)[1])
+        return dense + add_norm(routed, mw.post_moe_norm, eps, ln)[1]
+
     def _mlp(self, lw, fz, x):
-        if lw.moe is not None:                     # gpt-oss: experts instead of the MLP
-            weights, idx = route_rows(x, lw.moe, self.spec.moe, lw.moe.router,
-                                      lambda v, w, b: self._linear("o", v, w, b))
-            return experts_rows(x, lw.moe, self.spec.moe, weights, idx)
         if "gu" in self.gemv_for and (x.shape[0] == 1 or not self.batch1_only):
             a = self.gemv(x, fz["wgu"], glu=True, gelu=self.gelu)         # act*mul fused in
         else:
@@ -153,7 +178,7 @@ class DecodeStep:
     def run(self, packed: torch.Tensor, tables: torch.Tensor, ws: DecodeWorkspace) -> torch.Tensor:
         spec, w = self.spec, self.w
         B = tables.shape[1]
-        H, KV, D, eps = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.norm_eps
+        H, eps = spec.num_heads, spec.norm_eps
         ids, pos = packed[:B], packed[B:2 * B]
         metas = [packed[2 * B + 2 * B * g: 2 * B + 2 * B * (g + 1)] for g in range(self.n_groups)]
         h = F.embedding(ids, w.embed)
@@ -163,6 +188,7 @@ class DecodeStep:
         h, x = add_norm(h, layers[0].attn_norm, eps, self.layernorm)
         for i, (lw, ls, fz) in enumerate(zip(layers, spec.layers, self.fused)):
             meta, table = metas[self.groups[i]], tables[i]
+            KV, D = ls.kv_heads, ls.head_dim
             qkv = self._linear("qkv", x, fz["wqkv"], fz["bqkv"])
             cos, sin = self.rope[i]
             qn, kn = (lw.q_norm, lw.k_norm) if spec.qk_norm else (None, None)
@@ -170,7 +196,8 @@ class DecodeStep:
                 a = fused_decode_attention(qkv, pos, cos, sin, qn, kn, eps, table, meta, H, KV, D,
                                            self.splits[i], spec.layer_scale(ls),
                                            spec.attn_logit_softcap, spec.rope_interleaved, ws,
-                                           sinks=lw.sinks, **self.tunes[i])
+                                           sinks=lw.sinks, v_norm=spec.v_norm, k_eq_v=lw.wv is None,
+                                           **self.tunes[i])
             else:
                 q = qk_rope_store(qkv, pos, cos, sin, qn, kn, eps, table, meta, H, KV, D,
                                   spec.rope_interleaved)
@@ -183,9 +210,13 @@ class DecodeStep:
                 continue
             post_attn = lw.post_attn_norm if spec.sandwich_norm else None
             h, x = add_norm(h, lw.pre_ffn_norm, eps, self.layernorm, d1=o, w_post=post_attn)
-            m = self._mlp(lw, fz, x)
+            m = self._ffn(lw, fz, h, x)
             post_ffn = lw.post_ffn_norm if spec.sandwich_norm else None
-            h, x = add_norm(h, nxt, eps, self.layernorm, d1=m, w_post=post_ffn)
+            if lw.layer_scale is None:
+                h, x = add_norm(h, nxt, eps, self.layernorm, d1=m, w_post=post_ffn)
+            else:                                  # Gemma 4: scale the layer's output, then norm
+                h = add_norm(h, None, eps, self.layernorm, d1=m, w_post=post_ffn)[0] * lw.layer_scale
+                x = add_norm(h, nxt, eps, self.layernorm)[1]
         if "head" in self.gemv_for and w.output.is_contiguous():
             return tf.finish_logits(self.gemv(x, w.output), spec)
         return tf.logits(w, spec, x)

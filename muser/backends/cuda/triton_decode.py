@@ -127,7 +127,7 @@ def _kernel():
                     MIN_PER: tl.constexpr, GS: tl.constexpr, NG: tl.constexpr, NROWS: tl.constexpr,
                     SB: tl.constexpr, FUSED: tl.constexpr, QK_NORM: tl.constexpr,
                     ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, SOFTCAP: tl.constexpr,
-                    SINKS: tl.constexpr):
+                    SINKS: tl.constexpr, V_NORM: tl.constexpr, K_EQ_V: tl.constexpr):
         pid = tl.program_id(0)                    # b * KV + kvh
         s = tl.program_id(1)                      # split
         b = pid // KV
@@ -159,7 +159,12 @@ def _kernel():
             else:
                 i0 = j
                 i1 = j + HALF
-            row = QKV + b * (H + 2 * KV) * D
+            if K_EQ_V:                            # Gemma 4 global layers: q | k, V = raw K
+                row = QKV + b * (H + KV) * D
+                vsrc = row + (H + kvh) * D
+            else:
+                row = QKV + b * (H + 2 * KV) * D
+                vsrc = row + (H + KV + kvh) * D
             qsrc = row + (kvh * G + g)[:, None] * D
             qm = gm[:, None] & jm[None, :]
             q0 = tl.load(qsrc + i0[None, :], mask=qm, other=0.0)
@@ -167,8 +172,11 @@ def _kernel():
             ksrc = row + (H + kvh) * D
             k0 = tl.load(ksrc + i0, mask=jm, other=0.0)
             k1 = tl.load(ksrc + i1, mask=jm, other=0.0)
-            v_new = tl.load(row + (H + KV + kvh) * D + dm, mask=cv, other=0.0)
+            v_new = tl.load(vsrc + dm, mask=cv, other=0.0)
             dt = q0.dtype
+            if V_NORM:                            # Gemma 4: RMS norm of v, no weight, rounded
+                vf = v_new.to(tl.float32)
+                v_new = (vf * tl.rsqrt(tl.sum(vf * vf, 0) / D + eps)).to(dt)
             q0 = q0.to(tl.float32)
             q1 = q1.to(tl.float32)
             k0 = k0.to(tl.float32)
@@ -313,7 +321,7 @@ class DecodeWorkspace:
 
 def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads, head_dim,
             nsplit, scale, softcap, interleaved, ws, out, min_rows=0, warps=None, sb=None,
-            stages=2, block_n=None, sinks=None):
+            stages=2, block_n=None, sinks=None, v_norm=False, k_eq_v=False):
     kern = _kernel()
     B = table.shape[0]
     G = heads // kv_heads
@@ -339,7 +347,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         GS=GROUP_SPLITS, NG=ng, NROWS=B * kv_heads,
         SB=sb or max(2, 32 // _pow2(G)), FUSED=qkv is not None, QK_NORM=q_norm is not None,
         ROPE=rope, INTERLEAVED=bool(interleaved), SOFTCAP=softcap is not None,
-        SINKS=sinks is not None, num_warps=warps or 4, num_stages=stages)
+        SINKS=sinks is not None, V_NORM=bool(v_norm), K_EQ_V=bool(k_eq_v), num_warps=warps or 4, num_stages=stages)
     return out
 
 
@@ -350,13 +358,16 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
                            nsplit: int, scale: float, softcap: float | None, interleaved: bool,
                            ws: DecodeWorkspace | None = None,
                            out: torch.Tensor | None = None, min_rows: int = 0,
-                           sinks: torch.Tensor | None = None, **tune) -> torch.Tensor:
+                           sinks: torch.Tensor | None = None, v_norm: bool = False,
+                           k_eq_v: bool = False, **tune) -> torch.Tensor:
     """qkv [B, (H + 2KV) * D] -> attention output [B, H, D], one launch.
 
     Per batch row: qk-norm (if given) and RoPE (if cos/sin) of q and k in float32, each
     rounded to the activation dtype as muser.model.transformer rounds; the k/v row stored at
     meta's slot of the row's plane; attention over the plane's n visible rows.  pos int64 [B].
     `sinks` float32 [H] (gpt-oss): each head's sink logit joins its softmax denominator.
+    Gemma 4: `v_norm` (the new v row RMS-normed, no weight) and `k_eq_v` (qkv holds q | k only,
+    and V is the raw K projection, before k-norm and RoPE).
     `min_rows` and `tune` (block_n / warps / sb / stages): `tune_for(growing)`.  Graph-capturable: no host reads, static grid.
     """
     B = qkv.shape[0]
@@ -364,7 +375,7 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
         out = qkv.new_empty(B, heads, head_dim)
     return _launch(qkv, None, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads,
                    head_dim, nsplit, scale, softcap, interleaved, ws, out, min_rows,
-                   sinks=sinks, **tune)
+                   sinks=sinks, v_norm=v_norm, k_eq_v=k_eq_v, **tune)
 
 
 def decode_attention(q: torch.Tensor, table: torch.Tensor, meta: torch.Tensor, kv_heads: int,
