@@ -104,8 +104,9 @@ def _gemma4_flat(dtype, device):
     return muser.load(path, device=device, dtype=dtype, quant="none", progress=False)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("arch", ["gpt_oss", "gemma4_flat"])
-def test_the_families_take_the_fused_decode_step(arch):
+def test_the_families_take_the_fused_decode_step(arch, dtype):
     """gpt-oss (sinks, YaRN, experts) and Gemma 4 (per-layer geometry, V = K, v-norm, experts
     beside the MLP, layer scales) in the captured step's kernels: through ring wraps the step
     agrees with the float32 CPU oracle (float32 under the interpreter: to rounding; bf16 on a GPU:
@@ -113,7 +114,8 @@ def test_the_families_take_the_fused_decode_step(arch):
     beside a neighbour at another position."""
     from muser.backends.cuda.graph import GraphRunner
     from muser.testing import tiny_model
-    dtype = "bfloat16" if HAS_CUDA else "float32"        # the CPU engine has no float16
+    if dtype == "bfloat16" and not HAS_CUDA:
+        pytest.skip("the interpreter has no bfloat16 (float32 runs the same kernels)")
     if arch == "gpt_oss":
         eng = tiny_model(arch, device=DEV, dtype=dtype, tokenizer=False)
         oracle = tiny_model(arch, tokenizer=False)
@@ -122,16 +124,29 @@ def test_the_families_take_the_fused_decode_step(arch):
     runner = GraphRunner(eng, capture=HAS_CUDA)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, 300, (21,), generator=g).tolist()
+    steps = torch.randint(3, 300, (12,), generator=g).tolist()          # the rings wrap
     a, b, c, o = eng.new_session(), eng.new_session(), eng.new_session(), oracle.new_session()
     for s in (a, b, c, o):
         s.prefill(prompt, chunk_size=8)
     c.prefill([7, 8, 9])                                 # a neighbour at another position
+    truth = [o.decode(t) for t in steps]
     worst = 0.0
-    for t in torch.randint(3, 300, (12,), generator=g).tolist():   # the rings wrap
+    for t, want in zip(steps, truth):
         both = runner.decode([a, c], [t, t])
         alone = runner.decode([b], [t])
         assert torch.equal(both[0], alone[0])
-        worst = max(worst, rel(alone[0].cpu(), o.decode(t)))
+        worst = max(worst, rel(alone[0].cpu(), want))
     for s in (a, b, c):
         s.check_invariants()
-    assert worst < (0.05 if HAS_CUDA else 1e-5), worst
+    if dtype == "float32":                               # interpreter: exact maths; GPU: TF32 dots
+        assert worst < (1e-2 if HAS_CUDA else 1e-5), worst
+        return
+    # bf16: no worse than twice what bf16 does to the same model on the CPU (bf16 flips the
+    # tiny random models' expert routing: test_cuda_families)
+    cpu = (tiny_model(arch, dtype="bfloat16", tokenizer=False) if arch == "gpt_oss"
+           else _gemma4_flat("bfloat16", "cpu"))
+    s = cpu.new_session()
+    s.prefill(prompt, chunk_size=8)
+    bound = max(2 * max(rel(s.decode(t), want) for t, want in zip(steps, truth)), 0.05)
+    print(f"{arch}: fused step vs the f32 oracle {worst:.2e} (bound {bound:.2e})")
+    assert worst < bound, (worst, bound)
