@@ -17,7 +17,7 @@ Measured in the same process, one model at a time:
   * a logits cross-check muser vs transformers (prefill + 6 decode steps).
 
     PYTHONPATH=. python3 benchmarks/families_cuda_bench.py [--models gpt-oss-20b,gemma4-26b-a4b]
-        [--context 2048] [--prefill 16384] [--steps 24] [--out DIR] [--no-hf]
+        [--context 2048] [--prefill 16384] [--steps 24] [--out DIR] [--no-hf] [--profile]
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ import traceback
 
 import torch
 
-from cuda_measure import copy_bandwidth, cross_check, hf_decode, hf_prefill, rand_ids, reserve, sync
+from cuda_measure import (copy_bandwidth, cross_check, hf_decode, hf_prefill, prefill_profile, profile_step,
+                          rand_ids, reserve, sync)
 
 GPT_OSS_20B = {
     "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": True,
@@ -179,6 +180,10 @@ def run_model(name, args, bw, results):
     step(r, "muser_decode_b1_ms", lambda: decode_ms(engine, args.context, args.steps, vocab) * 1e3)
     step(r, "muser_b16_tps", lambda: batch_tps(engine, 16, args.context, max(8, args.steps // 2), vocab))
     step(r, "muser_prefill_tps", lambda: prefill_tps(engine, args.prefill, vocab))
+    if args.profile:                         # where a step's and a prefill's GPU time goes
+        if r["fused_step"]:
+            step(r, "profile_step_b1", lambda: profile_step(engine, 1))
+        step(r, "profile_prefill", lambda: prefill_profile(engine, args.prefill, vocab))
     if not args.no_hf:
         step(r, "cross_check", lambda: cross_check(engine, model, vocab))
         step(r, "hf_decode_b1_ms", lambda: hf_decode(model, 1, args.context, max(4, args.steps // 3), vocab) * 1e3)
@@ -218,6 +223,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="kernel-time profiles of a decode step and a prefill")
     args = ap.parse_args(argv)
     bw = copy_bandwidth()
     log(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read + write)")

@@ -17,7 +17,7 @@ DEV = "cuda" if HAS_CUDA else "cpu"
 DT = torch.bfloat16 if HAS_CUDA else torch.float16       # the interpreter has no bfloat16
 
 
-def layer(style, E=8, k=3, hidden=96, inter=80, seed=0):
+def layer(style, E=8, k=3, hidden=96, inter=80, seed=0, scale=False):
     g = torch.Generator().manual_seed(seed)
 
     def r(*shape, s=0.1):
@@ -27,7 +27,8 @@ def layer(style, E=8, k=3, hidden=96, inter=80, seed=0):
     mw = MoeWeights(router=r(E, hidden), w_gate=[r(inter, hidden) for _ in range(E)],
                     w_up=[r(inter, hidden) for _ in range(E)], w_down=[r(hidden, inter) for _ in range(E)],
                     router_bias=r(E) if gpt else None, b_gate=r(E, inter) if gpt else None,
-                    b_up=r(E, inter) if gpt else None, b_down=r(E, hidden) if gpt else None)
+                    b_up=r(E, inter) if gpt else None, b_down=r(E, hidden) if gpt else None,
+                    expert_scale=(1 + r(E)) if scale else None)
     return mw, ms
 
 
@@ -40,14 +41,14 @@ def _plain(x, w, b=None):
     return torch.nn.functional.linear(x, w, b)
 
 
-@pytest.mark.parametrize("style", ["gpt_oss", "gemma4"])
-def test_experts_match_the_eager_moe(style):
+@pytest.mark.parametrize("style,scale", [("gpt_oss", False), ("gemma4", False), ("gemma4", True)])
+def test_experts_match_the_eager_moe(style, scale):
     from muser.backends.cuda.triton_moe import experts_rows, route_rows
-    mw, ms = layer(style)
+    mw, ms = layer(style, scale=scale)
     x = x_rows(5)
     w_ref, i_ref = moe.route(mw, ms, x)
     w, i = route_rows(x, mw, ms, mw.router, _plain)
-    assert torch.equal(i, i_ref) and torch.equal(w, w_ref)
+    assert torch.equal(i, i_ref) and torch.allclose(w, w_ref, rtol=1e-5, atol=1e-7)
     ref = moe.experts(mw, ms, x, w_ref, i_ref)
     out = experts_rows(x, mw, ms, w, i)
     assert out.dtype == x.dtype and rel(out.float(), ref.float()) < 2e-2
@@ -139,7 +140,7 @@ def test_the_families_take_the_fused_decode_step(arch, dtype):
     for s in (a, b, c):
         s.check_invariants()
     if dtype == "float32":                               # interpreter: exact maths; GPU: TF32 dots
-        assert worst < (1e-2 if HAS_CUDA else 1e-5), worst
+        assert worst < (1e-2 if HAS_CUDA else 1e-4), worst
         return
     # bf16: no worse than twice what bf16 does to the same model on the CPU (bf16 flips the
     # tiny random models' expert routing: test_cuda_families)
@@ -150,3 +151,18 @@ def test_the_families_take_the_fused_decode_step(arch, dtype):
     bound = max(2 * max(rel(s.decode(t), want) for t, want in zip(steps, truth)), 0.05)
     print(f"{arch}: fused step vs the f32 oracle {worst:.2e} (bound {bound:.2e})")
     assert worst < bound, (worst, bound)
+
+
+@pytest.mark.parametrize("B,k,E", [(1, 4, 32), (16, 8, 128), (70, 2, 4), (9, 3, 8)])
+def test_pairs_are_grouped_by_expert_stably(B, k, E):
+    """group_kernel == a stable argsort of the experts, with their counts and first slots."""
+    from muser.backends.cuda.triton_moe import _kernels, _pow2
+    g = torch.Generator().manual_seed(B)
+    idx = torch.randint(0, E, (B, k), generator=g).to(DEV)
+    P = B * k
+    order, counts, first = (torch.full((n,), -7, dtype=torch.int32, device=DEV) for n in (P, E, E))
+    _kernels()[3][(1,)](idx, order, counts, first, P, E=E, BLOCK_E=_pow2(E), BLOCK_P=64)
+    flat = idx.reshape(-1)
+    want = torch.bincount(flat, minlength=E)
+    assert torch.equal(order.long(), torch.argsort(flat, stable=True))
+    assert torch.equal(counts.long(), want) and torch.equal(first.long(), torch.cumsum(want, 0) - want)

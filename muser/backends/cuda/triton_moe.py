@@ -9,7 +9,7 @@ chunk path and the specification), the decode step that calls them (decode_step.
 Grouping, without reading anything back to the host (the step is graph-captured):
 
     idx [B, k] -> pairs p = b * k + j -> `order` = pairs sorted by expert (stable),
-    counts[e], first[e] = where e's pairs start in `order`
+    counts[e], first[e] = where e's pairs start in `order`     (one launch: group_kernel)
 
     grid (column tiles, E): program (n, e) walks e's pairs 16 at a time and
     exits at once when e has none (most programs at batch 1: k of E experts).
@@ -21,6 +21,8 @@ logits are bitwise the same decoded alone or beside others, however the others r
 Rounding is moe.py's: each product rounded to the activation dtype, gpt-oss's biases,
 clamps and gate in float32, the activation rounded before the down product; every
 (token, slot) result goes to its own float32 row; the k slots are summed in slot order.
+Routing (softmax, top-k, the style's weights) is one launch, and so is the weighted sum: a
+captured step pays a few microseconds per launch, and an eager routing is ~8 small ops.
 """
 from __future__ import annotations
 
@@ -119,38 +121,122 @@ def _kernels():
                         y = y + tl.load(BIAS + e * N + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
                     tl.store(OUT + pair[:, None].to(tl.int64) * N + cols[None, :], y, mask=om)
 
-    return experts_kernel
+    @triton.jit
+    def route_kernel(LOGITS, SCALE, W_OUT, I_OUT, E: tl.constexpr, BLOCK_E: tl.constexpr,
+                     TOPK: tl.constexpr, BLOCK_K: tl.constexpr, GPT_OSS: tl.constexpr,
+                     HAS_SCALE: tl.constexpr):
+        # one row's routing: moe.route's maths, top-k by repeated max (ties: the lower id)
+        b = tl.program_id(0).to(tl.int64)
+        e = tl.arange(0, BLOCK_E)
+        em = e < E
+        x = tl.load(LOGITS + b * E + e, mask=em, other=float("-inf")).to(tl.float32)
+        if GPT_OSS:
+            vals = x
+        else:                                      # softmax over every expert first
+            p = tl.exp(x - tl.max(x, 0))
+            vals = tl.where(em, p / tl.sum(p, 0), float("-inf"))
+        j = tl.arange(0, BLOCK_K)
+        top = tl.full([BLOCK_K], float("-inf"), tl.float32)
+        idx = tl.zeros([BLOCK_K], tl.int64)
+        for r in tl.static_range(TOPK):
+            m = tl.max(vals, 0)
+            i = tl.min(tl.where(vals == m, e, BLOCK_E), 0)
+            top = tl.where(j == r, m, top)
+            idx = tl.where(j == r, i.to(tl.int64), idx)
+            vals = tl.where(e == i, float("-inf"), vals)
+        jm = j < TOPK
+        if GPT_OSS:                                # softmax over the k largest logits
+            q = tl.where(jm, tl.exp(top - tl.max(top, 0)), 0.0)
+            w = q / tl.sum(q, 0)
+        else:                                      # renormalized, then the per-expert scale
+            t = tl.where(jm, top, 0.0)
+            w = t / tl.sum(t, 0)
+            if HAS_SCALE:
+                w = w * tl.load(SCALE + idx, mask=jm, other=0.0).to(tl.float32)
+        tl.store(W_OUT + b * TOPK + j, w, mask=jm)
+        tl.store(I_OUT + b * TOPK + j, idx, mask=jm)
+
+    @triton.jit
+    def combine_kernel(BUF, W, OUT, N, TOPK: tl.constexpr, BLOCK: tl.constexpr):
+        # out[b] = sum_j w[b, j] * buf[b * k + j], slots in order, float32, one rounding at the end
+        b = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        cm = cols < N
+        acc = tl.zeros([BLOCK], tl.float32)
+        for j in tl.static_range(TOPK):
+            w = tl.load(W + b * TOPK + j)
+            acc = acc + w * tl.load(BUF + (b * TOPK + j) * N + cols, mask=cm, other=0.0)
+        tl.store(OUT + b * N + cols, acc.to(OUT.dtype.element_ty), mask=cm)
+
+    @triton.jit
+    def group_kernel(IDX, ORDER, COUNTS, FIRST, P, E: tl.constexpr, BLOCK_E: tl.constexpr,
+                     BLOCK_P: tl.constexpr):
+        # One program: counts[e], first[e] (exclusive prefix sum) and `order`, the pairs sorted by
+        # expert, stably -- pair i goes to first[e_i] + #{j < i : e_j == e_i}.
+        e = tl.arange(0, BLOCK_E)
+        em = e < E
+        counts = tl.zeros([BLOCK_E], tl.int32)
+        for p0 in range(0, P, BLOCK_P):
+            pp = p0 + tl.arange(0, BLOCK_P)
+            ex = tl.load(IDX + pp, mask=pp < P, other=-1)
+            counts += tl.sum((ex[:, None] == e[None, :]).to(tl.int32), 0)
+        first = tl.cumsum(counts, 0) - counts
+        tl.store(COUNTS + e, counts, mask=em)
+        tl.store(FIRST + e, first, mask=em)
+        for p0 in range(0, P, BLOCK_P):
+            pi = p0 + tl.arange(0, BLOCK_P)
+            pim = pi < P
+            ei = tl.load(IDX + pi, mask=pim, other=-1)
+            before = tl.zeros([BLOCK_P], tl.int32)
+            for q0 in range(0, p0 + BLOCK_P, BLOCK_P):
+                qj = q0 + tl.arange(0, BLOCK_P)
+                ej = tl.load(IDX + qj, mask=qj < P, other=-2)
+                same = (ej[None, :] == ei[:, None]) & (qj[None, :] < pi[:, None])
+                before += tl.sum(same.to(tl.int32), 1)
+            base = tl.sum(tl.where(ei[:, None] == e[None, :], first[None, :], 0), 1)
+            tl.store(ORDER + base + before, pi, mask=pim)
+
+    return experts_kernel, route_kernel, combine_kernel, group_kernel
 
 
 def route_rows(x: torch.Tensor, mw, ms, router: torch.Tensor, project) -> tuple[torch.Tensor, torch.Tensor]:
     """x [B, hidden] -> (weights float32 [B, k], expert ids int64 [B, k]) as `moe.route` does,
-    with the router product through `project(x, w, bias)` (the step's row-invariant matmul)."""
-    logits = project(x, router, mw.router_bias).float()                    # [B, E]
-    if ms.style == "gpt_oss":
-        top, idx = torch.topk(logits, ms.top_k, dim=-1)
-        return torch.softmax(top, dim=-1), idx
-    probs = torch.softmax(logits, dim=-1)
-    top, idx = torch.topk(probs, ms.top_k, dim=-1)
-    top = top / top.sum(dim=-1, keepdim=True)
-    if mw.expert_scale is not None:
-        top = top * mw.expert_scale.float()[idx]
-    return top, idx
+    with the router product through `project(x, w, bias)` (the step's row-invariant matmul) and
+    the rest in one launch (`route_kernel`)."""
+    logits = project(x, router, mw.router_bias)                              # [B, E]
+    B, E = logits.shape
+    k = ms.top_k
+    weights = torch.empty(B, k, dtype=torch.float32, device=x.device)
+    idx = torch.empty(B, k, dtype=torch.int64, device=x.device)
+    scale = mw.expert_scale
+    _kernels()[1][(B,)](logits.contiguous(), scale if scale is not None else logits, weights, idx,
+                        E=E, BLOCK_E=_pow2(E), TOPK=k, BLOCK_K=_pow2(k),
+                        GPT_OSS=ms.style == "gpt_oss", HAS_SCALE=scale is not None, num_warps=1)
+    return weights, idx
+
+
+def _pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
 
 
 def experts_rows(x: torch.Tensor, mw, ms, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """sum_j weights[b, j] * expert_{idx[b, j]}(x[b]) -> [B, hidden] in x's dtype (moe.experts)."""
-    kern = _kernels()
+    kern, _, combine, group = _kernels()
     st = stack_experts(mw)
     gu, down = st["gu"], st["down"]
     B, k = idx.shape
     E, two_i, hidden = gu.shape
     inter = two_i // 2
     x = x.contiguous()
-    flat = idx.reshape(-1)                                                   # [B * k]
-    order = torch.argsort(flat, stable=True)                                 # pairs by expert
-    counts = torch.zeros(E, dtype=torch.int64, device=x.device).scatter_add_(
-        0, flat, torch.ones_like(flat))
-    first = torch.cumsum(counts, 0) - counts
+    P = B * k
+    order = torch.empty(P, dtype=torch.int32, device=x.device)              # pairs by expert
+    counts = torch.empty(E, dtype=torch.int32, device=x.device)
+    first = torch.empty(E, dtype=torch.int32, device=x.device)
+    group[(1,)](idx.contiguous(), order, counts, first, P, E=E, BLOCK_E=_pow2(E), BLOCK_P=64,
+                num_warps=4)
     gpt = ms.style == "gpt_oss"
     b_gu = st["b_gu"]
     act = x.new_empty(B * k, inter)
@@ -164,8 +250,7 @@ def experts_rows(x: torch.Tensor, mw, ms, weights: torch.Tensor, idx: torch.Tens
         act, down, mw.b_down if gpt else down, buf, order, counts, first, hidden, K=inter, TOPK=k,
         BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GLU=False, GPT_OSS=gpt, HAS_BIAS=gpt,
         alpha=0.0, limit=0.0, X_PER_PAIR=True, num_warps=4, num_stages=3)
-    buf = buf.view(B, k, hidden) * weights.view(B, k, 1)
-    out = buf[:, 0]
-    for j in range(1, k):                                                    # slot order, elementwise
-        out = out + buf[:, j]
-    return out.to(x.dtype)
+    out = x.new_empty(B, hidden)
+    combine[(B, -(-hidden // 1024))](buf, weights.contiguous(), out, hidden, TOPK=k, BLOCK=1024,
+                                     num_warps=4)
+    return out
