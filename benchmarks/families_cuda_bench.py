@@ -103,7 +103,9 @@ def active_bytes(engine, batch: int = 1) -> tuple[int, int]:
     return per_token, total
 
 
-def decode_ms(engine, context, steps, vocab):
+def decode_ms(engine, context, steps, vocab, prof=None):
+    """API ms/token; with `prof` (a dict) the step's kernel profile too, taken while the session
+    (whose planes the captured step's tables point at) is alive."""
     s = engine.new_session()
     reserve(s, context + steps + 16)
     s.prefill(rand_ids(context, vocab, 1))
@@ -114,7 +116,10 @@ def decode_ms(engine, context, steps, vocab):
     t0 = time.perf_counter()
     for _ in range(steps):
         tok = int(s.decode(tok).argmax())
-    return (time.perf_counter() - t0) / steps
+    dt = (time.perf_counter() - t0) / steps
+    if prof is not None and engine.decode_runner() is not None:
+        prof["profile_step_b1"] = profile_step(engine, 1)
+    return dt
 
 
 def batch_tps(engine, batch, context, steps, vocab):
@@ -177,12 +182,11 @@ def run_model(name, args, bw, results):
              if hasattr(engine, "decode_runner") else None)
     log(f"{name}: weights {total / 1e9:.1f} GB, decode reads {a1 / 1e9:.2f} GB (b1) / {a16 / 1e9:.2f} GB (b16), "
         f"floor {r['floor_b1_ms']:.3f} ms, setup {r['setup_s']} s, fused step {r['fused_step']}")
-    step(r, "muser_decode_b1_ms", lambda: decode_ms(engine, args.context, args.steps, vocab) * 1e3)
+    step(r, "muser_decode_b1_ms", lambda: decode_ms(engine, args.context, args.steps, vocab,
+                                                    r if args.profile else None) * 1e3)
     step(r, "muser_b16_tps", lambda: batch_tps(engine, 16, args.context, max(8, args.steps // 2), vocab))
     step(r, "muser_prefill_tps", lambda: prefill_tps(engine, args.prefill, vocab))
-    if args.profile:                         # where a step's and a prefill's GPU time goes
-        if r["fused_step"]:
-            step(r, "profile_step_b1", lambda: profile_step(engine, 1))
+    if args.profile:                         # where a prefill's GPU time goes
         step(r, "profile_prefill", lambda: prefill_profile(engine, args.prefill, vocab))
     if not args.no_hf:
         step(r, "cross_check", lambda: cross_check(engine, model, vocab))

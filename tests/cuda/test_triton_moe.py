@@ -65,6 +65,20 @@ def test_a_row_is_bitwise_the_same_alone_or_in_a_batch(style):
         assert torch.equal(batch[b:b + 1], experts_rows(x[b:b + 1], mw, ms, w[b:b + 1], i[b:b + 1]))
 
 
+@pytest.mark.parametrize("style", ["gpt_oss", "gemma4"])
+def test_a_long_chunk_gives_its_rows_the_decode_bits(style):
+    """Past GROUP_MAX pairs (a prefill chunk) the grouping runs through torch, the expert kernels
+    are the same: row t of the chunk == row t computed alone (as a decode step computes it)."""
+    from muser.backends.cuda.triton_moe import GROUP_MAX, experts_rows, route_rows
+    mw, ms = layer(style, E=4, k=2)
+    n = GROUP_MAX // 2 + 5
+    x = x_rows(n, seed=3)
+    w, i = route_rows(x, mw, ms, mw.router, _plain)
+    chunk = experts_rows(x, mw, ms, w, i)
+    for t in (0, 77, n - 1):
+        assert torch.equal(chunk[t:t + 1], experts_rows(x[t:t + 1], mw, ms, w[t:t + 1], i[t:t + 1]))
+
+
 def test_stacking_leaves_views_of_one_tensor():
     from muser.backends.cuda.triton_moe import stack_experts, supported
     mw, _ = layer("gpt_oss")

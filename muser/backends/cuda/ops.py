@@ -5,7 +5,7 @@ runs for chunks (prefill, extend; decode steps run the captured step,
 decode_step.py).  With the row kernels (triton_rows.py: Triton installed and
 MUSER_ROWS not `eager`), norms, residual add (+ norm), qk-norm + RoPE and
 act * up of tensors of one supported dtype are one pass each over a chunk's
-rows, and the experts of a short chunk are two grouped launches (triton_moe.py);
+rows, and a chunk's experts are two grouped launches (triton_moe.py);
 anything else takes the eager maths.  RoPE tables are built for the
 whole context, so no step reads a position back to the host.
 Does not own: the kernels (triton_rows.py) or the maths (transformer.py).
@@ -53,10 +53,9 @@ def _residual(h, d, spec, w_post=None, w_next=None, d2=None):
 
 
 def _experts(mw, ms, x, weights, idx):
-    # short chunks (decode rows, verification blocks, chat suffixes): grouped on the device, no
-    # host sync, rows invariant; long prefill chunks: moe.py's grouped cuBLAS matmuls
-    if (x.shape[0] <= moe.FIXED_ROWS_MAX and x.dtype in (torch.bfloat16, torch.float16)
-            and triton_moe.supported(mw)):
+    # grouped by expert on the device in 16-row tiles (rows invariant: a token's bits do not
+    # depend on the chunk or on how the other tokens routed); float32: moe.py's matmuls
+    if x.dtype in (torch.bfloat16, torch.float16) and triton_moe.supported(mw):
         return triton_moe.experts_rows(x, mw, ms, weights, idx)
     return moe.experts(mw, ms, x, weights, idx)
 

@@ -14,7 +14,9 @@ Grouping, without reading anything back to the host (the step is graph-captured)
     grid (column tiles, E): program (n, e) walks e's pairs 16 at a time and
     exits at once when e has none (most programs at batch 1: k of E experts).
 
-Each expert matrix is read once per 16 of its pairs, not once per pair.  Row-invariant
+Each expert matrix is read once per 16 of its pairs, not once per pair.  Long prefill chunks
+take the same kernels (grouped by torch's stable argsort there): an expert's rows in 16-row
+tiles, so a token's expert output has the same bits in a prefill chunk as in a decode step.  Row-invariant
 like `triton_ops.dot_rows`: tiles of 16 rows on the tensor cores with K in fixed
 BLOCK_K steps, so a pair's sums never see the other rows of its tile -- a session's
 logits are bitwise the same decoded alone or beside others, however the others route.
@@ -32,6 +34,7 @@ import torch
 
 BLOCK_N = 32
 BLOCK_K = 128
+GROUP_MAX = 1024        # pairs grouped by group_kernel (one program, O(P^2) compares); above: torch
 
 
 def stack_experts(mw) -> dict:
@@ -232,11 +235,18 @@ def experts_rows(x: torch.Tensor, mw, ms, weights: torch.Tensor, idx: torch.Tens
     inter = two_i // 2
     x = x.contiguous()
     P = B * k
-    order = torch.empty(P, dtype=torch.int32, device=x.device)              # pairs by expert
-    counts = torch.empty(E, dtype=torch.int32, device=x.device)
-    first = torch.empty(E, dtype=torch.int32, device=x.device)
-    group[(1,)](idx.contiguous(), order, counts, first, P, E=E, BLOCK_E=_pow2(E), BLOCK_P=64,
-                num_warps=4)
+    if P <= GROUP_MAX:                     # decode steps, short chunks: one launch, no host sync
+        order = torch.empty(P, dtype=torch.int32, device=x.device)          # pairs by expert
+        counts = torch.empty(E, dtype=torch.int32, device=x.device)
+        first = torch.empty(E, dtype=torch.int32, device=x.device)
+        group[(1,)](idx.contiguous(), order, counts, first, P, E=E, BLOCK_E=_pow2(E), BLOCK_P=64,
+                    num_warps=4)
+    else:                                  # long prefill chunks (group_kernel is O(P^2)): torch
+        flat = idx.reshape(-1)
+        order = torch.argsort(flat, stable=True).to(torch.int32)
+        counts = torch.bincount(flat, minlength=E)
+        first = (torch.cumsum(counts, 0) - counts).to(torch.int32)
+        counts = counts.to(torch.int32)
     gpt = ms.style == "gpt_oss"
     b_gu = st["b_gu"]
     act = x.new_empty(B * k, inter)
