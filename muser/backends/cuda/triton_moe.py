@@ -15,8 +15,8 @@ Grouping, without reading anything back to the host (the step is graph-captured)
     exits at once when e has none (most programs at batch 1: k of E experts).
 
 Each expert matrix is read once per 16 of its pairs, not once per pair.  Long prefill chunks
-take the same kernels (grouped by torch's stable argsort there): an expert's rows in 16-row
-tiles, so a token's expert output has the same bits in a prefill chunk as in a decode step.  Row-invariant
+take the same kernels (grouped by torch's stable argsort, in 64 x 64 tiles): a token's expert
+output has the same bits in a prefill chunk as in a decode step (tested on the GPU).  Row-invariant
 like `triton_ops.dot_rows`: tiles of 16 rows on the tensor cores with K in fixed
 BLOCK_K steps, so a pair's sums never see the other rows of its tile -- a session's
 logits are bitwise the same decoded alone or beside others, however the others route.
@@ -73,7 +73,8 @@ def _kernels():
 
     @triton.jit
     def experts_kernel(X, W, BIAS, OUT, ORDER, COUNTS, FIRST, N, K: tl.constexpr,
-                       TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr,
                        GLU: tl.constexpr, GPT_OSS: tl.constexpr, HAS_BIAS: tl.constexpr,
                        alpha, limit, X_PER_PAIR: tl.constexpr):
         # W [E, (2 if GLU) * N, K]; X rows: a token's (X_PER_PAIR False) or a pair's.
@@ -87,14 +88,14 @@ def _kernels():
             cmask = cols < N
             wbase = W + e.to(tl.int64) * (2 * N if GLU else N) * K
             xdt = X.dtype.element_ty
-            for r0 in range(0, cnt, 16):
-                rr = r0 + tl.arange(0, 16)
+            for r0 in range(0, cnt, BLOCK_M):
+                rr = r0 + tl.arange(0, BLOCK_M)
                 rmask = rr < cnt
                 pair = tl.load(ORDER + start + rr, mask=rmask, other=0)
                 row = pair if X_PER_PAIR else pair // TOPK
-                acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 if GLU:
-                    accu = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+                    accu = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 for k0 in range(0, K, BLOCK_K):
                     ks = k0 + tl.arange(0, BLOCK_K)
                     kmask = ks < K
@@ -247,19 +248,24 @@ def experts_rows(x: torch.Tensor, mw, ms, weights: torch.Tensor, idx: torch.Tens
         counts = torch.bincount(flat, minlength=E)
         first = (torch.cumsum(counts, 0) - counts).to(torch.int32)
         counts = counts.to(torch.int32)
+    # decode steps / short chunks: 16 x 32 tiles; long chunks: 64 x 64 tiles; K in the same
+    # BLOCK_K steps.  An element's sum is the same k-step sequence on the tensor cores whatever the
+    # tile (measured on the H200: benchmarks/cuda_rowinv_probe.py; tested: chunk row == alone)
+    bm, bn, nw = (16, BLOCK_N, 4) if P <= GROUP_MAX else (64, 64, 4)
+    bk = BLOCK_K
     gpt = ms.style == "gpt_oss"
     b_gu = st["b_gu"]
     act = x.new_empty(B * k, inter)
-    kern[(-(-inter // BLOCK_N), E)](
+    kern[(-(-inter // bn), E)](
         x, gu, b_gu if gpt else gu, act, order, counts, first, inter, K=hidden, TOPK=k,
-        BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GLU=True, GPT_OSS=gpt, HAS_BIAS=gpt,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GLU=True, GPT_OSS=gpt, HAS_BIAS=gpt,
         alpha=float(ms.swiglu_alpha), limit=float(ms.swiglu_limit),
-        X_PER_PAIR=False, num_warps=4, num_stages=3)
+        X_PER_PAIR=False, num_warps=nw, num_stages=3)
     buf = torch.empty(B * k, hidden, dtype=torch.float32, device=x.device)
-    kern[(-(-hidden // BLOCK_N), E)](
+    kern[(-(-hidden // bn), E)](
         act, down, mw.b_down if gpt else down, buf, order, counts, first, hidden, K=inter, TOPK=k,
-        BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GLU=False, GPT_OSS=gpt, HAS_BIAS=gpt,
-        alpha=0.0, limit=0.0, X_PER_PAIR=True, num_warps=4, num_stages=3)
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GLU=False, GPT_OSS=gpt, HAS_BIAS=gpt,
+        alpha=0.0, limit=0.0, X_PER_PAIR=True, num_warps=nw, num_stages=3)
     out = x.new_empty(B, hidden)
     combine[(B, -(-hidden // 1024))](buf, weights.contiguous(), out, hidden, TOPK=k, BLOCK=1024,
                                      num_warps=4)
