@@ -16,13 +16,15 @@ import copy
 import torch
 
 from cuda_measure import rand_ids
-from families_cuda_bench import GEMMA4_26B, GPT_OSS_20B
+from families_cuda_bench import GEMMA4_26B
+from muser.testing import GPT_OSS_20B
 
 
 def config(name: str, layers: int):
     import transformers as tr
     if name == "gpt-oss-20b":
-        d = {k: v for k, v in GPT_OSS_20B.items() if k not in ("architectures", "model_type")}
+        d = {k: v for k, v in GPT_OSS_20B.items()
+             if k not in ("architectures", "model_type", "quantization_config")}
         d.update(num_hidden_layers=layers, layer_types=["sliding_attention", "full_attention"] * (layers // 2))
         return tr.GptOssConfig(**d)
     d = dict(GEMMA4_26B, num_hidden_layers=layers,

@@ -31,20 +31,10 @@ import traceback
 
 import torch
 
-from cuda_measure import (copy_bandwidth, cross_check, hf_decode, hf_prefill, prefill_profile, profile_step,
-                          rand_ids, reserve, sync)
+from cuda_measure import (copy_bandwidth, cross_check, hf_decode, hf_prefill, muser_batch, muser_prefill,
+                          prefill_profile, profile_step, rand_ids, reserve, sync)
+from muser.testing import GPT_OSS_20B
 
-GPT_OSS_20B = {
-    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": True,
-    "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "intermediate_size": 2880,
-    "layer_types": ["sliding_attention", "full_attention"] * 12, "max_position_embeddings": 131072,
-    "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
-    "num_local_experts": 32, "rms_norm_eps": 1e-05, "sliding_window": 128, "swiglu_limit": 7.0,
-    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
-                     "rope_type": "yarn", "truncate": False},
-    "rope_theta": 150000, "tie_word_embeddings": False, "vocab_size": 201088, "eos_token_id": 200002,
-    "pad_token_id": 199999,
-}
 # google/gemma-4-26B-A4B's text model as its GGUF header states it (gemma4.* keys: 8 kv heads of
 # 256 on sliding layers, 2 of 512 on global ones -- which transformers' config gives only with V = K,
 # as its EP plan for this model says -- and 128 experts top-8 of width 704 beside a 2112 MLP).
@@ -65,7 +55,8 @@ def log(*a):
 def build(name: str, max_context: int):
     import transformers as tr
     if name == "gpt-oss-20b":
-        cfg = tr.GptOssConfig(**{k: v for k, v in GPT_OSS_20B.items() if k not in ("architectures", "model_type")})
+        cfg = tr.GptOssConfig(**{k: v for k, v in GPT_OSS_20B.items()
+                                 if k not in ("architectures", "model_type", "quantization_config")})
     else:
         cfg = tr.Gemma4TextConfig(**GEMMA4_26B)
         cfg._attn_implementation = "sdpa"
@@ -122,40 +113,6 @@ def decode_ms(engine, context, steps, vocab, prof=None):
     return dt
 
 
-def batch_tps(engine, batch, context, steps, vocab):
-    sessions = []
-    for i in range(batch):
-        s = engine.new_session()
-        reserve(s, context + steps + 16)
-        s.prefill(rand_ids(context, vocab, 100 + i))
-        sessions.append(s)
-    toks = [5] * batch
-    for _ in range(3):
-        toks = engine.decode_batch(sessions, toks).argmax(-1).tolist()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        toks = engine.decode_batch(sessions, toks).argmax(-1).tolist()
-    return batch * steps / (time.perf_counter() - t0)
-
-
-def prefill_tps(engine, n, vocab, reps=2):
-    best = None
-    for r in range(reps + 1):
-        s = engine.new_session()
-        reserve(s, n)
-        ids = rand_ids(n, vocab, 7 + r)
-        sync()
-        t0 = time.perf_counter()
-        s.prefill(ids)
-        sync()
-        dt = time.perf_counter() - t0
-        if r:
-            best = dt if best is None else min(best, dt)
-        del s
-    return n / best
-
-
 def step(r, key, fn, *a):
     t0 = time.perf_counter()
     try:
@@ -184,8 +141,8 @@ def run_model(name, args, bw, results):
         f"floor {r['floor_b1_ms']:.3f} ms, setup {r['setup_s']} s, fused step {r['fused_step']}")
     step(r, "muser_decode_b1_ms", lambda: decode_ms(engine, args.context, args.steps, vocab,
                                                     r if args.profile else None) * 1e3)
-    step(r, "muser_b16_tps", lambda: batch_tps(engine, 16, args.context, max(8, args.steps // 2), vocab))
-    step(r, "muser_prefill_tps", lambda: prefill_tps(engine, args.prefill, vocab))
+    step(r, "muser_b16_tps", lambda: muser_batch(engine, 16, args.context, max(8, args.steps // 2), vocab)[0])
+    step(r, "muser_prefill_tps", lambda: muser_prefill(engine, args.prefill, vocab, None))
     if args.profile:                         # where a prefill's GPU time goes
         step(r, "profile_prefill", lambda: prefill_profile(engine, args.prefill, vocab))
     if not args.no_hf:

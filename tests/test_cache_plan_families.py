@@ -2,18 +2,7 @@
 import json
 from types import SimpleNamespace
 
-# openai/gpt-oss-20b's config.json as published (the fields the layer map reads).
-GPT_OSS_20B = {
-    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": True,
-    "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "intermediate_size": 2880,
-    "layer_types": ["sliding_attention", "full_attention"] * 12, "max_position_embeddings": 131072,
-    "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
-    "num_local_experts": 32, "rms_norm_eps": 1e-05, "sliding_window": 128, "swiglu_limit": 7.0,
-    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
-                     "rope_type": "yarn", "truncate": False},
-    "rope_theta": 150000, "tie_word_embeddings": False, "vocab_size": 201088, "eos_token_id": 200002,
-    "pad_token_id": 199999, "quantization_config": {"quant_method": "mxfp4"},
-}
+from muser.testing import GPT_OSS_20B
 
 
 def muser(capsys, *args):

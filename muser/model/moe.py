@@ -21,7 +21,8 @@ blocks, chat suffixes) each expert runs on all T rows of the chunk, zeros where
 its tokens are not -- the same matmul shape whatever the routing, which is what
 makes a rolled-back block bitwise equal to consuming only the kept tokens.
 Long chunks keep the grouped shapes (fixed for a given chunking: restores
-replay bitwise).
+replay bitwise).  On CUDA in bf16/f16 the backend runs backends/cuda/triton_moe.py instead
+(experts grouped on the device in fixed tiles: rows invariant at every chunk size).
 """
 from __future__ import annotations
 

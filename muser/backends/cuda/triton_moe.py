@@ -32,6 +32,8 @@ import functools
 
 import torch
 
+from .triton_ops import _pow2
+
 BLOCK_N = 32
 BLOCK_K = 128
 GROUP_MAX = 1024        # pairs grouped by group_kernel (one program, O(P^2) compares); above: torch
@@ -217,13 +219,6 @@ def route_rows(x: torch.Tensor, mw, ms, router: torch.Tensor, project) -> tuple[
                         E=E, BLOCK_E=_pow2(E), TOPK=k, BLOCK_K=_pow2(k),
                         GPT_OSS=ms.style == "gpt_oss", HAS_SCALE=scale is not None, num_warps=1)
     return weights, idx
-
-
-def _pow2(n: int) -> int:
-    p = 1
-    while p < n:
-        p *= 2
-    return p
 
 
 def experts_rows(x: torch.Tensor, mw, ms, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
