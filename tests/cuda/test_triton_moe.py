@@ -120,10 +120,11 @@ def _gemma4_flat(dtype, device):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("arch", ["gpt_oss", "gemma4_flat"])
+@pytest.mark.parametrize("arch", ["gpt_oss", "gemma4_flat", "olmo3", "exaone4"])
 def test_the_families_take_the_fused_decode_step(arch, dtype):
-    """gpt-oss (sinks, YaRN, experts) and Gemma 4 (per-layer geometry, V = K, v-norm, experts
-    beside the MLP, layer scales) in the captured step's kernels: through ring wraps the step
+    """gpt-oss (sinks, YaRN, experts), Gemma 4 (per-layer geometry, V = K, v-norm, experts beside
+    the MLP, layer scales), OLMo 3 (post-norms, qk-norm over all heads, YaRN) and EXAONE 4
+    (post-norms, NoPE full layers) in the captured step's kernels: through ring wraps the step
     agrees with the float32 CPU oracle (float32 under the interpreter: to rounding; bf16 on a GPU:
     within the families' bound), and a session's logits are bitwise the same decoded alone or
     beside a neighbour at another position."""
@@ -131,11 +132,11 @@ def test_the_families_take_the_fused_decode_step(arch, dtype):
     from muser.testing import tiny_model
     if dtype == "bfloat16" and not HAS_CUDA:
         pytest.skip("the interpreter has no bfloat16 (float32 runs the same kernels)")
-    if arch == "gpt_oss":
+    if arch == "gemma4_flat":
+        eng, oracle = _gemma4_flat(dtype, DEV), _gemma4_flat("float32", "cpu")
+    else:
         eng = tiny_model(arch, device=DEV, dtype=dtype, tokenizer=False)
         oracle = tiny_model(arch, tokenizer=False)
-    else:
-        eng, oracle = _gemma4_flat(dtype, DEV), _gemma4_flat("float32", "cpu")
     runner = GraphRunner(eng, capture=HAS_CUDA)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, 300, (21,), generator=g).tolist()
@@ -158,8 +159,8 @@ def test_the_families_take_the_fused_decode_step(arch, dtype):
         return
     # bf16: no worse than twice what bf16 does to the same model on the CPU (bf16 flips the
     # tiny random models' expert routing: test_cuda_families)
-    cpu = (tiny_model(arch, dtype="bfloat16", tokenizer=False) if arch == "gpt_oss"
-           else _gemma4_flat("bfloat16", "cpu"))
+    cpu = (_gemma4_flat("bfloat16", "cpu") if arch == "gemma4_flat"
+           else tiny_model(arch, dtype="bfloat16", tokenizer=False))
     s = cpu.new_session()
     s.prefill(prompt, chunk_size=8)
     bound = max(2 * max(rel(s.decode(t), want) for t, want in zip(steps, truth)), 0.05)

@@ -92,8 +92,10 @@ def unsupported(spec) -> str | None:
         return "V = K with attention biases"
     if spec.per_layer_input:
         return "per-layer input embeddings (Gemma 4 E2B / E4B)"
-    if not spec.pre_norm or spec.qk_norm_span != "head":
-        return "OLMo 3 / EXAONE 4 layer wiring"
+    if spec.qk_norm_span not in ("head", "all"):
+        return f"qk-norm over {spec.qk_norm_span!r}"
+    if not spec.pre_norm and spec.parallel_block:
+        return "a post-norm parallel block"
     return None
 
 
@@ -149,6 +151,13 @@ class DecodeStep:
             return self.gemv(x, w, bias=b)
         return F.linear(x, w, b)
 
+    def _norm_all(self, qkv, lw, hd: int, kd: int):
+        """OLMo 3's qk-norm over all heads of q (and of k) at once: qkv with q and k normed."""
+        eps, ln = self.spec.norm_eps, self.layernorm
+        q = add_norm(qkv[:, :hd].contiguous(), lw.q_norm, eps, ln)[1]
+        k = add_norm(qkv[:, hd:hd + kd].contiguous(), lw.k_norm, eps, ln)[1]
+        return torch.cat([q, k, qkv[:, hd + kd:]], dim=1)
+
     def _experts(self, mw, x_router, x):
         weights, idx = route_rows(x_router, mw, self.spec.moe, mw.router,
                                   lambda v, w, b: self._linear("o", v, w, b))
@@ -185,13 +194,16 @@ class DecodeStep:
         if self.embed_scale is not None:
             h = h * self.embed_scale
         layers = w.layers
-        h, x = add_norm(h, layers[0].attn_norm, eps, self.layernorm)
+        # post-norm families (OLMo 3, EXAONE 4) read the residual stream itself: no attn_norm
+        x = add_norm(h, layers[0].attn_norm, eps, self.layernorm)[1] if spec.pre_norm else h
         for i, (lw, ls, fz) in enumerate(zip(layers, spec.layers, self.fused)):
             meta, table = metas[self.groups[i]], tables[i]
             KV, D = ls.kv_heads, ls.head_dim
             qkv = self._linear("qkv", x, fz["wqkv"], fz["bqkv"])
             cos, sin = self.rope[i]
             qn, kn = (lw.q_norm, lw.k_norm) if spec.qk_norm else (None, None)
+            if qn is not None and spec.qk_norm_span == "all":
+                qkv, qn, kn = self._norm_all(qkv, lw, H * D, KV * D), None, None
             if self.fused_attn:
                 a = fused_decode_attention(qkv, pos, cos, sin, qn, kn, eps, table, meta, H, KV, D,
                                            self.splits[i], spec.layer_scale(ls),
@@ -208,12 +220,15 @@ class DecodeStep:
             if spec.parallel_block:
                 h, x = add_norm(h, nxt, eps, self.layernorm, d1=o, d2=self._mlp(lw, fz, x))
                 continue
-            post_attn = lw.post_attn_norm if spec.sandwich_norm else None
-            h, x = add_norm(h, lw.pre_ffn_norm, eps, self.layernorm, d1=o, w_post=post_attn)
-            m = self._ffn(lw, fz, h, x)
-            post_ffn = lw.post_ffn_norm if spec.sandwich_norm else None
+            post = spec.sandwich_norm or not spec.pre_norm     # transformer.layer_forward's rule
+            post_attn = lw.post_attn_norm if post else None
+            h, x = add_norm(h, lw.pre_ffn_norm if spec.pre_norm else None, eps, self.layernorm,
+                            d1=o, w_post=post_attn)
+            m = self._ffn(lw, fz, h, h if x is None else x)
+            post_ffn = lw.post_ffn_norm if post else None
             if lw.layer_scale is None:
                 h, x = add_norm(h, nxt, eps, self.layernorm, d1=m, w_post=post_ffn)
+                x = h if x is None else x                  # post-norm: the next layer reads h
             else:                                  # Gemma 4: scale the layer's output, then norm
                 h = add_norm(h, None, eps, self.layernorm, d1=m, w_post=post_ffn)[0] * lw.layer_scale
                 x = add_norm(h, nxt, eps, self.layernorm)[1]
