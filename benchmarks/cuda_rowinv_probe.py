@@ -4,7 +4,7 @@ row tiles and still give each row the bits the decode step's 16-row tiles give?
 For bf16 x [M, K] @ w [N, K].T with K walked in the same BLOCK_K steps, one Triton kernel is
 compiled with BLOCK_M in {16, 32, 64, 128} (the instruction the compiler picks changes: mma.sync
 at 16 rows, wgmma from 64); every variant's rows are compared with torch.equal against the
-16-row variant and against `triton_ops.dot_rows` (the decode step's kernel), and timed against
+16-row variant and against `triton_dot.dot_rows` (the decode step's kernel), and timed against
 cuBLAS (F.linear).  Prints one line per (shape, BLOCK_M): equal?, max |diff|, ms, TFLOP/s.
 
     PYTHONPATH=. python3 benchmarks/cuda_rowinv_probe.py
@@ -54,7 +54,7 @@ def timed(fn, reps=20):
 
 
 def main():
-    from muser.backends.cuda.triton_ops import dot_rows
+    from muser.backends.cuda.triton_dot import dot_rows
     torch.manual_seed(0)
     for (M, N, K) in [(2048, 6912, 1152), (2048, 1152, 6912), (4096, 2560, 2560), (512, 1536, 1152)]:
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)

@@ -11,7 +11,7 @@ Does not own: plane bookkeeping, plane tables or graph capture
 (graph.py), the kernels (triton_ops.py, triton_decode.py).
 
 Every projection and the head, for any batch size, go through
-`triton_ops.dot_rows` (rows in tiles of 16 on the tensor cores, K in fixed
+`triton_dot.dot_rows` (rows in tiles of 16 on the tensor cores, K in fixed
 steps and fixed split-K pieces): its launch depends on the weight's shape only
 and a row's sums never see the other rows, so a session's logits and K/V rows
 are bitwise the same decoded alone or beside 15 others.  cuBLAS picks its
@@ -38,7 +38,8 @@ from ...model import transformer as tf
 from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention
 from .triton_moe import experts_rows, route_rows, stack_experts
 from .triton_moe import supported as moe_supported
-from .triton_ops import act_mul, add_norm, dot_rows, gemv, qk_rope_store
+from .triton_dot import dot_rows, gemv
+from .triton_ops import act_mul, add_norm, qk_rope_store
 
 
 def _fuse(parts: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:

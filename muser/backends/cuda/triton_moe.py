@@ -17,7 +17,7 @@ Grouping, without reading anything back to the host (the step is graph-captured)
 Each expert matrix is read once per 16 of its pairs, not once per pair.  Long prefill chunks
 take the same kernels (grouped by torch's stable argsort, in 64 x 64 tiles): a token's expert
 output has the same bits in a prefill chunk as in a decode step (tested on the GPU).  Row-invariant
-like `triton_ops.dot_rows`: tiles of 16 rows on the tensor cores with K in fixed
+like `triton_dot.dot_rows`: tiles of 16 rows on the tensor cores with K in fixed
 BLOCK_K steps, so a pair's sums never see the other rows of its tile -- a session's
 logits are bitwise the same decoded alone or beside others, however the others route.
 Rounding is moe.py's: each product rounded to the activation dtype, gpt-oss's biases,

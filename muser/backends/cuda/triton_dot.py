@@ -1,0 +1,246 @@
+"""The decode step's projections on CUDA (Triton): rows that never see each other.
+
+Owns: `dot_rows` (rows in tiles of 16 on the tensor cores, K in fixed steps and
+optional fixed split-K pieces summed in order: the default for every projection
+and the head, any batch size) and `gemv` (a latency-bound kernel for 1..B rows,
+~10% faster at batch 1: MUSER_GEMV=fast), their measured tile tables and
+configs.  Both are batch-invariant: row b of a B-row call is bitwise the row
+computed alone.  Does not own: when they are used (decode_step.py), element-wise
+pieces (triton_ops.py), attention (triton_decode.py).  Triton is imported
+lazily: this module imports on a machine without it.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .triton_ops import _pow2
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gemv_kernel(X, W, BIAS, Y, B, N, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, GLU: tl.constexpr, GELU: tl.constexpr,
+                    HAS_BIAS: tl.constexpr):
+        # The whole [BLOCK_N, K] tile is loaded once (K padded to a power of 2, masked): every
+        # load of a program is in flight together -- a few-row GEMV is latency-bound.  Then the
+        # tile serves each of the B rows in turn with the SAME reduction (one tl.sum over the
+        # same layout): row b's bits do not depend on B -- a session decoded in a batch equals
+        # the session decoded alone ("one arithmetic per token", docs/exactness.md).
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rmask = rows < N
+        ks = tl.arange(0, BLOCK_K)
+        kmask = ks < K
+        m2 = rmask[:, None] & kmask[None, :]
+        wp = W + rows[:, None].to(tl.int64) * K + ks[None, :]
+        w = tl.load(wp, mask=m2, other=0.0)
+        if GLU:
+            wu = tl.load(wp + N * K, mask=m2, other=0.0)        # the up row of each gate row
+        if HAS_BIAS:
+            bias = tl.load(BIAS + rows, mask=rmask, other=0.0).to(tl.float32)
+        for b in range(B):
+            xv = tl.load(X + b * K + ks, mask=kmask, other=0.0)
+            x = xv.to(tl.float32)
+            y = tl.sum(w.to(tl.float32) * x[None, :], 1)
+            if HAS_BIAS:
+                y = y + bias
+            if GLU:      # act(gate) * up, rounded where torch rounds (each product, then the act)
+                u = tl.sum(wu.to(tl.float32) * x[None, :], 1).to(xv.dtype).to(tl.float32)
+                gf = y.to(xv.dtype).to(tl.float32)
+                if GELU:
+                    t = 0.7978845608028654 * (gf + 0.044715 * gf * gf * gf)
+                    a = 0.5 * gf * (1.0 + (2.0 * tl.sigmoid(2.0 * t) - 1.0))
+                else:
+                    a = gf * tl.sigmoid(gf)
+                y = a.to(xv.dtype).to(tl.float32) * u
+            tl.store(Y + b.to(tl.int64) * N + rows, y.to(Y.dtype.element_ty), mask=rmask)
+
+    @triton.jit
+    def dot_rows_kernel(X, W, BIAS, Y, P, B, N, K: tl.constexpr, KS: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
+                        GELU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr):
+        # Rows in tiles of 16 (padded with zeros) through the tensor cores; K cut into pieces of
+        # KS (program axis 2) walked in fixed BLOCK_K steps.  An output element's sum is the same
+        # instruction sequence whatever B is, and the other rows of a tile never enter it: row b
+        # of a B-row call == the 1-row call.  SPLIT: write the piece's partial sums to
+        # P [pieces, B, N(*2)]; `split_sum_kernel` adds the pieces in order 0, 1, 2, ...
+        rm = tl.program_id(1) * 16 + tl.arange(0, 16)
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        piece = tl.program_id(2)
+        cmask = cols < N
+        rmask = rm < B
+        acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+        if GLU:
+            accu = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, KS, BLOCK_K):
+            kin = k0 + tl.arange(0, BLOCK_K)
+            ks = piece * KS + kin
+            kmask = (ks < K) & (kin < KS)
+            x = tl.load(X + rm[:, None].to(tl.int64) * K + ks[None, :],
+                        mask=rmask[:, None] & kmask[None, :], other=0.0)
+            wp = W + cols[:, None].to(tl.int64) * K + ks[None, :]
+            m2 = cmask[:, None] & kmask[None, :]
+            acc = tl.dot(x, tl.trans(tl.load(wp, mask=m2, other=0.0)), acc)
+            if GLU:
+                accu = tl.dot(x, tl.trans(tl.load(wp + N * K, mask=m2, other=0.0)), accu)
+        om = rmask[:, None] & cmask[None, :]
+        if SPLIT:
+            width = 2 * N if GLU else N
+            pp = P + (piece * B + rm[:, None]).to(tl.int64) * width + cols[None, :]
+            tl.store(pp, acc, mask=om)
+            if GLU:
+                tl.store(pp + N, accu, mask=om)
+        else:
+            y = acc
+            if HAS_BIAS:
+                y = y + tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+            if GLU:       # act(gate) * up, rounded where torch rounds (each product, then the act)
+                xdt = X.dtype.element_ty
+                gf = y.to(xdt).to(tl.float32)
+                uf = accu.to(xdt).to(tl.float32)
+                if GELU:
+                    t = 0.7978845608028654 * (gf + 0.044715 * gf * gf * gf)
+                    a = 0.5 * gf * (1.0 + (2.0 * tl.sigmoid(2.0 * t) - 1.0))
+                else:
+                    a = gf * tl.sigmoid(gf)
+                y = a.to(xdt).to(tl.float32) * uf
+            tl.store(Y + rm[:, None].to(tl.int64) * N + cols[None, :], y.to(Y.dtype.element_ty),
+                     mask=om)
+
+    @triton.jit
+    def split_sum_kernel(P, BIAS, Y, B, N, PIECES: tl.constexpr, BLOCK: tl.constexpr,
+                         GLU: tl.constexpr, GELU: tl.constexpr, HAS_BIAS: tl.constexpr):
+        b = tl.program_id(1)
+        cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cmask = cols < N
+        width = 2 * N if GLU else N
+        y = tl.zeros((BLOCK,), dtype=tl.float32)
+        u = tl.zeros((BLOCK,), dtype=tl.float32)
+        for piece in range(PIECES):                       # fixed order: 0, 1, 2, ...
+            pp = P + (piece * B + b).to(tl.int64) * width + cols
+            y += tl.load(pp, mask=cmask, other=0.0)
+            if GLU:
+                u += tl.load(pp + N, mask=cmask, other=0.0)
+        if HAS_BIAS:
+            y = y + tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)
+        if GLU:
+            xdt = Y.dtype.element_ty
+            gf = y.to(xdt).to(tl.float32)
+            uf = u.to(xdt).to(tl.float32)
+            if GELU:
+                t = 0.7978845608028654 * (gf + 0.044715 * gf * gf * gf)
+                a = 0.5 * gf * (1.0 + (2.0 * tl.sigmoid(2.0 * t) - 1.0))
+            else:
+                a = gf * tl.sigmoid(gf)
+            y = a.to(xdt).to(tl.float32) * uf
+        tl.store(Y + b.to(tl.int64) * N + cols, y.to(Y.dtype.element_ty), mask=cmask)
+
+    return gemv_kernel, dot_rows_kernel, split_sum_kernel
+
+
+# (n, k, glu) -> (rows per program, warps), the fastest of a sweep on an H200 (2026-12,
+# benchmarks/cuda_kernels.py; benchmarks/NOTES.md, CUDA): Gemma-3-1B and -4B decode shapes.
+GEMV_TILES = {
+    (1536, 1152, False): (2, 8), (1152, 1024, False): (2, 8), (6912, 1152, True): (1, 2),
+    (1152, 6912, False): (2, 8), (4096, 2560, False): (1, 4), (2560, 2048, False): (2, 4),
+    (10240, 2560, True): (1, 2), (2560, 10240, False): (2, 4),
+}
+
+
+def gemv_config(n: int, k: int, glu: bool = False) -> tuple[int, int]:
+    """(rows per program, warps) for an [n, k] product: the measured table, else the shape of
+    its winners -- 1-2 rows of K per program, and at least ~2 programs per multiprocessor."""
+    hit = GEMV_TILES.get((n, k, glu))
+    if hit:
+        return hit
+    kp = _pow2(k)
+    if glu:
+        block_n, warps = 1, (2 if kp <= 4096 else 4)
+    elif kp <= 2048:
+        block_n, warps = 2, 8
+    elif kp <= 4096:
+        block_n, warps = 1, 4
+    else:
+        block_n, warps = 2 if kp <= 16384 else 1, 4 if kp <= 16384 else 8
+    while block_n > 1 and -(-n // block_n) < 264:
+        block_n //= 2
+    return block_n, warps
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, glu: bool = False,
+         gelu: bool = False, block_n: int | None = None, warps: int | None = None,
+         bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [B, K] @ w[N, K].T (+ bias) -> [B, N] for B decode rows; with glu, w is gate|up [2I, K]
+    and the result act(x @ gate.T) * (x @ up.T) [B, I] (act_mul fused in).  Each program loads
+    its whole [rows, K] tile once (many loads in flight: the few-row product is latency-bound)
+    and reuses it for every row.  The launch configuration depends on (N, K) only and every row
+    takes the same float32 reduction: row b of a B-row call is bitwise the 1-row call on it."""
+    kern = _kernels()[0]
+    n, k = w.shape
+    if glu:
+        n //= 2
+    x = x.contiguous()
+    B = x.shape[0]
+    bn, nw = gemv_config(n, k, glu)
+    bn, nw = block_n or bn, warps or nw
+    out = out if out is not None else x.new_empty(B, n)
+    kern[(-(-n // bn),)](x, w, bias if bias is not None else w, out, B, n, K=k, BLOCK_N=bn,
+                         BLOCK_K=_pow2(k), GLU=glu, GELU=gelu, HAS_BIAS=bias is not None,
+                         num_warps=nw)
+    return out
+
+
+# (n, k, glu) -> (block_n, block_k, warps, stages, piece): measured on an H200 at B = 1 and 16
+# (benchmarks/cuda_gemv_sweep.py); `piece` (keys per split-K piece) depends on the shape only.
+DOT_TILES = {
+    (1536, 1152, False): (16, 256, 4, 4, 0), (1152, 1024, False): (32, 512, 4, 3, 0),
+    (6912, 1152, True): (32, 128, 4, 3, 0), (1152, 6912, False): (64, 256, 4, 3, 1024),
+    (4096, 2560, False): (32, 256, 4, 4, 0), (10240, 2560, True): (32, 128, 4, 3, 0),
+    (2560, 10240, False): (32, 512, 4, 4, 0),
+}
+
+
+def dot_config(n: int, k: int, glu: bool) -> tuple[int, int, int, int, int]:
+    hit = DOT_TILES.get((n, k, glu))
+    if hit:
+        return hit
+    if n >= 65536:                                        # the LM head
+        return 64, 128, 4, 4, 0
+    piece = 1024 if k >= 4096 and n <= 4096 else 0      # few output tiles, long K: split K
+    return 32, 256, 4, 3, piece
+
+
+def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, glu: bool = False,
+             gelu: bool = False, bias: torch.Tensor | None = None,
+             config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """The same function as `gemv`, for rows in tiles of 16 on the tensor cores (K in fixed
+    steps, optionally in fixed split-K pieces summed in order): batch-invariant too, and far
+    cheaper per extra row than `gemv`'s loop.  `config` = (block_n, block_k, warps, stages,
+    keys per piece or 0) overrides `dot_config`."""
+    import triton
+    kern, ssum = _kernels()[1], _kernels()[2]
+    n, k = w.shape
+    if glu:
+        n //= 2
+    x = x.contiguous()
+    B = x.shape[0]
+    bn, bk, nw, st, piece = config or dot_config(n, k, glu)
+    out = out if out is not None else x.new_empty(B, n)
+    pieces = triton.cdiv(k, piece) if piece else 1
+    split = pieces > 1
+    ks = piece if split else triton.cdiv(k, bk) * bk
+    part = (torch.empty((pieces, B, 2 * n if glu else n), dtype=torch.float32, device=x.device)
+            if split else out)
+    b_arg = bias if bias is not None else w
+    kern[(triton.cdiv(n, bn), triton.cdiv(B, 16), pieces)](
+        x, w, b_arg, out, part, B, n, K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu, GELU=gelu,
+        HAS_BIAS=bias is not None, SPLIT=split, num_warps=nw, num_stages=st)
+    if split:
+        ssum[(triton.cdiv(n, 1024), B)](part, b_arg, out, B, n, PIECES=pieces, BLOCK=1024, GLU=glu,
+                                         GELU=gelu, HAS_BIAS=bias is not None, num_warps=4)
+    return out
