@@ -58,7 +58,7 @@ def _kernels():
                 else:
                     a = gf * tl.sigmoid(gf)
                 y = a.to(xv.dtype).to(tl.float32) * u
-            tl.store(Y + b.to(tl.int64) * N + rows, y.to(Y.dtype.element_ty), mask=rmask)
+            tl.store(Y + tl.cast(b, tl.int64) * N + rows, y.to(Y.dtype.element_ty), mask=rmask)
 
     @triton.jit
     def dot_rows_kernel(X, W, BIAS, Y, P, B, N, K: tl.constexpr, KS: tl.constexpr,
