@@ -154,7 +154,7 @@ def run_model(name, args, bw, results):
             step(r, key, lambda n=n: hf_prefill(model, n, vocab, reps=1))
             if not str(r[key]).startswith("failed"):
                 break
-    del engine, model
+    engine = model = None                    # free both before the next model
     gc.collect()
     torch.cuda.empty_cache()
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ import time
 import httpx
 
 sys.path.insert(0, os.path.dirname(__file__))
-from soak import free_port  # noqa: E402
+from serverproc import free_port, launch, stop  # noqa: E402
 
 
 def serve(args, share: float) -> tuple[subprocess.Popen, str, str]:
@@ -35,22 +34,13 @@ def serve(args, share: float) -> tuple[subprocess.Popen, str, str]:
         from muser.testing import tiny_model_dir
         model, name = str(tiny_model_dir()), "tiny"
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "muser.cli", "serve", "--model", model,
-                             "--port", str(port), "--served-name", name, "--slots", "2",
-                             "--max-context", str(args.max_context), "--output-reserve", "64",
-                             "--prefill-share", str(share), "--log-level", "warning"],
-                            stdout=subprocess.DEVNULL, stderr=tempfile.TemporaryFile())
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        assert proc.poll() is None, "server exited"
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return proc, base, name
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("server did not come up")
+    proc = launch([sys.executable, "-m", "muser.cli", "serve", "--model", model,
+                   "--port", str(port), "--served-name", name, "--slots", "2",
+                   "--max-context", str(args.max_context), "--output-reserve", "64",
+                   "--prefill-share", str(share), "--log-level", "warning"],
+                  base, timeout=300, stdout=subprocess.DEVNULL, stderr=tempfile.TemporaryFile())
+    return proc, base, name
 
 
 def measure(args, share: float) -> dict:
@@ -82,11 +72,7 @@ def measure(args, share: float) -> dict:
         done.set()
         t.join()
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, 30)
     before = [s for s in stamps if s < t_in][-args.warm // 2:]
     during = [s for s in stamps if t_in <= s <= t_out]
     rate = lambda xs: (len(xs) - 1) / (xs[-1] - xs[0]) if len(xs) > 1 else 0.0   # noqa: E731

@@ -23,6 +23,7 @@ import httpx
 
 sys.path.insert(0, os.path.dirname(__file__))
 from server_load import start_server            # noqa: E402
+from serverproc import stop                      # noqa: E402
 
 WORDS = ("the ring keeps the last tokens of every sliding layer so its memory stays flat while "
          "the growing plane keeps every token of the full layers ").split()
@@ -81,8 +82,7 @@ def main():
     try:
         forked, separate = asyncio.run(run(base, name, args))
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop(proc, 30)
     f, s = statistics.median(forked), statistics.median(separate)
     print(f"| TTFT(all four), median of {args.repeats} | n=4, one request | 4 requests | ratio |")
     print("|---|---:|---:|---:|")

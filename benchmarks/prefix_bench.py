@@ -34,16 +34,16 @@ import argparse
 import json
 import os
 import re
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import httpx
+
+sys.path.insert(0, os.path.dirname(__file__))
+from serverproc import free_port, launch, stop   # noqa: E402
 
 WORDS = ("cache ring window plane block prefix token layer position row growing sliding "
          "restore install evict budget tier disk memory request answer section rule").split()
@@ -74,35 +74,16 @@ def sized(tokenizer, target: int, seed: int) -> str:
 
 
 # ----------------------------------------------------------------------------- servers
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     def __init__(self, cmd, base, name, log_path, threads: int):
         self.log = open(log_path, "w")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads)}
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.base, self.name, self.log_path = base, name, log_path
+        self.proc = launch(cmd, base, health="/health" if "muser" in " ".join(cmd) else "/v1/models",
+                           timeout=1200, env={"OMP_NUM_THREADS": str(threads)}, stdout=self.log,
+                           stderr=subprocess.STDOUT, log_path=log_path)
         # one kept-alive client per server: a fresh one per request (httpx.stream) spends ~16 ms
         # building an SSL context before it sends anything, which TTFT would count
         self.http = httpx.Client(timeout=3600)
-        deadline = time.time() + 1200
-        while True:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"server exited with {self.proc.returncode}: see {log_path}")
-            try:
-                r = httpx.get(base + ("/health" if "muser" in " ".join(cmd) else "/v1/models"), timeout=2)
-                if r.status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if time.time() > deadline:
-                self.stop()
-                raise SystemExit("server did not come up")
-            time.sleep(0.5)
 
     def log_text(self) -> str:
         self.log.flush()
@@ -111,12 +92,7 @@ class Server:
 
     def stop(self) -> None:
         self.http.close()
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop(self.proc, 60)
         self.log.close()
 
 

@@ -30,21 +30,17 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
 import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(__file__))
+from serverproc import free_port, launch, stop   # noqa: E402
+
 WORDS = ("ocean mountain city night library rain train moon garden desert music bridge winter "
          "river market clock island forest harbor lantern engine window letter story voice "
          "market stone field cloud signal paper thread copper silver orange").split()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prompt(i: int, words: int) -> list[dict]:
@@ -98,9 +94,6 @@ async def drive(base: str, model: str, args) -> dict:
 
 def part_single(args) -> dict:
     """The same load on one plain `muser serve` process (no Ray): the baseline."""
-    import subprocess
-
-    import httpx
     port = free_port()
     cmd = [sys.executable, "-m", "muser.cli", "serve", "--model", args.model, "--device",
            args.device, "--port", str(port), "--slots", str(args.slots), "--served-name", "bench",
@@ -109,27 +102,17 @@ def part_single(args) -> dict:
                     ("--max-context", args.max_context)):
         if v is not None:
             cmd += [flag, str(v)]
-    proc = subprocess.Popen(cmd)
     base = f"http://127.0.0.1:{port}"
+    t0 = time.perf_counter()
+    proc = launch(cmd, base)
     try:
-        t0 = time.perf_counter()
-        while True:
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.perf_counter() - t0 > 600:
-                raise SystemExit("the single server did not start")
-            time.sleep(0.5)
         r = asyncio.run(drive(base, "bench", args))
         r.update(replicas="single", threads_per_replica=os.cpu_count(), gpus_per_replica=0,
                  ready_s=time.perf_counter() - t0, slots=args.slots)
         print(json.dumps(r), flush=True)
         return r
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop(proc, 30)
 
 
 def part_load(args) -> list[dict]:

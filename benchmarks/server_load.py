@@ -21,8 +21,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,15 +28,11 @@ import time
 
 import httpx
 
+from serverproc import free_port, launch, stop
+
 TOPICS = ["the ocean", "mountains", "a city at night", "old libraries", "rain", "trains",
           "the moon", "gardens", "deserts", "music", "bridges", "winter", "rivers", "markets",
           "clocks", "islands"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(args) -> tuple[subprocess.Popen, str, str]:
@@ -52,21 +46,8 @@ def start_server(args) -> tuple[subprocess.Popen, str, str]:
            "--queue-size", "64", "--queue-timeout", "600"]
     if args.max_context:
         cmd += ["--max-context", str(args.max_context)]
-    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 600
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return proc, base, name
-        except httpx.TransportError:
-            pass
-        if time.time() > deadline:
-            proc.kill()
-            raise SystemExit("server did not come up")
-        time.sleep(0.5)
+    return launch(cmd, base), base, name
 
 
 async def one_chat(client: httpx.AsyncClient, name: str, messages, tokens: int) -> dict:
@@ -139,11 +120,7 @@ def main() -> int:
         mt = asyncio.run(multi_turn(base, name, args.tokens))
         metrics = httpx.get(base + "/metrics").text
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, 30)
     print(f"model {name}, {args.slots} slots, {args.tokens} new tokens per request, greedy, "
           f"{os.cpu_count()} CPUs\n")
     print("| clients | TTFT median (s) | TTFT max (s) | aggregate tok/s | per-stream tok/s | wall (s) |")

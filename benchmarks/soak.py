@@ -28,8 +28,6 @@ import collections
 import json
 import os
 import random
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,16 +35,12 @@ import time
 
 import httpx
 
+from serverproc import free_port, launch, stop
+
 ASK = [{"role": "system", "content": "Answer briefly."},
        {"role": "user", "content": "Name three rivers in Europe."}]
 PROMPT = "The three largest rivers in Europe are"
 TOPICS = ["rivers", "clocks", "bread", "trains", "owls", "salt", "glass", "maps", "bees", "tea"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(args) -> tuple[subprocess.Popen, str, str]:
@@ -59,25 +53,11 @@ def start_server(args) -> tuple[subprocess.Popen, str, str]:
            "--served-name", name, "--slots", str(args.slots), "--header-timeout", "3",
            "--log-level", "warning"] + (["--max-context", str(args.max_context)]
                                         if args.max_context else [])
-    log = tempfile.TemporaryFile()             # never a pipe nobody reads: it could fill and block
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    proc.log = log
+    log = tempfile.TemporaryFile()             # read at the end for tracebacks
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while True:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"server exited: {log.read().decode()[-2000:]}")
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return proc, base, name
-        except httpx.TransportError:
-            pass
-        if time.time() > deadline:
-            proc.kill()
-            raise RuntimeError("server did not come up in 300 s")
-        time.sleep(0.5)
+    proc = launch(cmd, base, timeout=300, stdout=subprocess.DEVNULL, stderr=log)
+    proc.log = log
+    return proc, base, name
 
 
 def rss_mib(pid: int) -> float:
@@ -286,12 +266,7 @@ def main() -> int:
                   "rss_samples": samples, "outcomes": outcomes, "server_counters": counters(base),
                   "load_average": os.getloadavg()}
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 30)
     print(f"## soak: {args.clients} clients ({args.hostile_clients} hostile) x {args.seconds:g} s "
           f"({args.model}, {args.slots} slots)\n")
     print(f"- wall {result['wall_s']} s; /health after: {health}; greedy answers unchanged: "
