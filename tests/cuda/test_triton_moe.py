@@ -47,7 +47,7 @@ def test_experts_match_the_eager_moe(style, scale):
     mw, ms = layer(style, scale=scale)
     x = x_rows(5)
     w_ref, i_ref = moe.route(mw, ms, x)
-    w, i = route_rows(x, mw, ms, mw.router, _plain)
+    w, i = route_rows(x, mw, ms, _plain)
     assert torch.equal(i, i_ref) and torch.allclose(w, w_ref, rtol=1e-5, atol=1e-7)
     ref = moe.experts(mw, ms, x, w_ref, i_ref)
     out = experts_rows(x, mw, ms, w, i)
@@ -59,7 +59,7 @@ def test_a_row_is_bitwise_the_same_alone_or_in_a_batch(style):
     from muser.backends.cuda.triton_moe import experts_rows, route_rows
     mw, ms = layer(style, E=4, k=2)                      # 4 experts, 17 rows: tiles of 16 overflow
     x = x_rows(17, seed=2)
-    w, i = route_rows(x, mw, ms, mw.router, _plain)
+    w, i = route_rows(x, mw, ms, _plain)
     batch = experts_rows(x, mw, ms, w, i)
     for b in (0, 5, 16):
         assert torch.equal(batch[b:b + 1], experts_rows(x[b:b + 1], mw, ms, w[b:b + 1], i[b:b + 1]))
@@ -73,7 +73,7 @@ def test_a_long_chunk_gives_its_rows_the_decode_bits(style):
     mw, ms = layer(style, E=4, k=2)
     n = GROUP_MAX // 2 + 5
     x = x_rows(n, seed=3)
-    w, i = route_rows(x, mw, ms, mw.router, _plain)
+    w, i = route_rows(x, mw, ms, _plain)
     chunk = experts_rows(x, mw, ms, w, i)
     for t in (0, 77, n - 1):
         assert torch.equal(chunk[t:t + 1], experts_rows(x[t:t + 1], mw, ms, w[t:t + 1], i[t:t + 1]))

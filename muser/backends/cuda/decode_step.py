@@ -160,7 +160,7 @@ class DecodeStep:
         return torch.cat([q, k, qkv[:, hd + kd:]], dim=1)
 
     def _experts(self, mw, x_router, x):
-        weights, idx = route_rows(x_router, mw, self.spec.moe, mw.router,
+        weights, idx = route_rows(x_router, mw, self.spec.moe,
                                   lambda v, w, b: self._linear("o", v, w, b))
         return experts_rows(x, mw, self.spec.moe, weights, idx)
 

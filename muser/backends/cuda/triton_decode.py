@@ -347,7 +347,8 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         GS=GROUP_SPLITS, NG=ng, NROWS=B * kv_heads,
         SB=sb or max(2, 32 // _pow2(G)), FUSED=qkv is not None, QK_NORM=q_norm is not None,
         ROPE=rope, INTERLEAVED=bool(interleaved), SOFTCAP=softcap is not None,
-        SINKS=sinks is not None, V_NORM=bool(v_norm), K_EQ_V=bool(k_eq_v), num_warps=warps or 4, num_stages=stages)
+        SINKS=sinks is not None, V_NORM=bool(v_norm), K_EQ_V=bool(k_eq_v),
+        num_warps=warps or 4, num_stages=stages)
     return out
 
 

@@ -64,6 +64,8 @@ def stack_experts(mw) -> dict:
 
 def supported(mw) -> bool:
     """Plain tensors (not the CPU's quantized FastLinear) for every expert matrix."""
+    if getattr(mw, "_stacked", None) is not None:     # stacked once: checked then
+        return True
     mats = (mw.w_gate_up or []) + (mw.w_gate or []) + (mw.w_up or []) + list(mw.w_down)
     return all(isinstance(m, torch.Tensor) for m in mats)
 
@@ -205,11 +207,11 @@ def _kernels():
     return experts_kernel, route_kernel, combine_kernel, group_kernel
 
 
-def route_rows(x: torch.Tensor, mw, ms, router: torch.Tensor, project) -> tuple[torch.Tensor, torch.Tensor]:
+def route_rows(x: torch.Tensor, mw, ms, project) -> tuple[torch.Tensor, torch.Tensor]:
     """x [B, hidden] -> (weights float32 [B, k], expert ids int64 [B, k]) as `moe.route` does,
     with the router product through `project(x, w, bias)` (the step's row-invariant matmul) and
     the rest in one launch (`route_kernel`)."""
-    logits = project(x, router, mw.router_bias)                              # [B, E]
+    logits = project(x, mw.router, mw.router_bias)                              # [B, E]
     B, E = logits.shape
     k = ms.top_k
     weights = torch.empty(B, k, dtype=torch.float32, device=x.device)
