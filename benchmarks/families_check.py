@@ -16,22 +16,7 @@ import copy
 import torch
 
 from cuda_measure import rand_ids
-from families_cuda_bench import GEMMA4_26B
-from muser.testing import GPT_OSS_20B
-
-
-def config(name: str, layers: int):
-    import transformers as tr
-    if name == "gpt-oss-20b":
-        d = {k: v for k, v in GPT_OSS_20B.items()
-             if k not in ("architectures", "model_type", "quantization_config")}
-        d.update(num_hidden_layers=layers, layer_types=["sliding_attention", "full_attention"] * (layers // 2))
-        return tr.GptOssConfig(**d)
-    d = dict(GEMMA4_26B, num_hidden_layers=layers,
-             layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"])
-    cfg = tr.Gemma4TextConfig(**d)
-    cfg._attn_implementation = "sdpa"
-    return cfg
+from families_cuda_bench import build
 
 
 def rel(a, b):
@@ -41,7 +26,6 @@ def rel(a, b):
 
 @torch.no_grad()
 def main(argv=None):
-    import transformers as tr
     from muser.engine.loader import from_state_dict
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="gpt-oss-20b,gemma4-26b-a4b")
@@ -50,18 +34,10 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=6)
     args = ap.parse_args(argv)
     for name in args.models.split(","):
-        cfg = config(name, args.layers)
-        torch.manual_seed(0)
-        with torch.device("cuda"):
-            ref = tr.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-        for pname, p in ref.named_parameters():
-            if "norm" in pname or "sinks" in pname:
-                p.add_(0.1 * torch.randn_like(p))
+        ref, d = build(name, 4096, layers=args.layers, dtype=torch.float32)
         hf16 = copy.deepcopy(ref).to(torch.bfloat16)
-        d = cfg.to_dict()
-        d["model_type"] = cfg.model_type
         eng = from_state_dict(d, hf16.state_dict(), device="cuda", dtype="bfloat16", max_context=4096)
-        vocab = cfg.vocab_size
+        vocab = d["vocab_size"]
         ids = rand_ids(args.prompt, vocab, 3)
         print(f"{name} ({args.layers} layers, full width): fused decode step "
               f"{eng.decode_runner() is not None}", flush=True)

@@ -31,8 +31,8 @@ import traceback
 
 import torch
 
-from cuda_measure import (copy_bandwidth, cross_check, hf_decode, hf_prefill, muser_batch, muser_prefill,
-                          prefill_profile, profile_step, rand_ids, reserve, sync)
+from cuda_measure import (copy_bandwidth, cross_check, hf_decode, hf_prefill, muser_batch, muser_decode,
+                          muser_prefill, prefill_profile)
 from muser.testing import GPT_OSS_20B
 
 # google/gemma-4-26B-A4B's text model as its GGUF header states it (gemma4.* keys: 8 kv heads of
@@ -52,18 +52,25 @@ def log(*a):
     print(line, flush=True)
 
 
-def build(name: str, max_context: int):
+def build(name: str, max_context: int, layers: int | None = None, dtype=torch.bfloat16):
+    """(transformers model on the GPU with random weights, its config as a dict); `layers`: the
+    same width with fewer layers (families_check.py: a float32 oracle that fits beside it)."""
     import transformers as tr
     if name == "gpt-oss-20b":
-        cfg = tr.GptOssConfig(**{k: v for k, v in GPT_OSS_20B.items()
-                                 if k not in ("architectures", "model_type", "quantization_config")})
+        d = {k: v for k, v in GPT_OSS_20B.items() if k not in ("architectures", "model_type", "quantization_config")}
+        if layers:
+            d.update(num_hidden_layers=layers, layer_types=["sliding_attention", "full_attention"] * (layers // 2))
+        cfg = tr.GptOssConfig(**d)
     else:
-        cfg = tr.Gemma4TextConfig(**GEMMA4_26B)
+        d = dict(GEMMA4_26B)
+        if layers:
+            d.update(num_hidden_layers=layers, layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"])
+        cfg = tr.Gemma4TextConfig(**d)
         cfg._attn_implementation = "sdpa"
     cfg.max_position_embeddings = max(cfg.max_position_embeddings, max_context)
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = tr.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        model = tr.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     with torch.no_grad():                 # norms and sinks away from their init constants
         for pname, p in model.named_parameters():
             if "norm" in pname or "sinks" in pname:
@@ -94,23 +101,14 @@ def active_bytes(engine, batch: int = 1) -> tuple[int, int]:
     return per_token, total
 
 
-def decode_ms(engine, context, steps, vocab, prof=None):
-    """API ms/token; with `prof` (a dict) the step's kernel profile too, taken while the session
-    (whose planes the captured step's tables point at) is alive."""
-    s = engine.new_session()
-    reserve(s, context + steps + 16)
-    s.prefill(rand_ids(context, vocab, 1))
-    tok = 5
-    for _ in range(4):
-        tok = int(s.decode(tok).argmax())
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        tok = int(s.decode(tok).argmax())
-    dt = (time.perf_counter() - t0) / steps
-    if prof is not None and engine.decode_runner() is not None:
-        prof["profile_step_b1"] = profile_step(engine, 1)
-    return dt
+def decode_b1(r, engine, args, vocab) -> float:
+    """API ms/token at batch 1 (cuda_measure.muser_decode); the bare graph replay and, with
+    --profile, the step's kernel profile (taken while its session is alive) go into r."""
+    api, bare, prof = muser_decode(engine, args.context, args.steps, vocab, prof=args.profile)
+    r["muser_decode_bare_ms"] = bare * 1e3
+    if prof is not None:
+        r["profile_step_b1"] = prof
+    return api * 1e3
 
 
 def step(r, key, fn, *a):
@@ -135,12 +133,10 @@ def run_model(name, args, bw, results):
     r = results[name] = {"setup_s": round(time.perf_counter() - t0, 1)}
     (a1, total), (a16, _) = active_bytes(engine, 1), active_bytes(engine, 16)
     r.update(weight_bytes=total, read_b1=a1, read_b16=a16, floor_b1_ms=a1 / bw * 1e3,
-             floor_b16_ms=a16 / bw * 1e3, fused_step=engine.decode_runner() is not None
-             if hasattr(engine, "decode_runner") else None)
+             floor_b16_ms=a16 / bw * 1e3, fused_step=engine.decode_runner() is not None)
     log(f"{name}: weights {total / 1e9:.1f} GB, decode reads {a1 / 1e9:.2f} GB (b1) / {a16 / 1e9:.2f} GB (b16), "
         f"floor {r['floor_b1_ms']:.3f} ms, setup {r['setup_s']} s, fused step {r['fused_step']}")
-    step(r, "muser_decode_b1_ms", lambda: decode_ms(engine, args.context, args.steps, vocab,
-                                                    r if args.profile else None) * 1e3)
+    step(r, "muser_decode_b1_ms", lambda: decode_b1(r, engine, args, vocab))
     step(r, "muser_b16_tps", lambda: muser_batch(engine, 16, args.context, max(8, args.steps // 2), vocab)[0])
     step(r, "muser_prefill_tps", lambda: muser_prefill(engine, args.prefill, vocab, None))
     if args.profile:                         # where a prefill's GPU time goes
