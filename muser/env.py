@@ -45,10 +45,17 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                    "batches and the head (NOT batch-invariant); none = cuBLAS for all"),
     "MUSER_ATTN": ("fused|separate", "fused", "backends/cuda (decode step)",
                    "CUDA decode attention: one launch with qk-norm + RoPE + store, or two"),
-    "MUSER_RING_ROWS": ("int >= 1", "32", "backends/cuda (decode attention)",
-                        "rows per split of a ring plane's decode attention (experiments)"),
-    "MUSER_GROWING_MIN_ROWS": ("int >= 1", "32", "backends/cuda (decode attention)",
-                               "fewest rows per split of a growing plane's decode attention (experiments)"),
+    "MUSER_CHUNKS": ("exact|fast", "exact", "backends/cuda (step driver)",
+                     "CUDA chunks (prefill, verification blocks): exact = the decode step's kernels, "
+                     "a row's bits never depend on its chunk; fast = cuBLAS + FlashAttention, a "
+                     "faster prefill whose rows differ from decoded ones in the last bits (its own "
+                     "cut encoding)"),
+    "MUSER_RING_ROWS": ("int >= 1", "32", "backends/cuda (attention)",
+                        "positions per split of a ring plane's attention (rounded up to whole "
+                        "tiles; part of the arithmetic: experiments)"),
+    "MUSER_GROWING_ROWS": ("int >= 1", "64", "backends/cuda (attention)",
+                           "positions per split of a growing plane's attention (rounded up to "
+                           "whole tiles; part of the arithmetic: experiments)"),
     "MUSER_ATTN_RING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
                         "tile of the ring decode-attention kernel (experiments)"),
     "MUSER_ATTN_GROWING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
@@ -59,7 +66,7 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_TRITON_INTERPRET": ("bool", "0", "tests/cuda",
                                "1: run the Triton kernel tests on the CPU under Triton's interpreter"),
 }
-RENAMED = {"MUSER_CACHE": "MUSER_CACHE_DIR"}
+RENAMED = {"MUSER_CACHE": "MUSER_CACHE_DIR", "MUSER_GROWING_MIN_ROWS": "MUSER_GROWING_ROWS"}
 
 
 @dataclass(frozen=True)
@@ -71,8 +78,9 @@ class Env:
     rows: str = "fused"
     gemv: str = "dot"
     attn: str = "fused"
+    chunks: str = "exact"
     ring_rows: int = 32
-    growing_min_rows: int = 32
+    growing_rows: int = 64
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)
     attn_growing: tuple[int, int] | None = None
     test_ref_dir: Path | None = None
@@ -152,10 +160,11 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
         kw["native"] = _bool("MUSER_NATIVE", v)
     kw["pack_key"] = e.get("MUSER_PACK_KEY")       # a blank key is the reader's to refuse
     kw["api_key"] = e.get("MUSER_API_KEY")
-    for name, field in (("MUSER_ROWS", "rows"), ("MUSER_GEMV", "gemv"), ("MUSER_ATTN", "attn")):
+    for name, field in (("MUSER_ROWS", "rows"), ("MUSER_GEMV", "gemv"), ("MUSER_ATTN", "attn"),
+                        ("MUSER_CHUNKS", "chunks")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
-    for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_MIN_ROWS", "growing_min_rows")):
+    for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows")):
         if (v := get(name)) is not None:
             kw[field] = _count(name, v)
     for name, field in (("MUSER_ATTN_RING", "attn_ring"), ("MUSER_ATTN_GROWING", "attn_growing")):

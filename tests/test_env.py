@@ -31,7 +31,8 @@ def test_defaults_without_any_knob():
     ("MUSER_GEMV", "none", "gemv", "none"),
     ("MUSER_ATTN", "separate", "attn", "separate"),
     ("MUSER_RING_ROWS", "64", "ring_rows", 64),
-    ("MUSER_GROWING_MIN_ROWS", "128", "growing_min_rows", 128),
+    ("MUSER_GROWING_ROWS", "128", "growing_rows", 128),
+    ("MUSER_CHUNKS", "fast", "chunks", "fast"),
     ("MUSER_ATTN_RING", "64,8", "attn_ring", (64, 8)),
     ("MUSER_ATTN_GROWING", "16,4", "attn_growing", (16, 4)),
     ("MUSER_TEST_REF_DIR", "/tmp/ref", "test_ref_dir", Path("/tmp/ref")),
@@ -47,7 +48,7 @@ def test_each_knob_is_typed(name, value, field, want):
 
 @pytest.mark.parametrize("name, value", [
     ("MUSER_NATIVE", "maybe"), ("MUSER_ROWS", "fast"), ("MUSER_GEMV", "all"), ("MUSER_ATTN", "x"),
-    ("MUSER_RING_ROWS", "0"), ("MUSER_RING_ROWS", "3.5"), ("MUSER_GROWING_MIN_ROWS", "-1"),
+    ("MUSER_RING_ROWS", "0"), ("MUSER_RING_ROWS", "3.5"), ("MUSER_GROWING_ROWS", "-1"), ("MUSER_CHUNKS", "quick"),
     ("MUSER_ATTN_RING", "64"), ("MUSER_ATTN_GROWING", "a,b"), ("MUSER_ATTN_RING", "0,4"),
     ("MUSER_TEST_REFRESH", "2"),
 ])

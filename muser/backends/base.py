@@ -34,6 +34,7 @@ class Backend:
     """
 
     name = "?"
+    encoding_tag = ""                # appended to the cut encoding's family: an opt-in arithmetic
     ops: Ops = EAGER
     invariant_rows = 0
     exact_rows = False

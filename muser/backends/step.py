@@ -54,18 +54,20 @@ PAD_ROWS = 16   # chunk row counts are rounded up to this
 
 
 def forward(engine, sessions: list, chunks: list[list[int]], all_logits: bool, pad: bool,
-            logits: bool = True) -> torch.Tensor:
+            logits: bool = True, pass_fn=None) -> torch.Tensor:
     """float32 logits: [sum of chunk lengths, vocab] with `all_logits`, else [B, vocab] (each
     session's last row); [0, vocab] without `logits` (a prefill chunk that is not the last one:
     the final norm and the head are skipped, the planes are the same).  Appends every chunk to its
-    session's planes and lineage."""
+    session's planes and lineage.  `pass_fn` (default: the eager `_pass` below) computes one
+    pass of a group of sessions; CUDA's exact chunks bring their own (cuda/chunk_step.py)."""
+    pass_fn = pass_fn or _pass
     guards = [Checkpoint(s.planes, s.position, len(c)) if s._open is None else None
               for s, c in zip(sessions, chunks)]
     try:
         if len(sessions) == 1:
-            out = _pass(engine, sessions, chunks, all_logits, pad, logits)
+            out = pass_fn(engine, sessions, chunks, all_logits, pad, logits)
         else:
-            parts = [_pass(engine, sessions[a:b], chunks[a:b], all_logits, pad, logits)
+            parts = [pass_fn(engine, sessions[a:b], chunks[a:b], all_logits, pad, logits)
                      for a, b in _groups(chunks, pad and not engine.backend.exact_rows,
                                          engine.backend.invariant_rows)]
             out = parts[0] if len(parts) == 1 else torch.cat(parts)

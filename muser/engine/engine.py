@@ -44,8 +44,9 @@ class Engine:
         self.max_context = min(config.max_context or spec.max_context, spec.max_context)
         # int8 weights compute different K/V bits than float weights: a distinct encoding.
         # (the family names the weight path; the dtype is the rows' dtype on the wire)
-        self.encoding = Encoding(config.backend if config.quant == "none"
-                                 else f"{config.backend}+{config.quant}", config.dtype)
+        family = config.backend if config.quant == "none" else f"{config.backend}+{config.quant}"
+        family += self.backend.encoding_tag       # a backend's opt-in arithmetic (CUDA fast chunks)
+        self.encoding = Encoding(family, config.dtype)
         self._grammars = None
         self.fingerprint = {
             "architecture": spec.architecture,
@@ -138,7 +139,8 @@ class Engine:
     def exact_rows(self) -> bool:
         """Whether every op of a forward computes each row the same way whatever else shares the
         call -- one arithmetic per token (issue 12): the backend's word (the int8 CPU path with
-        the native kernels)."""
+        the native kernels; CUDA's step kernels, MUSER_CHUNKS=exact)."""
+        self.backend.runner(self)                        # CUDA decides when its runner is built
         return self.backend.exact_rows
 
     def decode_runner(self):

@@ -16,8 +16,8 @@ pytestmark = needs_kernels
 
 def filled(kind, n, kv, d, dtype, dev, cap=None, chunk=7, seed=0):
     g = torch.Generator().manual_seed(seed)
-    p = (RingPlane(0, cap, 1 << 20, kv, d, dtype, dev) if kind == "ring"
-         else GrowingPlane(0, 1 << 20, kv, d, dtype, dev))
+    p = (RingPlane(0, cap, 4096, kv, d, dtype, dev) if kind == "ring"
+         else GrowingPlane(0, 4096, kv, d, dtype, dev))
     for i in range(0, n, chunk):
         c = min(chunk, n - i)
         p.store(i, torch.randn(c, kv, d, generator=g).to(dev, dtype),
@@ -26,22 +26,31 @@ def filled(kind, n, kv, d, dtype, dev, cap=None, chunk=7, seed=0):
 
 
 def visible(p):
-    """The rows a decode query sees, in the order the kernel reduces them (physical)."""
-    if p.kind == "ring":
-        return p.keys[:p.len], p.values[:p.len]
+    """The rows a decode query sees (the kernel reduces them in position order)."""
     return p.logical_rows()
 
 
-def run(planes, heads, kv, d, dtype, dev, softcap=None, scale=0.125, sinks=None):
-    from muser.backends.cuda.triton_decode import DecodeWorkspace, decode_attention, plane_row, splits_for
+def inputs(planes, dev, **lay):
+    """(pos, table, meta, nsplit, capacity, layout) of a decode query at each plane's last row."""
+    from muser.backends.cuda.triton_attn import layout
+    from muser.backends.cuda.triton_decode import plane_row, splits_for
     growing = planes[0].kind == "growing"
-    q = torch.randn(len(planes), heads, d).to(dev, dtype)
+    lay = {**layout(growing, planes[0].head_dim), **lay}
+    pos = torch.tensor([p.end - 1 for p in planes], dtype=torch.int64, device=dev)
     table = torch.tensor([plane_row(p) for p in planes], dtype=torch.int64, device=dev)
-    meta = torch.tensor([[0, p.len] for p in planes], dtype=torch.int64, device=dev)
-    nsplit = splits_for(planes[0].capacity, growing)
+    meta = torch.tensor([[p.slot(p.end - 1), p.len] for p in planes], dtype=torch.int64, device=dev)
+    nsplit = splits_for(planes[0].capacity, growing, lay["split"])
+    return pos, table, meta, nsplit, (0 if growing else planes[0].capacity), lay
+
+
+def run(planes, heads, kv, d, dtype, dev, softcap=None, scale=0.125, sinks=None, **lay):
+    from muser.backends.cuda.triton_decode import DecodeWorkspace, decode_attention
+    q = torch.randn(len(planes), heads, d).to(dev, dtype)
+    pos, table, meta, nsplit, cap, lay = inputs(planes, dev, **lay)
     ws = DecodeWorkspace(len(planes), kv, heads // kv, d, nsplit, dev)
     out = torch.full_like(q, float("nan"))
-    decode_attention(q, table, meta, kv, nsplit, scale, softcap, ws=ws, out=out, sinks=sinks)
+    decode_attention(q, pos, table, meta, kv, nsplit, scale, softcap, ws=ws, out=out, sinks=sinks,
+                     capacity=cap, **lay)
     assert int(ws.cnt.abs().sum()) == 0                 # the election counters are back at 0
     for b, p in enumerate(planes):
         k, v = visible(p)
@@ -50,7 +59,7 @@ def run(planes, heads, kv, d, dtype, dev, softcap=None, scale=0.125, sinks=None)
                         None if sinks is None else sinks.cpu().to(dev))
         assert not out[b].isnan().any()
         assert rel(out[b:b + 1], ref) < 1.5e-2, (p.kind, p.len)
-    return q, table, meta, nsplit, out
+    return q, pos, table, meta, nsplit, cap, out
 
 
 @pytest.mark.parametrize("heads,kv,d", [(4, 1, 256), (8, 4, 256), (4, 2, 16), (16, 4, 128), (16, 2, 512)])
@@ -69,10 +78,10 @@ def test_growing_across_splits(dev, kdtype, n):
 
 def test_softcap_and_determinism(dev, kdtype):
     planes = [filled("growing", m, 1, 32, kdtype, dev, chunk=50, seed=m) for m in (700, 90)]
-    q, table, meta, nsplit, out = run(planes, 4, 1, 32, kdtype, dev, softcap=3.0, scale=0.3)
+    q, pos, table, meta, nsplit, cap, out = run(planes, 4, 1, 32, kdtype, dev, softcap=3.0, scale=0.3)
     from muser.backends.cuda.triton_decode import decode_attention
     for _ in range(3):
-        assert torch.equal(out, decode_attention(q, table, meta, 1, nsplit, 0.3, 3.0))
+        assert torch.equal(out, decode_attention(q, pos, table, meta, 1, nsplit, 0.3, 3.0))
 
 
 @pytest.mark.parametrize("kind,lens", [("ring", (1, 37, 64, 131)), ("growing", (1, 300, 2049))])
@@ -80,9 +89,10 @@ def test_sinks_join_every_head_softmax(dev, kdtype, kind, lens):
     """gpt-oss: a learned per-head logit joins the denominator (large sinks: most mass on them)."""
     planes = [filled(kind, n, 2, 64, kdtype, dev, cap=64, chunk=50, seed=n) for n in lens]
     sinks = torch.tensor([-2.0, 0.0, 1.5, 3.0, 8.0, -30.0, 0.5, 2.0], device=dev)
-    q, table, meta, nsplit, out = run(planes, 8, 2, 64, kdtype, dev, sinks=sinks)
+    q, pos, table, meta, nsplit, cap, out = run(planes, 8, 2, 64, kdtype, dev, sinks=sinks)
     from muser.backends.cuda.triton_decode import decode_attention
-    assert torch.equal(out, decode_attention(q, table, meta, 2, nsplit, 0.125, None, sinks=sinks))
+    assert torch.equal(out, decode_attention(q, pos, table, meta, 2, nsplit, 0.125, None, sinks=sinks,
+                                                capacity=cap))
 
 
 def _torch_qk(qkv, pos, cos, sin, qn, kn, heads, kv, d, interleaved):
@@ -104,8 +114,7 @@ def _torch_qk(qkv, pos, cos, sin, qn, kn, heads, kv, d, interleaved):
 def _fused_case(kind, lens, heads, kv, d, dtype, dev, cap, qk_norm, rope, interleaved, seed):
     """Planes at `lens`, then one decode token per row: fused, separate, fused again
     ([outputs], [planes after each], inputs)."""
-    from muser.backends.cuda.triton_decode import (DecodeWorkspace, decode_attention,
-                                               fused_decode_attention, plane_row, splits_for)
+    from muser.backends.cuda.triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention
     from muser.backends.cuda.triton_ops import qk_rope_store
     g = torch.Generator().manual_seed(seed)
     B = len(lens)
@@ -126,17 +135,18 @@ def _fused_case(kind, lens, heads, kv, d, dtype, dev, cap, qk_norm, rope, interl
                 slot = n
             p.append_batch(n, 1)
             meta.append([slot, p.len])
-        table = torch.tensor([plane_row(p) for p in planes], dtype=torch.int64, device=dev)
+        _, table, _, nsplit, capacity, lay = inputs(planes, dev)
         meta = torch.tensor(meta, dtype=torch.int64, device=dev)
-        nsplit = splits_for(planes[0].capacity, kind == "growing")
         ws = DecodeWorkspace(B, kv, heads // kv, d, nsplit, dev)
         out = torch.full((B, heads, d), float("nan"), dtype=dtype, device=dev)
         if fused:
             fused_decode_attention(qkv, pos, cos, sin, qn, kn, 1e-6, table, meta, heads, kv, d,
-                                   nsplit, 0.0625, None, interleaved, ws=ws, out=out)
+                                   nsplit, 0.0625, None, interleaved, ws=ws, out=out,
+                                   capacity=capacity, **lay)
         else:
             q = qk_rope_store(qkv, pos, cos, sin, qn, kn, 1e-6, table, meta, heads, kv, d, interleaved)
-            decode_attention(q, table, meta, kv, nsplit, 0.0625, None, ws=ws, out=out)
+            decode_attention(q, pos, table, meta, kv, nsplit, 0.0625, None, ws=ws, out=out,
+                             capacity=capacity, **lay)
         assert int(ws.cnt.abs().sum()) == 0
         outs.append(out)
         plane_sets.append(planes)
@@ -172,17 +182,8 @@ def test_fused_equals_separate_and_reference(dev, kdtype, kind, lens, cap, heads
         assert rel(fo[b:b + 1], ref) < 1.5e-2, (p.kind, lens[b])
 
 
-@pytest.mark.parametrize("min_rows", [64, 128, 512])
-def test_min_rows_per_split(dev, kdtype, min_rows):
-    """Fewer, longer splits (a floor on rows per split) compute the same attention."""
-    from muser.backends.cuda.triton_decode import decode_attention, plane_row
+@pytest.mark.parametrize("split", [64, 128, 512])
+def test_positions_per_split(dev, kdtype, split):
+    """Fewer, longer splits compute the same attention (to rounding: a different fold)."""
     planes = [filled("growing", n, 1, 64, kdtype, dev, chunk=300, seed=n) for n in (2049, 130, 1)]
-    q = torch.randn(len(planes), 4, 64).to(dev, kdtype)
-    table = torch.tensor([plane_row(p) for p in planes], dtype=torch.int64, device=dev)
-    meta = torch.tensor([[0, p.len] for p in planes], dtype=torch.int64, device=dev)
-    out = decode_attention(q, table, meta, 1, 128, 0.125, None, min_rows=min_rows)
-    for b, p in enumerate(planes):
-        k, v = visible(p)
-        mask = torch.ones(1, k.shape[0], dtype=torch.bool, device=dev)
-        ref = reference(q[b:b + 1].float(), k.float(), v.float(), mask, 0.125, None)
-        assert rel(out[b:b + 1], ref) < 1.5e-2
+    run(planes, 4, 1, 64, kdtype, dev, split=split)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from muser.cache import GrowingPlane, RingPlane
 from muser.model import transformer as tf
 
-from cudautil import needs_kernels, rel
+from cudautil import HAS_CUDA, needs_kernels, rel
 
 pytestmark = needs_kernels
 
@@ -129,3 +129,21 @@ def test_gemv_rows_do_not_depend_on_the_batch(dev, kdtype, glu, n, k, kernel):
     if not glu:
         ref = x.float() @ w.float().T + bias.float()
         assert rel(full, ref) < 1e-2
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="numpy's matmul (the interpreter's dot) is not row-invariant")
+@pytest.mark.parametrize("glu", [False, True])
+@pytest.mark.parametrize("n,k", [(1152, 1024), (1536, 1152), (6912, 1152), (1152, 6912), (4096, 2560),
+                                 (2560, 10240), (262144, 1152)])
+def test_a_chunk_tile_gives_each_row_the_decode_tile_bits(dev, kdtype, glu, n, k):
+    """dot_rows past CHUNK_ROWS rows takes 64-row tiles (wider, other warps and stages) with the
+    decode tile's K steps and split-K pieces: each row is bitwise the 16-row tile's row."""
+    from muser.backends.cuda.triton_dot import dot_rows
+    if glu and n > 20000:
+        pytest.skip("the head has no act*up")
+    w = (torch.randn(2 * n if glu else n, k) / k ** 0.5).to(dev, kdtype)
+    x = torch.randn(200, k).to(dev, kdtype)
+    big = dot_rows(x, w, glu=glu)
+    small = torch.cat([dot_rows(x[i:i + 16], w, glu=glu, rows=16) for i in range(0, 200, 16)])
+    assert torch.equal(big, small)
+    assert torch.equal(big[7:8], dot_rows(x[7:8], w, glu=glu))

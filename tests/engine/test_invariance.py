@@ -1,5 +1,6 @@
-"""One arithmetic per token (issue 12), on the CPU default configuration (`muser.load("gemma3-270m")`:
-bf16 activations + int8 weights, native kernels): the logits and K/V rows of the token at position p
+"""One arithmetic per token (issue 12), on the default configurations users get -- the CPU's
+(`muser.load("gemma3-270m")`: bf16 activations + int8 weights, native kernels) and CUDA's
+(`device="cuda"`: bf16, the decode step's kernels for chunks too): the logits and K/V rows of the token at position p
 are a function of the token ids [0..p] alone -- torch.equal -- whether p is computed in a decode
 step, as a row of a verification block, inside a prefill chunk of any size and alignment, in a
 batched step beside other sessions, on any thread count, after a restore, or as the continuation
@@ -11,9 +12,7 @@ import torch
 import muser
 from muser.model import native
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not native.available(), reason="no C compiler: the exact-rows path needs "
-                                                               "the native kernels")]
+pytestmark = pytest.mark.slow
 
 TEXT = " ".join(f"Line {i}: item {i} weighs {i * 7 % 13} kg and costs {i * 11 % 17} euros." for i in range(90))
 N = 600                                  # > 512: the sliding layers' rings wrap
@@ -25,8 +24,14 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def engine():
+@pytest.fixture(scope="module", params=["cpu", "cuda"])
+def engine(request):
+    if request.param == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA GPU")
+        return muser.load("gemma3-270m", device="cuda", progress=False)   # the default GPU configuration
+    if not native.available():
+        pytest.skip("no C compiler: the exact-rows path needs the native kernels")
     return muser.load("gemma3-270m", progress=False)          # the default CPU configuration
 
 
@@ -54,8 +59,9 @@ def cuts(engine, ids):
     return out
 
 
-def test_the_default_cpu_configuration_is_the_exact_rows_path(engine):
-    assert (engine.config.dtype, engine.config.quant, engine.exact_rows) == ("bfloat16", "int8", True)
+def test_the_default_configuration_is_the_exact_rows_path(engine):
+    want = ("bfloat16", "none" if engine.device.type == "cuda" else "int8", True)
+    assert (engine.config.dtype, engine.config.quant, engine.exact_rows) == want
 
 
 @pytest.mark.parametrize("chunks", [[1] * 600, [7], [97], [512], [5, 300, 295], [511, 2, 87]],
@@ -113,6 +119,8 @@ def test_batched_decode_equals_each_session_decoding_alone(engine, ids, cuts, ba
 
 
 def test_the_thread_count_does_not_change_a_bit(engine, ids, cuts):
+    if engine.device.type == "cuda":
+        pytest.skip("CPU threads")
     threads = torch.get_num_threads()
     runs = []
     try:

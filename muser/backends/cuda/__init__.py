@@ -1,18 +1,23 @@
 """The CUDA backend: Triton kernels, captured decode steps, flash attention for chunks.
 
-Owns: `CudaBackend` -- the chunk ops table (cuda/ops.py: Triton row kernels),
-chunk attention (cuda/prefill.py: FlashAttention-2 with the window as a band,
-`banded(...)`), and the step driver: decode-shaped steps (every session one
+Owns: `CudaBackend` -- the step driver: decode-shaped steps (every session one
 row, no padding) go through the graph runner (cuda/graph.py: host bookkeeping
 per plane group, one captured step per batch size; the step itself in
-cuda/decode_step.py with kernels in triton_ops.py and triton_decode.py), every
-other shape through the one eager forward (backends/step.py).  The runner is
-built on the first decode step and keeps the Env it was built with
-(`reset_runner(env)` rebuilds it, for A/B runs of the decode knobs).
+cuda/decode_step.py with kernels in triton_*.py); every other shape (prefill
+chunks, verification blocks) through the same step's kernels, uncaptured
+(cuda/chunk_step.py: one arithmetic per token, `exact_rows`), inside the one
+forward's transaction (backends/step.py).  With MUSER_CHUNKS=fast, or for a
+model the step does not support, chunks take the eager forward with the chunk
+ops table (cuda/ops.py: Triton row kernels, cuBLAS) and FlashAttention
+(cuda/prefill.py, `banded(...)`): faster prefill, rows that differ from decoded
+ones in the last bits.  The runner is built on first use and keeps the Env it
+was built with (`reset_runner(env)` rebuilds it, for A/B runs of the knobs).
 Every module here imports without Triton (the kernels import it lazily).
 Does not own: plane bookkeeping (muser.cache: `Plane.advance`), the model maths.
 """
 from __future__ import annotations
+
+import sys
 
 from ..base import Backend
 from ..step import forward as one_forward
@@ -30,22 +35,31 @@ class CudaBackend(Backend):
         self.attention = CudaAttention()
         self._runner = None                  # None: not built yet; False: does not apply
         self._runner_env = env
+        # fast chunks compute rows that differ from decoded ones: cuts made so carry their own name
+        self.encoding_tag = "+fast-chunks" if env.chunks == "fast" else ""
 
     def runner(self, engine):
         """The GraphRunner for decode steps, or None (oracle family, unsupported model)."""
         if self._runner is None:
             from .graph import make_runner
             self._runner = make_runner(engine, self._runner_env) or False
+            # every row through the step's kernels: one arithmetic per token (issue 12)
+            self.exact_rows = bool(self._runner) and self._runner_env.chunks == "exact"
+            self.invariant_rows = sys.maxsize if self.exact_rows else 0
         return self._runner or None
 
     def reset_runner(self, env=None) -> None:
-        """Drop the runner; the next decode step builds one with `env` (default: the engine's)."""
+        """Drop the runner; the next step builds one with `env` (default: the engine's)."""
         self._runner = None
         self._runner_env = env if env is not None else self.env
+        self.exact_rows, self.invariant_rows = False, 0
 
     def forward(self, engine, sessions, chunks, all_logits, pad, logits=True):
-        if not pad and all(len(c) == 1 for c in chunks):
-            runner = self.runner(engine)
-            if runner is not None:           # one graph replay for every session
-                return runner.decode(sessions, [c[0] for c in chunks])
+        runner = self.runner(engine)
+        if runner is not None:
+            if not pad and all(len(c) == 1 for c in chunks):
+                return runner.decode(sessions, [c[0] for c in chunks])   # one graph replay
+            if self.exact_rows:
+                return one_forward(engine, sessions, chunks, all_logits, pad, logits,
+                                   pass_fn=runner.chunk_pass)
         return one_forward(engine, sessions, chunks, all_logits, pad, logits)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from ...env import Env
 from ...model import transformer as tf
-from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention
+from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention, merge_groups
 from .triton_moe import experts_rows, route_rows, stack_experts
 from .triton_moe import supported as moe_supported
 from .triton_dot import dot_rows, gemv
@@ -112,13 +112,15 @@ class DecodeStep:
     """One decode step for a fixed batch size; `run(packed, tables, ws)` -> logits [B, vocab] f32."""
 
     def __init__(self, engine, layer_groups: list[int], layer_splits: list[int], n_groups: int,
-                 layer_tunes: list[dict] | None = None, env: Env = Env()):
+                 layer_layouts: list[dict], layer_caps: list[int], env: Env = Env()):
         self.engine = engine
         self.spec = spec = engine.spec
         self.w = engine.weights
         self.fused = fuse_weights(engine.weights)
         self.groups, self.splits, self.n_groups = layer_groups, layer_splits, n_groups
-        self.tunes = layer_tunes or [{}] * len(layer_splits)     # triton_decode.tune_for
+        # per layer: triton_attn.layout (the reduction shape: a decode step and a chunk share
+        # it) and the ring capacity (0: a growing plane)
+        self.lays, self.caps = layer_layouts, layer_caps
         dev = engine.device
         self.rope = []
         for ls in spec.layers:
@@ -140,12 +142,14 @@ class DecodeStep:
         self.fused_attn = env.attn != "separate" or spec.v_norm or any(l.k_eq_v for l in spec.layers)
 
     def workspace(self, batch: int) -> DecodeWorkspace:
-        """One workspace for every layer: sized for the largest kv-head count, group and head dim."""
+        """One workspace for every layer: sized for the largest kv-head count, group, head dim,
+        splits and merge groups."""
         s = self.spec
         kv = max(l.kv_heads for l in s.layers)
         group = max(s.num_heads // l.kv_heads for l in s.layers)
+        ngroups = max(merge_groups(n, lay["group"]) for n, lay in zip(self.splits, self.lays))
         return DecodeWorkspace(batch, kv, group, max(l.head_dim for l in s.layers),
-                               max(self.splits), self.engine.device)
+                               max(self.splits), self.engine.device, ngroups)
 
     def _linear(self, what, x, w, b=None):
         if what in self.gemv_for and w.is_contiguous() and (x.shape[0] == 1 or not self.batch1_only):
@@ -186,11 +190,36 @@ class DecodeStep:
         return self._linear("down", a, lw.w_down)
 
     def run(self, packed: torch.Tensor, tables: torch.Tensor, ws: DecodeWorkspace) -> torch.Tensor:
-        spec, w = self.spec, self.w
+        """One decode step: float32 logits [B, vocab] (see the module doc for the inputs)."""
+        spec = self.spec
         B = tables.shape[1]
-        H, eps = spec.num_heads, spec.norm_eps
         ids, pos = packed[:B], packed[B:2 * B]
         metas = [packed[2 * B + 2 * B * g: 2 * B + 2 * B * (g + 1)] for g in range(self.n_groups)]
+
+        def attend(i, lw, ls, qkv, qn, kn):
+            meta, table = metas[self.groups[i]], tables[i]
+            KV, D = ls.kv_heads, ls.head_dim
+            cos, sin = self.rope[i]
+            lay = dict(capacity=self.caps[i], **self.lays[i])
+            if self.fused_attn:
+                return fused_decode_attention(qkv, pos, cos, sin, qn, kn, spec.norm_eps, table, meta,
+                                              spec.num_heads, KV, D, self.splits[i],
+                                              spec.layer_scale(ls), spec.attn_logit_softcap,
+                                              spec.rope_interleaved, ws, sinks=lw.sinks,
+                                              v_norm=spec.v_norm, k_eq_v=lw.wv is None, **lay)
+            q = qk_rope_store(qkv, pos, cos, sin, qn, kn, spec.norm_eps, table, meta,
+                              spec.num_heads, KV, D, spec.rope_interleaved)
+            return decode_attention(q, pos, table, meta, KV, self.splits[i], spec.layer_scale(ls),
+                                    spec.attn_logit_softcap, ws, sinks=lw.sinks, **lay)
+
+        return self.head(self.layers(ids, attend))
+
+    def layers(self, ids: torch.Tensor, attend) -> torch.Tensor:
+        """Rows of token ids through every layer -> the final-normed hidden rows [R, hidden].
+        `attend(i, lw, ls, qkv, q_norm, k_norm)` -> [R, H, D]: the layer's attention over its
+        planes (a decode step's launch, or a chunk's: chunk_step.py)."""
+        spec, w = self.spec, self.w
+        H, eps = spec.num_heads, spec.norm_eps
         h = F.embedding(ids, w.embed)
         if self.embed_scale is not None:
             h = h * self.embed_scale
@@ -198,25 +227,14 @@ class DecodeStep:
         # post-norm families (OLMo 3, EXAONE 4) read the residual stream itself: no attn_norm
         x = add_norm(h, layers[0].attn_norm, eps, self.layernorm)[1] if spec.pre_norm else h
         for i, (lw, ls, fz) in enumerate(zip(layers, spec.layers, self.fused)):
-            meta, table = metas[self.groups[i]], tables[i]
+            R = x.shape[0]
             KV, D = ls.kv_heads, ls.head_dim
             qkv = self._linear("qkv", x, fz["wqkv"], fz["bqkv"])
-            cos, sin = self.rope[i]
             qn, kn = (lw.q_norm, lw.k_norm) if spec.qk_norm else (None, None)
             if qn is not None and spec.qk_norm_span == "all":
                 qkv, qn, kn = self._norm_all(qkv, lw, H * D, KV * D), None, None
-            if self.fused_attn:
-                a = fused_decode_attention(qkv, pos, cos, sin, qn, kn, eps, table, meta, H, KV, D,
-                                           self.splits[i], spec.layer_scale(ls),
-                                           spec.attn_logit_softcap, spec.rope_interleaved, ws,
-                                           sinks=lw.sinks, v_norm=spec.v_norm, k_eq_v=lw.wv is None,
-                                           **self.tunes[i])
-            else:
-                q = qk_rope_store(qkv, pos, cos, sin, qn, kn, eps, table, meta, H, KV, D,
-                                  spec.rope_interleaved)
-                a = decode_attention(q, table, meta, KV, self.splits[i], spec.layer_scale(ls),
-                                     spec.attn_logit_softcap, ws, sinks=lw.sinks, **self.tunes[i])
-            o = self._linear("o", a.view(B, H * D), lw.wo, lw.bo)
+            a = attend(i, lw, ls, qkv, qn, kn)
+            o = self._linear("o", a.view(R, H * D), lw.wo, lw.bo)
             nxt = layers[i + 1].attn_norm if i + 1 < len(layers) else w.final_norm
             if spec.parallel_block:
                 h, x = add_norm(h, nxt, eps, self.layernorm, d1=o, d2=self._mlp(lw, fz, x))
@@ -233,6 +251,11 @@ class DecodeStep:
             else:                                  # Gemma 4: scale the layer's output, then norm
                 h = add_norm(h, None, eps, self.layernorm, d1=m, w_post=post_ffn)[0] * lw.layer_scale
                 x = add_norm(h, nxt, eps, self.layernorm)[1]
+        return x
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden rows -> float32 logits [R, vocab]."""
+        w = self.w
         if "head" in self.gemv_for and w.output.is_contiguous():
-            return tf.finish_logits(self.gemv(x, w.output), spec)
-        return tf.logits(w, spec, x)
+            return tf.finish_logits(self.gemv(x, w.output), self.spec)
+        return tf.logits(w, self.spec, x)

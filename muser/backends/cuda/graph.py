@@ -27,8 +27,10 @@ import torch
 from ...cache.plane import advance_lockstep
 from ...env import Env
 from ...errors import CacheError, RequestError
+from .chunk_step import chunk_pass
 from .decode_step import DecodeStep, unsupported, unsupported_weights
-from .triton_decode import plane_row, splits_for, tune_for
+from .triton_attn import layout
+from .triton_decode import plane_row, splits_for
 
 
 class _Entry:
@@ -92,9 +94,11 @@ class GraphRunner:
             self.members[keys.index(key)].append(i)
         self.group_kinds = keys
         self.growing = [i for key, m in zip(keys, self.members) if key[0] == "growing" for i in m]
-        splits = [splits_for(p.capacity, p.kind == "growing", env.ring_rows) for p in probe]
-        tunes = [tune_for(p.kind == "growing", env) for p in probe]
-        self.step = DecodeStep(engine, self.layer_group, splits, len(keys), tunes, env)
+        layouts = [layout(p.kind == "growing", p.head_dim, env) for p in probe]
+        splits = [splits_for(p.capacity, p.kind == "growing", lay["split"])
+                  for p, lay in zip(probe, layouts)]
+        caps = [0 if p.kind == "growing" else p.capacity for p in probe]
+        self.step = DecodeStep(engine, self.layer_group, splits, len(keys), layouts, caps, env)
         self.capture = capture
         self.entries: dict[int, _Entry] = {}
         self.pool = None
@@ -125,6 +129,12 @@ class GraphRunner:
         return out
 
     # ------------------------------------------------------------------ step
+    def chunk_pass(self, engine, sessions, chunks, all_logits: bool, pad: bool,
+                   logits: bool = True) -> torch.Tensor:
+        """A pass of chunks through this runner's step (chunk_step.py): rows bitwise the rows
+        `decode` gives.  The caller (backends/step.forward) owns the transaction."""
+        return chunk_pass(self.step, engine, sessions, chunks, all_logits, pad, logits)
+
     def decode(self, sessions, tokens: list[int]) -> torch.Tensor:
         """One decode step for every session: float32 logits [B, vocab] (a fresh tensor).
         Inputs come validated (`Engine.forward`: distinct sessions, one id each, in range)."""
@@ -201,7 +211,7 @@ class GraphRunner:
 
 def make_runner(engine, env: Env | None = None):
     """A GraphRunner for a ring-family engine (the CUDA backend's), or None when it does not apply."""
-    if (engine.encoding.family != "ring" or unsupported(engine.spec)
+    if (engine.config.backend != "ring" or unsupported(engine.spec)
             or unsupported_weights(engine.weights)):
         return None
     return GraphRunner(engine, env)

@@ -1,36 +1,34 @@
-"""Decode attention on CUDA (Triton): rings read in place, long planes split across blocks.
+"""Decode attention on CUDA (Triton): planes read in place, by position, split across blocks.
 
 Owns: `fused_decode_attention(qkv, ...)` -- one launch per layer that takes the
 qkv projection of one token per batch row, applies qk-norm and RoPE, stores the
-new K/V row into the row's plane, and attends over that plane (addressed
-through a *plane table*); `decode_attention(q, ...)`, the same attention for an
-already-prepared q and plane (no store); and `plane_row(plane)`, which fills
-one row of a plane table.  Does not own: the plane bookkeeping (muser.cache;
-the engine's graph runner fills `meta`).
+new K/V row into the row's plane (addressed through a *plane table*) and
+attends over that plane; `decode_attention(q, ...)`, the same attention for an
+already-prepared q (no store); `prepare_rows(qkv, ...)`, the same launch's
+first half for the rows of a chunk (q, k, v out, no attention: the chunk path
+attends with triton_chunk.py); and `plane_row(plane)`.  Does not own: the
+plane bookkeeping (muser.cache; the graph runner fills `meta`), the reduction
+shape and its pieces (triton_attn.py).
 
 Plane table (int64 [B, 4]) per layer and batch row:
     k_ptr, v_ptr          data pointers of the plane's K and V storage
     row_stride, head_stride   in elements (ring: token-major; growing: head-major)
 Meta ([B, 2]):  slot the new row goes to, n = visible rows after the store.
+Positions ([B]): the new row's position p.  The row sees positions [p - n + 1, p]; position
+x lives at slot (slot + x - p), modulo the capacity on a ring -- so a ring is read in place,
+rotation and all, in POSITION order.
 
-Visible rows are physical slots [0, n): a growing plane holds positions
-[0, n) at slots [0, n); a ring holds only rows its query may see (capacity
-<= window), either filling from slot 0 or full -- the "ring decode" route of
-muser.cache.staging, without its staging copy.  Rows are reduced in physical
-order, which a restored ring reproduces (rotation rebuilt on install).
-
-Flash-decoding, deterministic, one launch: grid (B * KV, NSPLIT).  Split s
-covers rows [s * per, (s + 1) * per) with per = max(ceil(ceil(n / NSPLIT) /
-BLOCK_N) * BLOCK_N, MIN_PER) -- a function of n alone -- and writes its (max,
-sum, acc) partials.  Combining is two-level and in fixed order: the last split
-of each group of GROUP_SPLITS to finish -- elected by a counter, which it resets
--- merges its group in split order; the last group to finish merges the groups
-in group order.  Which program does a merge never changes its order, so the
-result is bitwise reproducible.  No atomics touch values.
-All query heads of a KV group share one pass over the rows (tl.dot, G padded
-to 16).  The fused form computes q and the new row in every split (a few
-hundred elements) and substitutes the new row from registers where its slot
-falls, so no split reads a row another split of the same launch writes.
+Grid (B * KV, NSPLIT): program s takes split a0 + s of triton_attn's absolute splits (a0 =
+the row's first), writes its (max, sum, acc) partial, and takes a ticket for its merge group.
+The last of a group to arrive folds the group's partials in split order; when a row spans
+several groups, the last group to arrive folds the groups in order.  Which program merges
+never changes what is folded or in which order, so the result is bitwise reproducible --
+and equal to a chunk row's (triton_chunk.py), which folds the same splits in the same order.
+Counters only elect (stores, barrier, one gpu-scope acq_rel atomic: CUTLASS's split-K
+semaphore pattern) and are back at 0 at the end.  All query heads of a KV group share one
+pass over the keys (tl.dot, G padded to 16).  The fused form computes q and the new row in
+every split (a few hundred elements) and substitutes the new row from registers at its
+position, so no split reads a row another split of the same launch writes.
 """
 from __future__ import annotations
 
@@ -38,13 +36,9 @@ import functools
 
 import torch
 
-from muser.env import Env
+from .triton_attn import layout, pieces, _pow2
 
 TAB_COLS = 4
-RING_BLOCK_ROWS = 32          # a ring split covers ~this many rows (MUSER_RING_ROWS: experiments)
-GROWING_SPLITS = 128          # splits of a growing plane (static grid: graph capture)
-GROUP_SPLITS = 16             # first-level merge groups (two-level combine)
-GROWING_MIN_ROWS = 32         # fewest rows per growing split (MUSER_GROWING_MIN_ROWS: experiments)
 
 
 def plane_row(plane) -> list[int]:
@@ -56,25 +50,11 @@ def plane_row(plane) -> list[int]:
     return [k.data_ptr(), v.data_ptr(), k.stride(row_dim), k.stride(head_dim)]
 
 
-def _tile(tile: tuple[int, int] | None) -> dict:
-    return {} if tile is None else {"block_n": tile[0], "warps": tile[1]}
-
-
-def tune_for(growing: bool, env: Env = Env()) -> dict:
-    """Launch settings for a plane kind: fewest rows per split (fewer active splits = less to
-    combine at short lengths), and the tile (block_n, warps) when not the default
-    (MUSER_GROWING_MIN_ROWS, MUSER_ATTN_GROWING, MUSER_ATTN_RING: experiments, see cuda_kernels.py)."""
-    if growing:
-        return {"min_rows": env.growing_min_rows, **_tile(env.attn_growing)}
-    return _tile(env.attn_ring)
-
-
-def splits_for(capacity: int, growing: bool, ring_rows: int = RING_BLOCK_ROWS) -> int:
-    """Grid width for a plane of this capacity: static, so one graph serves every length
-    (`ring_rows`: MUSER_RING_ROWS, experiments)."""
-    if growing:
-        return GROWING_SPLITS
-    return max(1, min(64, -(-capacity // ring_rows)))
+def splits_for(capacity: int, growing: bool, split: int) -> int:
+    """Grid width for a plane: enough programs for the most splits a row can span (static, so
+    one graph serves every length).  A ring row spans `capacity` positions from anywhere:
+    one split more than capacity / split when it starts mid-split."""
+    return -(-capacity // split) + (0 if growing else 1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,62 +62,32 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    @triton.jit
-    def merge(MS, LS, ACC, first, stride, count, nvalid, gc, gcm, dm, cv,
-              G: tl.constexpr, D: tl.constexpr, SB: tl.constexpr, BLOCK_GC: tl.constexpr,
-              BLOCK_D: tl.constexpr):
-        """Combine partials first + i * stride, i in [0, nvalid) (< count), in that order."""
-        M = tl.full([BLOCK_GC], float("-inf"), tl.float32)
-        L = tl.zeros([BLOCK_GC], tl.float32)
-        A = tl.zeros([BLOCK_GC, BLOCK_D], tl.float32)
-        for i0 in range(0, count, SB):
-            ii = i0 + tl.arange(0, SB)
-            msk = ((ii < count) & (ii < nvalid))[:, None] & gcm[None, :]            # [SB, GC]
-            idx = (first + ii * stride)[:, None] * G + gc[None, :]
-            mm = tl.load(MS + idx, mask=msk, other=float("-inf"), cache_modifier=".cg")
-            ll = tl.load(LS + idx, mask=msk, other=0.0, cache_modifier=".cg")
-            aa = tl.load(ACC + idx[:, :, None] * D + dm[None, None, :],
-                         mask=msk[:, :, None] & cv[None, None, :], other=0.0, cache_modifier=".cg")
-            M_new = tl.maximum(M, tl.max(mm, 0))
-            w = tl.where(msk, tl.exp(mm - M_new[None, :]), 0.0)
-            alpha = tl.exp(M - M_new)
-            L = L * alpha + tl.sum(w * ll, 0)
-            A = A * alpha[:, None] + tl.sum(w[:, :, None] * aa, 0)
-            M = M_new
-        return M, L, A
+    globals().update(pieces())          # module globals: the interpreter resolves names there
 
-    @triton.jit
-    def sink(SNK, heads, hm, M, L, A):
-        """Join each head's sink logit to the merged softmax as one more key with no value:
-        M' = max(M, sink), L' = L e^(M - M') + e^(sink - M'), A' = A e^(M - M')."""
-        sk = tl.load(SNK + heads, mask=hm, other=float("-inf")).to(tl.float32)
-        M_new = tl.maximum(M, sk)
-        alpha = tl.exp(M - M_new)
-        return M_new, L * alpha + tl.exp(sk - M_new), A * alpha[:, None]
-
-    globals()["_merge"] = merge          # module globals: the interpreter resolves names there
-    globals()["_sink"] = sink
-
-    @triton.jit
-    def attn_kernel(QKV, Q, POS, COS, SIN, QN, KN, TAB, META, MS, LS, ACC, CNT, O, SNK,
-                    scale, softcap, eps,
+    # runtime ints that differ between a decode launch and prepare_rows stay runtime values
+    # (Triton would otherwise specialise a 1): one binary, one prologue arithmetic
+    @triton.jit(do_not_specialize=["capm", "emit_q", "NGG", "NROWS"])
+    def attn_kernel(QKV, Q, POS, COS, SIN, QN, KN, TAB, META, MS, LS, ACC, CNT, O, SNK, QOUT,
+                    scale, softcap, eps, capm, emit_q, NGG, NROWS,
                     H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                     HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_G: tl.constexpr,
                     BLOCK_GC: tl.constexpr, BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr,
-                    MIN_PER: tl.constexpr, GS: tl.constexpr, NG: tl.constexpr, NROWS: tl.constexpr,
-                    SB: tl.constexpr, FUSED: tl.constexpr, QK_NORM: tl.constexpr,
-                    ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, SOFTCAP: tl.constexpr,
-                    SINKS: tl.constexpr, V_NORM: tl.constexpr, K_EQ_V: tl.constexpr):
+                    SPLIT: tl.constexpr, GS: tl.constexpr,
+                    FUSED: tl.constexpr, QK_NORM: tl.constexpr, ROPE: tl.constexpr,
+                    INTERLEAVED: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
+                    V_NORM: tl.constexpr, K_EQ_V: tl.constexpr, RING: tl.constexpr):
         pid = tl.program_id(0)                    # b * KV + kvh
-        s = tl.program_id(1)                      # split
+        s = tl.program_id(1)                      # split, counted from the row's first
         b = pid // KV
         kvh = pid % KV
-        # independent loads first (latency-bound): plane address, slot, length
+        # independent loads first (latency-bound): plane address, slot, length, position
         kp = tl.load(TAB + b * 4).to(tl.pointer_type(O.dtype.element_ty))
         vp = tl.load(TAB + b * 4 + 1).to(tl.pointer_type(O.dtype.element_ty))
         rs = tl.load(TAB + b * 4 + 2)
         hs = tl.load(TAB + b * 4 + 3)
+        slot = tl.load(META + b * 2)
         n = tl.load(META + b * 2 + 1)
+        pos = tl.load(POS + b)
         # Columns of the [*, 2 * BLOCK_H] tiles: the two rotation halves joined.  `dm` is the
         # memory dim of column c, `cv` whether it is a real dim (D need not be a power of 2).
         c = tl.arange(0, 2 * BLOCK_H)
@@ -150,7 +100,6 @@ def _kernel():
         g = tl.arange(0, BLOCK_G)
         gm = g < G
         if FUSED:
-            slot = tl.load(META + b * 2)
             j = tl.arange(0, BLOCK_H)
             jm = j < HALF
             if INTERLEAVED:
@@ -193,7 +142,6 @@ def _kernel():
                 k0 = (k0 * rk * wk0).to(dt).to(tl.float32)
                 k1 = (k1 * rk * wk1).to(dt).to(tl.float32)
             if ROPE:
-                pos = tl.load(POS + b)
                 cs = tl.load(COS + pos * HALF + j, mask=jm, other=0.0)
                 sn = tl.load(SIN + pos * HALF + j, mask=jm, other=0.0)
                 q0, q1 = q0 * cs[None, :] - q1 * sn[None, :], q1 * cs[None, :] + q0 * sn[None, :]
@@ -212,143 +160,157 @@ def _kernel():
             smask = cv & ((c * 0 + s) == 0)             # a tensor mask (the interpreter)
             tl.store(kp + off + dm, k_new, mask=smask)
             tl.store(vp + off + dm, v_new, mask=smask)
+            # prepare_rows: the chunk path takes q as this launch made it (same binary, same bits)
+            qmask = (gm[:, None] & cv[None, :]) & ((g * 0 + emit_q)[:, None] != 0)
+            tl.store(QOUT + (b * H + kvh * G + g)[:, None] * D + dm[None, :], q, mask=qmask)
         else:
-            slot = -1
             q = tl.load(Q + (b * H + kvh * G + g)[:, None] * D + dm[None, :],
                         mask=gm[:, None] & cv[None, :], other=0.0)
-        per = tl.maximum(tl.cdiv(tl.cdiv(n, NSPLIT), BLOCK_N) * BLOCK_N, MIN_PER)
-        lo = s * per
-        hi = tl.minimum(lo + per, n)
-        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, 2 * BLOCK_H], tl.float32)
-        for start in range(lo, hi, BLOCK_N):
-            rows = start + tl.arange(0, BLOCK_N)
-            rmask = rows < hi
-            offs = rows[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
-            lmask = (rmask & (rows != slot))[:, None] & cv[None, :]
-            k = tl.load(kp + offs, mask=lmask, other=0.0)
-            v = tl.load(vp + offs, mask=lmask, other=0.0)       # in flight with k (latency-bound)
-            if FUSED:
-                fresh = rows == slot
-                k = tl.where(fresh[:, None], k_new[None, :], k)
-                v = tl.where(fresh[:, None], v_new[None, :], v)
-            sc = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-            if SOFTCAP:
-                sc = (2.0 * tl.sigmoid(2.0 * sc / softcap) - 1.0) * softcap
-            sc = tl.where(rmask[None, :], sc, float("-inf"))
-            m_new = tl.maximum(m, tl.max(sc, 1))
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(sc - m_new[:, None])
-            l = l * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            m = m_new
-        base = pid * NSPLIT + s
-        live = gm & ((g * 0 + lo) < hi)           # [BLOCK_G]: a tensor mask (the interpreter)
-        tl.store(MS + base * G + g, m, mask=live)
-        tl.store(LS + base * G + g, l, mask=live)
-        tl.store(ACC + (base * G + g)[:, None] * D + dm[None, :], acc,
-                 mask=live[:, None] & cv[None, :])
-        # Combine, deterministically, in two levels: the last split of each group of GS to
-        # finish merges the group (in split order) into the group's first slot; the last group
-        # to finish merges the groups (in group order) into the output.  Which program does a
-        # merge never changes its order.  Counters only elect (stores, barrier, one gpu-scope
-        # acq_rel atomic: CUTLASS's split-K semaphore pattern) and are back at 0 at the end.
-        nact = tl.cdiv(n, per)
-        gc = tl.arange(0, BLOCK_GC)
-        gcm = gc < G
-        grp = s // GS
-        g0 = grp * GS
-        tl.debug_barrier()
-        if NG == 1:
-            ticket = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
-        else:
-            ticket = tl.atomic_add(CNT + NROWS + pid * NG + grp, 1, sem="acq_rel", scope="gpu")
-        if ticket == tl.minimum(GS, NSPLIT - g0) - 1:
-            M, L, A = _merge(MS, LS, ACC, pid * NSPLIT + g0, 1, GS, tl.minimum(GS, nact - g0),
-                            gc, gcm, dm, cv, G, D, SB, BLOCK_GC, 2 * BLOCK_H)
-            if NG == 1:
-                if SINKS:
-                    M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
-                tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
-                         (A / L[:, None]).to(O.dtype.element_ty), mask=gcm[:, None] & cv[None, :])
-                tl.store(CNT + pid, 0)
-            else:
-                tl.store(CNT + NROWS + pid * NG + grp, 0)
-                gl = gcm & ((gc * 0 + g0) < nact)      # [BLOCK_GC]: a tensor mask
-                gb = pid * NSPLIT + g0
-                tl.debug_barrier()
-                tl.store(MS + gb * G + gc, M, mask=gl)
-                tl.store(LS + gb * G + gc, L, mask=gl)
-                tl.store(ACC + (gb * G + gc)[:, None] * D + dm[None, :], A,
-                         mask=gl[:, None] & cv[None, :])
-                tl.debug_barrier()
-                top = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
-                if top == NG - 1:
-                    M2, L2, A2 = _merge(MS, LS, ACC, pid * NSPLIT, GS, NG, tl.cdiv(nact, GS),
-                                       gc, gcm, dm, cv, G, D, SB, BLOCK_GC, 2 * BLOCK_H)
+        lo_pos = pos - n + 1                      # n = 0 (prepare_rows): no split is live
+        a0 = lo_pos // SPLIT
+        a_last = pos // SPLIT
+        nact = tl.where(n > 0, a_last - a0 + 1, 0)
+        if s < nact:
+            a = a0 + s
+            t_lo = tl.maximum(a * SPLIT, (lo_pos // BLOCK_N) * BLOCK_N)
+            t_hi = tl.minimum(a * SPLIT + SPLIT, pos + 1)
+            lo_v = tl.zeros([BLOCK_G], tl.int64) + lo_pos
+            hi_v = tl.zeros([BLOCK_G], tl.int64) + pos + 1
+            ones = tl.full([BLOCK_N, 16], 1.0, O.dtype.element_ty)
+            m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+            l = tl.zeros([BLOCK_G], tl.float32)
+            acc = tl.zeros([BLOCK_G, 2 * BLOCK_H], tl.float32)
+            for start in range(t_lo, t_hi, BLOCK_N):
+                kpos = start + tl.arange(0, BLOCK_N)
+                phys = slot + (kpos - pos)
+                if RING:
+                    phys = (phys + capm) % capm
+                lm = (kpos >= lo_pos) & (kpos <= pos)
+                if FUSED:
+                    lm = lm & (kpos != pos)
+                offs = phys[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
+                k = tl.load(kp + offs, mask=lm[:, None] & cv[None, :], other=0.0)
+                v = tl.load(vp + offs, mask=lm[:, None] & cv[None, :], other=0.0)
+                if FUSED:
+                    fresh = kpos == pos
+                    k = tl.where(fresh[:, None], k_new[None, :], k)
+                    v = tl.where(fresh[:, None], v_new[None, :], v)
+                m, l, acc = _tile_step(q, k, v, kpos, lo_v, hi_v, m, l, acc, ones, scale,
+                                       softcap, SOFTCAP)
+            base = pid * NSPLIT + s
+            tl.store(MS + base * G + g, m, mask=gm)
+            tl.store(LS + base * G + g, l, mask=gm)
+            tl.store(ACC + (base * G + g)[:, None] * D + dm[None, :], acc,
+                     mask=gm[:, None] & cv[None, :])
+            # tickets: the group of absolute split a, counted from the row's first group
+            gc = tl.arange(0, BLOCK_GC)
+            gcm = gc < G
+            grp = a // GS
+            g_first = tl.maximum(grp * GS, a0)
+            g_last = tl.minimum(grp * GS + GS - 1, a_last)
+            ngrp = a_last // GS - a0 // GS + 1
+            gcnt = CNT + NROWS + pid * NGG + (grp - a0 // GS)
+            tl.debug_barrier()
+            ticket = tl.atomic_add(gcnt, 1, sem="acq_rel", scope="gpu")
+            if ticket == g_last - g_first:
+                tl.store(gcnt, 0)
+                M = tl.full([BLOCK_GC], float("-inf"), tl.float32)
+                L = tl.zeros([BLOCK_GC], tl.float32)
+                A = tl.zeros([BLOCK_GC, 2 * BLOCK_H], tl.float32)
+                for i in range(g_first - a0, g_last - a0 + 1):
+                    pb = (pid * NSPLIT + i) * G + gc
+                    mm = tl.load(MS + pb, mask=gcm, other=float("-inf"), cache_modifier=".cg")
+                    ll = tl.load(LS + pb, mask=gcm, other=0.0, cache_modifier=".cg")
+                    aa = tl.load(ACC + pb[:, None] * D + dm[None, :], mask=gcm[:, None] & cv[None, :],
+                                 other=0.0, cache_modifier=".cg")
+                    M, L, A = _merge_one(M, L, A, mm, ll, aa)
+                if ngrp > 1:                      # park the group's total in its first slot
+                    gb = (pid * NSPLIT + g_first - a0) * G + gc
+                    tl.store(MS + gb, M, mask=gcm)
+                    tl.store(LS + gb, L, mask=gcm)
+                    tl.store(ACC + gb[:, None] * D + dm[None, :], A, mask=gcm[:, None] & cv[None, :])
+                    tl.debug_barrier()
+                    top = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
+                    if top == ngrp - 1:
+                        tl.store(CNT + pid, 0)
+                        # a chunk folds one group's total into an empty total too: exact
+                        M = tl.full([BLOCK_GC], float("-inf"), tl.float32)
+                        L = tl.zeros([BLOCK_GC], tl.float32)
+                        A = tl.zeros([BLOCK_GC, 2 * BLOCK_H], tl.float32)
+                        for gi in range(0, ngrp):
+                            first = tl.maximum((a0 // GS + gi) * GS, a0) - a0
+                            pb = (pid * NSPLIT + first) * G + gc
+                            mm = tl.load(MS + pb, mask=gcm, other=float("-inf"), cache_modifier=".cg")
+                            ll = tl.load(LS + pb, mask=gcm, other=0.0, cache_modifier=".cg")
+                            aa = tl.load(ACC + pb[:, None] * D + dm[None, :],
+                                         mask=gcm[:, None] & cv[None, :], other=0.0,
+                                         cache_modifier=".cg")
+                            M, L, A = _merge_one(M, L, A, mm, ll, aa)
+                        if SINKS:
+                            M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
+                        tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
+                                 (A / L[:, None]).to(O.dtype.element_ty),
+                                 mask=gcm[:, None] & cv[None, :])
+                else:
                     if SINKS:
-                        M2, L2, A2 = _sink(SNK, kvh * G + gc, gcm, M2, L2, A2)
+                        M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
                     tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
-                             (A2 / L2[:, None]).to(O.dtype.element_ty),
-                             mask=gcm[:, None] & cv[None, :])
-                    tl.store(CNT + pid, 0)
+                             (A / L[:, None]).to(O.dtype.element_ty), mask=gcm[:, None] & cv[None, :])
 
     return attn_kernel
-
-
-def _pow2(x: int, lo: int = 1) -> int:
-    p = lo
-    while p < x:
-        p *= 2
-    return p
 
 
 class DecodeWorkspace:
     """Split partials and election counters for one (batch size, geometry); reused by every
     layer of a step (launches on one stream run one after another; counters end at 0)."""
 
-    def __init__(self, batch: int, kv_heads: int, group: int, head_dim: int, nsplit: int, device):
+    def __init__(self, batch: int, kv_heads: int, group: int, head_dim: int, nsplit: int, device,
+                 ngroups: int | None = None):
         f32 = dict(dtype=torch.float32, device=device)
         self.nsplit = nsplit
+        self.ngroups = ngroups if ngroups is not None else nsplit
         self.ms = torch.empty(batch * kv_heads * nsplit * group, **f32)
         self.ls = torch.empty_like(self.ms)
         self.acc = torch.empty(batch * kv_heads * nsplit * group * head_dim, **f32)
-        # per (row, kv head): one top counter, then one per group of GROUP_SPLITS splits
-        self.cnt = torch.zeros(batch * kv_heads * (1 + -(-nsplit // GROUP_SPLITS)),
-                               dtype=torch.int32, device=device)
+        # per (row, kv head): one top counter, then one per merge group the grid can touch
+        self.cnt = torch.zeros(batch * kv_heads * (1 + self.ngroups), dtype=torch.int32, device=device)
+
+
+def merge_groups(nsplit: int, group: int) -> int:
+    """Merge groups a grid of `nsplit` splits can touch (its first split need not start one)."""
+    return min(nsplit, -(-nsplit // group) + 1)
 
 
 def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads, head_dim,
-            nsplit, scale, softcap, interleaved, ws, out, min_rows=0, warps=None, sb=None,
-            stages=2, block_n=None, sinks=None, v_norm=False, k_eq_v=False):
+            nsplit, scale, softcap, interleaved, ws, out, split, group, block_n, warps,
+            capacity=0, sinks=None, v_norm=False, k_eq_v=False, qout=None, grid_splits=None):
     kern = _kernel()
     B = table.shape[0]
     G = heads // kv_heads
-    ng = -(-nsplit // GROUP_SPLITS)
-    if ws is None or ws.nsplit < nsplit or ws.cnt.numel() < B * kv_heads * (1 + ng):
-        ws = DecodeWorkspace(B, kv_heads, G, head_dim, nsplit, table.device)
+    ngg = merge_groups(nsplit, group)
+    if qout is not None:                  # prepare_rows: no split is live, nothing is merged
+        ws = DecodeWorkspace(1, 1, 1, 1, 1, table.device, ngg)
+    elif (ws is None or ws.nsplit < nsplit or ws.ngroups < ngg
+            or ws.cnt.numel() < B * kv_heads * (1 + ws.ngroups) or ws.ms.numel() < B * kv_heads * nsplit * G):
+        ws = DecodeWorkspace(B, kv_heads, G, head_dim, nsplit, table.device, ngg)
     half = head_dim // 2
     block_h = _pow2(half, 8)
-    # (32, 4) at D = 256 and (64, 4) below: the largest tiles that compile without spilling
-    # (ptxas, sm_90; a [16, D] f32 accumulator and [block_n, D] K/V tiles in registers)
-    # (the unfused form holds q in another layout: 16 rows at D = 256)
-    block_n = block_n or ((32 if qkv is not None else 16) if 2 * block_h >= 256 else 64)
-    min_per = -(-max(min_rows, block_n) // block_n) * block_n
     src = qkv if qkv is not None else q
     rope = cos is not None
-    kern[(B * kv_heads, nsplit)](
-        src, src, pos if pos is not None else meta, cos if rope else ws.ms, sin if rope else ws.ms,
-        q_norm if q_norm is not None else ws.ms, k_norm if k_norm is not None else ws.ms,
-        table, meta, ws.ms, ws.ls, ws.acc, ws.cnt, out, sinks if sinks is not None else ws.ms,
-        float(scale), float(softcap or 1.0), float(eps),
+    dummy = ws.ms
+    kern[(B * kv_heads, grid_splits or nsplit)](
+        src, src, pos, cos if rope else dummy, sin if rope else dummy,
+        q_norm if q_norm is not None else dummy, k_norm if k_norm is not None else dummy,
+        table, meta, ws.ms, ws.ls, ws.acc, ws.cnt, out, sinks if sinks is not None else dummy,
+        qout if qout is not None else out,
+        float(scale), float(softcap or 1.0), float(eps), int(capacity), 1 if qout is not None else 0,
+        ws.ngroups, B * kv_heads,
         H=heads, KV=kv_heads, G=G, D=head_dim, HALF=half, BLOCK_H=block_h,
-        BLOCK_G=_pow2(G, 16), BLOCK_GC=_pow2(G), BLOCK_N=block_n, NSPLIT=nsplit, MIN_PER=min_per,
-        GS=GROUP_SPLITS, NG=ng, NROWS=B * kv_heads,
-        SB=sb or max(2, 32 // _pow2(G)), FUSED=qkv is not None, QK_NORM=q_norm is not None,
-        ROPE=rope, INTERLEAVED=bool(interleaved), SOFTCAP=softcap is not None,
-        SINKS=sinks is not None, V_NORM=bool(v_norm), K_EQ_V=bool(k_eq_v),
-        num_warps=warps or 4, num_stages=stages)
+        BLOCK_G=_pow2(G, 16), BLOCK_GC=_pow2(G), BLOCK_N=block_n, NSPLIT=nsplit, SPLIT=split,
+        GS=group, FUSED=qkv is not None,
+        QK_NORM=q_norm is not None, ROPE=rope, INTERLEAVED=bool(interleaved),
+        SOFTCAP=softcap is not None, SINKS=sinks is not None, V_NORM=bool(v_norm),
+        K_EQ_V=bool(k_eq_v), RING=capacity > 0, num_warps=warps)
     return out
 
 
@@ -357,40 +319,63 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
                            k_norm: torch.Tensor | None, eps: float, table: torch.Tensor,
                            meta: torch.Tensor, heads: int, kv_heads: int, head_dim: int,
                            nsplit: int, scale: float, softcap: float | None, interleaved: bool,
-                           ws: DecodeWorkspace | None = None,
-                           out: torch.Tensor | None = None, min_rows: int = 0,
+                           ws: DecodeWorkspace | None = None, out: torch.Tensor | None = None,
                            sinks: torch.Tensor | None = None, v_norm: bool = False,
-                           k_eq_v: bool = False, **tune) -> torch.Tensor:
+                           k_eq_v: bool = False, capacity: int = 0, **lay) -> torch.Tensor:
     """qkv [B, (H + 2KV) * D] -> attention output [B, H, D], one launch.
 
     Per batch row: qk-norm (if given) and RoPE (if cos/sin) of q and k in float32, each
     rounded to the activation dtype as muser.model.transformer rounds; the k/v row stored at
-    meta's slot of the row's plane; attention over the plane's n visible rows.  pos int64 [B].
+    meta's slot of the row's plane; attention over the row's n visible positions.  pos int64
+    [B].  `capacity`: the ring's (0: a growing plane).  `lay`: triton_attn.layout's split /
+    group / block_n / warps (defaults: a growing plane's).
     `sinks` float32 [H] (gpt-oss): each head's sink logit joins its softmax denominator.
     Gemma 4: `v_norm` (the new v row RMS-normed, no weight) and `k_eq_v` (qkv holds q | k only,
     and V is the raw K projection, before k-norm and RoPE).
-    `min_rows` and `tune` (block_n / warps / sb / stages): `tune_for(growing)`.  Graph-capturable: no host reads, static grid.
+    Graph-capturable: no host reads, static grid.
     """
     B = qkv.shape[0]
     if out is None:
         out = qkv.new_empty(B, heads, head_dim)
+    lay = {**layout(capacity == 0, head_dim), **lay}
     return _launch(qkv, None, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads,
-                   head_dim, nsplit, scale, softcap, interleaved, ws, out, min_rows,
-                   sinks=sinks, v_norm=v_norm, k_eq_v=k_eq_v, **tune)
+                   head_dim, nsplit, scale, softcap, interleaved, ws, out, capacity=capacity,
+                   sinks=sinks, v_norm=v_norm, k_eq_v=k_eq_v, **lay)
 
 
-def decode_attention(q: torch.Tensor, table: torch.Tensor, meta: torch.Tensor, kv_heads: int,
-                     nsplit: int, scale: float, softcap: float | None,
+def prepare_rows(qkv: torch.Tensor, pos: torch.Tensor, cos, sin, q_norm, k_norm, eps: float,
+                 heads: int, kv_heads: int, head_dim: int, nsplit: int, interleaved: bool,
+                 v_norm: bool = False, k_eq_v: bool = False, capacity: int = 0,
+                 **lay) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A chunk's rows through the decode launch's first half: (q [R, H, D], k [R, KV, D],
+    v [R, KV, D]) with qk-norm, RoPE and v-norm applied exactly as `fused_decode_attention`
+    applies them -- it IS that launch (same kernel, same constants), told to write q out, to
+    store each row's k/v into a buffer (its "plane"), and to attend over nothing."""
+    R = qkv.shape[0]
+    k = qkv.new_empty(R, kv_heads, head_dim)
+    v = torch.empty_like(k)
+    q = qkv.new_empty(R, heads, head_dim)
+    table = torch.tensor([[k.data_ptr(), v.data_ptr(), kv_heads * head_dim, head_dim]],
+                         dtype=torch.int64, device=qkv.device).expand(R, 4).contiguous()
+    meta = torch.stack([torch.arange(R, device=qkv.device), torch.zeros(R, dtype=torch.long,
+                                                                        device=qkv.device)], 1)
+    lay = {**layout(capacity == 0, head_dim), **lay}
+    _launch(qkv, None, pos, cos, sin, q_norm, k_norm, eps, table, meta.contiguous(), heads,
+            kv_heads, head_dim, nsplit, 1.0, None, interleaved, None, q, capacity=capacity,
+            v_norm=v_norm, k_eq_v=k_eq_v, qout=q, grid_splits=1, **lay)
+    return q, k, v
+
+
+def decode_attention(q: torch.Tensor, pos: torch.Tensor, table: torch.Tensor, meta: torch.Tensor,
+                     kv_heads: int, nsplit: int, scale: float, softcap: float | None,
                      ws: DecodeWorkspace | None = None, out: torch.Tensor | None = None,
-                     min_rows: int = 0, sinks: torch.Tensor | None = None,
-                     **tune) -> torch.Tensor:
-    """q [B, H, D] (cache dtype, already normed/rotated) over each row's plane -> [B, H, D].
-
-    table int64 [B, 4] (see module doc), meta [B, 2] (only n is read); `nsplit` from
-    `splits_for`.  Graph-capturable: no host reads, static grid.
-    """
+                     sinks: torch.Tensor | None = None, capacity: int = 0, **lay) -> torch.Tensor:
+    """q [B, H, D] (cache dtype, already normed/rotated) at positions pos [B] over each row's
+    plane -> [B, H, D].  table int64 [B, 4], meta [B, 2] (see module doc); `nsplit` from
+    `splits_for`.  Graph-capturable: no host reads, static grid."""
     B, H, D = q.shape
     if out is None:
         out = torch.empty_like(q)
-    return _launch(None, q, None, None, None, None, None, 0.0, table, meta, H, kv_heads, D,
-                   nsplit, scale, softcap, False, ws, out, min_rows, sinks=sinks, **tune)
+    lay = {**layout(capacity == 0, D), **lay}
+    return _launch(None, q, pos, None, None, None, None, 0.0, table, meta, H, kv_heads, D,
+                   nsplit, scale, softcap, False, ws, out, capacity=capacity, sinks=sinks, **lay)

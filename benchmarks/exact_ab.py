@@ -1,0 +1,109 @@
+"""Before/after on CUDA in one run: the previous tree against this one (issue 12's speed rule).
+
+The parent builds the random-weight models once (cuda_measure.build: Gemma-3-1B / -4B shapes,
+saved to /dev/shm), then runs one child process per (tree, mode) on the same GPU, one after
+another, each importing muser from its own tree:
+
+    old        the tree before the change (exported to .old/: `git archive <rev> muser | tar -x -C .old`)
+    exact      this tree, default (MUSER_CHUNKS=exact: chunks through the decode step's kernels)
+    fast       this tree, MUSER_CHUNKS=fast (cuBLAS + FlashAttention chunks)
+
+Each child measures batch-1 decode at 2k (and 32k) context (API ms/token and bare replay),
+16 sessions at 2k (tokens/s), and prefill of 512 and 16k tokens (tokens/s, default chunk).
+
+    PYTHONPATH=. python3 benchmarks/exact_ab.py --old .old [--models 1b,4b] [--rounds 1]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def child(args):
+    import torch
+    import muser
+    from cuda_measure import muser_batch, muser_decode, muser_prefill
+    from cuda_bench import SHAPES
+    shape = SHAPES[args.shape]
+    eng = muser.load(args.path, device="cuda", dtype="bfloat16", progress=False)
+    vocab = shape["vocab"]
+    out = {"tree": args.tree}
+    t = time.perf_counter()
+    out["decode_2k"] = muser_decode(eng, 2048, args.steps, vocab)[:2]
+    if args.long:
+        out["decode_32k"] = muser_decode(eng, 32768, args.steps, vocab)[:2]
+    if args.shape == "1b":
+        out["batch16_2k"] = muser_batch(eng, 16, 2048, 16, vocab)[0]
+    out["prefill_512"] = max(muser_prefill(eng, 512, vocab, None, reps=3) for _ in range(2))
+    out["prefill_16k"] = muser_prefill(eng, 16384, vocab, None)
+    out["exact_rows"] = bool(getattr(eng, "exact_rows", False))
+    out["seconds"] = round(time.perf_counter() - t, 1)
+    torch.cuda.synchronize()
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def parent(args):
+    import torch
+    from cuda_bench import SHAPES
+    from cuda_measure import build
+    trees = [("old", os.path.abspath(args.old), {}), ("exact", os.getcwd(), {"MUSER_CHUNKS": "exact"}),
+             ("fast", os.getcwd(), {"MUSER_CHUNKS": "fast"})]
+    trees = [t for t in trees if t[0] in args.trees.split(",")]
+    rows = []
+    for name in args.models.split(","):
+        model, path = build(SHAPES[name], 32768 + 1024)
+        del model
+        torch.cuda.empty_cache()
+        for rnd in range(args.rounds):
+            for tree, root, env in trees:
+                e = dict(os.environ, PYTHONPATH=f"{root}:{HERE}", **env)
+                cmd = [sys.executable, __file__, "--child", "--tree", tree, "--path", path,
+                       "--shape", name, "--steps", str(args.steps)] + (["--long"] if args.long else [])
+                t = time.perf_counter()
+                p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=args.timeout)
+                res = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+                if not res:
+                    print(f"{name} {tree}: FAILED rc={p.returncode}\n{p.stderr[-3000:]}", flush=True)
+                    continue
+                r = json.loads(res[0][7:])
+                r.update(model=name, round=rnd, wall=round(time.perf_counter() - t, 1))
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+    print("\n| model | tree | decode 2k ms (bare) | 32k ms | B16 tok/s | prefill 512 tok/s | prefill 16k tok/s | exact rows |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        d2, d32, b = r["decode_2k"], r.get("decode_32k"), r.get("batch16_2k")
+        print(f"| {r['model']} | {r['tree']} | {d2[0] * 1e3:.3f} ({d2[1] * 1e3:.3f}) | "
+              f"{f'{d32[0] * 1e3:.3f}' if d32 else '-'} | {f'{b:,.0f}' if b else '-'} | "
+              f"{r['prefill_512']:,.0f} | {r['prefill_16k']:,.0f} | {r['exact_rows']} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child", action="store_true")
+    ap.add_argument("--tree", default="exact")
+    ap.add_argument("--path")
+    ap.add_argument("--shape", default="1b")
+    ap.add_argument("--old", default=".old")
+    ap.add_argument("--trees", default="old,exact,fast")
+    ap.add_argument("--models", default="1b,4b")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--long", action="store_true", help="also decode at 32k")
+    ap.add_argument("--timeout", type=int, default=400)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    child(args) if args.child else parent(args)
+
+
+if __name__ == "__main__":
+    main()

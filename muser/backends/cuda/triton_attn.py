@@ -1,0 +1,111 @@
+"""The one attention arithmetic of a CUDA row: what a decode step and a chunk share.
+
+Owns: `layout(growing, head_dim, env)` -- the reduction shape of a layer's
+attention (positions per split, splits per merge group, keys per tile, warps)
+-- and the Triton pieces both kernels run on it: `tile_step` (one tile of keys
+into a row's running softmax), `merge_one` (one partial into a running
+total) and `sink`.  Does not own: where keys live or how they are read
+(triton_decode.py reads a plane in place, triton_chunk.py a staged view).
+
+Why a row's bits cannot depend on how it was computed ("one arithmetic per
+token", docs/exactness.md).  A query at position p attends over positions
+[lo, p].  Both kernels cut the positions at ABSOLUTE boundaries, never at
+boundaries that depend on n or on the other rows:
+
+    positions  0 ........ S ........ 2S ........ 3S ....
+    splits     |  a = 0   |  a = 1   |  a = 2   | ...      S = layout.split
+    tiles      |BN|BN|BN|BN|..                             BN = layout.block_n
+    groups     splits a // GS                              GS = layout.group
+
+Per split: start from (m, l, acc) = (-inf, 0, 0), fold its tiles in order
+(`tile_step`).  Per group: fold its splits in order (`merge_one`), starting
+empty.  Total: fold the groups in order.  A decode step computes the splits in
+parallel programs and merges them afterwards; a chunk walks them in one
+program for a tile of query rows; the values folded and their order are the
+same.  Keys a row may not see (and tiles or splits wholly outside its range)
+fold as exact no-ops: masked scores are -inf, their weights exactly 0, and
+the guards keep exp(-inf - -inf) out.  Every reduction that could depend on
+the tile's row count is a tensor-core dot over the keys (`l` is p summed by a
+dot with ones, in the order the p @ V dot sums), so a chunk may put 64 query
+rows in a tile where a decode step puts one row's 16 head slots.  The max
+is exact in any order.
+"""
+from __future__ import annotations
+
+import functools
+
+from muser.env import Env
+
+RING_SPLIT = 32               # positions per split, ring planes (MUSER_RING_ROWS)
+GROWING_SPLIT = 64            # positions per split, growing planes (MUSER_GROWING_ROWS)
+GROWING_GROUP = 16            # splits per first-level merge group (growing planes)
+RING_GROUP = 1 << 16          # ring planes: one group (a row spans a few splits)
+
+
+def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
+    """The reduction shape of one layer's attention: {split, group, block_n, warps}.
+
+    block_n: (32, 4 warps) at head dims over 128 and (64, 4) below -- the largest tiles whose
+    [16, D] float32 accumulator and [block_n, D] K/V tiles compile without spilling (sm_90).
+    A decode step and a chunk of the same engine must use the same layout (it is the
+    arithmetic), so the tiles come from here and nowhere else."""
+    tile = env.attn_growing if growing else env.attn_ring
+    d2 = 2 * _pow2(head_dim // 2, 8)
+    block_n, warps = tile if tile is not None else ((32 if d2 >= 256 else 64), 4)
+    split = env.growing_rows if growing else env.ring_rows
+    split = max(block_n, -(-split // block_n) * block_n)          # whole tiles per split
+    return {"split": split, "group": GROWING_GROUP if growing else RING_GROUP,
+            "block_n": block_n, "warps": warps}
+
+
+def _pow2(x: int, lo: int = 1) -> int:
+    p = lo
+    while p < x:
+        p *= 2
+    return p
+
+
+@functools.lru_cache(maxsize=None)
+def pieces() -> dict:
+    """The shared @triton.jit functions, by the names the kernels call them."""
+    import triton
+    import triton.language as tl
+
+    globals()["tl"] = tl                # the interpreter looks for the language in module globals
+
+    @triton.jit
+    def tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap, SOFTCAP: tl.constexpr):
+        """Fold one tile of keys into each row's running softmax.
+        q [BM, DP], k/v [BN, DP], kpos [BN] positions, lo/hi [BM]: row i sees [lo_i, hi_i)."""
+        sc = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        if SOFTCAP:
+            sc = (2.0 * tl.sigmoid(2.0 * sc / softcap) - 1.0) * softcap
+        valid = (kpos[None, :] >= lo[:, None]) & (kpos[None, :] < hi[:, None])
+        sc = tl.where(valid, sc, float("-inf"))
+        m_new = tl.maximum(m, tl.max(sc, 1))
+        alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
+        p = tl.where(valid, tl.exp(sc - m_new[:, None]), 0.0).to(v.dtype)
+        # the row sums on the tensor cores too: every column of p @ ones is the same sum
+        l = l * alpha + tl.max(tl.dot(p, ones, input_precision="ieee"), 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        return m_new, l, acc
+
+    @triton.jit
+    def merge_one(M, L, A, m, l, a):
+        """Fold a partial (m, l, a) into a running (M, L, A); an empty side (-inf) adds nothing."""
+        M_new = tl.maximum(M, m)
+        none = M_new == float("-inf")
+        alpha = tl.where(none, 0.0, tl.exp(M - M_new))
+        w = tl.where(none, 0.0, tl.exp(m - M_new))
+        return M_new, L * alpha + w * l, A * alpha[:, None] + w[:, None] * a
+
+    @triton.jit
+    def sink(SNK, heads, hm, M, L, A):
+        """Join each head's sink logit to the merged softmax as one more key with no value:
+        M' = max(M, sink), L' = L e^(M - M') + e^(sink - M'), A' = A e^(M - M')."""
+        sk = tl.load(SNK + heads, mask=hm, other=float("-inf")).to(tl.float32)
+        M_new = tl.maximum(M, sk)
+        alpha = tl.exp(M - M_new)
+        return M_new, L * alpha + tl.exp(sk - M_new), A * alpha[:, None]
+
+    return {"_tile_step": tile_step, "_merge_one": merge_one, "_sink": sink}

@@ -1,0 +1,147 @@
+"""Chunk attention on CUDA with a decode step's arithmetic (Triton).
+
+Owns: `chunk_attention(q, keys, values, ...)` -- the queries of one session's
+chunk (a prefill chunk, a verification block) over a staged key view, each
+row reduced exactly as the decode step reduces it (triton_attn.py: the same
+absolute splits, tiles and merge order), so a row's output does not depend on
+the chunk it came in.  Does not own: staging (muser.cache.staging decides what
+the view holds and when the chunk's rows land), q/k/v preparation
+(triton_decode.prepare_rows), the reduction shape (triton_attn.layout).
+
+One program = one tile of BM query slots (BM // G query rows x the G heads of
+one KV head) and walks its rows' splits in order:
+
+    for each split a touching the tile's rows:      (m, l, acc) = empty
+        for each tile of keys in the split:          tile_step   (masked per row)
+        group  <- merge_one(group, split)
+        at a group's last split, or the tile's last:  total <- merge_one(total, group)
+
+A decode step folds the same partials in the same order (triton_decode.py), so
+each row gets the decode step's bits; splits and tiles a row does not reach
+fold as exact no-ops.  Keys are read by position: row (x - first) of an
+ordered view, or (rot + x - first) mod capacity of a ring read in place.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .triton_attn import pieces, _pow2
+
+CHUNK_ROWS = 64               # query slots per program on the GPU (a decode step has 16)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    globals().update(pieces())
+
+    @triton.jit(do_not_specialize=["start", "R", "first", "rot", "capm", "kcount", "window"])
+    def chunk_kernel(Q, K, V, O, SNK, start, R, first, rot, capm, kcount, rs, hs, window,
+                     scale, softcap,
+                     H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+                     HALF: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
+                     BM: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+                     SPLIT: tl.constexpr, GS: tl.constexpr, SOFTCAP: tl.constexpr,
+                     SINKS: tl.constexpr, RING: tl.constexpr):
+        t = tl.program_id(0)
+        kvh = tl.program_id(1)
+        i = tl.arange(0, BM)
+        r = t * ROWS + i // G                    # query row of slot i
+        hg = i % G                               # its head within the KV group
+        rv = (i < ROWS * G) & (r < R)
+        c = tl.arange(0, 2 * BLOCK_H)            # columns as the decode kernel lays them out
+        if INTERLEAVED:
+            dm = c
+            cv = c < D
+        else:
+            dm = tl.where(c < BLOCK_H, c, c - BLOCK_H + HALF)
+            cv = (c % BLOCK_H) < HALF
+        p = start + r
+        lo = tl.where(window > 0, tl.maximum(p - window + 1, 0), 0)
+        hi = tl.where(rv, p + 1, lo)             # slots past the chunk see nothing
+        heads = kvh * G + hg
+        q = tl.load(Q + (r.to(tl.int64) * H + heads)[:, None] * D + dm[None, :],
+                    mask=rv[:, None] & cv[None, :], other=0.0)
+        r_end = tl.minimum(t * ROWS + ROWS, R)
+        p_min = start + t * ROWS
+        p_max = start + r_end - 1
+        lo_min = tl.where(window > 0, tl.maximum(p_min - window + 1, 0), 0)
+        a_hi = p_max // SPLIT
+        ones = tl.full([BLOCK_N, 16], 1.0, O.dtype.element_ty)
+        Mt = tl.full([BM], float("-inf"), tl.float32)
+        Lt = tl.zeros([BM], tl.float32)
+        At = tl.zeros([BM, 2 * BLOCK_H], tl.float32)
+        Mg = tl.full([BM], float("-inf"), tl.float32)
+        Lg = tl.zeros([BM], tl.float32)
+        Ag = tl.zeros([BM, 2 * BLOCK_H], tl.float32)
+        for a in range(lo_min // SPLIT, a_hi + 1):
+            m = tl.full([BM], float("-inf"), tl.float32)
+            l = tl.zeros([BM], tl.float32)
+            acc = tl.zeros([BM, 2 * BLOCK_H], tl.float32)
+            t_lo = tl.maximum(a * SPLIT, (lo_min // BLOCK_N) * BLOCK_N)
+            t_hi = tl.minimum(a * SPLIT + SPLIT, p_max + 1)
+            for st in range(t_lo, t_hi, BLOCK_N):
+                kpos = st + tl.arange(0, BLOCK_N)
+                idx = kpos - first
+                km = (kpos >= lo_min) & (kpos <= p_max)
+                if RING:
+                    idx = (rot + idx + capm) % capm
+                else:
+                    km = km & (idx >= 0) & (idx < kcount)
+                offs = idx[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
+                k = tl.load(K + offs, mask=km[:, None] & cv[None, :], other=0.0)
+                v = tl.load(V + offs, mask=km[:, None] & cv[None, :], other=0.0)
+                m, l, acc = _tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap,
+                                       SOFTCAP)
+            Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
+            if (a % GS == GS - 1) | (a == a_hi):
+                Mt, Lt, At = _merge_one(Mt, Lt, At, Mg, Lg, Ag)
+                Mg = tl.full([BM], float("-inf"), tl.float32)
+                Lg = tl.zeros([BM], tl.float32)
+                Ag = tl.zeros([BM, 2 * BLOCK_H], tl.float32)
+        if SINKS:
+            Mt, Lt, At = _sink(SNK, heads, rv, Mt, Lt, At)
+        tl.store(O + (r.to(tl.int64) * H + heads)[:, None] * D + dm[None, :],
+                 (At / Lt[:, None]).to(O.dtype.element_ty), mask=rv[:, None] & cv[None, :])
+
+    return chunk_kernel
+
+
+def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
+                    first: int, window: int | None, scale: float, softcap: float | None,
+                    interleaved: bool, lay: dict, sinks: torch.Tensor | None = None,
+                    ring: tuple[int, int] | None = None, block_m: int = CHUNK_ROWS,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """q [R, H, D] at positions start.. over keys/values [S, KV, D] -> [R, H, D].
+
+    Key position x is row x - first of the view, or with `ring` = (rot, capacity) row
+    (rot + x - first) mod capacity (a ring read in place).  Row i sees positions
+    [max(p - window + 1, 0), p], p = start + i (`window` None: [0, p]).  `lay` is the layer's
+    triton_attn.layout -- the decode step's, or the bits differ.  `interleaved`: the model's
+    RoPE pairing, which fixes the column order the decode kernel reduces head dims in."""
+    R, H, D = q.shape
+    KV = keys.shape[1]
+    G = H // KV
+    if keys.stride() != values.stride() or keys.stride(-1) != 1:
+        raise ValueError(f"keys/values views must share strides with unit last stride, "
+                         f"got {tuple(keys.stride())} and {tuple(values.stride())}")
+    q = q.contiguous()
+    out = out if out is not None else torch.empty_like(q)
+    if R == 0:
+        return out
+    rows = max(1, block_m // G)
+    half = D // 2
+    rot, capm = ring if ring is not None else (0, 0)
+    _kernel()[(-(-R // rows), KV)](
+        q, keys, values, out, sinks if sinks is not None else q,
+        int(start), R, int(first), int(rot), int(capm), keys.shape[0],
+        keys.stride(0), keys.stride(1), int(window or 0), float(scale), float(softcap or 1.0),
+        H=H, KV=KV, G=G, D=D, HALF=half, BLOCK_H=_pow2(half, 8), INTERLEAVED=bool(interleaved),
+        BM=max(16, _pow2(rows * G)), ROWS=rows, BLOCK_N=lay["block_n"], SPLIT=lay["split"],
+        GS=lay["group"], SOFTCAP=softcap is not None, SINKS=sinks is not None,
+        RING=ring is not None, num_warps=lay["warps"])
+    return out

@@ -1,0 +1,144 @@
+"""A chunk row gets a decode step's bits (triton_chunk against triton_decode, torch.equal):
+positions decoded one at a time through the fused decode launch, and the same positions in
+chunks of many sizes through prepare_rows + stage + chunk_attention -- on a ring through its
+wrap (every staging route: in place, shadow, ring decode) and on a growing plane across
+many splits and merge groups; and both against the plain-torch reference."""
+import pytest
+import torch
+
+from muser.attention.reference import attention as reference
+from muser.attention.reference import visibility_mask
+from muser.cache import GrowingPlane, RingPlane, stage
+from muser.cache.plane import advance_lockstep
+from muser.model import transformer as tf
+
+from cudautil import HAS_CUDA, needs_kernels, rel
+
+pytestmark = needs_kernels
+
+N = 150                       # positions: past a ring of 48 three times
+
+
+def _plane(kind, kv, d, dtype, dev):
+    return (RingPlane(0, 48, 512, kv, d, dtype, dev) if kind == "ring"
+            else GrowingPlane(0, 512, kv, d, dtype, dev))
+
+
+def _layout(kind, d, block_n):
+    from muser.backends.cuda.triton_attn import layout
+    lay = layout(kind == "growing", d)
+    # small splits and groups: many of each in 150 positions (two-level merges included)
+    return {**lay, "block_n": block_n, "split": 2 * block_n, "group": 2 if kind == "growing" else lay["group"]}
+
+
+def _inputs(heads, kv, d, dtype, dev, qk_norm, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(N, (heads + 2 * kv) * d, generator=g).to(dev, dtype)
+    qn = (torch.rand(d, generator=g) + 0.5).to(dev) if qk_norm else None
+    kn = (torch.rand(d, generator=g) + 0.5).to(dev) if qk_norm else None
+    cos, sin = tf.rope_tables(10000.0, 1.0, d, dev, 1024)
+    return qkv, qn, kn, cos, sin
+
+
+def _decode(kind, heads, kv, d, dtype, dev, lay, qkv, qn, kn, cos, sin, scale, softcap):
+    from muser.backends.cuda.triton_decode import fused_decode_attention, plane_row, splits_for
+    plane = _plane(kind, kv, d, dtype, dev)
+    cap = plane.capacity if kind == "ring" else 0
+    nsplit = splits_for(plane.capacity, kind == "growing", lay["split"])
+    outs = []
+    for p in range(N):
+        slot, n = advance_lockstep([plane], 1)
+        table = torch.tensor([plane_row(plane)], dtype=torch.int64, device=dev)
+        meta = torch.tensor([[slot, n]], dtype=torch.int64, device=dev)
+        pos = torch.tensor([p], dtype=torch.int64, device=dev)
+        outs.append(fused_decode_attention(qkv[p:p + 1], pos, cos, sin, qn, kn, 1e-6, table, meta,
+                                           heads, kv, d, nsplit, scale, softcap, False,
+                                           capacity=cap, **lay))
+    return torch.cat(outs), plane, nsplit, cap
+
+
+def _chunks(kind, sizes, heads, kv, d, dtype, dev, lay, nsplit, cap, qkv, qn, kn, cos, sin, scale,
+            softcap, block_m):
+    from muser.backends.cuda.triton_chunk import chunk_attention
+    from muser.backends.cuda.triton_decode import prepare_rows
+    plane = _plane(kind, kv, d, dtype, dev)
+    outs, at, routes = [], 0, set()
+    for c in sizes:
+        pos = torch.arange(at, at + c, device=dev)
+        q, k, v = prepare_rows(qkv[at:at + c], pos, cos, sin, qn, kn, 1e-6, heads, kv, d, nsplit,
+                               False, capacity=cap, **lay)
+        st = stage(plane, at, k, v)
+        ring = None if st.ordered else (plane.origin_physical, plane.capacity)
+        routes.add("ring decode" if ring else ("shadow" if st._new is not None else "in place"))
+        outs.append(chunk_attention(q, st.keys, st.values, at, st.first_position, plane.window,
+                                    scale, softcap, False, lay, ring=ring, block_m=block_m))
+        st.commit()
+        at += c
+    return torch.cat(outs), plane, routes
+
+
+SPLITS = [[N], [1, 7, 97, 45], [50, 1, 1, 98], [16] * 9 + [6]]
+
+
+@pytest.mark.parametrize("kind", ["ring", "growing"])
+@pytest.mark.parametrize("heads,kv,d,qk_norm,softcap", [(4, 2, 32, True, None), (4, 1, 64, False, 5.0)])
+def test_a_chunk_row_has_the_decode_bits(dev, kdtype, kind, heads, kv, d, qk_norm, softcap):
+    scale = d ** -0.5
+    lay = _layout(kind, d, 16)
+    ins = _inputs(heads, kv, d, kdtype, dev, qk_norm)
+    ref_out, ref_plane, nsplit, cap = _decode(kind, heads, kv, d, kdtype, dev, lay, *ins, scale, softcap)
+    assert not ref_out.isnan().any()
+    # on the GPU a chunk packs 64 query slots (16 rows) per tile; the interpreter's dot is
+    # numpy's, whose bits follow where a row sits in the matrix, so there a tile holds one
+    # row in the decode step's slots
+    block_m = 64 if HAS_CUDA else heads // kv
+    seen = set()
+    for sizes in SPLITS:
+        out, plane, routes = _chunks(kind, sizes, heads, kv, d, kdtype, dev, lay, nsplit, cap, *ins,
+                                     scale, softcap, block_m)
+        seen |= routes
+        assert torch.equal(out, ref_out), (sizes, (out.float() - ref_out.float()).abs().max())
+        ka, va = plane.logical_rows()
+        kb, vb = ref_plane.logical_rows()
+        assert torch.equal(ka, kb) and torch.equal(va, vb)
+    if kind == "ring":
+        assert seen == {"in place", "shadow", "ring decode"}
+    # and the values are attention's: against the reference over the whole history
+    qkv, qn, kn, cos, sin = ins
+    q = qkv[:, :heads * d].view(N, heads, d)
+    k = qkv[:, heads * d:(heads + kv) * d].view(N, kv, d)
+    spec = type("S", (), {"norm": "rms", "norm_eps": 1e-6})()
+    if qn is not None:
+        q, k = tf.norm(q, qn, spec), tf.norm(k, kn, spec)
+    pos = torch.arange(N, device=dev)
+    q = tf.apply_rope(q, cos[pos], sin[pos], False)
+    k = tf.apply_rope(k, cos[pos], sin[pos], False)
+    v = qkv[:, (heads + kv) * d:].view(N, kv, d)
+    mask = visibility_mask(pos, pos, 48 if kind == "ring" else None)
+    want = reference(q.float(), k.float(), v.float(), mask, scale, softcap)
+    assert rel(ref_out, want) < 2e-2
+
+
+def test_sinks_give_a_chunk_row_the_decode_bits(dev, kdtype):
+    from muser.backends.cuda.triton_chunk import chunk_attention
+    from muser.backends.cuda.triton_decode import decode_attention, plane_row, splits_for
+    heads, kv, d = 4, 2, 32
+    lay = _layout("ring", d, 16)
+    g = torch.Generator().manual_seed(3)
+    sinks = torch.tensor([-1.0, 0.5, 2.0, 6.0], device=dev)
+    plane = _plane("ring", kv, d, kdtype, dev)
+    k = torch.randn(100, kv, d, generator=g).to(dev, kdtype)
+    v = torch.randn(100, kv, d, generator=g).to(dev, kdtype)
+    q = torch.randn(100, heads, d, generator=g).to(dev, kdtype)
+    nsplit = splits_for(48, False, lay["split"])
+    want = []
+    for p in range(100):                              # decode: store, then attend in place
+        slot, n = advance_lockstep([plane], 1)
+        plane.write_slots(slot, k[p:p + 1], v[p:p + 1])
+        want.append(decode_attention(q[p:p + 1], torch.tensor([p], device=dev),
+                                     torch.tensor([plane_row(plane)], device=dev),
+                                     torch.tensor([[slot, n]], device=dev), kv, nsplit, 0.2, None,
+                                     sinks=sinks, capacity=48, **lay))
+    got = chunk_attention(q, k, v, 0, 0, 48, 0.2, None, False, lay, sinks=sinks,
+                          block_m=64 if HAS_CUDA else heads // kv)
+    assert torch.equal(got, torch.cat(want))
