@@ -58,7 +58,7 @@ def _decode(kind, heads, kv, d, dtype, dev, lay, qkv, qn, kn, cos, sin, scale, s
 
 
 def _chunks(kind, sizes, heads, kv, d, dtype, dev, lay, nsplit, cap, qkv, qn, kn, cos, sin, scale,
-            softcap, block_m):
+            softcap, block_m, warps=None):
     from muser.backends.cuda.triton_chunk import chunk_attention
     from muser.backends.cuda.triton_decode import prepare_rows
     plane = _plane(kind, kv, d, dtype, dev)
@@ -71,7 +71,8 @@ def _chunks(kind, sizes, heads, kv, d, dtype, dev, lay, nsplit, cap, qkv, qn, kn
         ring = None if st.ordered else (plane.origin_physical, plane.capacity)
         routes.add("ring decode" if ring else ("shadow" if st._new is not None else "in place"))
         outs.append(chunk_attention(q, st.keys, st.values, at, st.first_position, plane.window,
-                                    scale, softcap, False, lay, ring=ring, block_m=block_m))
+                                    scale, softcap, False, lay, ring=ring, block_m=block_m,
+                                    warps=warps))
         st.commit()
         at += c
     return torch.cat(outs), plane, routes

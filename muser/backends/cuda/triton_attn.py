@@ -28,7 +28,10 @@ the guards keep exp(-inf - -inf) out.  Every reduction that could depend on
 the tile's row count is a tensor-core dot over the keys (`l` is p summed by a
 dot with ones, in the order the p @ V dot sums), so a chunk may put 64 query
 rows in a tile where a decode step puts one row's 16 head slots.  The max
-is exact in any order.
+is exact in any order.  Both kernels compile with `enable_fp_fusion=False`: which
+multiply-add the compiler contracts into an FMA follows the surrounding code (a value loaded
+or carried in a loop), so with contraction on, the same `L * alpha + w * l` rounded
+differently in the two kernels (H200: 10 of 150 rows one bf16 step apart).
 """
 from __future__ import annotations
 
@@ -86,9 +89,13 @@ def pieces() -> dict:
         alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
         p = tl.where(valid, tl.exp(sc - m_new[:, None]), 0.0).to(v.dtype)
         # the row sums on the tensor cores too: every column of p @ ones is the same sum
-        l = l * alpha + tl.max(tl.dot(p, ones, input_precision="ieee"), 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        return m_new, l, acc
+        l_new = l * alpha + tl.max(tl.dot(p, ones, input_precision="ieee"), 1)
+        acc_new = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        # a row that sees no key of this tile keeps its state as it was, bit for bit (not
+        # "times exp(0) plus zero products": what a chunk row does where a decode row never goes)
+        live = tl.max(valid.to(tl.int32), 1) > 0
+        return (tl.where(live, m_new, m), tl.where(live, l_new, l),
+                tl.where(live[:, None], acc_new, acc))
 
     @triton.jit
     def merge_one(M, L, A, m, l, a):
@@ -97,7 +104,16 @@ def pieces() -> dict:
         none = M_new == float("-inf")
         alpha = tl.where(none, 0.0, tl.exp(M - M_new))
         w = tl.where(none, 0.0, tl.exp(m - M_new))
-        return M_new, L * alpha + w * l, A * alpha[:, None] + w[:, None] * a
+        L2 = L * alpha + w * l
+        A2 = A * alpha[:, None] + w[:, None] * a
+        # exact by construction, not by exp(0) == 1: an empty partial (a split a chunk row does
+        # not reach) leaves the total as it was; into an empty total a partial goes as it is
+        # (so one group's total is the group's, whether or not a top-level merge runs)
+        empty = m == float("-inf")
+        fresh = M == float("-inf")
+        return (tl.where(empty, M, tl.where(fresh, m, M_new)),
+                tl.where(empty, L, tl.where(fresh, l, L2)),
+                tl.where(empty[:, None], A, tl.where(fresh[:, None], a, A2)))
 
     @triton.jit
     def sink(SNK, heads, hm, M, L, A):

@@ -115,7 +115,7 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
                     first: int, window: int | None, scale: float, softcap: float | None,
                     interleaved: bool, lay: dict, sinks: torch.Tensor | None = None,
                     ring: tuple[int, int] | None = None, block_m: int = CHUNK_ROWS,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, warps: int | None = None) -> torch.Tensor:
     """q [R, H, D] at positions start.. over keys/values [S, KV, D] -> [R, H, D].
 
     Key position x is row x - first of the view, or with `ring` = (rot, capacity) row
@@ -143,5 +143,5 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         H=H, KV=KV, G=G, D=D, HALF=half, BLOCK_H=_pow2(half, 8), INTERLEAVED=bool(interleaved),
         BM=max(16, _pow2(rows * G)), ROWS=rows, BLOCK_N=lay["block_n"], SPLIT=lay["split"],
         GS=lay["group"], SOFTCAP=softcap is not None, SINKS=sinks is not None,
-        RING=ring is not None, num_warps=lay["warps"])
+        RING=ring is not None, num_warps=warps or lay["warps"], enable_fp_fusion=False)
     return out

@@ -310,7 +310,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         GS=group, FUSED=qkv is not None,
         QK_NORM=q_norm is not None, ROPE=rope, INTERLEAVED=bool(interleaved),
         SOFTCAP=softcap is not None, SINKS=sinks is not None, V_NORM=bool(v_norm),
-        K_EQ_V=bool(k_eq_v), RING=capacity > 0, num_warps=warps)
+        K_EQ_V=bool(k_eq_v), RING=capacity > 0, num_warps=warps, enable_fp_fusion=False)
     return out
 
 
