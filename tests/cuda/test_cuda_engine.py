@@ -41,7 +41,7 @@ def test_graph_decode_equals_the_chunk_path_and_agrees_with_the_cpu_oracle(pair)
         ld = one_forward(gpu, [d], [[t]], all_logits=False, pad=False)[-1]   # eager chunk path
         lc = c.decode(t)
         assert torch.equal(la, lb)
-        assert rel(la, ld) < 2e-2 and rel(la.cpu(), lc) < 5e-2
+        assert rel(la, ld) < 3e-2 and rel(la.cpu(), lc) < 5e-2
     runner = gpu.decode_runner()
     assert runner is not None and runner.stats["captures"] >= 1 and runner.stats["replays"] >= 40
     assert gpu.exact_rows
