@@ -68,6 +68,80 @@ def part2():
         print(f"flash growing={growing}: {(time.perf_counter() - t) * 1e3:.2f} ms", flush=True)
 
 
+
+
+def part3():
+    """Where the decode and chunk bits part: decode run twice; one split (no merge); the
+    workspace poisoned with NaN before every decode launch (a stale partial would show)."""
+    from muser.backends.cuda import triton_decode as td
+    dev, dt = "cuda", torch.bfloat16
+    heads, kv, d = 4, 1, 256
+    for kind in ("ring", "growing"):
+        ins = T._inputs(heads, kv, d, dt, dev, False)
+        for name, over in (("default", {}), ("one split", {"split": 256, "block_n": 32}),
+                           ("tiles of 16", {"split": 32, "block_n": 16})):
+            lay = {**T._layout(kind, d, 32), **over}
+            r1, _, nsplit, cap = T._decode(kind, heads, kv, d, dt, dev, lay, *ins, d ** -0.5, None)
+            r2 = T._decode(kind, heads, kv, d, dt, dev, lay, *ins, d ** -0.5, None)[0]
+            orig = td.DecodeWorkspace.__init__
+
+            def poisoned(self, *a, **k):
+                orig(self, *a, **k)
+                self.ms.fill_(float("nan"))
+                self.ls.fill_(float("nan"))
+                self.acc.fill_(float("nan"))
+            td.DecodeWorkspace.__init__ = poisoned
+            try:
+                r3 = T._decode(kind, heads, kv, d, dt, dev, lay, *ins, d ** -0.5, None)[0]
+            finally:
+                td.DecodeWorkspace.__init__ = orig
+            ch = T._chunks(kind, [150], heads, kv, d, dt, dev, lay, nsplit, cap, *ins, d ** -0.5, None,
+                           64)[0]
+            rows = lambda a, b: (a.float() - b.float()).abs().amax(dim=(1, 2)).gt(0).nonzero().flatten().tolist()  # noqa: E731
+            print(f"{kind} {name}: decode twice {rows(r1, r2)[:10]}; poisoned nan rows "
+                  f"{r3.isnan().any(dim=(1, 2)).nonzero().flatten().tolist()[:10]} vs r1 {rows(r1, r3)[:10]}; "
+                  f"chunk vs r1 {rows(ch, r1)[:10]}", flush=True)
+
+
+def part4():
+    """Fused decode vs its pieces: the q the decode launch uses (emit_q) against prepare_rows'
+    q, the plane row against prepare_rows' k, and the fused output against decode_attention
+    (q given, keys from the plane) on the same plane."""
+    from muser.backends.cuda import triton_decode as td
+    from muser.cache.plane import advance_lockstep
+    dev, dt = "cuda", torch.bfloat16
+    heads, kv, d = 4, 1, 256
+    for kind in ("ring", "growing"):
+        qkv, qn, kn, cos, sin = T._inputs(heads, kv, d, dt, dev, False)
+        lay = T._layout(kind, d, 32)
+        plane = T._plane(kind, kv, d, dt, dev)
+        cap = plane.capacity if kind == "ring" else 0
+        nsplit = td.splits_for(plane.capacity, kind == "growing", lay["split"])
+        pos_all = torch.arange(150, device=dev)
+        qp, kp_, vp_ = td.prepare_rows(qkv, pos_all, cos, sin, qn, kn, 1e-6, heads, kv, d, nsplit, False,
+                                       capacity=cap, **lay)
+        bad_q, bad_k, bad_sep = [], [], []
+        for p in range(150):
+            slot, n = advance_lockstep([plane], 1)
+            table = torch.tensor([td.plane_row(plane)], dtype=torch.int64, device=dev)
+            meta = torch.tensor([[slot, n]], dtype=torch.int64, device=dev)
+            pos = pos_all[p:p + 1]
+            qd = torch.full((1, heads, d), float("nan"), dtype=dt, device=dev)
+            out = torch.empty(1, heads, d, dtype=dt, device=dev)
+            td._launch(qkv[p:p + 1], None, pos, cos, sin, qn, kn, 1e-6, table, meta, heads, kv, d, nsplit,
+                       d ** -0.5, None, False, None, out, capacity=cap, qout=qd, **lay)
+            if not torch.equal(qd, qp[p:p + 1]):
+                bad_q.append(p)
+            row = plane.keys[slot] if kind == "ring" else plane.keys[:, slot]
+            if not torch.equal(row, kp_[p]):
+                bad_k.append(p)
+            sep = td.decode_attention(qd, pos, table, meta, kv, nsplit, d ** -0.5, None, capacity=cap, **lay)
+            if not torch.equal(sep, out):
+                bad_sep.append(p)
+        print(f"{kind}: q differs {bad_q[:10]}; k differs {bad_k[:10]}; fused vs q-given {bad_sep[:10]}",
+              flush=True)
+
+
 if __name__ == "__main__":
-    part1() if "2" not in sys.argv[1:] else None
-    part2() if "1" not in sys.argv[1:] else None
+    for part in sys.argv[1:] or ["1", "2"]:
+        {"1": part1, "2": part2, "3": part3, "4": part4}[part]()

@@ -288,7 +288,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
     B = table.shape[0]
     G = heads // kv_heads
     ngg = merge_groups(nsplit, group)
-    if qout is not None:                  # prepare_rows: no split is live, nothing is merged
+    if qout is not None and grid_splits == 1:      # prepare_rows: nothing attends or merges
         ws = DecodeWorkspace(1, 1, 1, 1, 1, table.device, ngg)
     elif (ws is None or ws.nsplit < nsplit or ws.ngroups < ngg
             or ws.cnt.numel() < B * kv_heads * (1 + ws.ngroups) or ws.ms.numel() < B * kv_heads * nsplit * G):
