@@ -30,6 +30,7 @@ import torch
 from .triton_attn import pieces, _pow2
 
 CHUNK_ROWS = 64               # query slots per program on the GPU (a decode step has 16)
+CHUNK_WARPS = 8               # at 64 slots: 4 warps spill the [64, D] accumulators (H200: 3x slower)
 
 
 @functools.lru_cache(maxsize=None)
@@ -143,5 +144,6 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         H=H, KV=KV, G=G, D=D, HALF=half, BLOCK_H=_pow2(half, 8), INTERLEAVED=bool(interleaved),
         BM=max(16, _pow2(rows * G)), ROWS=rows, BLOCK_N=lay["block_n"], SPLIT=lay["split"],
         GS=lay["group"], SOFTCAP=softcap is not None, SINKS=sinks is not None,
-        RING=ring is not None, num_warps=warps or lay["warps"], enable_fp_fusion=False)
+        RING=ring is not None, num_warps=warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"]),
+        enable_fp_fusion=False)
     return out

@@ -27,8 +27,8 @@ and equal to a chunk row's (triton_chunk.py), which folds the same splits in the
 Counters only elect (stores, barrier, one gpu-scope acq_rel atomic: CUTLASS's split-K
 semaphore pattern) and are back at 0 at the end.  All query heads of a KV group share one
 pass over the keys (tl.dot, G padded to 16).  The fused form computes q and the new row in
-every split (a few hundred elements) and substitutes the new row from registers at its
-position, so no split reads a row another split of the same launch writes.
+every split (a few hundred elements), stores both (every split the same bits), and reads them
+back like any other row: its attention is then the q-given form's, and a chunk's.
 """
 from __future__ import annotations
 
@@ -66,9 +66,9 @@ def _kernel():
 
     # runtime ints that differ between a decode launch and prepare_rows stay runtime values
     # (Triton would otherwise specialise a 1): one binary, one prologue arithmetic
-    @triton.jit(do_not_specialize=["capm", "emit_q", "NGG", "NROWS"])
+    @triton.jit(do_not_specialize=["capm", "NGG", "NROWS"])
     def attn_kernel(QKV, Q, POS, COS, SIN, QN, KN, TAB, META, MS, LS, ACC, CNT, O, SNK, QOUT,
-                    scale, softcap, eps, capm, emit_q, NGG, NROWS,
+                    scale, softcap, eps, capm, NGG, NROWS,
                     H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                     HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_G: tl.constexpr,
                     BLOCK_GC: tl.constexpr, BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr,
@@ -154,15 +154,21 @@ def _kernel():
             else:
                 q = tl.reshape(tl.permute(qj, (0, 2, 1)), (BLOCK_G, 2 * BLOCK_H))
                 k_new = tl.reshape(tl.permute(kj, (1, 0)), (2 * BLOCK_H,))
-            # the new row goes into the plane once; no program of this launch reads it back
-            # (each uses k_new / v_new from registers for that row)
+            # Every split stores the new row (the same bits to the same slot) and q (to QOUT),
+            # then reads both back like any other row: the attention below is the q-given
+            # form's, instruction for instruction -- and so a chunk's (triton_chunk.py).  (With
+            # q and the new row taken from registers instead, 10 of 150 rows came out one bf16
+            # step from the q-given form on the H200: the compiled dots differ.)  A split reads
+            # the slot after its own store and a CTA barrier, so it sees its own bits or the
+            # same bits another split stored; nobody reads the row the slot held before (on a
+            # ring, position p - capacity: not visible).
             off = slot.to(tl.int64) * rs + kvh * hs
-            smask = cv & ((c * 0 + s) == 0)             # a tensor mask (the interpreter)
-            tl.store(kp + off + dm, k_new, mask=smask)
-            tl.store(vp + off + dm, v_new, mask=smask)
-            # prepare_rows: the chunk path takes q as this launch made it (same binary, same bits)
-            qmask = (gm[:, None] & cv[None, :]) & ((g * 0 + emit_q)[:, None] != 0)
-            tl.store(QOUT + (b * H + kvh * G + g)[:, None] * D + dm[None, :], q, mask=qmask)
+            tl.store(kp + off + dm, k_new, mask=cv)
+            tl.store(vp + off + dm, v_new, mask=cv)
+            qp = QOUT + (b * H + kvh * G + g)[:, None] * D + dm[None, :]
+            tl.store(qp, q, mask=gm[:, None] & cv[None, :])
+            tl.debug_barrier()
+            q = tl.load(qp, mask=gm[:, None] & cv[None, :], other=0.0)
         else:
             q = tl.load(Q + (b * H + kvh * G + g)[:, None] * D + dm[None, :],
                         mask=gm[:, None] & cv[None, :], other=0.0)
@@ -186,15 +192,9 @@ def _kernel():
                 if RING:
                     phys = (phys + capm) % capm
                 lm = (kpos >= lo_pos) & (kpos <= pos)
-                if FUSED:
-                    lm = lm & (kpos != pos)
                 offs = phys[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
                 k = tl.load(kp + offs, mask=lm[:, None] & cv[None, :], other=0.0)
                 v = tl.load(vp + offs, mask=lm[:, None] & cv[None, :], other=0.0)
-                if FUSED:
-                    fresh = kpos == pos
-                    k = tl.where(fresh[:, None], k_new[None, :], k)
-                    v = tl.where(fresh[:, None], v_new[None, :], v)
                 m, l, acc = _tile_step(q, k, v, kpos, lo_v, hi_v, m, l, acc, ones, scale,
                                        softcap, SOFTCAP)
             base = pid * NSPLIT + s
@@ -274,6 +274,15 @@ class DecodeWorkspace:
         self.acc = torch.empty(batch * kv_heads * nsplit * group * head_dim, **f32)
         # per (row, kv head): one top counter, then one per merge group the grid can touch
         self.cnt = torch.zeros(batch * kv_heads * (1 + self.ngroups), dtype=torch.int32, device=device)
+        self.q = None                 # [B, H, D] the fused form's q (allocated on first use)
+
+    def q_for(self, batch: int, heads: int, head_dim: int, dtype) -> torch.Tensor:
+        """The fused form's q scratch: one buffer for every layer (the first call sizes it;
+        a graph's warm-up makes that call before capture)."""
+        n = batch * heads * head_dim
+        if self.q is None or self.q.numel() < n or self.q.dtype != dtype:
+            self.q = torch.empty(n, dtype=dtype, device=self.cnt.device)
+        return self.q
 
 
 def merge_groups(nsplit: int, group: int) -> int:
@@ -302,9 +311,8 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         src, src, pos, cos if rope else dummy, sin if rope else dummy,
         q_norm if q_norm is not None else dummy, k_norm if k_norm is not None else dummy,
         table, meta, ws.ms, ws.ls, ws.acc, ws.cnt, out, sinks if sinks is not None else dummy,
-        qout if qout is not None else out,
-        float(scale), float(softcap or 1.0), float(eps), int(capacity), 1 if qout is not None else 0,
-        ws.ngroups, B * kv_heads,
+        qout if qout is not None else ws.q_for(B, heads, head_dim, src.dtype),
+        float(scale), float(softcap or 1.0), float(eps), int(capacity), ws.ngroups, B * kv_heads,
         H=heads, KV=kv_heads, G=G, D=head_dim, HALF=half, BLOCK_H=block_h,
         BLOCK_G=_pow2(G, 16), BLOCK_GC=_pow2(G), BLOCK_N=block_n, NSPLIT=nsplit, SPLIT=split,
         GS=group, FUSED=qkv is not None,
