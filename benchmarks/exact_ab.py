@@ -52,8 +52,12 @@ def parent(args):
     import torch
     from cuda_bench import SHAPES
     from cuda_measure import build
-    trees = [("old", os.path.abspath(args.old), {}), ("exact", os.getcwd(), {"MUSER_CHUNKS": "exact"}),
-             ("fast", os.getcwd(), {"MUSER_CHUNKS": "fast"})]
+    repo = os.path.dirname(HERE)
+    trees = [("old", os.path.abspath(args.old), {}), ("exact", repo, {"MUSER_CHUNKS": "exact"}),
+             ("fast", repo, {"MUSER_CHUNKS": "fast"})]
+    # each child imports muser from its tree only (the rest of the path: site packages)
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(":")
+            if p and os.path.abspath(p) not in (repo, HERE)]
     trees = [t for t in trees if t[0] in args.trees.split(",")]
     rows = []
     for name in args.models.split(","):
@@ -62,7 +66,7 @@ def parent(args):
         torch.cuda.empty_cache()
         for rnd in range(args.rounds):
             for tree, root, env in trees:
-                e = dict(os.environ, PYTHONPATH=f"{root}:{HERE}", **env)
+                e = dict(os.environ, PYTHONPATH=":".join([root, HERE] + rest), **env)
                 cmd = [sys.executable, __file__, "--child", "--tree", tree, "--path", path,
                        "--shape", name, "--steps", str(args.steps)] + (["--long"] if args.long else [])
                 t = time.perf_counter()
