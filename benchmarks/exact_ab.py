@@ -41,7 +41,7 @@ def child(args):
     if args.shape == "1b":
         out["batch16_2k"] = muser_batch(eng, 16, 2048, 16, vocab)[0]
     out["prefill_512"] = max(muser_prefill(eng, 512, vocab, None, reps=3) for _ in range(2))
-    out["prefill_16k"] = muser_prefill(eng, 16384, vocab, None)
+    out["prefill_16k"] = muser_prefill(eng, 16384, vocab, None) if not args.no_16k else 0.0
     out["exact_rows"] = bool(getattr(eng, "exact_rows", False))
     out["seconds"] = round(time.perf_counter() - t, 1)
     torch.cuda.synchronize()
@@ -59,6 +59,9 @@ def parent(args):
     rest = [p for p in os.environ.get("PYTHONPATH", "").split(":")
             if p and os.path.abspath(p) not in (repo, HERE)]
     trees = [t for t in trees if t[0] in args.trees.split(",")]
+    for v in filter(None, args.variants.split(";")):          # NAME:VAR=VALUE,VAR=VALUE
+        label, _, sets = v.partition(":")
+        trees.append((label, repo, dict(kv.split("=") for kv in sets.split(","))))
     rows = []
     for name in args.models.split(","):
         model, path = build(SHAPES[name], 32768 + 1024)
@@ -68,7 +71,8 @@ def parent(args):
             for tree, root, env in trees:
                 e = dict(os.environ, PYTHONPATH=":".join([root, HERE] + rest), **env)
                 cmd = [sys.executable, __file__, "--child", "--tree", tree, "--path", path,
-                       "--shape", name, "--steps", str(args.steps)] + (["--long"] if args.long else [])
+                       "--shape", name, "--steps", str(args.steps)] + (["--long"] if args.long else []) \
+                    + (["--no-16k"] if args.no_16k and tree not in ("old", "exact", "fast") else [])
                 t = time.perf_counter()
                 p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=args.timeout)
                 res = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
@@ -105,6 +109,8 @@ def main():
     ap.add_argument("--long", action="store_true", help="also decode at 32k")
     ap.add_argument("--timeout", type=int, default=400)
     ap.add_argument("--json")
+    ap.add_argument("--variants", default="", help="more runs of this tree: NAME:VAR=V,VAR=V;...")
+    ap.add_argument("--no-16k", action="store_true", help="variants skip the 16k prefill")
     args = ap.parse_args()
     child(args) if args.child else parent(args)
 
