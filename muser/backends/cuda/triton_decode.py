@@ -64,39 +64,6 @@ def _kernel():
 
     globals().update(pieces())          # module globals: the interpreter resolves names there
 
-    @triton.jit
-    def fold(MS, LS, ACC, prow, lo, count, a0, gc, gcm, dm, cv, G: tl.constexpr, D: tl.constexpr,
-             GS: tl.constexpr, TOP: tl.constexpr, SB: tl.constexpr, BLOCK_GC: tl.constexpr,
-             DP: tl.constexpr):
-        """Fold `count` parked partials in order (merge_one, one at a time: a chunk's order and
-        arithmetic), loading SB of them at once: the loads are what take time.  Group level:
-        slots lo, lo + 1, ..; top level (TOP): each group's first slot."""
-        M = tl.full([BLOCK_GC], float("-inf"), tl.float32)
-        L = tl.zeros([BLOCK_GC], tl.float32)
-        A = tl.zeros([BLOCK_GC, DP], tl.float32)
-        jj = tl.arange(0, SB)
-        for k0 in range(0, count, SB):
-            kk = k0 + jj
-            if TOP:
-                idx = tl.maximum((a0 // GS + kk) * GS, a0) - a0
-            else:
-                idx = lo + kk
-            msk = (kk < count)[:, None] & gcm[None, :]                        # [SB, GC]
-            pb = (prow + idx)[:, None] * G + gc[None, :]
-            mm = tl.load(MS + pb, mask=msk, other=float("-inf"), cache_modifier=".cg")
-            ll = tl.load(LS + pb, mask=msk, other=0.0, cache_modifier=".cg")
-            aa = tl.load(ACC + pb[:, :, None] * D + dm[None, None, :],
-                         mask=msk[:, :, None] & cv[None, None, :], other=0.0, cache_modifier=".cg")
-            for j in tl.static_range(SB):     # partial j, exactly (the rest of its column is 0)
-                sel = jj == j
-                mj = tl.max(tl.where(sel[:, None], mm, float("-inf")), 0)
-                lj = tl.sum(tl.where(sel[:, None], ll, 0.0), 0)
-                aj = tl.sum(tl.where(sel[:, None, None], aa, 0.0), 0)
-                M, L, A = _merge_one(M, L, A, mj, lj, aj)
-        return M, L, A
-
-    globals()["_fold"] = fold
-
     # runtime ints that differ between a decode launch and prepare_rows stay runtime values
     # (Triton would otherwise specialise a 1): one binary, one prologue arithmetic
     @triton.jit(do_not_specialize=["capm", "NGG", "NROWS"])
@@ -105,7 +72,7 @@ def _kernel():
                     H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                     HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_G: tl.constexpr,
                     BLOCK_GC: tl.constexpr, BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr,
-                    SPLIT: tl.constexpr, GS: tl.constexpr, SB: tl.constexpr,
+                    SPLIT: tl.constexpr, GS: tl.constexpr,
                     FUSED: tl.constexpr, QK_NORM: tl.constexpr, ROPE: tl.constexpr,
                     INTERLEAVED: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
                     V_NORM: tl.constexpr, K_EQ_V: tl.constexpr, RING: tl.constexpr):
@@ -247,8 +214,16 @@ def _kernel():
             ticket = tl.atomic_add(gcnt, 1, sem="acq_rel", scope="gpu")
             if ticket == g_last - g_first:
                 tl.store(gcnt, 0)
-                M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, g_first - a0, g_last - g_first + 1, a0,
-                                gc, gcm, dm, cv, G, D, GS, False, SB, BLOCK_GC, 2 * BLOCK_H)
+                M = tl.full([BLOCK_GC], float("-inf"), tl.float32)
+                L = tl.zeros([BLOCK_GC], tl.float32)
+                A = tl.zeros([BLOCK_GC, 2 * BLOCK_H], tl.float32)
+                for i in range(g_first - a0, g_last - a0 + 1):
+                    pb = (pid * NSPLIT + i) * G + gc
+                    mm = tl.load(MS + pb, mask=gcm, other=float("-inf"), cache_modifier=".cg")
+                    ll = tl.load(LS + pb, mask=gcm, other=0.0, cache_modifier=".cg")
+                    aa = tl.load(ACC + pb[:, None] * D + dm[None, :], mask=gcm[:, None] & cv[None, :],
+                                 other=0.0, cache_modifier=".cg")
+                    M, L, A = _merge_one(M, L, A, mm, ll, aa)
                 if ngrp > 1:                      # park the group's total in its first slot
                     gb = (pid * NSPLIT + g_first - a0) * G + gc
                     tl.store(MS + gb, M, mask=gcm)
@@ -258,8 +233,19 @@ def _kernel():
                     top = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
                     if top == ngrp - 1:
                         tl.store(CNT + pid, 0)
-                        M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, 0, ngrp, a0, gc, gcm, dm, cv,
-                                        G, D, GS, True, SB, BLOCK_GC, 2 * BLOCK_H)
+                        # a chunk folds one group's total into an empty total too: exact
+                        M = tl.full([BLOCK_GC], float("-inf"), tl.float32)
+                        L = tl.zeros([BLOCK_GC], tl.float32)
+                        A = tl.zeros([BLOCK_GC, 2 * BLOCK_H], tl.float32)
+                        for gi in range(0, ngrp):
+                            first = tl.maximum((a0 // GS + gi) * GS, a0) - a0
+                            pb = (pid * NSPLIT + first) * G + gc
+                            mm = tl.load(MS + pb, mask=gcm, other=float("-inf"), cache_modifier=".cg")
+                            ll = tl.load(LS + pb, mask=gcm, other=0.0, cache_modifier=".cg")
+                            aa = tl.load(ACC + pb[:, None] * D + dm[None, :],
+                                         mask=gcm[:, None] & cv[None, :], other=0.0,
+                                         cache_modifier=".cg")
+                            M, L, A = _merge_one(M, L, A, mm, ll, aa)
                         if SINKS:
                             M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
                         tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
@@ -329,7 +315,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         float(scale), float(softcap or 1.0), float(eps), int(capacity), ws.ngroups, B * kv_heads,
         H=heads, KV=kv_heads, G=G, D=head_dim, HALF=half, BLOCK_H=block_h,
         BLOCK_G=_pow2(G, 16), BLOCK_GC=_pow2(G), BLOCK_N=block_n, NSPLIT=nsplit, SPLIT=split,
-        GS=group, SB=max(1, 8192 // (_pow2(G) * 2 * block_h)), FUSED=qkv is not None,
+        GS=group, FUSED=qkv is not None,
         QK_NORM=q_norm is not None, ROPE=rope, INTERLEAVED=bool(interleaved),
         SOFTCAP=softcap is not None, SINKS=sinks is not None, V_NORM=bool(v_norm),
         K_EQ_V=bool(k_eq_v), RING=capacity > 0, num_warps=warps, enable_fp_fusion=False)
