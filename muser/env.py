@@ -53,7 +53,7 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_RING_ROWS": ("int >= 1", "32", "backends/cuda (attention)",
                         "positions per split of a ring plane's attention (rounded up to whole "
                         "tiles; part of the arithmetic: experiments)"),
-    "MUSER_GROWING_ROWS": ("int >= 1", "64", "backends/cuda (attention)",
+    "MUSER_GROWING_ROWS": ("int >= 1", "128", "backends/cuda (attention)",
                            "positions per split of a growing plane's attention (rounded up to "
                            "whole tiles; part of the arithmetic: experiments)"),
     "MUSER_ATTN_RING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
@@ -80,7 +80,7 @@ class Env:
     attn: str = "fused"
     chunks: str = "exact"
     ring_rows: int = 32
-    growing_rows: int = 64
+    growing_rows: int = 128
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)
     attn_growing: tuple[int, int] | None = None
     test_ref_dir: Path | None = None

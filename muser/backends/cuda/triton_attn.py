@@ -39,8 +39,9 @@ import functools
 
 from muser.env import Env
 
-RING_SPLIT = 32               # positions per split, ring planes (MUSER_RING_ROWS)
-GROWING_SPLIT = 64            # positions per split, growing planes (MUSER_GROWING_ROWS)
+# positions per split: Env.ring_rows (32) and Env.growing_rows (128), MUSER_RING_ROWS /
+# MUSER_GROWING_ROWS (H200, Gemma-3-1B shape: rings of 64 or 128 were slower at 2k; growing 128
+# against 64: 32k decode -4%, the rest even -- benchmarks/NOTES.md)
 GROWING_GROUP = 16            # splits per first-level merge group (growing planes)
 RING_GROUP = 1 << 16          # ring planes: one group (a row spans a few splits)
 
