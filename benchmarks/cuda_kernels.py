@@ -77,27 +77,29 @@ def attention_sweep(rows_out):
             tables = [torch.tensor([td.plane_row(p)], dtype=torch.int64, device=dev) for p in planes]
             slot = 100 if kind == "ring" else n - 1
             meta = torch.tensor([[slot, n]], dtype=torch.int64, device=dev)
-            pos = torch.tensor([n - 1], dtype=torch.int64, device=dev)
-            # (block_n, warps) pairs that compile without spills at D = 256 (ptxas, sm_90)
+            at = 5000 if kind == "ring" else n - 1          # a full ring: any position past it
+            pos = torch.tensor([at], dtype=torch.int64, device=dev)
+            cap = n if kind == "ring" else 0
+            # layouts (triton_attn.layout): positions per split, merge group, key tile, warps --
+            # the (block_n, warps) pairs compile without spills at D = 256 (ptxas, sm_90)
             if kind == "ring":
-                grid = [dict(nsplit=-(-n // r), min_rows=0, block_n=bn, warps=w,
-                             tag=f"rows={r} bn={bn} w={w}")
+                grid = [dict(split=r, group=1 << 16, block_n=bn, warps=w, tag=f"split={r} bn={bn} w={w}")
                         for r, bn, w in ((32, 32, 4), (32, 16, 4), (64, 32, 4), (64, 64, 8), (128, 64, 8))]
             else:
-                grid = [dict(nsplit=ns, min_rows=mr, block_n=bn, warps=w,
-                             tag=f"splits={ns} min={mr} bn={bn} w={w}")
-                        for ns, mr, bn, w in ((128, 32, 32, 4), (128, 128, 32, 4), (128, 64, 64, 8),
-                                              (64, 128, 64, 8), (128, 32, 16, 4))]
+                grid = [dict(split=r, group=g, block_n=bn, warps=w, tag=f"split={r} group={g} bn={bn} w={w}")
+                        for r, g, bn, w in ((128, 16, 32, 4), (64, 16, 32, 4), (256, 16, 32, 4),
+                                            (128, 16, 64, 8), (128, 8, 32, 4))]
             ref = None
             for cfg in grid:
-                ws = td.DecodeWorkspace(1, KV, H // KV, D, cfg["nsplit"], dev)
+                lay = {k: cfg[k] for k in ("split", "group", "block_n", "warps")}
+                nsplit = td.splits_for(n if kind == "ring" else 40000, kind == "growing", cfg["split"])
+                ws = td.DecodeWorkspace(1, KV, H // KV, D, nsplit, dev, td.merge_groups(nsplit, cfg["group"]))
                 out = torch.empty(1, H, D, device=dev, dtype=dt)
 
-                def call(t, cfg=cfg, ws=ws, out=out):
+                def call(t, lay=lay, nsplit=nsplit, ws=ws, out=out):
                     td.fused_decode_attention(qkv, pos, cos, sin, qn, kn, 1e-6, t, meta, H, KV, D,
-                                              cfg["nsplit"], 0.0625, None, False, ws=ws, out=out,
-                                              min_rows=cfg["min_rows"], warps=cfg["warps"],
-                                              block_n=cfg["block_n"])
+                                              nsplit, 0.0625, None, False, ws=ws, out=out,
+                                              capacity=cap, **lay)
                 try:
                     t = time_graph(call, tables)
                 except Exception as e:
@@ -109,12 +111,13 @@ def attention_sweep(rows_out):
                 err = float((out.float() - ref).norm() / ref.norm())
                 rows_out.append((f"attn {model} {kind} n={n}", f"fused {cfg['tag']}", t, err))
             cfg = grid[0]
-            ws = td.DecodeWorkspace(1, KV, H // KV, D, cfg["nsplit"], dev)
+            lay = {k: cfg[k] for k in ("split", "group", "block_n", "warps")}
+            nsplit = td.splits_for(n if kind == "ring" else 40000, kind == "growing", cfg["split"])
+            ws = td.DecodeWorkspace(1, KV, H // KV, D, nsplit, dev, td.merge_groups(nsplit, cfg["group"]))
 
-            def sep(t, cfg=cfg, ws=ws):
+            def sep(t, lay=lay, nsplit=nsplit, ws=ws):
                 q = qk_rope_store(qkv, pos, cos, sin, qn, kn, 1e-6, t, meta, H, KV, D, False)
-                td.decode_attention(q, t, meta, KV, cfg["nsplit"], 0.0625, None, ws=ws,
-                                    min_rows=cfg["min_rows"])
+                td.decode_attention(q, pos, t, meta, KV, nsplit, 0.0625, None, ws=ws, capacity=cap, **lay)
             rows_out.append((f"attn {model} {kind} n={n}", f"separate {cfg['tag']}",
                              time_graph(sep, tables), 0.0))
             del planes, tables
