@@ -31,6 +31,8 @@ class Backend:
     exact_rows      every op, attention included, computes a row the same way whatever shares
                     the pass and however many rows it has -- one arithmetic per token: chunks
                     need no scratch rows (issue 12)
+    encoding_tag    appended to the engine's cut-encoding family when the backend runs an opt-in
+                    arithmetic whose rows differ from the default's (CUDA: "+fast-chunks")
     """
 
     name = "?"
