@@ -56,6 +56,12 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_GROWING_ROWS": ("int >= 1", "128", "backends/cuda (attention)",
                            "positions per split of a growing plane's attention (rounded up to "
                            "whole tiles; part of the arithmetic: experiments)"),
+    "MUSER_RING_GROUP": ("int >= 1", "65536", "backends/cuda (attention)",
+                         "ring splits per first-level merge group (65536: one group, one merge "
+                         "level; part of the arithmetic: experiments)"),
+    "MUSER_GROWING_GROUP": ("int >= 1", "16", "backends/cuda (attention)",
+                            "growing-plane splits per first-level merge group (part of the "
+                            "arithmetic: experiments)"),
     "MUSER_ATTN_RING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
                         "tile of the ring decode-attention kernel (experiments)"),
     "MUSER_ATTN_GROWING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
@@ -81,6 +87,8 @@ class Env:
     chunks: str = "exact"
     ring_rows: int = 32
     growing_rows: int = 128
+    ring_group: int = 1 << 16
+    growing_group: int = 16
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)
     attn_growing: tuple[int, int] | None = None
     test_ref_dir: Path | None = None
@@ -164,7 +172,8 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_CHUNKS", "chunks")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
-    for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows")):
+    for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),
+                        ("MUSER_RING_GROUP", "ring_group"), ("MUSER_GROWING_GROUP", "growing_group")):
         if (v := get(name)) is not None:
             kw[field] = _count(name, v)
     for name, field in (("MUSER_ATTN_RING", "attn_ring"), ("MUSER_ATTN_GROWING", "attn_growing")):

@@ -39,11 +39,10 @@ import functools
 
 from muser.env import Env
 
-# positions per split: Env.ring_rows (32) and Env.growing_rows (128), MUSER_RING_ROWS /
-# MUSER_GROWING_ROWS (H200, Gemma-3-1B shape: rings of 64 or 128 were slower at 2k; growing 128
-# against 64: 32k decode -4%, the rest even -- benchmarks/NOTES.md)
-GROWING_GROUP = 16            # splits per first-level merge group (growing planes)
-RING_GROUP = 1 << 16          # ring planes: one group (a row spans a few splits)
+# Positions per split and splits per merge group live in Env (MUSER_RING_ROWS = 32,
+# MUSER_GROWING_ROWS = 128, MUSER_RING_GROUP = 65536: one group, MUSER_GROWING_GROUP = 16).
+# H200, Gemma-3-1B shape: rings of 64 or 128 positions were slower at 2k; growing 128 against
+# 64: 32k decode -4%, the rest even (benchmarks/NOTES.md).
 
 
 def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
@@ -58,7 +57,7 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     block_n, warps = tile if tile is not None else ((32 if d2 >= 256 else 64), 4)
     split = env.growing_rows if growing else env.ring_rows
     split = max(block_n, -(-split // block_n) * block_n)          # whole tiles per split
-    return {"split": split, "group": GROWING_GROUP if growing else RING_GROUP,
+    return {"split": split, "group": env.growing_group if growing else env.ring_group,
             "block_n": block_n, "warps": warps}
 
 
