@@ -44,7 +44,8 @@ class CudaBackend(Backend):
             from .graph import make_runner
             self._runner = make_runner(engine, self._runner_env) or False
             # every row through the step's kernels: one arithmetic per token (issue 12)
-            self.exact_rows = bool(self._runner) and self._runner_env.chunks == "exact"
+            self.exact_rows = (bool(self._runner) and self._runner_env.chunks == "exact"
+                               and self._runner.step.invariant)
             self.invariant_rows = sys.maxsize if self.exact_rows else 0
         return self._runner or None
 

@@ -140,6 +140,10 @@ class DecodeStep:
         self.gelu = spec.activation == "gelu_tanh"
         # the separate form has no v-norm / V = K: Gemma 4 always takes the fused attention
         self.fused_attn = env.attn != "separate" or spec.v_norm or any(l.k_eq_v for l in spec.layers)
+        # a chunk through this step's layer loop has a decode step's bits only with the default
+        # kernels: dot_rows for every row count, and the fused attention launch (whose first
+        # half prepares a chunk's q/k/v); the experiment switches give that up
+        self.invariant = mode == "dot" and self.fused_attn
 
     def workspace(self, batch: int) -> DecodeWorkspace:
         """One workspace for every layer: sized for the largest kv-head count, group, head dim,
