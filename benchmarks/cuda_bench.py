@@ -37,7 +37,7 @@ SHAPES = {
                     ffn=8192, vocab=256000, pattern=4, long=0),
 }
 LOG = []
-ATTN_AB = [{}, {"MUSER_GROWING_ROWS": "256"}, {"MUSER_RING_GROUP": "4"}, {"MUSER_RING_GROUP": "8"},
+ATTN_AB = [{}, {"MUSER_GROWING_ROWS": "256"}, {"MUSER_RING_GROUP": "4"}, {"MUSER_MERGE_LOADS": "4"},
            {"MUSER_ATTN_GROWING": "64,8", "MUSER_GROWING_ROWS": "128"},
            {"MUSER_RING_ROWS": "64", "MUSER_ATTN_RING": "64,8"},
            {"MUSER_ATTN_RING": "16,4", "MUSER_ATTN_GROWING": "16,4"}]

@@ -62,6 +62,9 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_GROWING_GROUP": ("int >= 1", "16", "backends/cuda (attention)",
                             "growing-plane splits per first-level merge group (part of the "
                             "arithmetic: experiments)"),
+    "MUSER_MERGE_LOADS": ("1|4", "1", "backends/cuda (decode attention)",
+                          "parked split partials loaded at once by a decode merge (the same "
+                          "bits either way; 4: untested for speed, experiments)"),
     "MUSER_ATTN_RING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
                         "tile of the ring decode-attention kernel (experiments)"),
     "MUSER_ATTN_GROWING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
@@ -88,6 +91,7 @@ class Env:
     ring_rows: int = 32
     growing_rows: int = 128
     ring_group: int = 1 << 16
+    merge_loads: str = "1"
     growing_group: int = 16
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)
     attn_growing: tuple[int, int] | None = None
@@ -169,7 +173,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
     kw["pack_key"] = e.get("MUSER_PACK_KEY")       # a blank key is the reader's to refuse
     kw["api_key"] = e.get("MUSER_API_KEY")
     for name, field in (("MUSER_ROWS", "rows"), ("MUSER_GEMV", "gemv"), ("MUSER_ATTN", "attn"),
-                        ("MUSER_CHUNKS", "chunks")):
+                        ("MUSER_CHUNKS", "chunks"), ("MUSER_MERGE_LOADS", "merge_loads")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

@@ -46,7 +46,8 @@ from muser.env import Env
 
 
 def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
-    """The reduction shape of one layer's attention: {split, group, block_n, warps}.
+    """The reduction shape of one layer's attention: {split, group, block_n, warps, depth}
+    (depth: parked partials a decode merge loads at once -- a speed choice, not a bits one).
 
     block_n: (32, 4 warps) at head dims over 128 and (64, 4) below -- the largest tiles whose
     [16, D] float32 accumulator and [block_n, D] K/V tiles compile without spilling (sm_90).
@@ -58,7 +59,7 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     split = env.growing_rows if growing else env.ring_rows
     split = max(block_n, -(-split // block_n) * block_n)          # whole tiles per split
     return {"split": split, "group": env.growing_group if growing else env.ring_group,
-            "block_n": block_n, "warps": warps}
+            "block_n": block_n, "warps": warps, "depth": int(env.merge_loads)}
 
 
 def _pow2(x: int, lo: int = 1) -> int:

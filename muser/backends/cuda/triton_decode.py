@@ -64,6 +64,58 @@ def _kernel():
 
     globals().update(pieces())          # module globals: the interpreter resolves names there
 
+    @triton.jit
+    def load_parked(MS, LS, ACC, prow, i, count, lo, a0, gc, gcm, dm, cv, G: tl.constexpr,
+                    D: tl.constexpr, GS: tl.constexpr, TOP: tl.constexpr):
+        """The i-th parked partial of a merge (an empty one past `count`): group level, slots
+        lo, lo + 1, ..; top level (TOP), each group's first slot."""
+        if TOP:
+            idx = tl.maximum((a0 // GS + i) * GS, a0) - a0
+        else:
+            idx = lo + i
+        msk = gcm & ((gc * 0 + i) < count)
+        pb = (prow + idx) * G + gc
+        mm = tl.load(MS + pb, mask=msk, other=float("-inf"), cache_modifier=".cg")
+        ll = tl.load(LS + pb, mask=msk, other=0.0, cache_modifier=".cg")
+        aa = tl.load(ACC + pb[:, None] * D + dm[None, :], mask=msk[:, None] & cv[None, :], other=0.0,
+                     cache_modifier=".cg")
+        return mm, ll, aa
+
+    @triton.jit
+    def fold(MS, LS, ACC, prow, lo, count, a0, gc, gcm, dm, cv, G: tl.constexpr, D: tl.constexpr,
+             GS: tl.constexpr, TOP: tl.constexpr, DEPTH: tl.constexpr, BLOCK_GC: tl.constexpr,
+             DP: tl.constexpr):
+        """Fold `count` parked partials into an empty total, one by one in order (merge_one:
+        the chunk's order and arithmetic).  DEPTH 4 issues four partials' loads before folding
+        them (the fold is load-latency-bound: a ring row's 17 splits are 17 rounds at DEPTH 1);
+        a partial past `count` is empty and folds as an exact no-op, so the bits are DEPTH's
+        to choose freely."""
+        M = tl.full([BLOCK_GC], float("-inf"), tl.float32)
+        L = tl.zeros([BLOCK_GC], tl.float32)
+        A = tl.zeros([BLOCK_GC, DP], tl.float32)
+        for i0 in range(0, count, DEPTH):
+            if DEPTH == 4:
+                m0, l0, x0 = _load_parked(MS, LS, ACC, prow, i0, count, lo, a0, gc, gcm,
+                                              dm, cv, G, D, GS, TOP)
+                m1, l1, x1 = _load_parked(MS, LS, ACC, prow, i0 + 1, count, lo, a0, gc, gcm,
+                                              dm, cv, G, D, GS, TOP)
+                m2, l2, x2 = _load_parked(MS, LS, ACC, prow, i0 + 2, count, lo, a0, gc, gcm,
+                                              dm, cv, G, D, GS, TOP)
+                m3, l3, x3 = _load_parked(MS, LS, ACC, prow, i0 + 3, count, lo, a0, gc, gcm,
+                                              dm, cv, G, D, GS, TOP)
+                M, L, A = _merge_one(M, L, A, m0, l0, x0)
+                M, L, A = _merge_one(M, L, A, m1, l1, x1)
+                M, L, A = _merge_one(M, L, A, m2, l2, x2)
+                M, L, A = _merge_one(M, L, A, m3, l3, x3)
+            else:
+                m0, l0, x0 = _load_parked(MS, LS, ACC, prow, i0, count, lo, a0, gc, gcm,
+                                              dm, cv, G, D, GS, TOP)
+                M, L, A = _merge_one(M, L, A, m0, l0, x0)
+        return M, L, A
+
+    globals()["_load_parked"] = load_parked
+    globals()["_fold"] = fold
+
     # runtime ints that differ between a decode launch and prepare_rows stay runtime values
     # (Triton would otherwise specialise a 1): one binary, one prologue arithmetic
     @triton.jit(do_not_specialize=["capm", "NGG", "NROWS"])
@@ -72,7 +124,7 @@ def _kernel():
                     H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                     HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_G: tl.constexpr,
                     BLOCK_GC: tl.constexpr, BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr,
-                    SPLIT: tl.constexpr, GS: tl.constexpr,
+                    SPLIT: tl.constexpr, GS: tl.constexpr, DEPTH: tl.constexpr,
                     FUSED: tl.constexpr, QK_NORM: tl.constexpr, ROPE: tl.constexpr,
                     INTERLEAVED: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
                     V_NORM: tl.constexpr, K_EQ_V: tl.constexpr, RING: tl.constexpr):
@@ -214,16 +266,8 @@ def _kernel():
             ticket = tl.atomic_add(gcnt, 1, sem="acq_rel", scope="gpu")
             if ticket == g_last - g_first:
                 tl.store(gcnt, 0)
-                M = tl.full([BLOCK_GC], float("-inf"), tl.float32)
-                L = tl.zeros([BLOCK_GC], tl.float32)
-                A = tl.zeros([BLOCK_GC, 2 * BLOCK_H], tl.float32)
-                for i in range(g_first - a0, g_last - a0 + 1):
-                    pb = (pid * NSPLIT + i) * G + gc
-                    mm = tl.load(MS + pb, mask=gcm, other=float("-inf"), cache_modifier=".cg")
-                    ll = tl.load(LS + pb, mask=gcm, other=0.0, cache_modifier=".cg")
-                    aa = tl.load(ACC + pb[:, None] * D + dm[None, :], mask=gcm[:, None] & cv[None, :],
-                                 other=0.0, cache_modifier=".cg")
-                    M, L, A = _merge_one(M, L, A, mm, ll, aa)
+                M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, g_first - a0, g_last - g_first + 1, a0,
+                                gc, gcm, dm, cv, G, D, GS, False, DEPTH, BLOCK_GC, 2 * BLOCK_H)
                 if ngrp > 1:                      # park the group's total in its first slot
                     gb = (pid * NSPLIT + g_first - a0) * G + gc
                     tl.store(MS + gb, M, mask=gcm)
@@ -233,19 +277,9 @@ def _kernel():
                     top = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
                     if top == ngrp - 1:
                         tl.store(CNT + pid, 0)
-                        # a chunk folds one group's total into an empty total too: exact
-                        M = tl.full([BLOCK_GC], float("-inf"), tl.float32)
-                        L = tl.zeros([BLOCK_GC], tl.float32)
-                        A = tl.zeros([BLOCK_GC, 2 * BLOCK_H], tl.float32)
-                        for gi in range(0, ngrp):
-                            first = tl.maximum((a0 // GS + gi) * GS, a0) - a0
-                            pb = (pid * NSPLIT + first) * G + gc
-                            mm = tl.load(MS + pb, mask=gcm, other=float("-inf"), cache_modifier=".cg")
-                            ll = tl.load(LS + pb, mask=gcm, other=0.0, cache_modifier=".cg")
-                            aa = tl.load(ACC + pb[:, None] * D + dm[None, :],
-                                         mask=gcm[:, None] & cv[None, :], other=0.0,
-                                         cache_modifier=".cg")
-                            M, L, A = _merge_one(M, L, A, mm, ll, aa)
+                        # (a chunk folds one group's total into an empty total too: exact)
+                        M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, 0, ngrp, a0, gc, gcm, dm, cv,
+                                        G, D, GS, True, DEPTH, BLOCK_GC, 2 * BLOCK_H)
                         if SINKS:
                             M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
                         tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
@@ -292,7 +326,7 @@ def merge_groups(nsplit: int, group: int) -> int:
 
 def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads, head_dim,
             nsplit, scale, softcap, interleaved, ws, out, split, group, block_n, warps,
-            capacity=0, sinks=None, v_norm=False, k_eq_v=False, qout=None, grid_splits=None):
+            depth=1, capacity=0, sinks=None, v_norm=False, k_eq_v=False, qout=None, grid_splits=None):
     kern = _kernel()
     B = table.shape[0]
     G = heads // kv_heads
@@ -315,7 +349,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         float(scale), float(softcap or 1.0), float(eps), int(capacity), ws.ngroups, B * kv_heads,
         H=heads, KV=kv_heads, G=G, D=head_dim, HALF=half, BLOCK_H=block_h,
         BLOCK_G=_pow2(G, 16), BLOCK_GC=_pow2(G), BLOCK_N=block_n, NSPLIT=nsplit, SPLIT=split,
-        GS=group, FUSED=qkv is not None,
+        GS=group, DEPTH=depth, FUSED=qkv is not None,
         QK_NORM=q_norm is not None, ROPE=rope, INTERLEAVED=bool(interleaved),
         SOFTCAP=softcap is not None, SINKS=sinks is not None, V_NORM=bool(v_norm),
         K_EQ_V=bool(k_eq_v), RING=capacity > 0, num_warps=warps, enable_fp_fusion=False)
