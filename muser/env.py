@@ -65,6 +65,9 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_MERGE_LOADS": ("1|4", "1", "backends/cuda (decode attention)",
                           "parked split partials loaded at once by a decode merge (the same "
                           "bits either way; 4: untested for speed, experiments)"),
+    "MUSER_CHUNK_LOOP": ("nested|flat", "nested", "backends/cuda (chunk attention)",
+                         "the chunk attention's loop: splits then tiles, or one loop over the tiles "
+                         "(the same bits; flat: untested for speed, experiments)"),
     "MUSER_ATTN_RING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
                         "tile of the ring decode-attention kernel (experiments)"),
     "MUSER_ATTN_GROWING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
@@ -92,6 +95,7 @@ class Env:
     growing_rows: int = 128
     ring_group: int = 1 << 16
     merge_loads: str = "1"
+    chunk_loop: str = "nested"
     growing_group: int = 16
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)
     attn_growing: tuple[int, int] | None = None
@@ -173,7 +177,8 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
     kw["pack_key"] = e.get("MUSER_PACK_KEY")       # a blank key is the reader's to refuse
     kw["api_key"] = e.get("MUSER_API_KEY")
     for name, field in (("MUSER_ROWS", "rows"), ("MUSER_GEMV", "gemv"), ("MUSER_ATTN", "attn"),
-                        ("MUSER_CHUNKS", "chunks"), ("MUSER_MERGE_LOADS", "merge_loads")):
+                        ("MUSER_CHUNKS", "chunks"), ("MUSER_MERGE_LOADS", "merge_loads"),
+                        ("MUSER_CHUNK_LOOP", "chunk_loop")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

@@ -46,8 +46,9 @@ from muser.env import Env
 
 
 def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
-    """The reduction shape of one layer's attention: {split, group, block_n, warps, depth}
-    (depth: parked partials a decode merge loads at once -- a speed choice, not a bits one).
+    """The reduction shape of one layer's attention: {split, group, block_n, warps, depth,
+    chunk_loop} (depth: parked partials a decode merge loads at once; chunk_loop: the chunk
+    kernel's loop structure -- speed choices, not bits ones).
 
     block_n: (32, 4 warps) at head dims over 128 and (64, 4) below -- the largest tiles whose
     [16, D] float32 accumulator and [block_n, D] K/V tiles compile without spilling (sm_90).
@@ -59,7 +60,8 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     split = env.growing_rows if growing else env.ring_rows
     split = max(block_n, -(-split // block_n) * block_n)          # whole tiles per split
     return {"split": split, "group": env.growing_group if growing else env.ring_group,
-            "block_n": block_n, "warps": warps, "depth": int(env.merge_loads)}
+            "block_n": block_n, "warps": warps, "depth": int(env.merge_loads),
+            "chunk_loop": env.chunk_loop}
 
 
 def _pow2(x: int, lo: int = 1) -> int:

@@ -18,7 +18,9 @@ one KV head) and walks its rows' splits in order:
 
 A decode step folds the same partials in the same order (triton_decode.py), so
 each row gets the decode step's bits; splits and tiles a row does not reach
-fold as exact no-ops.  Keys are read by position: row (x - first) of an
+fold as exact no-ops.  `chunk_loop="flat"` (MUSER_CHUNK_LOOP) runs the same
+sequence as one loop over the tiles with the boundaries inside it, which the
+compiler can software-pipeline (a ring split is one tile); not yet measured.  Keys are read by position: row (x - first) of an
 ordered view, or (rot + x - first) mod capacity of a ring read in place.
 """
 from __future__ import annotations
@@ -40,6 +42,25 @@ def _kernel():
 
     globals().update(pieces())
 
+    @triton.jit
+    def chunk_tile(K, V, kpos, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm, cv,
+                   RING: tl.constexpr):
+        """The K and V tiles of key positions kpos, read by position (zeros outside the rows
+        any query of the tile sees, or outside the view).  (The nested loop below keeps these
+        lines inline: that is the form verified bitwise on the H200.)"""
+        idx = kpos - first
+        km = (kpos >= lo_min) & (kpos <= p_max)
+        if RING:
+            idx = (rot + idx + capm) % capm
+        else:
+            km = km & (idx >= 0) & (idx < kcount)
+        offs = idx[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
+        k = tl.load(K + offs, mask=km[:, None] & cv[None, :], other=0.0)
+        v = tl.load(V + offs, mask=km[:, None] & cv[None, :], other=0.0)
+        return k, v
+
+    globals()["_chunk_tile"] = chunk_tile
+
     @triton.jit(do_not_specialize=["start", "R", "first", "rot", "capm", "kcount", "window"])
     def chunk_kernel(Q, K, V, O, SNK, start, R, first, rot, capm, kcount, rs, hs, window,
                      scale, softcap,
@@ -47,7 +68,7 @@ def _kernel():
                      HALF: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
                      BM: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
                      SPLIT: tl.constexpr, GS: tl.constexpr, SOFTCAP: tl.constexpr,
-                     SINKS: tl.constexpr, RING: tl.constexpr):
+                     SINKS: tl.constexpr, RING: tl.constexpr, FLAT: tl.constexpr):
         t = tl.program_id(0)
         kvh = tl.program_id(1)
         i = tl.arange(0, BM)
@@ -79,31 +100,58 @@ def _kernel():
         Mg = tl.full([BM], float("-inf"), tl.float32)
         Lg = tl.zeros([BM], tl.float32)
         Ag = tl.zeros([BM, 2 * BLOCK_H], tl.float32)
-        for a in range(lo_min // SPLIT, a_hi + 1):
+        if FLAT:
+            # one loop over the tiles, split and group boundaries inside it: the same sequence
+            # of tile_step / merge_one as below (so the same bits), but a loop long enough for
+            # the compiler's software pipelining to prefetch K/V tiles (a ring split is 1 tile)
+            t_first = (lo_min // BLOCK_N) * BLOCK_N
             m = tl.full([BM], float("-inf"), tl.float32)
             l = tl.zeros([BM], tl.float32)
             acc = tl.zeros([BM, 2 * BLOCK_H], tl.float32)
-            t_lo = tl.maximum(a * SPLIT, (lo_min // BLOCK_N) * BLOCK_N)
-            t_hi = tl.minimum(a * SPLIT + SPLIT, p_max + 1)
-            for st in range(t_lo, t_hi, BLOCK_N):
+            for st in range(t_first, p_max + 1, BLOCK_N):
+                fresh = (st % SPLIT == 0) | (st == t_first)        # a split starts here
+                m = tl.where(fresh, float("-inf"), m)
+                l = tl.where(fresh, 0.0, l)
+                acc = tl.where(fresh, 0.0, acc)
                 kpos = st + tl.arange(0, BLOCK_N)
-                idx = kpos - first
-                km = (kpos >= lo_min) & (kpos <= p_max)
-                if RING:
-                    idx = (rot + idx + capm) % capm
-                else:
-                    km = km & (idx >= 0) & (idx < kcount)
-                offs = idx[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
-                k = tl.load(K + offs, mask=km[:, None] & cv[None, :], other=0.0)
-                v = tl.load(V + offs, mask=km[:, None] & cv[None, :], other=0.0)
+                k, v = _chunk_tile(K, V, kpos, first, rot, capm, kcount, lo_min, p_max, rs, hs,
+                                   kvh, dm, cv, RING)
                 m, l, acc = _tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap,
                                        SOFTCAP)
-            Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
-            if (a % GS == GS - 1) | (a == a_hi):
-                Mt, Lt, At = _merge_one(Mt, Lt, At, Mg, Lg, Ag)
-                Mg = tl.full([BM], float("-inf"), tl.float32)
-                Lg = tl.zeros([BM], tl.float32)
-                Ag = tl.zeros([BM, 2 * BLOCK_H], tl.float32)
+                last = st + BLOCK_N > p_max
+                if ((st + BLOCK_N) % SPLIT == 0) | last:            # the split ends here
+                    Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
+                    if ((st // SPLIT) % GS == GS - 1) | last:
+                        Mt, Lt, At = _merge_one(Mt, Lt, At, Mg, Lg, Ag)
+                        Mg = tl.full([BM], float("-inf"), tl.float32)
+                        Lg = tl.zeros([BM], tl.float32)
+                        Ag = tl.zeros([BM, 2 * BLOCK_H], tl.float32)
+        else:
+            for a in range(lo_min // SPLIT, a_hi + 1):
+                m = tl.full([BM], float("-inf"), tl.float32)
+                l = tl.zeros([BM], tl.float32)
+                acc = tl.zeros([BM, 2 * BLOCK_H], tl.float32)
+                t_lo = tl.maximum(a * SPLIT, (lo_min // BLOCK_N) * BLOCK_N)
+                t_hi = tl.minimum(a * SPLIT + SPLIT, p_max + 1)
+                for st in range(t_lo, t_hi, BLOCK_N):
+                    kpos = st + tl.arange(0, BLOCK_N)
+                    idx = kpos - first
+                    km = (kpos >= lo_min) & (kpos <= p_max)
+                    if RING:
+                        idx = (rot + idx + capm) % capm
+                    else:
+                        km = km & (idx >= 0) & (idx < kcount)
+                    offs = idx[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
+                    k = tl.load(K + offs, mask=km[:, None] & cv[None, :], other=0.0)
+                    v = tl.load(V + offs, mask=km[:, None] & cv[None, :], other=0.0)
+                    m, l, acc = _tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap,
+                                           SOFTCAP)
+                Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
+                if (a % GS == GS - 1) | (a == a_hi):
+                    Mt, Lt, At = _merge_one(Mt, Lt, At, Mg, Lg, Ag)
+                    Mg = tl.full([BM], float("-inf"), tl.float32)
+                    Lg = tl.zeros([BM], tl.float32)
+                    Ag = tl.zeros([BM, 2 * BLOCK_H], tl.float32)
         if SINKS:
             Mt, Lt, At = _sink(SNK, heads, rv, Mt, Lt, At)
         tl.store(O + (r.to(tl.int64) * H + heads)[:, None] * D + dm[None, :],
@@ -144,6 +192,7 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         H=H, KV=KV, G=G, D=D, HALF=half, BLOCK_H=_pow2(half, 8), INTERLEAVED=bool(interleaved),
         BM=max(16, _pow2(rows * G)), ROWS=rows, BLOCK_N=lay["block_n"], SPLIT=lay["split"],
         GS=lay["group"], SOFTCAP=softcap is not None, SINKS=sinks is not None,
-        RING=ring is not None, num_warps=warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"]),
+        RING=ring is not None, FLAT=lay.get("chunk_loop") == "flat",
+        num_warps=warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"]),
         enable_fp_fusion=False)
     return out
