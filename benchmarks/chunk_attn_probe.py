@@ -5,7 +5,12 @@ counts per tile and prints the rows (and their slot in the tile) whose bits diff
 times chunk_attention at the Gemma-3-1B shape (4 heads, 1 KV head, D 256): a 16k prefill's
 global layer in 4k-row chunks and a sliding layer (window 512), against FlashAttention-2.
 
-    PYTHONPATH=.:tests/cuda python3 benchmarks/chunk_attn_probe.py
+Part 3 runs the decode kernel twice, with a NaN-poisoned workspace (a stale partial would
+show) and with one split, against the chunk kernel; part 4 holds the fused decode launch against
+its pieces (the q it attends with, the row it stores, the q-given form on the same plane) --
+the probe that found the fused form's dots differing (benchmarks/NOTES.md, sixth session).
+
+    PYTHONPATH=.:tests/cuda python3 benchmarks/chunk_attn_probe.py [1] [2] [3] [4]
 """
 import sys
 import time
