@@ -39,6 +39,8 @@ import functools
 
 from muser.env import Env
 
+from .triton_ops import _pow2
+
 # Positions per split and splits per merge group live in Env (MUSER_RING_ROWS = 32,
 # MUSER_GROWING_ROWS = 128, MUSER_RING_GROUP = 65536: one group, MUSER_GROWING_GROUP = 16).
 # H200, Gemma-3-1B shape: rings of 64 or 128 positions were slower at 2k; growing 128 against
@@ -62,13 +64,6 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     return {"split": split, "group": env.growing_group if growing else env.ring_group,
             "block_n": block_n, "warps": warps, "depth": int(env.merge_loads),
             "chunk_loop": env.chunk_loop}
-
-
-def _pow2(x: int, lo: int = 1) -> int:
-    p = lo
-    while p < x:
-        p *= 2
-    return p
 
 
 @functools.lru_cache(maxsize=None)

@@ -18,10 +18,11 @@ one KV head) and walks its rows' splits in order:
 
 A decode step folds the same partials in the same order (triton_decode.py), so
 each row gets the decode step's bits; splits and tiles a row does not reach
-fold as exact no-ops.  `chunk_loop="flat"` (MUSER_CHUNK_LOOP) runs the same
-sequence as one loop over the tiles with the boundaries inside it, which the
-compiler can software-pipeline (a ring split is one tile); not yet measured.  Keys are read by position: row (x - first) of an
+fold as exact no-ops.  Keys are read by position: row (x - first) of an
 ordered view, or (rot + x - first) mod capacity of a ring read in place.
+`chunk_loop="flat"` (MUSER_CHUNK_LOOP) runs the same sequence as one loop over
+the tiles with the boundaries inside it, which the compiler can
+software-pipeline (a ring split is one tile); not yet measured.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ import functools
 
 import torch
 
-from .triton_attn import pieces, _pow2
+from .triton_attn import pieces
+from .triton_ops import _pow2
 
 CHUNK_ROWS = 64               # query slots per program on the GPU (a decode step has 16)
 CHUNK_WARPS = 8               # at 64 slots: 4 warps spill the [64, D] accumulators (H200: 3x slower)

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import torch
 
-from .triton_attn import layout, _pow2
+from .triton_attn import layout
+from .triton_ops import _pow2
 from .triton_decode_kernel import _kernel
 
 TAB_COLS = 4

@@ -19,8 +19,9 @@ import functools
 import torch
 
 
-def _pow2(x: int) -> int:
-    p = 1
+def _pow2(x: int, lo: int = 1) -> int:
+    """The least power of two >= x, and at least `lo` (itself a power of two)."""
+    p = lo
     while p < x:
         p *= 2
     return p
