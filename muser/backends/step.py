@@ -105,7 +105,7 @@ def _pass(engine, sessions, chunks, all_logits: bool, pad: bool, logits: bool = 
         att_pos = torch.tensor(starts, dtype=torch.long, device=dev)
     else:
         att_pos = torch.cat([torch.arange(s, s + p, device=dev) for s, p in zip(starts, padded)])
-    att_off, mm_off = _offsets(padded), _offsets(rows)
+    att_off, mm_off = row_offsets(padded), row_offsets(rows)
     if rows is padded:
         mm_pos = att_pos
     elif B == 1:
@@ -226,7 +226,7 @@ def _groups(chunks, pad: bool, limit: int) -> list[tuple[int, int]]:
     return out
 
 
-def _offsets(counts: list[int]) -> list[int]:
+def row_offsets(counts: list[int]) -> list[int]:
     out, at = [], 0
     for c in counts:
         out.append(at)

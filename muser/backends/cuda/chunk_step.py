@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ...cache import stage
+from ..step import row_offsets
 from .triton_chunk import chunk_attention
 from .triton_decode import prepare_rows
 
@@ -31,9 +32,7 @@ def chunk_pass(step, engine, sessions, chunks, all_logits: bool, pad: bool = Fal
     spec, dev = engine.spec, engine.device
     starts = [s.position for s in sessions]
     real = [len(c) for c in chunks]
-    offs = [0]
-    for r in real:
-        offs.append(offs[-1] + r)
+    offs = row_offsets(real)                  # session b's rows: [offs[b], offs[b] + real[b])
     ids = torch.tensor([t for c in chunks for t in c], dtype=torch.long, device=dev)
     pos = torch.cat([torch.arange(s, s + r, device=dev) for s, r in zip(starts, real)])
 
@@ -45,7 +44,7 @@ def chunk_pass(step, engine, sessions, chunks, all_logits: bool, pad: bool = Fal
                                v_norm=spec.v_norm, k_eq_v=lw.wv is None, capacity=cap, **lay)
         out = torch.empty_like(q)
         for b, s in enumerate(sessions):
-            a, z = offs[b], offs[b + 1]
+            a, z = offs[b], offs[b] + real[b]
             plane = s.planes[s.plane_of[i]]
             staged = stage(plane, starts[b], k[a:z], v[a:z])
             # the ring decode route stores first and leaves the ring in place, rotation and all
@@ -61,4 +60,4 @@ def chunk_pass(step, engine, sessions, chunks, all_logits: bool, pad: bool = Fal
         return torch.empty((0, spec.vocab_size), dtype=torch.float32, device=dev)
     if all_logits:
         return step.head(x)
-    return step.head(x[[o - 1 for o in offs[1:]]])
+    return step.head(x[[o + r - 1 for o, r in zip(offs, real)]])
