@@ -38,28 +38,43 @@ def part1():
                       f"{bad[:12]} slots {sorted(set(r % rows for r in bad))[:12]}", flush=True)
 
 
+def compiled(jit):
+    """(num_warps, num_stages, registers, spilled bytes) of each binary a jit function built."""
+    out = []
+    for caches in getattr(jit, "device_caches", {}).values():
+        for ck in (caches[0].values() if isinstance(caches, tuple) else []):
+            md = getattr(ck, "metadata", None)
+            out.append((getattr(md, "num_warps", "?"), getattr(md, "num_stages", "?"),
+                        getattr(ck, "n_regs", "?"), getattr(ck, "n_spills", "?")))
+    return out
+
+
 def part2():
     from muser.backends.cuda.triton_attn import layout
-    from muser.backends.cuda.triton_chunk import chunk_attention
+    from muser.backends.cuda.triton_chunk import _kernel, chunk_attention
     dev, dt = "cuda", torch.bfloat16
     H, KV, D, N = 4, 1, 256, 16384
     k = torch.randn(N, KV, D, device=dev, dtype=dt)
     v = torch.randn(N, KV, D, device=dev, dtype=dt)
     q = torch.randn(N, H, D, device=dev, dtype=dt)
     for growing, window in ((True, None), (False, 512)):
-        lay = layout(growing, D)
-        for bm, warps in ((16, 4), (64, 4), (64, 8), (128, 8), (128, 4)):
+        for bm, warps, stages, loop, ds in ((64, 8, None, "nested", 1), (64, 8, None, "nested", 2),
+                                            (64, 8, 2, "nested", 2), (64, 4, 2, "nested", 2),
+                                            (64, 8, None, "flat", 2), (64, 8, None, "nested", 4),
+                                            (128, 8, None, "nested", 4), (64, 4, None, "nested", 4),
+                                            (32, 4, None, "nested", 2)):
+            lay = dict(layout(growing, D), chunk_loop=loop, dsplit=ds)
             times = []
             for rep in range(2):
                 torch.cuda.synchronize()
                 t = time.perf_counter()
                 for a in range(0, N, 4096):
                     chunk_attention(q[a:a + 4096], k[:a + 4096], v[:a + 4096], a, 0, window, 0.0625,
-                                    None, False, lay, block_m=bm, warps=warps)
+                                    None, False, lay, block_m=bm, warps=warps, stages=stages)
                 torch.cuda.synchronize()
                 times.append(time.perf_counter() - t)
-            print(f"chunk_attention growing={growing} block_m={bm} warps={warps}: {times[1] * 1e3:.2f} ms "
-                  f"(first {times[0] * 1e3:.0f} ms)", flush=True)
+            print(f"chunk_attention growing={growing} block_m={bm} warps={warps} stages={stages} "
+                  f"{loop} dsplit={ds}: {times[1] * 1e3:.2f} ms (first {times[0] * 1e3:.0f} ms)", flush=True)
         t = time.perf_counter()
         for rep in range(2):
             torch.cuda.synchronize()
@@ -71,8 +86,9 @@ def part2():
                     window_size_left=(window - 1) if window else -1, window_size_right=0)
             torch.cuda.synchronize()
         print(f"flash growing={growing}: {(time.perf_counter() - t) * 1e3:.2f} ms", flush=True)
-
-
+    print("chunk binaries (warps, stages, regs, spills):", compiled(_kernel()), flush=True)
+    from muser.backends.cuda.triton_decode_kernel import _kernel as dk
+    print("decode binaries (warps, stages, regs, spills):", compiled(dk()), flush=True)
 
 
 def part3():

@@ -98,6 +98,31 @@ def profile_step(engine, batch, reps=5):
     return round(sum(r[2] for r in rows), 1), [(n, c, round(t, 1)) for n, c, t in rows[:14]]
 
 
+def profile_prefill(engine, n, vocab, chunk=None, top=16):
+    """Kernel time of one n-token prefill (after a warm one): total ms and the top kernels
+    [(name, launches, ms)] -- where a prefill's time goes, per kernel family."""
+    from torch.profiler import ProfilerActivity, profile
+    for r in range(2):
+        s = engine.new_session()
+        reserve(s, n)
+        ids = rand_ids(n, vocab, 11)
+        sync()
+        if r == 0:
+            s.prefill(ids, chunk_size=chunk)
+            sync()
+            continue
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            s.prefill(ids, chunk_size=chunk)
+            sync()
+    rows = []
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if t > 0 and ev.count:
+            rows.append((ev.key[:60], ev.count, t / 1e3))
+    rows.sort(key=lambda r: -r[2])
+    return round(sum(r[2] for r in rows), 2), [(k, c, round(t, 2)) for k, c, t in rows[:top]]
+
+
 def muser_decode(engine, context, steps, vocab, seed=1, prof=False):
     s = engine.new_session()
     reserve(s, context + steps + 16)

@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def child(args):
     import torch
     import muser
-    from cuda_measure import muser_batch, muser_decode, muser_prefill
+    from cuda_measure import muser_batch, muser_decode, muser_prefill, profile_prefill
     from cuda_bench import SHAPES
     shape = SHAPES[args.shape]
     eng = muser.load(args.path, device="cuda", dtype="bfloat16", progress=False)
@@ -42,6 +42,9 @@ def child(args):
         out["batch16_2k"] = muser_batch(eng, 16, 2048, 16, vocab)[0]
     out["prefill_512"] = max(muser_prefill(eng, 512, vocab, None, reps=3) for _ in range(2))
     out["prefill_16k"] = muser_prefill(eng, 16384, vocab, None) if not args.no_16k else 0.0
+    if args.profile:                        # kernel time: a decode step at 2k, a 16k prefill
+        out["profile_decode"] = muser_decode(eng, 2048, 8, vocab, prof=True)[2]
+        out["profile_16k"] = profile_prefill(eng, 16384, vocab)
     out["exact_rows"] = bool(getattr(eng, "exact_rows", False))
     out["seconds"] = round(time.perf_counter() - t, 1)
     torch.cuda.synchronize()
@@ -72,6 +75,7 @@ def parent(args):
                 e = dict(os.environ, PYTHONPATH=":".join([root, HERE] + rest), **env)
                 cmd = [sys.executable, __file__, "--child", "--tree", tree, "--path", path,
                        "--shape", name, "--steps", str(args.steps)] + (["--long"] if args.long else []) \
+                    + (["--profile"] if args.profile else []) \
                     + (["--no-16k"] if args.no_16k and tree not in ("old", "exact", "fast") else [])
                 t = time.perf_counter()
                 p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=args.timeout)
@@ -110,6 +114,7 @@ def main():
     ap.add_argument("--timeout", type=int, default=400)
     ap.add_argument("--json")
     ap.add_argument("--variants", default="", help="more runs of this tree: NAME:VAR=V,VAR=V;...")
+    ap.add_argument("--profile", action="store_true", help="also print each run's top kernels")
     ap.add_argument("--no-16k", action="store_true", help="variants skip the 16k prefill")
     args = ap.parse_args()
     child(args) if args.child else parent(args)

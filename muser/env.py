@@ -68,6 +68,9 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_CHUNK_LOOP": ("nested|flat", "nested", "backends/cuda (chunk attention)",
                          "the chunk attention's loop: splits then tiles, or one loop over the tiles "
                          "(the same bits; flat: untested for speed, experiments)"),
+    "MUSER_CHUNK_COLUMNS": ("1|2|4", "1", "backends/cuda (chunk attention)",
+                            "programs per query tile, each with a slice of the value columns "
+                            "(the same bits: fewer accumulator registers, scores recomputed)"),
     "MUSER_ATTN_RING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
                         "tile of the ring decode-attention kernel (experiments)"),
     "MUSER_ATTN_GROWING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
@@ -96,6 +99,7 @@ class Env:
     ring_group: int = 1 << 16
     merge_loads: str = "1"
     chunk_loop: str = "nested"
+    chunk_columns: str = "1"
     growing_group: int = 16
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)
     attn_growing: tuple[int, int] | None = None
@@ -178,7 +182,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
     kw["api_key"] = e.get("MUSER_API_KEY")
     for name, field in (("MUSER_ROWS", "rows"), ("MUSER_GEMV", "gemv"), ("MUSER_ATTN", "attn"),
                         ("MUSER_CHUNKS", "chunks"), ("MUSER_MERGE_LOADS", "merge_loads"),
-                        ("MUSER_CHUNK_LOOP", "chunk_loop")):
+                        ("MUSER_CHUNK_LOOP", "chunk_loop"), ("MUSER_CHUNK_COLUMNS", "chunk_columns")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

@@ -36,6 +36,7 @@ def test_defaults_without_any_knob():
     ("MUSER_RING_GROUP", "4", "ring_group", 4),
     ("MUSER_MERGE_LOADS", "4", "merge_loads", "4"),
     ("MUSER_CHUNK_LOOP", "flat", "chunk_loop", "flat"),
+    ("MUSER_CHUNK_COLUMNS", "2", "chunk_columns", "2"),
     ("MUSER_GROWING_GROUP", "8", "growing_group", 8),
     ("MUSER_ATTN_RING", "64,8", "attn_ring", (64, 8)),
     ("MUSER_ATTN_GROWING", "16,4", "attn_growing", (16, 4)),

@@ -49,8 +49,9 @@ from .triton_ops import _pow2
 
 def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     """The reduction shape of one layer's attention: {split, group, block_n, warps, depth,
-    chunk_loop} (depth: parked partials a decode merge loads at once; chunk_loop: the chunk
-    kernel's loop structure -- speed choices, not bits ones).
+    chunk_loop, dsplit} (depth: parked partials a decode merge loads at once; chunk_loop and
+    dsplit: the chunk kernel's loop structure and value-column slices -- speed choices, not
+    bits ones).
 
     block_n: (32, 4 warps) at head dims over 128 and (64, 4) below -- the largest tiles whose
     [16, D] float32 accumulator and [block_n, D] K/V tiles compile without spilling (sm_90).
@@ -63,7 +64,7 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     split = max(block_n, -(-split // block_n) * block_n)          # whole tiles per split
     return {"split": split, "group": env.growing_group if growing else env.ring_group,
             "block_n": block_n, "warps": warps, "depth": int(env.merge_loads),
-            "chunk_loop": env.chunk_loop}
+            "chunk_loop": env.chunk_loop, "dsplit": int(env.chunk_columns)}
 
 
 @functools.lru_cache(maxsize=None)

@@ -46,7 +46,7 @@ def _kernel():
 
     @triton.jit
     def chunk_tile(K, V, kpos, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm, cv,
-                   RING: tl.constexpr):
+                   dmv, cvv, RING: tl.constexpr):
         """The K and V tiles of key positions kpos, read by position (zeros outside the rows
         any query of the tile sees, or outside the view).  (The nested loop below keeps these
         lines inline: that is the form verified bitwise on the H200.)"""
@@ -56,9 +56,9 @@ def _kernel():
             idx = (rot + idx + capm) % capm
         else:
             km = km & (idx >= 0) & (idx < kcount)
-        offs = idx[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
-        k = tl.load(K + offs, mask=km[:, None] & cv[None, :], other=0.0)
-        v = tl.load(V + offs, mask=km[:, None] & cv[None, :], other=0.0)
+        rows = idx[:, None].to(tl.int64) * rs + kvh * hs
+        k = tl.load(K + rows + dm[None, :], mask=km[:, None] & cv[None, :], other=0.0)
+        v = tl.load(V + rows + dmv[None, :], mask=km[:, None] & cvv[None, :], other=0.0)
         return k, v
 
     globals()["_chunk_tile"] = chunk_tile
@@ -70,9 +70,11 @@ def _kernel():
                      HALF: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
                      BM: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
                      SPLIT: tl.constexpr, GS: tl.constexpr, SOFTCAP: tl.constexpr,
-                     SINKS: tl.constexpr, RING: tl.constexpr, FLAT: tl.constexpr):
+                     SINKS: tl.constexpr, RING: tl.constexpr, FLAT: tl.constexpr,
+                     DSPLIT: tl.constexpr):
         t = tl.program_id(0)
         kvh = tl.program_id(1)
+        part = tl.program_id(2)                  # which 1 / DSPLIT of the value columns
         i = tl.arange(0, BM)
         r = t * ROWS + i // G                    # query row of slot i
         hg = i % G                               # its head within the KV group
@@ -84,6 +86,18 @@ def _kernel():
         else:
             dm = tl.where(c < BLOCK_H, c, c - BLOCK_H + HALF)
             cv = (c % BLOCK_H) < HALF
+        # value / output columns of this program: a slice of the same column order (a column of
+        # p @ V is its own sum over the keys, so slicing them changes no bit; every program
+        # recomputes the scores -- 1.5x the FLOPs at DSPLIT 2, half the accumulator
+        # registers, which is what a [64, 256] tile ran out of: 110 spills on the H200)
+        DPW: tl.constexpr = 2 * BLOCK_H // DSPLIT
+        cp = part * DPW + tl.arange(0, DPW)
+        if INTERLEAVED:
+            dmv = cp
+            cvv = cp < D
+        else:
+            dmv = tl.where(cp < BLOCK_H, cp, cp - BLOCK_H + HALF)
+            cvv = (cp % BLOCK_H) < HALF
         p = start + r
         lo = tl.where(window > 0, tl.maximum(p - window + 1, 0), 0)
         hi = tl.where(rv, p + 1, lo)             # slots past the chunk see nothing
@@ -98,10 +112,10 @@ def _kernel():
         ones = tl.full([BLOCK_N, 16], 1.0, O.dtype.element_ty)
         Mt = tl.full([BM], float("-inf"), tl.float32)
         Lt = tl.zeros([BM], tl.float32)
-        At = tl.zeros([BM, 2 * BLOCK_H], tl.float32)
+        At = tl.zeros([BM, DPW], tl.float32)
         Mg = tl.full([BM], float("-inf"), tl.float32)
         Lg = tl.zeros([BM], tl.float32)
-        Ag = tl.zeros([BM, 2 * BLOCK_H], tl.float32)
+        Ag = tl.zeros([BM, DPW], tl.float32)
         if FLAT:
             # one loop over the tiles, split and group boundaries inside it: the same sequence
             # of tile_step / merge_one as below (so the same bits), but a loop long enough for
@@ -109,7 +123,7 @@ def _kernel():
             t_first = (lo_min // BLOCK_N) * BLOCK_N
             m = tl.full([BM], float("-inf"), tl.float32)
             l = tl.zeros([BM], tl.float32)
-            acc = tl.zeros([BM, 2 * BLOCK_H], tl.float32)
+            acc = tl.zeros([BM, DPW], tl.float32)
             for st in range(t_first, p_max + 1, BLOCK_N):
                 fresh = (st % SPLIT == 0) | (st == t_first)        # a split starts here
                 m = tl.where(fresh, float("-inf"), m)
@@ -117,7 +131,7 @@ def _kernel():
                 acc = tl.where(fresh, 0.0, acc)
                 kpos = st + tl.arange(0, BLOCK_N)
                 k, v = _chunk_tile(K, V, kpos, first, rot, capm, kcount, lo_min, p_max, rs, hs,
-                                   kvh, dm, cv, RING)
+                                   kvh, dm, cv, dmv, cvv, RING)
                 m, l, acc = _tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap,
                                        SOFTCAP)
                 last = st + BLOCK_N > p_max
@@ -127,12 +141,12 @@ def _kernel():
                         Mt, Lt, At = _merge_one(Mt, Lt, At, Mg, Lg, Ag)
                         Mg = tl.full([BM], float("-inf"), tl.float32)
                         Lg = tl.zeros([BM], tl.float32)
-                        Ag = tl.zeros([BM, 2 * BLOCK_H], tl.float32)
+                        Ag = tl.zeros([BM, DPW], tl.float32)
         else:
             for a in range(lo_min // SPLIT, a_hi + 1):
                 m = tl.full([BM], float("-inf"), tl.float32)
                 l = tl.zeros([BM], tl.float32)
-                acc = tl.zeros([BM, 2 * BLOCK_H], tl.float32)
+                acc = tl.zeros([BM, DPW], tl.float32)
                 t_lo = tl.maximum(a * SPLIT, (lo_min // BLOCK_N) * BLOCK_N)
                 t_hi = tl.minimum(a * SPLIT + SPLIT, p_max + 1)
                 for st in range(t_lo, t_hi, BLOCK_N):
@@ -143,9 +157,10 @@ def _kernel():
                         idx = (rot + idx + capm) % capm
                     else:
                         km = km & (idx >= 0) & (idx < kcount)
-                    offs = idx[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
-                    k = tl.load(K + offs, mask=km[:, None] & cv[None, :], other=0.0)
-                    v = tl.load(V + offs, mask=km[:, None] & cv[None, :], other=0.0)
+                    rows = idx[:, None].to(tl.int64) * rs + kvh * hs
+                    k = tl.load(K + rows + dm[None, :], mask=km[:, None] & cv[None, :], other=0.0)
+                    v = tl.load(V + rows + dmv[None, :], mask=km[:, None] & cvv[None, :],
+                                other=0.0)
                     m, l, acc = _tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap,
                                            SOFTCAP)
                 Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
@@ -153,11 +168,11 @@ def _kernel():
                     Mt, Lt, At = _merge_one(Mt, Lt, At, Mg, Lg, Ag)
                     Mg = tl.full([BM], float("-inf"), tl.float32)
                     Lg = tl.zeros([BM], tl.float32)
-                    Ag = tl.zeros([BM, 2 * BLOCK_H], tl.float32)
+                    Ag = tl.zeros([BM, DPW], tl.float32)
         if SINKS:
             Mt, Lt, At = _sink(SNK, heads, rv, Mt, Lt, At)
-        tl.store(O + (r.to(tl.int64) * H + heads)[:, None] * D + dm[None, :],
-                 (At / Lt[:, None]).to(O.dtype.element_ty), mask=rv[:, None] & cv[None, :])
+        tl.store(O + (r.to(tl.int64) * H + heads)[:, None] * D + dmv[None, :],
+                 (At / Lt[:, None]).to(O.dtype.element_ty), mask=rv[:, None] & cvv[None, :])
 
     return chunk_kernel
 
@@ -166,7 +181,8 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
                     first: int, window: int | None, scale: float, softcap: float | None,
                     interleaved: bool, lay: dict, sinks: torch.Tensor | None = None,
                     ring: tuple[int, int] | None = None, block_m: int = CHUNK_ROWS,
-                    out: torch.Tensor | None = None, warps: int | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, warps: int | None = None,
+                    stages: int | None = None, dsplit: int | None = None) -> torch.Tensor:
     """q [R, H, D] at positions start.. over keys/values [S, KV, D] -> [R, H, D].
 
     Key position x is row x - first of the view, or with `ring` = (rot, capacity) row
@@ -187,14 +203,16 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     rows = max(1, block_m // G)
     half = D // 2
     rot, capm = ring if ring is not None else (0, 0)
-    _kernel()[(-(-R // rows), KV)](
+    # slices of at least 16 columns (a dot's narrowest side)
+    dsplit = max(1, min(dsplit or lay.get("dsplit", 1), 2 * _pow2(half, 8) // 16))
+    _kernel()[(-(-R // rows), KV, dsplit)](
         q, keys, values, out, sinks if sinks is not None else q,
         int(start), R, int(first), int(rot), int(capm), keys.shape[0],
         keys.stride(0), keys.stride(1), int(window or 0), float(scale), float(softcap or 1.0),
         H=H, KV=KV, G=G, D=D, HALF=half, BLOCK_H=_pow2(half, 8), INTERLEAVED=bool(interleaved),
         BM=max(16, _pow2(rows * G)), ROWS=rows, BLOCK_N=lay["block_n"], SPLIT=lay["split"],
         GS=lay["group"], SOFTCAP=softcap is not None, SINKS=sinks is not None,
-        RING=ring is not None, FLAT=lay.get("chunk_loop") == "flat",
+        RING=ring is not None, FLAT=lay.get("chunk_loop") == "flat", DSPLIT=dsplit,
         num_warps=warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"]),
-        enable_fp_fusion=False)
+        enable_fp_fusion=False, **({"num_stages": stages} if stages else {}))
     return out

@@ -89,8 +89,8 @@ def merge_groups(nsplit: int, group: int) -> int:
 
 def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads, head_dim,
             nsplit, scale, softcap, interleaved, ws, out, split, group, block_n, warps,
-            depth=1, chunk_loop=None, capacity=0, sinks=None, v_norm=False, k_eq_v=False, qout=None, grid_splits=None):
-    kern = _kernel()                     # (chunk_loop: the chunk kernel's layout key, not this one's)
+            depth=1, chunk_loop=None, dsplit=1, capacity=0, sinks=None, v_norm=False, k_eq_v=False, qout=None, grid_splits=None):
+    kern = _kernel()                     # (chunk_loop, dsplit: the chunk kernel's layout keys)
     B = table.shape[0]
     G = heads // kv_heads
     ngg = merge_groups(nsplit, group)

@@ -61,23 +61,15 @@ def _kernels():
             tl.store(Y + tl.cast(b, tl.int64) * N + rows, y.to(Y.dtype.element_ty), mask=rmask)
 
     @triton.jit
-    def dot_rows_kernel(X, W, BIAS, Y, P, B, N, K: tl.constexpr, KS: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
-                        GELU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                        BM: tl.constexpr):
-        # Rows in tiles of BM (padded with zeros) through the tensor cores; K cut into pieces of
-        # KS (program axis 2) walked in fixed BLOCK_K steps.  An output element's sum is the same
-        # instruction sequence whatever B (and BM) is, and the other rows of a tile never enter
-        # it: row b of a B-row call == the 1-row call.  SPLIT: write the piece's partial sums to
-        # P [pieces, B, N(*2)]; `split_sum_kernel` adds the pieces in order 0, 1, 2, ...
-        rm = tl.program_id(1) * BM + tl.arange(0, BM)
-        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        piece = tl.program_id(2)
-        cmask = cols < N
-        rmask = rm < B
+    def piece_dot(X, W, rm, rmask, cols, cmask, piece, N, K: tl.constexpr, KS: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
+                  BM: tl.constexpr):
+        """One split-K piece [piece * KS, (piece + 1) * KS) of a [BM, BLOCK_N] tile (and its up
+        half), from zero.  Each tl.dot chains its k16 MMA steps onto the accumulator, so an
+        output element's sum is the k16 steps in order -- whatever BLOCK_K and BM are (the
+        H200 agrees: benchmarks/dot_chunk_sweep.py)."""
         acc = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
-        if GLU:
-            accu = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
+        accu = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, KS, BLOCK_K):
             kin = k0 + tl.arange(0, BLOCK_K)
             ks = piece * KS + kin
@@ -89,6 +81,41 @@ def _kernels():
             acc = tl.dot(x, tl.trans(tl.load(wp, mask=m2, other=0.0)), acc)
             if GLU:
                 accu = tl.dot(x, tl.trans(tl.load(wp + N * K, mask=m2, other=0.0)), accu)
+        return acc, accu
+
+    globals()["_piece"] = piece_dot
+    globals()["tl"] = tl
+
+    @triton.jit
+    def dot_rows_kernel(X, W, BIAS, Y, P, B, N, K: tl.constexpr, KS: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
+                        GELU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                        BM: tl.constexpr, PIECES_IN: tl.constexpr):
+        # Rows in tiles of BM (padded with zeros) through the tensor cores; K cut into pieces of
+        # KS (program axis 2) walked in fixed BLOCK_K steps.  An output element's sum is the same
+        # instruction sequence whatever B (and BM) is, and the other rows of a tile never enter
+        # it: row b of a B-row call == the 1-row call.  SPLIT: write the piece's partial sums to
+        # P [pieces, B, N(*2)]; `split_sum_kernel` adds the pieces in order 0, 1, 2, ...
+        rm = tl.program_id(1) * BM + tl.arange(0, BM)
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        piece = tl.program_id(2)
+        cmask = cols < N
+        rmask = rm < B
+        if PIECES_IN > 1:
+            # the split-K pieces summed here, in order from zero: split_sum_kernel's float32
+            # adds, without the round trip through P (a chunk's tiles: enough programs already)
+            acc = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
+            if GLU:
+                accu = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
+            for pc in range(PIECES_IN):
+                pa, pu = _piece(X, W, rm, rmask, cols, cmask, pc, N, K, KS, BLOCK_N, BLOCK_K, GLU,
+                                BM)
+                acc += pa
+                if GLU:
+                    accu += pu
+        else:
+            acc, accu = _piece(X, W, rm, rmask, cols, cmask, piece, N, K, KS, BLOCK_N, BLOCK_K,
+                               GLU, BM)
         om = rmask[:, None] & cmask[None, :]
         if SPLIT:
             width = 2 * N if GLU else N
@@ -216,27 +243,27 @@ def dot_config(n: int, k: int, glu: bool) -> tuple[int, int, int, int, int]:
     return 32, 256, 4, 3, piece
 
 
-CHUNK_ROWS = 64          # from this many rows on, tiles of 64 rows (prefill chunks)
+CHUNK_ROWS = 64          # from this many rows on, chunk tiles (prefill chunks)
 
 
-def chunk_tile(bn: int, bk: int, glu: bool) -> tuple[int, int, int]:
-    """(block_n, warps, stages) of a 64-row tile with the decode tile's K step `bk` (the K step
-    is part of the arithmetic; the tile's width and rows are not): within shared memory."""
-    if glu:
-        return 64, 8, (2 if bk <= 256 else 1)
-    return (128, 8, 2) if bk <= 256 else (64, 4, 1)
+def chunk_tile(glu: bool) -> tuple[int, int, int, int, int]:
+    """(block_m, block_n, block_k, warps, stages) of a chunk's tiles.  None of it is the
+    arithmetic: a row's sums are the k16 MMA steps in order whatever the tile (piece_dot), and
+    the split-K pieces stay the decode tile's (summed in the kernel, in order)."""
+    return (128, 64, 64, 8, 3) if glu else (128, 128, 64, 8, 3)
 
 
 def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, glu: bool = False,
              gelu: bool = False, bias: torch.Tensor | None = None,
              config: tuple[int, int, int, int, int] | None = None,
-             rows: int | None = None) -> torch.Tensor:
+             rows: int | None = None,
+             tile: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """The same function as `gemv`, for rows in tiles of 16 on the tensor cores (K in fixed
     steps, optionally in fixed split-K pieces summed in order): batch-invariant too, and far
     cheaper per extra row than `gemv`'s loop.  `config` = (block_n, block_k, warps, stages,
     keys per piece or 0) overrides `dot_config`.  From CHUNK_ROWS rows on (a prefill chunk)
-    the tiles are 64 rows by `chunk_tile`: the same K steps and pieces, so the same bits per
-    row; `rows` forces the tile's row count (16 or 64)."""
+    the tiles are `chunk_tile`'s (or `tile`'s): larger, any K step, the same pieces summed in
+    the kernel -- the same bits per row; `rows=16` forces the decode tiles."""
     import triton
     kern, ssum = _kernels()[1], _kernels()[2]
     n, k = w.shape
@@ -245,19 +272,21 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     x = x.contiguous()
     B = x.shape[0]
     bn, bk, nw, st, piece = config or dot_config(n, k, glu)
-    bm = rows or (64 if B >= CHUNK_ROWS else 16)
-    if bm == 64:
-        bn, nw, st = chunk_tile(bn, bk, glu)
-    out = out if out is not None else x.new_empty(B, n)
     pieces = triton.cdiv(k, piece) if piece else 1
+    bm, inside = 16, 1
+    if rows != 16 and (tile is not None or B >= CHUNK_ROWS):
+        bm, bn, bk, nw, st = tile or chunk_tile(glu)
+        inside, pieces = pieces, 1
+    out = out if out is not None else x.new_empty(B, n)
     split = pieces > 1
-    ks = piece if split else triton.cdiv(k, bk) * bk
+    ks = piece if piece else triton.cdiv(k, bk) * bk
     part = (torch.empty((pieces, B, 2 * n if glu else n), dtype=torch.float32, device=x.device)
             if split else out)
     b_arg = bias if bias is not None else w
     kern[(triton.cdiv(n, bn), triton.cdiv(B, bm), pieces)](
         x, w, b_arg, out, part, B, n, K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu, GELU=gelu,
-        HAS_BIAS=bias is not None, SPLIT=split, BM=bm, num_warps=nw, num_stages=st)
+        HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, num_warps=nw,
+        num_stages=st)
     if split:
         ssum[(triton.cdiv(n, 1024), B)](part, b_arg, out, B, n, PIECES=pieces, BLOCK=1024, GLU=glu,
                                          GELU=gelu, HAS_BIAS=bias is not None, num_warps=4)
