@@ -48,9 +48,9 @@ def main():
             if glu and cand and cand[1] >= 256:
                 continue
             try:
-                got = dot_rows(x, w, glu=glu, tile=cand or chunk_tile(glu))
+                got = dot_rows(x, w, glu=glu, tile=cand or chunk_tile(args.rows, 256, glu))
                 eq = torch.equal(got, ref)
-                t = timed(lambda: dot_rows(xb, w, glu=glu, tile=cand or chunk_tile(glu)))
+                t = timed(lambda: dot_rows(xb, w, glu=glu, tile=cand or chunk_tile(args.rows, 256, glu)))
                 line.append(f"  {cand or 'default'}: equal={eq} {t:.3f} ms {flops / t / 1e9:.0f} TF/s "
                             f"({t / t_cublas:.2f}x cuBLAS)")
             except Exception as e:                                    # noqa: BLE001

@@ -136,9 +136,10 @@ def test_gemv_rows_do_not_depend_on_the_batch(dev, kdtype, glu, n, k, kernel):
 @pytest.mark.parametrize("n,k", [(1152, 1024), (1536, 1152), (6912, 1152), (1152, 6912), (4096, 2560),
                                  (2560, 10240), (262144, 1152)])
 def test_a_chunk_tile_gives_each_row_the_decode_tile_bits(dev, kdtype, glu, n, k):
-    """dot_rows past CHUNK_ROWS rows takes 64-row tiles (wider, other warps and stages) with the
-    decode tile's K steps and split-K pieces: each row is bitwise the 16-row tile's row."""
-    from muser.backends.cuda.triton_dot import dot_rows
+    """dot_rows past CHUNK_ROWS rows takes 64-row tiles (wider, other warps and stages), past
+    WIDE_ROWS 128-row tiles with another K step and the split-K pieces summed in the kernel:
+    each row is bitwise the 16-row decode tile's row."""
+    from muser.backends.cuda.triton_dot import chunk_tile, dot_rows
     if glu and n > 20000:
         pytest.skip("the head has no act*up")
     w = (torch.randn(2 * n if glu else n, k) / k ** 0.5).to(dev, kdtype)
@@ -147,3 +148,4 @@ def test_a_chunk_tile_gives_each_row_the_decode_tile_bits(dev, kdtype, glu, n, k
     small = torch.cat([dot_rows(x[i:i + 16], w, glu=glu, rows=16) for i in range(0, 200, 16)])
     assert torch.equal(big, small)
     assert torch.equal(big[7:8], dot_rows(x[7:8], w, glu=glu))
+    assert torch.equal(dot_rows(x, w, glu=glu, tile=chunk_tile(1 << 14, 256, glu)), small)

@@ -244,13 +244,21 @@ def dot_config(n: int, k: int, glu: bool) -> tuple[int, int, int, int, int]:
 
 
 CHUNK_ROWS = 64          # from this many rows on, chunk tiles (prefill chunks)
+WIDE_ROWS = 2048         # from this many, 128-row tiles (fewer would leave multiprocessors idle)
 
 
-def chunk_tile(glu: bool) -> tuple[int, int, int, int, int]:
+def chunk_tile(rows: int, bk: int, glu: bool) -> tuple[int, int, int, int, int]:
     """(block_m, block_n, block_k, warps, stages) of a chunk's tiles.  None of it is the
     arithmetic: a row's sums are the k16 MMA steps in order whatever the tile (piece_dot), and
-    the split-K pieces stay the decode tile's (summed in the kernel, in order)."""
-    return (128, 64, 64, 8, 3) if glu else (128, 128, 64, 8, 3)
+    the split-K pieces stay the decode tile's (summed in the kernel, in order).  H200
+    (benchmarks/dot_chunk_sweep.py, 16k rows, each bitwise the decode tile's): 128 x 128 x 64,
+    8 warps, 3 stages is within 0.97-1.5x cuBLAS on the Gemma-3 shapes (gate|up 128 x 64).
+    Below WIDE_ROWS the 64-row tiles of the previous sweep, with the decode tile's K step."""
+    if rows >= WIDE_ROWS:
+        return (128, 64, 64, 8, 3) if glu else (128, 128, 64, 8, 3)
+    if glu:
+        return 64, 64, bk, 8, (2 if bk <= 256 else 1)
+    return (64, 128, bk, 8, 2) if bk <= 256 else (64, 64, bk, 4, 1)
 
 
 def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, glu: bool = False,
@@ -275,7 +283,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     pieces = triton.cdiv(k, piece) if piece else 1
     bm, inside = 16, 1
     if rows != 16 and (tile is not None or B >= CHUNK_ROWS):
-        bm, bn, bk, nw, st = tile or chunk_tile(glu)
+        bm, bn, bk, nw, st = tile or chunk_tile(B, bk, glu)
         inside, pieces = pieces, 1
     out = out if out is not None else x.new_empty(B, n)
     split = pieces > 1

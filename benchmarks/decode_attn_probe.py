@@ -1,0 +1,86 @@
+"""Where a decode step's attention time goes (CUDA): one layer's launch, timed alone.
+
+The Gemma-3-1B geometry (4 heads, 1 KV head, D 256; ring window 512, growing plane): a plane
+filled to `context` positions, then the decode launch for the next position, captured 20 times
+in a CUDA graph and replayed (us per launch).  Variants override triton_attn.layout's fields
+(split, group, depth, block_n, warps); `q-given` runs decode_attention on a prepared q (no
+norm / RoPE / store / reload prologue) -- the prologue's cost is the difference.
+
+    PYTHONPATH=. python3 benchmarks/decode_attn_probe.py [context ...]
+"""
+import sys
+
+import torch
+
+from muser.backends.cuda import triton_decode as td
+from muser.backends.cuda.triton_attn import layout
+from muser.cache.plane import GrowingPlane, RingPlane, advance_lockstep
+from muser.model import transformer as tf
+
+H, KV, D = 4, 1, 256
+VARIANTS = [("default", {}), ("group 4", {"group": 4}), ("depth 4", {"depth": 4}),
+            ("group 4 depth 4", {"group": 4, "depth": 4}), ("warps 2", {"warps": 2}),
+            ("warps 8", {"warps": 8}), ("split 64", {"split": 64}),
+            ("block 64 warps 8", {"block_n": 64, "split": 64, "warps": 8})]
+
+
+def graph_us(fn, reps=20, replays=20):
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    ev[0].record()
+    for _ in range(replays):
+        g.replay()
+    ev[1].record()
+    torch.cuda.synchronize()
+    return ev[0].elapsed_time(ev[1]) * 1e3 / reps / replays
+
+
+def main():
+    dev, dt = "cuda", torch.bfloat16
+    contexts = [int(a) for a in sys.argv[1:]] or [2048, 32768]
+    cos, sin = tf.rope_tables(10000.0, 1.0, D, dev, 65536)
+    qkv = torch.randn(1, (H + 2 * KV) * D, device=dev).to(dt)
+    for kind in ("ring", "growing"):
+        for ctx in contexts:
+            if kind == "ring" and ctx != contexts[0]:
+                continue
+            plane = (RingPlane(0, 512, 65536, KV, D, dt, dev) if kind == "ring"
+                     else GrowingPlane(0, 65536, KV, D, dt, dev))
+            if kind == "growing":
+                plane.reserve(ctx + 1)
+            advance_lockstep([plane], ctx)
+            plane.keys.normal_()
+            plane.values.normal_()
+            slot, n = advance_lockstep([plane], 1)
+            cap = plane.capacity if kind == "ring" else 0
+            table = torch.tensor([td.plane_row(plane)], dtype=torch.int64, device=dev)
+            meta = torch.tensor([[slot, n]], dtype=torch.int64, device=dev)
+            pos = torch.tensor([ctx], dtype=torch.int64, device=dev)
+            out = torch.empty(1, H, D, device=dev, dtype=dt)
+            for name, over in VARIANTS:
+                lay = {**layout(kind == "growing", D), **over}
+                nsplit = td.splits_for(plane.capacity, kind == "growing", lay["split"])
+                ws = td.DecodeWorkspace(1, KV, H // KV, D, nsplit, dev)
+                try:
+                    fused = graph_us(lambda: td.fused_decode_attention(
+                        qkv, pos, cos, sin, None, None, 1e-6, table, meta, H, KV, D, nsplit, 0.0625,
+                        None, False, ws=ws, out=out, capacity=cap, **lay))
+                    q = qkv[:, :H * D].view(1, H, D).contiguous()
+                    given = graph_us(lambda: td.decode_attention(
+                        q, pos, table, meta, KV, nsplit, 0.0625, None, capacity=cap, ws=ws, out=out,
+                        **lay))
+                    print(f"{kind} ctx {ctx} {name}: fused {fused:.2f} us, q-given {given:.2f} us "
+                          f"({nsplit} programs)", flush=True)
+                except Exception as e:                                 # noqa: BLE001
+                    print(f"{kind} ctx {ctx} {name}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
