@@ -56,18 +56,19 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_GROWING_ROWS": ("int >= 1", "128", "backends/cuda (attention)",
                            "positions per split of a growing plane's attention (rounded up to "
                            "whole tiles; part of the arithmetic: experiments)"),
-    "MUSER_RING_GROUP": ("int >= 1", "65536", "backends/cuda (attention)",
-                         "ring splits per first-level merge group (65536: one group, one merge "
-                         "level; part of the arithmetic: experiments)"),
+    "MUSER_RING_GROUP": ("int >= 1", "4", "backends/cuda (attention)",
+                         "ring splits per first-level merge group (a decode merge folds groups "
+                         "in parallel, then the groups; part of the arithmetic: experiments)"),
     "MUSER_GROWING_GROUP": ("int >= 1", "16", "backends/cuda (attention)",
                             "growing-plane splits per first-level merge group (part of the "
                             "arithmetic: experiments)"),
     "MUSER_MERGE_LOADS": ("1|4", "1", "backends/cuda (decode attention)",
                           "parked split partials loaded at once by a decode merge (the same "
-                          "bits either way; 4: untested for speed, experiments)"),
-    "MUSER_CHUNK_LOOP": ("nested|flat", "nested", "backends/cuda (chunk attention)",
+                          "bits either way; 4: even with 1 at 2k on the H200, experiments)"),
+    "MUSER_CHUNK_LOOP": ("auto|nested|flat", "auto", "backends/cuda (chunk attention)",
                          "the chunk attention's loop: splits then tiles, or one loop over the tiles "
-                         "(the same bits; flat: untested for speed, experiments)"),
+                         "(the same bits; auto: flat on rings, nested on growing planes -- the "
+                         "faster of each on the H200)"),
     "MUSER_CHUNK_COLUMNS": ("1|2|4", "1", "backends/cuda (chunk attention)",
                             "programs per query tile, each with a slice of the value columns "
                             "(the same bits: fewer accumulator registers, scores recomputed)"),
@@ -96,9 +97,9 @@ class Env:
     chunks: str = "exact"
     ring_rows: int = 32
     growing_rows: int = 128
-    ring_group: int = 1 << 16
+    ring_group: int = 4
     merge_loads: str = "1"
-    chunk_loop: str = "nested"
+    chunk_loop: str = "auto"
     chunk_columns: str = "1"
     growing_group: int = 16
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)

@@ -33,7 +33,7 @@ def test_defaults_without_any_knob():
     ("MUSER_RING_ROWS", "64", "ring_rows", 64),
     ("MUSER_GROWING_ROWS", "128", "growing_rows", 128),
     ("MUSER_CHUNKS", "fast", "chunks", "fast"),
-    ("MUSER_RING_GROUP", "4", "ring_group", 4),
+    ("MUSER_RING_GROUP", "8", "ring_group", 8),
     ("MUSER_MERGE_LOADS", "4", "merge_loads", "4"),
     ("MUSER_CHUNK_LOOP", "flat", "chunk_loop", "flat"),
     ("MUSER_CHUNK_COLUMNS", "2", "chunk_columns", "2"),

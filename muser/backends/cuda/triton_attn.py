@@ -42,9 +42,10 @@ from muser.env import Env
 from .triton_ops import _pow2
 
 # Positions per split and splits per merge group live in Env (MUSER_RING_ROWS = 32,
-# MUSER_GROWING_ROWS = 128, MUSER_RING_GROUP = 65536: one group, MUSER_GROWING_GROUP = 16).
-# H200, Gemma-3-1B shape: rings of 64 or 128 positions were slower at 2k; growing 128 against
-# 64: 32k decode -4%, the rest even (benchmarks/NOTES.md).
+# MUSER_GROWING_ROWS = 128, MUSER_RING_GROUP = 4, MUSER_GROWING_GROUP = 16).  H200,
+# Gemma-3-1B shape: rings of 64 or 128 positions were slower at 2k; growing 128 against 64:
+# 32k decode -4%, the rest even; ring groups of 4 against one group: a ring layer's decode
+# attention 12.1 against 13.9 us (benchmarks/NOTES.md, seventh session).
 
 
 def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
@@ -64,7 +65,9 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     split = max(block_n, -(-split // block_n) * block_n)          # whole tiles per split
     return {"split": split, "group": env.growing_group if growing else env.ring_group,
             "block_n": block_n, "warps": warps, "depth": int(env.merge_loads),
-            "chunk_loop": env.chunk_loop, "dsplit": int(env.chunk_columns)}
+            "chunk_loop": env.chunk_loop if env.chunk_loop != "auto" else (
+                "nested" if growing else "flat"),
+            "dsplit": int(env.chunk_columns)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,50 +94,28 @@ def pieces() -> dict:
         l_new = l * alpha + tl.max(tl.dot(p, ones, input_precision="ieee"), 1)
         acc_new = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         # a row that sees no key of this tile keeps its state as it was, bit for bit (not
-        # "times exp(0) plus zero products": what a chunk row does where a decode row never goes).
-        # The select is a pass over [BM, D] on the CUDA cores: a tile every row sees (all of a
-        # decode step's, a chunk's interior ones) skips it -- a branch, so the same bits
+        # "times exp(0) plus zero products": what a chunk row does where a decode row never goes)
         live = tl.max(valid.to(tl.int32), 1) > 0
-        if tl.min(live.to(tl.int32), 0) > 0:
-            m_out = m_new
-            l_out = l_new
-            a_out = acc_new
-        else:
-            m_out = tl.where(live, m_new, m)
-            l_out = tl.where(live, l_new, l)
-            a_out = tl.where(live[:, None], acc_new, acc)
-        return m_out, l_out, a_out
+        return (tl.where(live, m_new, m), tl.where(live, l_new, l),
+                tl.where(live[:, None], acc_new, acc))
 
     @triton.jit
     def merge_one(M, L, A, m, l, a):
-        """Fold a partial (m, l, a) into a running (M, L, A); an empty side (-inf) adds nothing.
-        Exact by construction, not by exp(0) == 1: an empty partial (a split a chunk row does
-        not reach) leaves the total as it was; into an empty total a partial goes as it is (so
-        one group's total is the group's, whether or not a top-level merge runs).  The common
-        cases -- every row fresh (a group's first split), no row fresh or empty -- branch past
-        the selects (passes over [BM, D]): the same values, so the same bits."""
+        """Fold a partial (m, l, a) into a running (M, L, A); an empty side (-inf) adds nothing."""
+        M_new = tl.maximum(M, m)
+        none = M_new == float("-inf")
+        alpha = tl.where(none, 0.0, tl.exp(M - M_new))
+        w = tl.where(none, 0.0, tl.exp(m - M_new))
+        L2 = L * alpha + w * l
+        A2 = A * alpha[:, None] + w[:, None] * a
+        # exact by construction, not by exp(0) == 1: an empty partial (a split a chunk row does
+        # not reach) leaves the total as it was; into an empty total a partial goes as it is
+        # (so one group's total is the group's, whether or not a top-level merge runs)
         empty = m == float("-inf")
         fresh = M == float("-inf")
-        if tl.min((fresh & ~empty).to(tl.int32), 0) > 0:
-            M_out = m
-            L_out = l
-            A_out = a
-        else:
-            M_new = tl.maximum(M, m)
-            none = M_new == float("-inf")
-            alpha = tl.where(none, 0.0, tl.exp(M - M_new))
-            w = tl.where(none, 0.0, tl.exp(m - M_new))
-            L2 = L * alpha + w * l
-            A2 = A * alpha[:, None] + w[:, None] * a
-            if tl.max((empty | fresh).to(tl.int32), 0) > 0:
-                M_out = tl.where(empty, M, tl.where(fresh, m, M_new))
-                L_out = tl.where(empty, L, tl.where(fresh, l, L2))
-                A_out = tl.where(empty[:, None], A, tl.where(fresh[:, None], a, A2))
-            else:
-                M_out = M_new
-                L_out = L2
-                A_out = A2
-        return M_out, L_out, A_out
+        return (tl.where(empty, M, tl.where(fresh, m, M_new)),
+                tl.where(empty, L, tl.where(fresh, l, L2)),
+                tl.where(empty[:, None], A, tl.where(fresh[:, None], a, A2)))
 
     @triton.jit
     def sink(SNK, heads, hm, M, L, A):
