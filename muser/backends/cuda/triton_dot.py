@@ -284,7 +284,8 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     bm, inside = 16, 1
     if rows != 16 and (tile is not None or B >= CHUNK_ROWS):
         bm, bn, bk, nw, st = tile or chunk_tile(B, bk, glu)
-        inside, pieces = pieces, 1
+        if bm >= 128:            # enough programs without the pieces on the grid (512 rows: not)
+            inside, pieces = pieces, 1
     out = out if out is not None else x.new_empty(B, n)
     split = pieces > 1
     ks = piece if piece else triton.cdiv(k, bk) * bk
