@@ -100,6 +100,20 @@ def pieces() -> dict:
                 tl.where(live[:, None], acc_new, acc))
 
     @triton.jit
+    def columns(c, D: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+                INTERLEAVED: tl.constexpr):
+        """Memory dim of tile column c and whether it is a real one: the two rotation halves
+        joined, each padded to BLOCK_H (D need not be a power of 2) -- the column order both
+        kernels reduce head dims in."""
+        if INTERLEAVED:
+            dm = c
+            cv = c < D
+        else:
+            dm = tl.where(c < BLOCK_H, c, c - BLOCK_H + HALF)
+            cv = (c % BLOCK_H) < HALF
+        return dm, cv
+
+    @triton.jit
     def merge_one(M, L, A, m, l, a):
         """Fold a partial (m, l, a) into a running (M, L, A); an empty side (-inf) adds nothing."""
         M_new = tl.maximum(M, m)
@@ -126,4 +140,4 @@ def pieces() -> dict:
         alpha = tl.exp(M - M_new)
         return M_new, L * alpha + tl.exp(sk - M_new), A * alpha[:, None]
 
-    return {"_tile_step": tile_step, "_merge_one": merge_one, "_sink": sink}
+    return {"_tile_step": tile_step, "_merge_one": merge_one, "_sink": sink, "_columns": columns}

@@ -97,13 +97,7 @@ def _kernel():
         pos = tl.load(POS + b)
         # Columns of the [*, 2 * BLOCK_H] tiles: the two rotation halves joined.  `dm` is the
         # memory dim of column c, `cv` whether it is a real dim (D need not be a power of 2).
-        c = tl.arange(0, 2 * BLOCK_H)
-        if INTERLEAVED:
-            dm = c
-            cv = c < D
-        else:
-            dm = tl.where(c < BLOCK_H, c, c - BLOCK_H + HALF)
-            cv = (c % BLOCK_H) < HALF
+        dm, cv = _columns(tl.arange(0, 2 * BLOCK_H), D, HALF, BLOCK_H, INTERLEAVED)
         g = tl.arange(0, BLOCK_G)
         gm = g < G
         if FUSED:
