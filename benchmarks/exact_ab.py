@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -64,7 +65,8 @@ def parent(args):
     trees = [t for t in trees if t[0] in args.trees.split(",")]
     for v in filter(None, args.variants.split(";")):          # NAME:VAR=VALUE,VAR=VALUE
         label, _, sets = v.partition(":")
-        trees.append((label, repo, dict(kv.split("=") for kv in sets.split(","))))
+        # a value may hold commas ("64,8"): a new VAR= starts at a comma before an upper-case name
+        trees.append((label, repo, dict(kv.split("=", 1) for kv in re.split(r",(?=[A-Z_]+=)", sets))))
     rows = []
     for name in args.models.split(","):
         model, path = build(SHAPES[name], 32768 + 1024)
