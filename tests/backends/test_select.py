@@ -80,3 +80,18 @@ def test_every_cuda_module_imports_without_triton():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("growing, env, want", [
+    # the defaults: rings merge their splits in groups of 4 and take the flat chunk loop; growing
+    # planes groups of 16 and the nested loop (the faster of each on the H200, RESULTS.md)
+    (False, Env(), {"split": 32, "group": 4, "block_n": 32, "chunk_loop": "flat", "dsplit": 1}),
+    (True, Env(), {"split": 128, "group": 16, "block_n": 32, "chunk_loop": "nested", "dsplit": 1}),
+    (False, Env(chunk_loop="nested", ring_group=1 << 16), {"group": 1 << 16, "chunk_loop": "nested"}),
+    (True, Env(chunk_columns="2", growing_rows=100), {"split": 128, "dsplit": 2}),   # whole tiles
+])
+def test_the_cuda_attention_layout_follows_the_env(growing, env, want):
+    """triton_attn.layout: the reduction shape a decode step and a chunk share (no Triton needed)."""
+    from muser.backends.cuda.triton_attn import layout
+    got = layout(growing, 256, env)
+    assert {k: got[k] for k in want} == want

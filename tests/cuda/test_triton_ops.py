@@ -116,6 +116,8 @@ def test_gemv_rows_do_not_depend_on_the_batch(dev, kdtype, glu, n, k, kernel):
     """Row b of a B-row call is bitwise the 1-row call on it (the decode step's batch invariance),
     with and without bias."""
     from muser.backends.cuda import triton_dot
+    if kernel == "dot_rows" and not HAS_CUDA:
+        pytest.skip("numpy's matmul (the interpreter's dot) is not row-invariant")
     gemv = getattr(triton_dot, kernel)
     w = (torch.randn(2 * n if glu else n, k) / k ** 0.5).to(dev, kdtype)
     bias = None if glu else torch.randn(n).to(dev, kdtype)

@@ -24,6 +24,23 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
+    def act_up(g, u, DT: tl.constexpr, GELU: tl.constexpr):
+        """act(gate) * up from float32 sums, rounded where torch rounds: each product to the
+        activation dtype DT, then the act.  One copy for every kernel here, so a row's split
+        pieces summed apart (split_sum_kernel) or in the kernel (dot_rows_kernel) end alike."""
+        gf = g.to(DT).to(tl.float32)
+        uf = u.to(DT).to(tl.float32)
+        if GELU:
+            t = 0.7978845608028654 * (gf + 0.044715 * gf * gf * gf)
+            a = 0.5 * gf * (1.0 + (2.0 * tl.sigmoid(2.0 * t) - 1.0))
+        else:
+            a = gf * tl.sigmoid(gf)
+        return a.to(DT).to(tl.float32) * uf
+
+    globals()["_act_up"] = act_up
+    globals()["tl"] = tl
+
+    @triton.jit
     def gemv_kernel(X, W, BIAS, Y, B, N, K: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, GLU: tl.constexpr, GELU: tl.constexpr,
                     HAS_BIAS: tl.constexpr):
@@ -49,15 +66,8 @@ def _kernels():
             y = tl.sum(w.to(tl.float32) * x[None, :], 1)
             if HAS_BIAS:
                 y = y + bias
-            if GLU:      # act(gate) * up, rounded where torch rounds (each product, then the act)
-                u = tl.sum(wu.to(tl.float32) * x[None, :], 1).to(xv.dtype).to(tl.float32)
-                gf = y.to(xv.dtype).to(tl.float32)
-                if GELU:
-                    t = 0.7978845608028654 * (gf + 0.044715 * gf * gf * gf)
-                    a = 0.5 * gf * (1.0 + (2.0 * tl.sigmoid(2.0 * t) - 1.0))
-                else:
-                    a = gf * tl.sigmoid(gf)
-                y = a.to(xv.dtype).to(tl.float32) * u
+            if GLU:
+                y = _act_up(y, tl.sum(wu.to(tl.float32) * x[None, :], 1), X.dtype.element_ty, GELU)
             tl.store(Y + tl.cast(b, tl.int64) * N + rows, y.to(Y.dtype.element_ty), mask=rmask)
 
     @triton.jit
@@ -84,7 +94,6 @@ def _kernels():
         return acc, accu
 
     globals()["_piece"] = piece_dot
-    globals()["tl"] = tl
 
     @triton.jit
     def dot_rows_kernel(X, W, BIAS, Y, P, B, N, K: tl.constexpr, KS: tl.constexpr,
@@ -127,16 +136,8 @@ def _kernels():
             y = acc
             if HAS_BIAS:
                 y = y + tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-            if GLU:       # act(gate) * up, rounded where torch rounds (each product, then the act)
-                xdt = X.dtype.element_ty
-                gf = y.to(xdt).to(tl.float32)
-                uf = accu.to(xdt).to(tl.float32)
-                if GELU:
-                    t = 0.7978845608028654 * (gf + 0.044715 * gf * gf * gf)
-                    a = 0.5 * gf * (1.0 + (2.0 * tl.sigmoid(2.0 * t) - 1.0))
-                else:
-                    a = gf * tl.sigmoid(gf)
-                y = a.to(xdt).to(tl.float32) * uf
+            if GLU:
+                y = _act_up(y, accu, X.dtype.element_ty, GELU)
             tl.store(Y + rm[:, None].to(tl.int64) * N + cols[None, :], y.to(Y.dtype.element_ty),
                      mask=om)
 
@@ -157,15 +158,7 @@ def _kernels():
         if HAS_BIAS:
             y = y + tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)
         if GLU:
-            xdt = Y.dtype.element_ty
-            gf = y.to(xdt).to(tl.float32)
-            uf = u.to(xdt).to(tl.float32)
-            if GELU:
-                t = 0.7978845608028654 * (gf + 0.044715 * gf * gf * gf)
-                a = 0.5 * gf * (1.0 + (2.0 * tl.sigmoid(2.0 * t) - 1.0))
-            else:
-                a = gf * tl.sigmoid(gf)
-            y = a.to(xdt).to(tl.float32) * uf
+            y = _act_up(y, u, Y.dtype.element_ty, GELU)
         tl.store(Y + b.to(tl.int64) * N + cols, y.to(Y.dtype.element_ty), mask=cmask)
 
     return gemv_kernel, dot_rows_kernel, split_sum_kernel
