@@ -10,9 +10,13 @@ Cohere2-style NoPE hybrid), saves them (safetensors, /dev/shm), loads them with
   * prefill of a 16k-token prompt, tokens/s (muser with the engine's default CUDA chunk, and with
     4k chunks; transformers one forward);
   * transformers (same weights, sdpa, bf16) for the same decode and prefill;
-  * KV bytes allocated vs `muser.cache.plan`; a logits cross-check muser vs transformers.
+  * KV bytes allocated vs `muser.cache.plan`; a logits cross-check muser vs transformers;
+  * with --llama-bin (llama.cpp's CUDA build, ../shared/peers/llama-cpp-cuda/): the same weights
+    converted by llama.cpp's converter and run by llama-bench / llama-batched-bench in the same
+    run (llama_cuda_peer.py), and one side-by-side table: muser, llama.cpp, transformers, floor.
 
     PYTHONPATH=. python3 benchmarks/cuda_bench.py [--models 1b,4b,cohere2] [--out DIR]
+        [--llama-bin /tmp/lb/bin --llama-src /tmp/llama-strip --llama-tokenizer tokenizer.model]
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import traceback
 
 import torch
 
+from llama_cuda_peer import available, bench, convert
 from cuda_measure import (copy_bandwidth, build, cross_check, hf_decode, hf_prefill, kv_check,
                           muser_batch, muser_decode, muser_prefill, prefill_profile)
 
@@ -110,8 +115,13 @@ def run_model(name, shape, bw, args, results):
         section("prefill_16k_chunk4096", lambda: muser_prefill(engine, args.prefill, vocab, 4096))
     if args.prefill_profile:
         section("prefill_profile", lambda: prefill_profile(engine, args.prefill, vocab))
+    section("prefill_512", lambda: max(muser_prefill(engine, 512, vocab, None, reps=3) for _ in range(2)))
     section("hf_prefill_16k", lambda: hf_prefill(model, args.prefill, vocab))
     section("hf_decode_2k", lambda: hf_decode(model, 1, 2048, 16, vocab))
+    if available(args.llama_bin):
+        gguf = os.path.join(os.path.dirname(path), f"llama-{name}.gguf")
+        section("llama", lambda: bench(convert(path, gguf, args.llama_src, args.llama_tokenizer),
+                                       args.llama_bin, long=shape["long"], batched=name == "1b"))
     r["attention_routes"] = dict(engine.backend.attention.stats)
     r["runner"] = dict(engine.decode_runner().stats)
     log(f"  {name} routes {r['attention_routes']} runner {r['runner']} flash_error "
@@ -143,6 +153,30 @@ def table(results, bw):
             f"{(kv[0] == kv[1], kv[0]) if ok(kv) else kv} | {g('cross_check')} |")
 
 
+def side_by_side(results):
+    """One row per model and workload: muser, llama.cpp (when run), transformers, the floor."""
+    log("\n| model | workload | muser | llama.cpp CUDA | transformers | floor |")
+    log("|---|---|---:|---:|---:|---:|")
+    first = lambda v: v[0] if isinstance(v, (list, tuple)) else v             # noqa: E731
+    ms = lambda v: first(v) * 1e3 if isinstance(first(v), float) else None    # noqa: E731
+    for name, r in results.items():
+        lp = r.get("llama") if isinstance(r.get("llama"), dict) else {}
+        long = r["shape"]["long"]
+        rows = [("decode 2k, ms/token", ms(r.get("decode_2k")), lp.get("tg_2048_ms"),
+                 ms(r.get("hf_decode_2k")), r["floor_ms"]),
+                (f"decode {long}, ms/token", ms(r.get("decode_32k")), lp.get(f"tg_{long}_ms"), None, None),
+                ("prefill 512, tok/s", r.get("prefill_512"), lp.get("pp512"), None, None),
+                ("prefill 16k, tok/s", r.get("prefill_16k_default"), lp.get("pp16384"),
+                 r.get("hf_prefill_16k"), None),
+                ("16 sessions @2k, tok/s", first(r.get("batch16_2k")), lp.get("b16_tg"),
+                 r.get("hf_batch16_2k"), None)]
+        for what, *vals in rows:
+            if any(isinstance(v, float) for v in vals[:2]):
+                f = "{:.3f}" if "ms" in what else "{:,.0f}"
+                log(f"| {name} | {what} | "
+                    + " | ".join(fmt(v, f) if isinstance(v, float) else "-" for v in vals) + " |")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="1b,4b,cohere2")
@@ -153,6 +187,10 @@ def main(argv=None):
     ap.add_argument("--attn-ab", action="store_true", help="decode attention settings A/B, 2k and 32k")
     ap.add_argument("--profile", action="store_true", help="kernel breakdown + BLAS A/B (1b)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--llama-bin", help="llama.cpp CUDA binaries (llama-bench): run it side by side")
+    ap.add_argument("--llama-src", default="/tmp/llama-strip", help="llama.cpp sources (the converter)")
+    ap.add_argument("--llama-tokenizer", default="/tmp/tok/tokenizer.model",
+                    help="tokenizer.model for the converter (peers/llama-cpp-cuda/make_tokenizer.py)")
     args = ap.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
     log("torch", torch.__version__, "device", torch.cuda.get_device_name(), "date",
@@ -170,6 +208,7 @@ def main(argv=None):
         with open(os.path.join(args.out, "cuda_bench.json"), "w") as f:
             json.dump({"bandwidth": bw, "results": results}, f, indent=1, default=str)
     table(results, bw)
+    side_by_side(results)
     with open(os.path.join(args.out, "cuda_bench.log"), "w") as f:
         f.write("\n".join(LOG) + "\n")
 
