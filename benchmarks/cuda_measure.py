@@ -14,6 +14,20 @@ def sync():
     torch.cuda.synchronize()
 
 
+def timed(fn, reps=20, warm=3):
+    """ms per call of `fn` on the GPU (CUDA events around `reps` calls, after `warm` calls)."""
+    for _ in range(warm):
+        fn()
+    sync()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    ev[0].record()
+    for _ in range(reps):
+        fn()
+    ev[1].record()
+    sync()
+    return ev[0].elapsed_time(ev[1]) / reps
+
+
 def copy_bandwidth() -> float:
     """Bytes read + written per second by a large device-to-device copy."""
     n = 2 << 30

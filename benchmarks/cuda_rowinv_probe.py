@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from cuda_measure import timed
+
 
 @triton.jit
 def mm(X, W, Y, M, N, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -38,19 +40,6 @@ def run(x, w, bm, bn, bk, warps, stages):
     mm[(triton.cdiv(N, bn), triton.cdiv(M, bm))](x, w, y, M, N, K=K, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                                                   num_warps=warps, num_stages=stages)
     return y
-
-
-def timed(fn, reps=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-    ev[0].record()
-    for _ in range(reps):
-        fn()
-    ev[1].record()
-    torch.cuda.synchronize()
-    return ev[0].elapsed_time(ev[1]) / reps
 
 
 def main():

@@ -12,22 +12,11 @@ import argparse
 
 import torch
 
+from cuda_measure import timed
 from muser.backends.cuda.triton_dot import DOT_TILES, chunk_tile, dot_rows
 
 CANDIDATES = [(64, 128, 64, 4, 4), (128, 64, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 64, 8, 4),
               (128, 256, 64, 8, 3), (128, 128, 32, 8, 4), (256, 128, 64, 8, 3), (128, 128, 128, 8, 2)]
-
-
-def timed(fn, reps=5):
-    fn()
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-    torch.cuda.synchronize()
-    ev[0].record()
-    for _ in range(reps):
-        fn()
-    ev[1].record()
-    torch.cuda.synchronize()
-    return ev[0].elapsed_time(ev[1]) / reps
 
 
 def main():
