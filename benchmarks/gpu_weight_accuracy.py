@@ -1,0 +1,83 @@
+"""What a GPU weight mode would cost in accuracy (issue 17, item 2), measured on the CPU: the
+embedded model's projection and head weights replaced by what each mode stores, everything
+else float32, against float32 -- so each row is the weights' error alone.
+
+    PYTHONPATH=. python3 benchmarks/gpu_weight_accuracy.py
+
+Modes (per output row; the embedding lookup keeps its float table, the head gets its own copy):
+  bf16          the CUDA default's weights (each weight rounded to bfloat16)
+  int8-row      symmetric int8, scale = max|w| / 127 per row (1 byte a weight + 4 a row)
+  fp8-row       float8 e4m3, scale = max|w| / 448 per row (1 byte a weight + 4 a row)
+  int8-row+bf16-head   int8-row projections, the head bfloat16 (the head is 62% of the 270M's bytes)
+Teacher-forced logits of the 400-token text fast_path_accuracy.py uses: max / mean |logit error|,
+the worst row's max error over the f32 logit range, top-1 agreement, KL(f32 || mode); then the
+first token where greedy parts from f32's, of 32, for its 5 prompts.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import muser
+from fast_path_accuracy import PROMPTS, _all_logits
+
+PROJ = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+def bf16(w):
+    return w.to(torch.bfloat16).float()
+
+
+def int8_row(w):
+    s = w.abs().amax(1, keepdim=True).clamp_min(1e-12) / 127
+    return (w / s).round().clamp(-127, 127) * s
+
+
+def fp8_row(w):
+    s = w.abs().amax(1, keepdim=True).clamp_min(1e-12) / 448
+    return (w / s).to(torch.float8_e4m3fn).float() * s
+
+
+MODES = {"bf16": (bf16, bf16), "int8-row": (int8_row, int8_row), "fp8-row": (fp8_row, fp8_row),
+         "int8-row+bf16-head": (int8_row, bf16)}
+
+
+def apply(engine, proj, head):
+    w = engine.weights
+    for lw in w.layers:
+        for name in PROJ:
+            t = getattr(lw, name)
+            if isinstance(t, torch.Tensor):
+                setattr(lw, name, proj(t.float()))
+    w.lm_head = head(w.output.float())          # the lookup keeps the float embedding
+
+
+def main() -> None:
+    ref = muser.load("gemma3-270m", dtype="float32", quant="none", progress=False)
+    tok = ref.tokenizer
+    from pathlib import Path
+    text = (Path(muser.__file__).parent / "cache" / "staging.py").read_text()[:1200]
+    text += "\n\nThe history of the Roman Empire spans many centuries. " * 3
+    ids = tok.encode(text)[:400]
+    r = _all_logits(ref, ids, 64)
+    rng = r.max(-1).values - r.min(-1).values
+    greedy_ref = [list(ref.stream(tok.encode(p), max_tokens=32)) for p in PROMPTS]
+    print("| mode | max abs err | mean abs err | worst row max / range | top-1 | KL mean | KL max | greedy parts at (of 32) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for name, (proj, head) in MODES.items():
+        eng = muser.load("gemma3-270m", dtype="float32", quant="none", progress=False)
+        apply(eng, proj, head)
+        got = _all_logits(eng, ids, 64)
+        err = (got - r).abs()
+        kl = F.kl_div(got.log_softmax(-1), r.log_softmax(-1), log_target=True, reduction="none").sum(-1)
+        top1 = (got.argmax(-1) == r.argmax(-1)).float().mean()
+        first = []
+        for p, a in zip(PROMPTS, greedy_ref):
+            b = list(eng.stream(tok.encode(p), max_tokens=32))
+            first.append(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), 32))
+        print(f"| {name} | {err.max():.3f} | {err.mean():.4f} | {(err.max(-1).values / rng).max():.4f} | "
+              f"{top1:.4f} | {kl.mean():.2e} | {kl.max():.2e} | {first} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
