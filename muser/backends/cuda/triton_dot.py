@@ -15,6 +15,7 @@ import functools
 
 import torch
 
+from .triton_dot_tiles import CHUNK_ROWS, DOT_TILES, WIDE_ROWS, chunk_tile, dot_config  # noqa: F401
 from .triton_ops import _pow2
 
 
@@ -88,18 +89,35 @@ def _kernels():
                         mask=rmask[:, None] & kmask[None, :], other=0.0)
             wp = W + cols[:, None].to(tl.int64) * K + ks[None, :]
             m2 = cmask[:, None] & kmask[None, :]
-            acc = tl.dot(x, tl.trans(tl.load(wp, mask=m2, other=0.0)), acc)
+            # int8 weights enter the dot as the activation dtype: exact (|q| <= 127)
+            acc = tl.dot(x, tl.trans(tl.load(wp, mask=m2, other=0).to(x.dtype)), acc)
             if GLU:
-                accu = tl.dot(x, tl.trans(tl.load(wp + N * K, mask=m2, other=0.0)), accu)
+                accu = tl.dot(x, tl.trans(tl.load(wp + N * K, mask=m2, other=0).to(x.dtype)), accu)
         return acc, accu
 
+    @triton.jit
+    def finish(y, u, sy, su, b, WQ: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr,
+               GELU: tl.constexpr, DT: tl.constexpr):
+        """A row's float32 sums (all pieces) -> its output: the int8 rows' scales (sy, su), then
+        the bias, then act(gate) * up -- the one epilogue of dot_rows and split_sum."""
+        if WQ:
+            y = y * sy
+            if GLU:
+                u = u * su
+        if HAS_BIAS:
+            y = y + b
+        if GLU:
+            y = _act_up(y, u, DT, GELU)
+        return y
+
     globals()["_piece"] = piece_dot
+    globals()["_finish"] = finish
 
     @triton.jit
-    def dot_rows_kernel(X, W, BIAS, Y, P, B, N, K: tl.constexpr, KS: tl.constexpr,
+    def dot_rows_kernel(X, W, S, BIAS, Y, P, B, N, K: tl.constexpr, KS: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
                         GELU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                        BM: tl.constexpr, PIECES_IN: tl.constexpr):
+                        BM: tl.constexpr, PIECES_IN: tl.constexpr, WQ: tl.constexpr):
         # Rows in tiles of BM (padded with zeros) through the tensor cores; K cut into pieces of
         # KS (program axis 2) walked in fixed BLOCK_K steps.  An output element's sum is the same
         # instruction sequence whatever B (and BM) is, and the other rows of a tile never enter
@@ -126,6 +144,8 @@ def _kernels():
             acc, accu = _piece(X, W, rm, rmask, cols, cmask, piece, N, K, KS, BLOCK_N, BLOCK_K,
                                GLU, BM)
         om = rmask[:, None] & cmask[None, :]
+        if not GLU:
+            accu = acc                # (no up half: a stand-in the epilogue never reads)
         if SPLIT:
             width = 2 * N if GLU else N
             pp = P + (piece * B + rm[:, None]).to(tl.int64) * width + cols[None, :]
@@ -133,17 +153,21 @@ def _kernels():
             if GLU:
                 tl.store(pp + N, accu, mask=om)
         else:
-            y = acc
+            sy, su, b = 1.0, 1.0, 0.0
+            if WQ:
+                sy = tl.load(S + cols, mask=cmask, other=1.0)[None, :]
+                if GLU:
+                    su = tl.load(S + N + cols, mask=cmask, other=1.0)[None, :]
             if HAS_BIAS:
-                y = y + tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-            if GLU:
-                y = _act_up(y, accu, X.dtype.element_ty, GELU)
+                b = tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+            y = _finish(acc, accu, sy, su, b, WQ, HAS_BIAS, GLU, GELU, X.dtype.element_ty)
             tl.store(Y + rm[:, None].to(tl.int64) * N + cols[None, :], y.to(Y.dtype.element_ty),
                      mask=om)
 
     @triton.jit
-    def split_sum_kernel(P, BIAS, Y, B, N, PIECES: tl.constexpr, BLOCK: tl.constexpr,
-                         GLU: tl.constexpr, GELU: tl.constexpr, HAS_BIAS: tl.constexpr):
+    def split_sum_kernel(P, S, BIAS, Y, B, N, PIECES: tl.constexpr, BLOCK: tl.constexpr,
+                         GLU: tl.constexpr, GELU: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         WQ: tl.constexpr):
         b = tl.program_id(1)
         cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         cmask = cols < N
@@ -155,10 +179,14 @@ def _kernels():
             y += tl.load(pp, mask=cmask, other=0.0)
             if GLU:
                 u += tl.load(pp + N, mask=cmask, other=0.0)
+        sy, su, bias = 1.0, 1.0, 0.0
+        if WQ:
+            sy = tl.load(S + cols, mask=cmask, other=1.0)
+            if GLU:
+                su = tl.load(S + N + cols, mask=cmask, other=1.0)
         if HAS_BIAS:
-            y = y + tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)
-        if GLU:
-            y = _act_up(y, u, Y.dtype.element_ty, GELU)
+            bias = tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)
+        y = _finish(y, u, sy, su, bias, WQ, HAS_BIAS, GLU, GELU, Y.dtype.element_ty)
         tl.store(Y + b.to(tl.int64) * N + cols, y.to(Y.dtype.element_ty), mask=cmask)
 
     return gemv_kernel, dot_rows_kernel, split_sum_kernel
@@ -201,6 +229,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, glu:
     its whole [rows, K] tile once (many loads in flight: the few-row product is latency-bound)
     and reuses it for every row.  The launch configuration depends on (N, K) only and every row
     takes the same float32 reduction: row b of a B-row call is bitwise the 1-row call on it."""
+    if w.dtype == torch.int8:
+        raise ValueError("gemv takes float weights; int8 ones go through dot_rows")
     kern = _kernels()[0]
     n, k = w.shape
     if glu:
@@ -216,58 +246,27 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, glu:
     return out
 
 
-# (n, k, glu) -> (block_n, block_k, warps, stages, piece): measured on an H200 at B = 1 and 16
-# (benchmarks/cuda_gemv_sweep.py); `piece` (keys per split-K piece) depends on the shape only.
-DOT_TILES = {
-    (1536, 1152, False): (16, 256, 4, 4, 0), (1152, 1024, False): (32, 512, 4, 3, 0),
-    (6912, 1152, True): (32, 128, 4, 3, 0), (1152, 6912, False): (64, 256, 4, 3, 1024),
-    (4096, 2560, False): (32, 256, 4, 4, 0), (10240, 2560, True): (32, 128, 4, 3, 0),
-    (2560, 10240, False): (32, 512, 4, 4, 0),
-}
-
-
-def dot_config(n: int, k: int, glu: bool) -> tuple[int, int, int, int, int]:
-    hit = DOT_TILES.get((n, k, glu))
-    if hit:
-        return hit
-    if n >= 65536:                                        # the LM head
-        return 64, 128, 4, 4, 0
-    piece = 1024 if k >= 4096 and n <= 4096 else 0      # few output tiles, long K: split K
-    return 32, 256, 4, 3, piece
-
-
-CHUNK_ROWS = 64          # from this many rows on, chunk tiles (prefill chunks)
-WIDE_ROWS = 2048         # from this many, 128-row tiles (fewer would leave multiprocessors idle)
-
-
-def chunk_tile(rows: int, bk: int, glu: bool) -> tuple[int, int, int, int, int]:
-    """(block_m, block_n, block_k, warps, stages) of a chunk's tiles.  None of it is the
-    arithmetic: a row's sums are the k16 MMA steps in order whatever the tile (piece_dot), and
-    the split-K pieces stay the decode tile's (summed in the kernel, in order).  H200
-    (benchmarks/dot_chunk_sweep.py, 16k rows, each bitwise the decode tile's): 128 x 128 x 64,
-    8 warps, 3 stages is within 0.97-1.5x cuBLAS on the Gemma-3 shapes (gate|up 128 x 64).
-    Below WIDE_ROWS the 64-row tiles of the previous sweep, with the decode tile's K step."""
-    if rows >= WIDE_ROWS:
-        return (128, 64, 64, 8, 3) if glu else (128, 128, 64, 8, 3)
-    if glu:
-        return 64, 64, bk, 8, (2 if bk <= 256 else 1)
-    return (64, 128, bk, 8, 2) if bk <= 256 else (64, 64, bk, 4, 1)
-
-
 def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, glu: bool = False,
              gelu: bool = False, bias: torch.Tensor | None = None,
              config: tuple[int, int, int, int, int] | None = None,
              rows: int | None = None,
-             tile: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+             tile: tuple[int, int, int, int, int] | None = None,
+             scale: torch.Tensor | None = None) -> torch.Tensor:
     """The same function as `gemv`, for rows in tiles of 16 on the tensor cores (K in fixed
     steps, optionally in fixed split-K pieces summed in order): batch-invariant too, and far
     cheaper per extra row than `gemv`'s loop.  `config` = (block_n, block_k, warps, stages,
     keys per piece or 0) overrides `dot_config`.  From CHUNK_ROWS rows on (a prefill chunk)
     the tiles are `chunk_tile`'s (or `tile`'s): larger, any K step, the same pieces summed in
-    the kernel -- the same bits per row; `rows=16` forces the decode tiles."""
+    the kernel -- the same bits per row; `rows=16` forces the decode tiles.  int8 `w` with
+    float32 `scale` [rows of w]: W = scale[:, None] * w, each sum scaled once all its pieces are
+    in (any tile, the same bits); not yet run on a GPU (benchmarks/NOTES.md)."""
     import triton
     kern, ssum = _kernels()[1], _kernels()[2]
     n, k = w.shape
+    wq = w.dtype == torch.int8
+    if wq and (scale is None or scale.dtype != torch.float32 or scale.shape != (n,)):
+        raise ValueError(f"int8 weights [{n}, {k}] need a float32 scale of shape ({n},), got "
+                         f"{None if scale is None else (scale.dtype, tuple(scale.shape))}")
     if glu:
         n //= 2
     x = x.contiguous()
@@ -285,11 +284,15 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     part = (torch.empty((pieces, B, 2 * n if glu else n), dtype=torch.float32, device=x.device)
             if split else out)
     b_arg = bias if bias is not None else w
+    s_arg = scale if wq else w
+    # int8: no FMA contraction, so `sum * scale + bias` rounds alike in both epilogues
+    fuse = {"enable_fp_fusion": False} if wq else {}
     kern[(triton.cdiv(n, bn), triton.cdiv(B, bm), pieces)](
-        x, w, b_arg, out, part, B, n, K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu, GELU=gelu,
-        HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, num_warps=nw,
-        num_stages=st)
+        x, w, s_arg, b_arg, out, part, B, n, K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu,
+        GELU=gelu, HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, WQ=wq,
+        num_warps=nw, num_stages=st, **fuse)
     if split:
-        ssum[(triton.cdiv(n, 1024), B)](part, b_arg, out, B, n, PIECES=pieces, BLOCK=1024, GLU=glu,
-                                         GELU=gelu, HAS_BIAS=bias is not None, num_warps=4)
+        ssum[(triton.cdiv(n, 1024), B)](part, s_arg, b_arg, out, B, n, PIECES=pieces, BLOCK=1024,
+                                         GLU=glu, GELU=gelu, HAS_BIAS=bias is not None, WQ=wq,
+                                         num_warps=4, **fuse)
     return out

@@ -1,0 +1,53 @@
+"""int8 weights through `dot_rows` at batch 1 (CUDA): what a GPU int8 weight mode would buy per
+projection (issue 17, item 2; accuracy: gpu_weight_accuracy.py).
+
+For each decode shape of the Gemma-3 270M / 1B / 4B (and their heads): the same [N, K] product
+with bf16 weights and with int8 weights + float32 row scales, one row, the decode tiles; enough
+weight copies rotated between calls to defeat the 50 MB L2, so each call reads its weights from
+HBM as a decode step does.  Also checks that a 16-row call and a 1-row call give the row the same
+bits (the batch invariance a decode step relies on).
+
+    PYTHONPATH=. python3 benchmarks/int8_dot_probe.py
+"""
+import torch
+
+from cuda_measure import timed
+from muser.backends.cuda.triton_dot import dot_rows
+
+SHAPES = {"270m": [(1536, 640, False), (640, 1024, False), (2048, 640, True), (640, 2048, False),
+                   (262144, 640, False)],
+          "1b": [(1536, 1152, False), (1152, 1024, False), (6912, 1152, True), (1152, 6912, False),
+                 (262144, 1152, False)],
+          "4b": [(4096, 2560, False), (2560, 2048, False), (10240, 2560, True), (2560, 10240, False)]}
+
+
+def main():
+    dev = "cuda"
+    torch.manual_seed(0)
+    print("| model | n, k, glu | bf16 us | int8 us | int8 / bf16 | bf16 GB/s | int8 GB/s | 1-row == 16-row |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
+    for model, shapes in SHAPES.items():
+        for n, k, glu in shapes:
+            rows = 2 * n if glu else n
+            copies = max(2, -(-(160 << 20) // (rows * k * 2)))       # > 3x the L2 in bf16
+            wb = [torch.randn(rows, k, device=dev).to(torch.bfloat16) for _ in range(copies)]
+            sc = [w.float().abs().amax(1) / 127 for w in wb]
+            wq = [(w.float() / s[:, None]).round().clamp(-127, 127).to(torch.int8) for w, s in zip(wb, sc)]
+            x = torch.randn(16, k, device=dev).to(torch.bfloat16)
+            it = {"i": 0}
+
+            def run(ws, ss=None):
+                i = it["i"] = (it["i"] + 1) % copies
+                return dot_rows(x[:1], ws[i], glu=glu, scale=None if ss is None else ss[i])
+            tb = timed(lambda: run(wb), reps=200) * 1e3
+            tq = timed(lambda: run(wq, sc), reps=200) * 1e3
+            same = torch.equal(dot_rows(x, wq[0], glu=glu, scale=sc[0])[:1],
+                               dot_rows(x[:1], wq[0], glu=glu, scale=sc[0]))
+            print(f"| {model} | {n}, {k}, {glu} | {tb:.2f} | {tq:.2f} | {tq / tb:.2f} | "
+                  f"{rows * k * 2 / tb / 1e3:.0f} | {rows * k / tq / 1e3:.0f} | {same} |", flush=True)
+            del wb, wq, sc
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Measured tile tables of `triton_dot.dot_rows` (no Triton needed).
+
+Owns: DOT_TILES / `dot_config` (the decode tiles per projection shape: block_n, the K step, warps,
+stages and the split-K piece -- the piece is part of a row's arithmetic, the rest is speed) and
+`chunk_tile` (a chunk's tiles: any shape, the decode tile's pieces).  Does not own: the kernels
+(triton_dot.py).
+"""
+from __future__ import annotations
+
+
+# (n, k, glu) -> (block_n, block_k, warps, stages, piece): measured on an H200 at B = 1 and 16
+# (benchmarks/cuda_gemv_sweep.py); `piece` (keys per split-K piece) depends on the shape only.
+DOT_TILES = {
+    (1536, 1152, False): (16, 256, 4, 4, 0), (1152, 1024, False): (32, 512, 4, 3, 0),
+    (6912, 1152, True): (32, 128, 4, 3, 0), (1152, 6912, False): (64, 256, 4, 3, 1024),
+    (4096, 2560, False): (32, 256, 4, 4, 0), (10240, 2560, True): (32, 128, 4, 3, 0),
+    (2560, 10240, False): (32, 512, 4, 4, 0),
+}
+
+
+def dot_config(n: int, k: int, glu: bool) -> tuple[int, int, int, int, int]:
+    hit = DOT_TILES.get((n, k, glu))
+    if hit:
+        return hit
+    if n >= 65536:                                        # the LM head
+        return 64, 128, 4, 4, 0
+    piece = 1024 if k >= 4096 and n <= 4096 else 0      # few output tiles, long K: split K
+    return 32, 256, 4, 3, piece
+
+
+CHUNK_ROWS = 64          # from this many rows on, chunk tiles (prefill chunks)
+WIDE_ROWS = 2048         # from this many, 128-row tiles (fewer would leave multiprocessors idle)
+
+
+def chunk_tile(rows: int, bk: int, glu: bool) -> tuple[int, int, int, int, int]:
+    """(block_m, block_n, block_k, warps, stages) of a chunk's tiles.  None of it is the
+    arithmetic: a row's sums are the k16 MMA steps in order whatever the tile (piece_dot), and
+    the split-K pieces stay the decode tile's (summed in the kernel, in order).  H200
+    (benchmarks/dot_chunk_sweep.py, 16k rows, each bitwise the decode tile's): 128 x 128 x 64,
+    8 warps, 3 stages is within 0.97-1.5x cuBLAS on the Gemma-3 shapes (gate|up 128 x 64).
+    Below WIDE_ROWS the 64-row tiles of the previous sweep, with the decode tile's K step."""
+    if rows >= WIDE_ROWS:
+        return (128, 64, 64, 8, 3) if glu else (128, 128, 64, 8, 3)
+    if glu:
+        return 64, 64, bk, 8, (2 if bk <= 256 else 1)
+    return (64, 128, bk, 8, 2) if bk <= 256 else (64, 64, bk, 4, 1)
