@@ -29,22 +29,32 @@ def _all_logits(engine, ids, chunk):
     return torch.cat([s.extend(ids[i:i + chunk]) for i in range(0, len(ids), chunk)])
 
 
+def text_ids(tok) -> list[int]:
+    """The 400 teacher-forced tokens: code (muser's staging.py) and prose."""
+    text = (Path(muser.__file__).parent / "cache" / "staging.py").read_text()[:1200]
+    text += "\n\nThe history of the Roman Empire spans many centuries. " * 3
+    return tok.encode(text)[:400]
+
+
+def errors(got, r) -> dict:
+    """max / mean |err|, the worst row's max over its f32 logit range, top-1, KL(f32 || got)."""
+    err = (got - r).abs()
+    rng = r.max(-1).values - r.min(-1).values
+    kl = F.kl_div(got.log_softmax(-1), r.log_softmax(-1), log_target=True, reduction="none").sum(-1)
+    return {"max": err.max(), "mean": err.mean(), "worst": (err.max(-1).values / rng).max(),
+            "top1": (got.argmax(-1) == r.argmax(-1)).float().mean(), "kl": kl.mean(), "kl_max": kl.max()}
+
+
 def main() -> None:
     ref = muser.load("gemma3-270m", dtype="float32", quant="none", progress=False)
     fast = muser.load("gemma3-270m", progress=False)
     tok = ref.tokenizer
-    text = (Path(muser.__file__).parent / "cache" / "staging.py").read_text()[:1200]
-    text += "\n\nThe history of the Roman Empire spans many centuries. " * 3
-    ids = tok.encode(text)[:400]
+    ids = text_ids(tok)
     r = _all_logits(ref, ids, 64)
-    rng = r.max(-1).values - r.min(-1).values
     for chunk in (64, 400):
-        got = _all_logits(fast, ids, chunk)
-        err = (got - r).abs()
-        kl = F.kl_div(got.log_softmax(-1), r.log_softmax(-1), log_target=True, reduction="none").sum(-1)
-        top1 = (got.argmax(-1) == r.argmax(-1)).float().mean()
-        print(f"chunks of {chunk}: max |err| {err.max():.3f}  mean {err.mean():.4f}  worst row max/range "
-              f"{(err.max(-1).values / rng).max():.4f}  top-1 {top1:.4f}  KL mean {kl.mean():.2e} max {kl.max():.2e}")
+        e = errors(_all_logits(fast, ids, chunk), r)
+        print(f"chunks of {chunk}: max |err| {e['max']:.3f}  mean {e['mean']:.4f}  worst row max/range "
+              f"{e['worst']:.4f}  top-1 {e['top1']:.4f}  KL mean {e['kl']:.2e} max {e['kl_max']:.2e}")
     first = []
     for p in PROMPTS:
         a = list(ref.stream(tok.encode(p), max_tokens=32))

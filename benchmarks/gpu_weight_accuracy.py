@@ -16,10 +16,9 @@ first token where greedy parts from f32's, of 32, for its 5 prompts.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 import muser
-from fast_path_accuracy import PROMPTS, _all_logits
+from fast_path_accuracy import PROMPTS, _all_logits, errors, text_ids
 
 PROJ = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
@@ -55,28 +54,21 @@ def apply(engine, proj, head):
 def main() -> None:
     ref = muser.load("gemma3-270m", dtype="float32", quant="none", progress=False)
     tok = ref.tokenizer
-    from pathlib import Path
-    text = (Path(muser.__file__).parent / "cache" / "staging.py").read_text()[:1200]
-    text += "\n\nThe history of the Roman Empire spans many centuries. " * 3
-    ids = tok.encode(text)[:400]
+    ids = text_ids(tok)
     r = _all_logits(ref, ids, 64)
-    rng = r.max(-1).values - r.min(-1).values
     greedy_ref = [list(ref.stream(tok.encode(p), max_tokens=32)) for p in PROMPTS]
     print("| mode | max abs err | mean abs err | worst row max / range | top-1 | KL mean | KL max | greedy parts at (of 32) |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     for name, (proj, head) in MODES.items():
         eng = muser.load("gemma3-270m", dtype="float32", quant="none", progress=False)
         apply(eng, proj, head)
-        got = _all_logits(eng, ids, 64)
-        err = (got - r).abs()
-        kl = F.kl_div(got.log_softmax(-1), r.log_softmax(-1), log_target=True, reduction="none").sum(-1)
-        top1 = (got.argmax(-1) == r.argmax(-1)).float().mean()
+        e = errors(_all_logits(eng, ids, 64), r)
         first = []
         for p, a in zip(PROMPTS, greedy_ref):
             b = list(eng.stream(tok.encode(p), max_tokens=32))
             first.append(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), 32))
-        print(f"| {name} | {err.max():.3f} | {err.mean():.4f} | {(err.max(-1).values / rng).max():.4f} | "
-              f"{top1:.4f} | {kl.mean():.2e} | {kl.max():.2e} | {first} |", flush=True)
+        print(f"| {name} | {e['max']:.3f} | {e['mean']:.4f} | {e['worst']:.4f} | {e['top1']:.4f} | "
+              f"{e['kl']:.2e} | {e['kl_max']:.2e} | {first} |", flush=True)
 
 
 if __name__ == "__main__":
