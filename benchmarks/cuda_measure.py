@@ -103,38 +103,20 @@ def profile_step(engine, batch, reps=5):
         for _ in range(reps):
             runner._step(entry)
         sync()
+    total, rows = top_kernels(prof, reps, 1.0, 70)
+    return round(total, 1), [(n, c, round(t, 1)) for n, c, t in rows[:14]]
+
+
+def top_kernels(prof, reps, unit, width):
+    """A profile's kernels, busiest first: total and [(name, launches, time)], per rep, in
+    microseconds / `unit`."""
     rows = []
     for ev in prof.key_averages():
         t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
         if t > 0 and ev.count:
-            rows.append((ev.key[:70], ev.count / reps, t / reps))
+            rows.append((ev.key[:width], ev.count / reps, t / reps / unit))
     rows.sort(key=lambda r: -r[2])
-    return round(sum(r[2] for r in rows), 1), [(n, c, round(t, 1)) for n, c, t in rows[:14]]
-
-
-def profile_prefill(engine, n, vocab, chunk=None, top=16):
-    """Kernel time of one n-token prefill (after a warm one): total ms and the top kernels
-    [(name, launches, ms)] -- where a prefill's time goes, per kernel family."""
-    from torch.profiler import ProfilerActivity, profile
-    for r in range(2):
-        s = engine.new_session()
-        reserve(s, n)
-        ids = rand_ids(n, vocab, 11)
-        sync()
-        if r == 0:
-            s.prefill(ids, chunk_size=chunk)
-            sync()
-            continue
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            s.prefill(ids, chunk_size=chunk)
-            sync()
-    rows = []
-    for ev in prof.key_averages():
-        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-        if t > 0 and ev.count:
-            rows.append((ev.key[:60], ev.count, t / 1e3))
-    rows.sort(key=lambda r: -r[2])
-    return round(sum(r[2] for r in rows), 2), [(k, c, round(t, 2)) for k, c, t in rows[:top]]
+    return sum(r[2] for r in rows), rows
 
 
 def muser_decode(engine, context, steps, vocab, seed=1, prof=False):
@@ -198,13 +180,8 @@ def prefill_profile(engine, n, vocab):
         s.prefill(ids)
         sync()
         wall = time.perf_counter() - t0
-    rows = []
-    for ev in prof.key_averages():
-        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-        if t > 0 and ev.count:
-            rows.append((ev.key[:60], ev.count, round(t / 1e3, 2)))
-    rows.sort(key=lambda r: -r[2])
-    return round(sum(r[2] for r in rows), 1), round(wall * 1e3, 1), rows[:16]
+    total, rows = top_kernels(prof, 1, 1e3, 60)
+    return round(total, 1), round(wall * 1e3, 1), [(n, int(c), round(t, 2)) for n, c, t in rows[:16]]
 
 
 def muser_prefill(engine, n, vocab, chunk, reps=2):

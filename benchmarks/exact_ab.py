@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def child(args):
     import torch
     import muser
-    from cuda_measure import muser_batch, muser_decode, muser_prefill, profile_prefill
+    from cuda_measure import muser_batch, muser_decode, muser_prefill, prefill_profile
     from cuda_bench import SHAPES
     shape = SHAPES[args.shape]
     eng = muser.load(args.path, device="cuda", dtype="bfloat16", progress=False)
@@ -45,7 +45,7 @@ def child(args):
     out["prefill_16k"] = muser_prefill(eng, 16384, vocab, None) if not args.no_16k else 0.0
     if args.profile:                        # kernel time: a decode step at 2k, a 16k prefill
         out["profile_decode"] = muser_decode(eng, 2048, 8, vocab, prof=True)[2]
-        out["profile_16k"] = profile_prefill(eng, 16384, vocab)
+        out["profile_16k"] = prefill_profile(eng, 16384, vocab)     # (kernel ms, wall ms, top)
     out["exact_rows"] = bool(getattr(eng, "exact_rows", False))
     out["seconds"] = round(time.perf_counter() - t, 1)
     torch.cuda.synchronize()
