@@ -51,8 +51,7 @@ def _kernel():
     def chunk_tile(K, V, kpos, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm, cv,
                    dmv, cvv, RING: tl.constexpr):
         """The K and V tiles of key positions kpos, read by position (zeros outside the rows
-        any query of the tile sees, or outside the view).  (The nested loop below keeps these
-        lines inline: that is the form verified bitwise on the H200.)"""
+        any query of the tile sees, or outside the view); V's columns are this program's slice."""
         idx = kpos - first
         km = (kpos >= lo_min) & (kpos <= p_max)
         if RING:
@@ -143,16 +142,8 @@ def _kernel():
                 t_hi = tl.minimum(a * SPLIT + SPLIT, p_max + 1)
                 for st in range(t_lo, t_hi, BLOCK_N):
                     kpos = st + tl.arange(0, BLOCK_N)
-                    idx = kpos - first
-                    km = (kpos >= lo_min) & (kpos <= p_max)
-                    if RING:
-                        idx = (rot + idx + capm) % capm
-                    else:
-                        km = km & (idx >= 0) & (idx < kcount)
-                    rows = idx[:, None].to(tl.int64) * rs + kvh * hs
-                    k = tl.load(K + rows + dm[None, :], mask=km[:, None] & cv[None, :], other=0.0)
-                    v = tl.load(V + rows + dmv[None, :], mask=km[:, None] & cvv[None, :],
-                                other=0.0)
+                    k, v = _chunk_tile(K, V, kpos, first, rot, capm, kcount, lo_min, p_max, rs, hs,
+                                       kvh, dm, cv, dmv, cvv, RING)
                     m, l, acc = _tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap,
                                            SOFTCAP)
                 Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
