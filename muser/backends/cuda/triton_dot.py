@@ -280,7 +280,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
             inside, pieces = pieces, 1
     out = out if out is not None else x.new_empty(B, n)
     split = pieces > 1
-    ks = piece if piece else triton.cdiv(k, bk) * bk
+    ks = piece if pieces * inside > 1 else triton.cdiv(k, bk) * bk    # keys per piece
     part = (torch.empty((pieces, B, 2 * n if glu else n), dtype=torch.float32, device=x.device)
             if split else out)
     b_arg = bias if bias is not None else w
