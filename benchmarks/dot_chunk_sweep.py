@@ -13,7 +13,8 @@ import argparse
 import torch
 
 from cuda_measure import timed
-from muser.backends.cuda.triton_dot import DOT_TILES, chunk_tile, dot_rows
+from muser.backends.cuda.triton_dot import dot_rows
+from muser.backends.cuda.triton_dot_tiles import DOT_TILES, chunk_tile, dot_config
 
 CANDIDATES = [(64, 128, 64, 4, 4), (128, 64, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 64, 8, 4),
               (128, 256, 64, 8, 3), (128, 128, 32, 8, 4), (256, 128, 64, 8, 3), (128, 128, 128, 8, 2)]
@@ -33,13 +34,14 @@ def main():
         flops = 2 * args.rows * w.shape[0] * k
         t_cublas = timed(lambda: xb @ w.T)
         line = [f"({n},{k},{'glu' if glu else '-'}) cuBLAS {t_cublas:.3f} ms {flops / t_cublas / 1e9:.0f} TF/s"]
+        default = chunk_tile(args.rows, dot_config(n, k, glu)[1], glu)
         for cand in [None] + CANDIDATES:
             if glu and cand and cand[1] >= 256:
                 continue
             try:
-                got = dot_rows(x, w, glu=glu, tile=cand or chunk_tile(args.rows, 256, glu))
+                got = dot_rows(x, w, glu=glu, tile=cand or default)
                 eq = torch.equal(got, ref)
-                t = timed(lambda: dot_rows(xb, w, glu=glu, tile=cand or chunk_tile(args.rows, 256, glu)))
+                t = timed(lambda: dot_rows(xb, w, glu=glu, tile=cand or default))
                 line.append(f"  {cand or 'default'}: equal={eq} {t:.3f} ms {flops / t / 1e9:.0f} TF/s "
                             f"({t / t_cublas:.2f}x cuBLAS)")
             except Exception as e:                                    # noqa: BLE001

@@ -141,7 +141,8 @@ def test_a_chunk_tile_gives_each_row_the_decode_tile_bits(dev, kdtype, glu, n, k
     """dot_rows past CHUNK_ROWS rows takes 64-row tiles (wider, other warps and stages), past
     WIDE_ROWS 128-row tiles with another K step and the split-K pieces summed in the kernel:
     each row is bitwise the 16-row decode tile's row."""
-    from muser.backends.cuda.triton_dot import chunk_tile, dot_rows
+    from muser.backends.cuda.triton_dot import dot_rows
+    from muser.backends.cuda.triton_dot_tiles import chunk_tile
     if glu and n > 20000:
         pytest.skip("the head has no act*up")
     w = (torch.randn(2 * n if glu else n, k) / k ** 0.5).to(dev, kdtype)

@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-from .triton_dot_tiles import CHUNK_ROWS, DOT_TILES, WIDE_ROWS, chunk_tile, dot_config  # noqa: F401
+from .triton_dot_tiles import CHUNK_ROWS, chunk_tile, dot_config
 from .triton_ops import _pow2
 
 
