@@ -58,9 +58,14 @@ def part2():
     v = torch.randn(N, KV, D, device=dev, dtype=dt)
     q = torch.randn(N, H, D, device=dev, dtype=dt)
     for growing, window in ((True, None), (False, 512)):
-        for bm, warps, stages, loop, ds in ((64, 8, None, "nested", 1), (64, 8, None, "flat", 1),
-                                            (32, 4, None, "nested", 1), (64, 8, None, "nested", 2)):
-            lay = dict(layout(growing, D), chunk_loop=loop, dsplit=ds)
+        base = layout(growing, D)
+        for bm, warps, stages, loop, ds, inter, accd in (
+                (64, 8, None, base["chunk_loop"], 1, True, True),
+                (64, 8, None, base["chunk_loop"], 1, True, False),
+                (64, 8, None, base["chunk_loop"], 1, False, False),
+                (64, 8, None, base["chunk_loop"], 1, False, True),
+                (64, 8, None, "nested" if base["chunk_loop"] == "flat" else "flat", 1, True, True)):
+            lay = dict(base, chunk_loop=loop, dsplit=ds, interior=inter, acc_dot=accd)
             times = []
             for rep in range(2):
                 torch.cuda.synchronize()
@@ -71,7 +76,8 @@ def part2():
                 torch.cuda.synchronize()
                 times.append(time.perf_counter() - t)
             print(f"chunk_attention growing={growing} block_m={bm} warps={warps} stages={stages} "
-                  f"{loop} dsplit={ds}: {times[1] * 1e3:.2f} ms (first {times[0] * 1e3:.0f} ms)", flush=True)
+                  f"{loop} dsplit={ds} interior={inter} acc_dot={accd}: {times[1] * 1e3:.2f} ms "
+                  f"(first {times[0] * 1e3:.0f} ms)", flush=True)
         t = time.perf_counter()
         for rep in range(2):
             torch.cuda.synchronize()

@@ -34,6 +34,8 @@ from cuda_measure import (copy_bandwidth, build, cross_check, hf_decode, hf_pref
                           muser_batch, muser_decode, muser_prefill, prefill_profile)
 
 SHAPES = {
+    "270m": dict(arch="gemma3", layers=18, hidden=640, heads=4, kv=1, head_dim=256, window=512,
+                 ffn=2048, vocab=262144, pattern=6, long=32768),
     "1b": dict(arch="gemma3", layers=26, hidden=1152, heads=4, kv=1, head_dim=256, window=512,
                ffn=6912, vocab=262144, pattern=6, long=32768),
     "4b": dict(arch="gemma3", layers=34, hidden=2560, heads=8, kv=4, head_dim=256, window=1024,
@@ -85,7 +87,7 @@ def run_model(name, shape, bw, args, results):
     # A/B below has measured 0.04-0.15 ms/token more host time with the same GPU time)
     if shape["long"] and not args.quick:
         section("decode_32k", lambda: muser_decode(engine, shape["long"], args.steps, vocab)[:2])
-    if name == "1b":
+    if name in ("270m", "1b"):
         section("batch16_2k", lambda: muser_batch(engine, 16, 2048, 32, vocab, prof=args.profile))
         section("hf_batch16_2k", lambda: 16 / hf_decode(model, 16, 2048, 8, vocab))
     if args.profile and name in ("1b", "4b"):
@@ -121,7 +123,8 @@ def run_model(name, shape, bw, args, results):
     if available(args.llama_bin):
         gguf = os.path.join(os.path.dirname(path), f"llama-{name}.gguf")
         section("llama", lambda: bench(convert(path, gguf, args.llama_src, args.llama_tokenizer),
-                                       args.llama_bin, long=shape["long"], batched=name == "1b"))
+                                       args.llama_bin, long=0 if args.quick else shape["long"],
+                                       batched=name in ("270m", "1b")))
     r["attention_routes"] = dict(engine.backend.attention.stats)
     r["runner"] = dict(engine.decode_runner().stats)
     log(f"  {name} routes {r['attention_routes']} runner {r['runner']} flash_error "

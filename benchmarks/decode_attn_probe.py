@@ -18,10 +18,9 @@ from muser.cache.plane import GrowingPlane, RingPlane, advance_lockstep
 from muser.model import transformer as tf
 
 H, KV, D = 4, 1, 256
-VARIANTS = [("default", {}), ("group 4", {"group": 4}), ("depth 4", {"depth": 4}),
-            ("group 4 depth 4", {"group": 4, "depth": 4}), ("warps 2", {"warps": 2}),
-            ("warps 8", {"warps": 8}), ("split 64", {"split": 64}),
-            ("block 64 warps 8", {"block_n": 64, "split": 64, "warps": 8})]
+VARIANTS = [("default", {}), ("masks everywhere", {"interior": False}),
+            ("acc add", {"acc_dot": False}), ("masks, acc add", {"interior": False, "acc_dot": False}),
+            ("depth 1", {"depth": 1}), ("warps 2", {"warps": 2}), ("split 64", {"split": 64})]
 
 
 def graph_us(fn, reps=20, replays=20):
@@ -44,9 +43,11 @@ def graph_us(fn, reps=20, replays=20):
 
 def main():
     dev, dt = "cuda", torch.bfloat16
-    contexts = [int(a) for a in sys.argv[1:]] or [2048, 32768]
+    contexts = [int(a) for a in sys.argv[1:] if a.isdigit()] or [2048, 32768]
     cos, sin = tf.rope_tables(10000.0, 1.0, D, dev, 65536)
     qkv = torch.randn(1, (H + 2 * KV) * D, device=dev).to(dt)
+    qkn = "qk" in sys.argv[1:]                    # Gemma 3's q/k norms in the fused prologue
+    qn = kn = (torch.rand(D, device=dev) + 0.5) if qkn else None
     for kind in ("ring", "growing"):
         for ctx in contexts:
             if kind == "ring" and ctx != contexts[0]:
@@ -70,7 +71,7 @@ def main():
                 ws = td.DecodeWorkspace(1, KV, H // KV, D, nsplit, dev)
                 try:
                     fused = graph_us(lambda: td.fused_decode_attention(
-                        qkv, pos, cos, sin, None, None, 1e-6, table, meta, H, KV, D, nsplit, 0.0625,
+                        qkv, pos, cos, sin, qn, kn, 1e-6, table, meta, H, KV, D, nsplit, 0.0625,
                         None, False, ws=ws, out=out, capacity=cap, **lay))
                     q = qkv[:, :H * D].view(1, H, D).contiguous()
                     given = graph_us(lambda: td.decode_attention(

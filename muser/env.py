@@ -62,9 +62,10 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_GROWING_GROUP": ("int >= 1", "16", "backends/cuda (attention)",
                             "growing-plane splits per first-level merge group (part of the "
                             "arithmetic: experiments)"),
-    "MUSER_MERGE_LOADS": ("1|4", "1", "backends/cuda (decode attention)",
+    "MUSER_MERGE_LOADS": ("1|4", "4", "backends/cuda (decode attention)",
                           "parked split partials loaded at once by a decode merge (the same "
-                          "bits either way; 4: even with 1 at 2k on the H200, experiments)"),
+                          "bits either way; H200: 4 is 5% faster for a ring layer at 2k, 10% "
+                          "for a global layer at 32k)"),
     "MUSER_CHUNK_LOOP": ("auto|nested|flat", "auto", "backends/cuda (chunk attention)",
                          "the chunk attention's loop: splits then tiles, or one loop over the tiles "
                          "(the same bits; auto: flat on rings, nested on growing planes -- the "
@@ -72,6 +73,12 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_CHUNK_COLUMNS": ("1|2|4", "1", "backends/cuda (chunk attention)",
                             "programs per query tile, each with a slice of the value columns "
                             "(the same bits: fewer accumulator registers, scores recomputed)"),
+    "MUSER_ATTN_TILES": ("masked|interior", "interior", "backends/cuda (attention)",
+                         "interior: key tiles every row sees whole skip the masks (the same "
+                         "bits); masked: every tile masked (experiments)"),
+    "MUSER_ATTN_ACC": ("dot|add", "dot", "backends/cuda (attention)",
+                       "dot: p @ V accumulates onto the rescaled accumulator inside the MMA; "
+                       "add: a separate add (part of the arithmetic: experiments)"),
     "MUSER_ATTN_RING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
                         "tile of the ring decode-attention kernel (experiments)"),
     "MUSER_ATTN_GROWING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
@@ -98,9 +105,11 @@ class Env:
     ring_rows: int = 32
     growing_rows: int = 128
     ring_group: int = 4
-    merge_loads: str = "1"
+    merge_loads: str = "4"
     chunk_loop: str = "auto"
     chunk_columns: str = "1"
+    attn_tiles: str = "interior"
+    attn_acc: str = "dot"
     growing_group: int = 16
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)
     attn_growing: tuple[int, int] | None = None
@@ -183,7 +192,8 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
     kw["api_key"] = e.get("MUSER_API_KEY")
     for name, field in (("MUSER_ROWS", "rows"), ("MUSER_GEMV", "gemv"), ("MUSER_ATTN", "attn"),
                         ("MUSER_CHUNKS", "chunks"), ("MUSER_MERGE_LOADS", "merge_loads"),
-                        ("MUSER_CHUNK_LOOP", "chunk_loop"), ("MUSER_CHUNK_COLUMNS", "chunk_columns")):
+                        ("MUSER_CHUNK_LOOP", "chunk_loop"), ("MUSER_CHUNK_COLUMNS", "chunk_columns"),
+                        ("MUSER_ATTN_TILES", "attn_tiles"), ("MUSER_ATTN_ACC", "attn_acc")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

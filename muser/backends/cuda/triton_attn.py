@@ -50,9 +50,10 @@ from .triton_ops import _pow2
 
 def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     """The reduction shape of one layer's attention: {split, group, block_n, warps, depth,
-    chunk_loop, dsplit} (depth: parked partials a decode merge loads at once; chunk_loop and
-    dsplit: the chunk kernel's loop structure and value-column slices -- speed choices, not
-    bits ones).
+    chunk_loop, dsplit, interior, acc_dot} (depth: parked partials a decode merge loads at
+    once; chunk_loop and dsplit: the chunk kernel's loop structure and value-column slices;
+    interior: tiles every row sees whole skip the masks -- speed choices, not bits ones;
+    acc_dot: p @ V accumulates onto the rescaled accumulator inside the dot -- a bits one).
 
     block_n: (32, 4 warps) at head dims over 128 and (64, 4) below -- the largest tiles whose
     [16, D] float32 accumulator and [block_n, D] K/V tiles compile without spilling (sm_90).
@@ -67,7 +68,8 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
             "block_n": block_n, "warps": warps, "depth": int(env.merge_loads),
             "chunk_loop": env.chunk_loop if env.chunk_loop != "auto" else (
                 "nested" if growing else "flat"),
-            "dsplit": int(env.chunk_columns)}
+            "dsplit": int(env.chunk_columns), "interior": env.attn_tiles == "interior",
+            "acc_dot": env.attn_acc == "dot"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -79,25 +81,41 @@ def pieces() -> dict:
     globals()["tl"] = tl                # the interpreter looks for the language in module globals
 
     @triton.jit
-    def tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap, SOFTCAP: tl.constexpr):
+    def tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap, SOFTCAP: tl.constexpr,
+                  MASKED: tl.constexpr, ACC_DOT: tl.constexpr):
         """Fold one tile of keys into each row's running softmax.
-        q [BM, DP], k/v [BN, DP], kpos [BN] positions, lo/hi [BM]: row i sees [lo_i, hi_i)."""
+        q [BM, DP], k/v [BN, DP], kpos [BN] positions, lo/hi [BM]: row i sees [lo_i, hi_i).
+        MASKED False: a tile every row sees whole (the caller knows) -- the same values with
+        the selects left out (they would all pick their first operand)."""
         sc = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         if SOFTCAP:
             sc = (2.0 * tl.sigmoid(2.0 * sc / softcap) - 1.0) * softcap
-        valid = (kpos[None, :] >= lo[:, None]) & (kpos[None, :] < hi[:, None])
-        sc = tl.where(valid, sc, float("-inf"))
+        if MASKED:
+            valid = (kpos[None, :] >= lo[:, None]) & (kpos[None, :] < hi[:, None])
+            sc = tl.where(valid, sc, float("-inf"))
         m_new = tl.maximum(m, tl.max(sc, 1))
         alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
-        p = tl.where(valid, tl.exp(sc - m_new[:, None]), 0.0).to(v.dtype)
+        if MASKED:
+            p = tl.where(valid, tl.exp(sc - m_new[:, None]), 0.0).to(v.dtype)
+        else:
+            p = tl.exp(sc - m_new[:, None]).to(v.dtype)
         # the row sums on the tensor cores too: every column of p @ ones is the same sum
         l_new = l * alpha + tl.max(tl.dot(p, ones, input_precision="ieee"), 1)
-        acc_new = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        # a row that sees no key of this tile keeps its state as it was, bit for bit (not
-        # "times exp(0) plus zero products": what a chunk row does where a decode row never goes)
-        live = tl.max(valid.to(tl.int32), 1) > 0
-        return (tl.where(live, m_new, m), tl.where(live, l_new, l),
-                tl.where(live[:, None], acc_new, acc))
+        if ACC_DOT:
+            # the rescaled accumulator enters the MMA chain as its start: one [BM, DP] pass less
+            # (a dot's k16 steps chain onto its accumulator whatever the tile: the rows' bits
+            # do not depend on BM -- benchmarks/dot_chunk_sweep.py)
+            acc_new = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
+        else:
+            acc_new = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        if MASKED:
+            # a row that sees no key of this tile keeps its state as it was, bit for bit (not
+            # "times exp(0) plus zero products": what a chunk row does where a decode row never
+            # goes)
+            live = tl.max(valid.to(tl.int32), 1) > 0
+            return (tl.where(live, m_new, m), tl.where(live, l_new, l),
+                    tl.where(live[:, None], acc_new, acc))
+        return m_new, l_new, acc_new
 
     @triton.jit
     def columns(c, D: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,

@@ -65,6 +65,47 @@ def _kernel():
 
     globals()["_chunk_tile"] = chunk_tile
 
+    @triton.jit
+    def keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm, cv, dmv, cvv,
+                  q, lo, hi, m, l, acc, ones, scale, softcap, BLOCK_N: tl.constexpr,
+                  SOFTCAP: tl.constexpr, RING: tl.constexpr, MASKED: tl.constexpr,
+                  ACC_DOT: tl.constexpr):
+        """The tile of keys at positions st.. folded into the split's running softmax."""
+        kpos = st + tl.arange(0, BLOCK_N)
+        k, v = _chunk_tile(K, V, kpos, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm,
+                          cv, dmv, cvv, RING)
+        return _tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap, SOFTCAP,
+                          MASKED, ACC_DOT)
+
+    globals()["_keys_tile"] = keys_tile
+
+    @triton.jit
+    def flat_tile(st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm, cv,
+                  dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale, softcap,
+                  BM: tl.constexpr, DPW: tl.constexpr, BLOCK_N: tl.constexpr,
+                  SPLIT: tl.constexpr, GS: tl.constexpr, SOFTCAP: tl.constexpr,
+                  RING: tl.constexpr, MASKED: tl.constexpr, ACC_DOT: tl.constexpr):
+        """One step of the flat loop: a split starts (from empty) at its first tile, the tile
+        folds in, and where the split ends it folds into its group, a group into the total."""
+        fresh = (st % SPLIT == 0) | (st == t_first)
+        m = tl.where(fresh, float("-inf"), m)
+        l = tl.where(fresh, 0.0, l)
+        acc = tl.where(fresh, 0.0, acc)
+        m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm,
+                              cv, dmv, cvv, q, lo, hi, m, l, acc, ones, scale, softcap, BLOCK_N,
+                              SOFTCAP, RING, MASKED, ACC_DOT)
+        last = st + BLOCK_N > p_max
+        if ((st + BLOCK_N) % SPLIT == 0) | last:            # the split ends here
+            Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
+            if ((st // SPLIT) % GS == GS - 1) | last:
+                Mt, Lt, At = _merge_one(Mt, Lt, At, Mg, Lg, Ag)
+                Mg = tl.full([BM], float("-inf"), tl.float32)
+                Lg = tl.zeros([BM], tl.float32)
+                Ag = tl.zeros([BM, DPW], tl.float32)
+        return m, l, acc, Mg, Lg, Ag, Mt, Lt, At
+
+    globals()["_flat_tile"] = flat_tile
+
     @triton.jit(do_not_specialize=["start", "R", "first", "rot", "capm", "kcount", "window"])
     def chunk_kernel(Q, K, V, O, SNK, start, R, first, rot, capm, kcount, rs, hs, window,
                      scale, softcap,
@@ -73,7 +114,7 @@ def _kernel():
                      BM: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
                      SPLIT: tl.constexpr, GS: tl.constexpr, SOFTCAP: tl.constexpr,
                      SINKS: tl.constexpr, RING: tl.constexpr, FLAT: tl.constexpr,
-                     DSPLIT: tl.constexpr):
+                     DSPLIT: tl.constexpr, INTERIOR: tl.constexpr, ACC_DOT: tl.constexpr):
         t = tl.program_id(0)
         kvh = tl.program_id(1)
         part = tl.program_id(2)                  # which 1 / DSPLIT of the value columns
@@ -107,45 +148,67 @@ def _kernel():
         Mg = tl.full([BM], float("-inf"), tl.float32)
         Lg = tl.zeros([BM], tl.float32)
         Ag = tl.zeros([BM, DPW], tl.float32)
+        t_first = (lo_min // BLOCK_N) * BLOCK_N
+        # Key tiles every row of this program sees whole: [f0, f1) -- past the last row's window
+        # start, before the first row's position.  There (INTERIOR) tile_step leaves out the
+        # masks, which would select nothing away: the same values.  Edge tiles stay masked.
+        #   keys  |--masked--|===== whole for every row =====|--masked (diagonal)--|
+        #       t_first      f0                              f1                p_max
+        lo_max = tl.where(window > 0, tl.maximum(p_max - window + 1, 0), 0)
+        f0 = (lo_max + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        f1 = (p_min + 1) // BLOCK_N * BLOCK_N
         if FLAT:
-            # one loop over the tiles, split and group boundaries inside it: the same sequence
-            # of tile_step / merge_one as below (so the same bits), but a loop long enough for
-            # the compiler's software pipelining to prefetch K/V tiles (a ring split is 1 tile)
-            t_first = (lo_min // BLOCK_N) * BLOCK_N
+            # one loop over the tiles (three: masked, whole, masked), split and group boundaries
+            # inside it: the same sequence of tile_step / merge_one as below (so the same bits),
+            # but loops long enough for the compiler's software pipelining to prefetch K/V
+            # tiles (a ring split is 1 tile)
             m = tl.full([BM], float("-inf"), tl.float32)
             l = tl.zeros([BM], tl.float32)
             acc = tl.zeros([BM, DPW], tl.float32)
-            for st in range(t_first, p_max + 1, BLOCK_N):
-                fresh = (st % SPLIT == 0) | (st == t_first)        # a split starts here
-                m = tl.where(fresh, float("-inf"), m)
-                l = tl.where(fresh, 0.0, l)
-                acc = tl.where(fresh, 0.0, acc)
-                kpos = st + tl.arange(0, BLOCK_N)
-                k, v = _chunk_tile(K, V, kpos, first, rot, capm, kcount, lo_min, p_max, rs, hs,
-                                   kvh, dm, cv, dmv, cvv, RING)
-                m, l, acc = _tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap,
-                                       SOFTCAP)
-                last = st + BLOCK_N > p_max
-                if ((st + BLOCK_N) % SPLIT == 0) | last:            # the split ends here
-                    Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
-                    if ((st // SPLIT) % GS == GS - 1) | last:
-                        Mt, Lt, At = _merge_one(Mt, Lt, At, Mg, Lg, Ag)
-                        Mg = tl.full([BM], float("-inf"), tl.float32)
-                        Lg = tl.zeros([BM], tl.float32)
-                        Ag = tl.zeros([BM, DPW], tl.float32)
+            a1 = p_max + 1
+            b1 = p_max + 1
+            if INTERIOR:
+                a1 = tl.minimum(tl.maximum(f0, t_first), p_max + 1)
+                b1 = tl.maximum(a1, tl.minimum(f1, p_max + 1))
+            for st in range(t_first, a1, BLOCK_N):
+                m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
+                    st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm,
+                    cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
+                    softcap, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, True, ACC_DOT)
+            for st in range(a1, b1, BLOCK_N):
+                m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
+                    st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm,
+                    cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
+                    softcap, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, False, ACC_DOT)
+            for st in range(b1, p_max + 1, BLOCK_N):
+                m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
+                    st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm,
+                    cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
+                    softcap, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, True, ACC_DOT)
         else:
             for a in range(lo_min // SPLIT, a_hi + 1):
                 m = tl.full([BM], float("-inf"), tl.float32)
                 l = tl.zeros([BM], tl.float32)
                 acc = tl.zeros([BM, DPW], tl.float32)
-                t_lo = tl.maximum(a * SPLIT, (lo_min // BLOCK_N) * BLOCK_N)
+                t_lo = tl.maximum(a * SPLIT, t_first)
                 t_hi = tl.minimum(a * SPLIT + SPLIT, p_max + 1)
-                for st in range(t_lo, t_hi, BLOCK_N):
-                    kpos = st + tl.arange(0, BLOCK_N)
-                    k, v = _chunk_tile(K, V, kpos, first, rot, capm, kcount, lo_min, p_max, rs, hs,
-                                       kvh, dm, cv, dmv, cvv, RING)
-                    m, l, acc = _tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap,
-                                           SOFTCAP)
+                a1 = t_hi
+                b1 = t_hi
+                if INTERIOR:
+                    a1 = tl.minimum(tl.maximum(f0, t_lo), t_hi)
+                    b1 = tl.maximum(a1, tl.minimum(f1, t_hi))
+                for st in range(t_lo, a1, BLOCK_N):
+                    m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs,
+                                           hs, kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones,
+                                           scale, softcap, BLOCK_N, SOFTCAP, RING, True, ACC_DOT)
+                for st in range(a1, b1, BLOCK_N):
+                    m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs,
+                                           hs, kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones,
+                                           scale, softcap, BLOCK_N, SOFTCAP, RING, False, ACC_DOT)
+                for st in range(b1, t_hi, BLOCK_N):
+                    m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs,
+                                           hs, kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones,
+                                           scale, softcap, BLOCK_N, SOFTCAP, RING, True, ACC_DOT)
                 Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
                 if (a % GS == GS - 1) | (a == a_hi):
                     Mt, Lt, At = _merge_one(Mt, Lt, At, Mg, Lg, Ag)
@@ -196,6 +259,7 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         BM=max(16, _pow2(rows * G)), ROWS=rows, BLOCK_N=lay["block_n"], SPLIT=lay["split"],
         GS=lay["group"], SOFTCAP=softcap is not None, SINKS=sinks is not None,
         RING=ring is not None, FLAT=lay.get("chunk_loop") == "flat", DSPLIT=dsplit,
+        INTERIOR=bool(lay.get("interior", True)), ACC_DOT=bool(lay.get("acc_dot", False)),
         num_warps=warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"]),
         enable_fp_fusion=False, **({"num_stages": stages} if stages else {}))
     return out

@@ -89,8 +89,9 @@ def merge_groups(nsplit: int, group: int) -> int:
 
 def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads, head_dim,
             nsplit, scale, softcap, interleaved, ws, out, split, group, block_n, warps,
-            depth=1, chunk_loop=None, dsplit=1, capacity=0, sinks=None, v_norm=False, k_eq_v=False, qout=None, grid_splits=None):
-    kern = _kernel()                     # (chunk_loop, dsplit: the chunk kernel's layout keys)
+            depth=1, chunk_loop=None, dsplit=1, interior=True, acc_dot=False, capacity=0,
+            sinks=None, v_norm=False, k_eq_v=False, qout=None, grid_splits=None):
+    kern = _kernel()           # (chunk_loop, dsplit, interior: the chunk kernel's layout keys)
     B = table.shape[0]
     G = heads // kv_heads
     ngg = merge_groups(nsplit, group)
@@ -115,7 +116,8 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         GS=group, DEPTH=depth, FUSED=qkv is not None,
         QK_NORM=q_norm is not None, ROPE=rope, INTERLEAVED=bool(interleaved),
         SOFTCAP=softcap is not None, SINKS=sinks is not None, V_NORM=bool(v_norm),
-        K_EQ_V=bool(k_eq_v), RING=capacity > 0, num_warps=warps, enable_fp_fusion=False)
+        K_EQ_V=bool(k_eq_v), RING=capacity > 0, ACC_DOT=bool(acc_dot),
+        num_warps=warps, enable_fp_fusion=False)
     return out
 
 
