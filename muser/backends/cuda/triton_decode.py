@@ -166,11 +166,24 @@ def prepare_rows(qkv: torch.Tensor, pos: torch.Tensor, cos, sin, q_norm, k_norm,
                          dtype=torch.int64, device=qkv.device).expand(R, 4).contiguous()
     meta = torch.stack([torch.arange(R, device=qkv.device), torch.zeros(R, dtype=torch.long,
                                                                         device=qkv.device)], 1)
-    lay = {**layout(capacity == 0, head_dim), **lay}
-    _launch(qkv, None, pos, cos, sin, q_norm, k_norm, eps, table, meta.contiguous(), heads,
-            kv_heads, head_dim, nsplit, 1.0, None, interleaved, None, q, capacity=capacity,
-            v_norm=v_norm, k_eq_v=k_eq_v, qout=q, grid_splits=1, **lay)
+    prepare_rows_into(qkv, pos, cos, sin, q_norm, k_norm, eps, heads, kv_heads, head_dim, nsplit,
+                      interleaved, q, k, v, table, meta.contiguous(), v_norm=v_norm,
+                      k_eq_v=k_eq_v, capacity=capacity, **lay)
     return q, k, v
+
+
+def prepare_rows_into(qkv, pos, cos, sin, q_norm, k_norm, eps: float, heads: int, kv_heads: int,
+                      head_dim: int, nsplit: int, interleaved: bool, q: torch.Tensor,
+                      k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, meta: torch.Tensor,
+                      v_norm: bool = False, k_eq_v: bool = False, capacity: int = 0,
+                      **lay) -> None:
+    """`prepare_rows` into given buffers (graph-capturable: no allocation, no host copy).
+    table int64 [R, 4]: every row (k.data_ptr(), v.data_ptr(), KV * D, D); meta int64 [R, 2]:
+    row r (r, 0) -- row r stores at slot r and attends over nothing."""
+    lay = {**layout(capacity == 0, head_dim), **lay}
+    _launch(qkv, None, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads,
+            head_dim, nsplit, 1.0, None, interleaved, None, q, capacity=capacity,
+            v_norm=v_norm, k_eq_v=k_eq_v, qout=q, grid_splits=1, **lay)
 
 
 def decode_attention(q: torch.Tensor, pos: torch.Tensor, table: torch.Tensor, meta: torch.Tensor,
