@@ -4,10 +4,13 @@ For each model shape (random weights, cuda_measure.build): a 512-token prefill, 
 timed 5 times (wall ms each: the spread shows the bimodality), its kernel time from the
 profiler (GPU busy ms), and a cProfile of one more prefill: the host functions by own time.
 If wall >> kernel time, the chunk pass is host-bound and the cure is fewer launches or a
-captured graph, not faster kernels.
+captured graph, not faster kernels.  Then the same prefills with the prompt graphs on
+(MUSER_PROMPT_GRAPHS=on: the first chunk as one replay, backends/cuda/prompt_graph.py): wall ms
+and whether the logits of the two modes are bitwise equal.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/prefill_host_probe.py [270m,1b] [512]
 """
+import os
 import cProfile
 import io
 import pstats
@@ -59,8 +62,32 @@ def main():
         buf = io.StringIO()
         pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(22)
         print("\n".join(buf.getvalue().splitlines()[:40]), flush=True)
+        graphs(eng, n, vocab)
         del eng
         torch.cuda.empty_cache()
+
+
+def graphs(eng, n, vocab):
+    """Wall ms of the prefill with the prompt graphs off and on; logits bitwise equal?"""
+    from muser.env import read
+    out = {}
+    for mode in ("off", "on"):
+        os.environ["MUSER_PROMPT_GRAPHS"] = mode
+        eng.backend.reset_runner(read())
+        for r in range(2):
+            one(eng, n, vocab, r)                     # warm: compile, capture
+        walls = [round(one(eng, n, vocab, 10 + r)[0], 2) for r in range(5)]
+        s = eng.new_session()
+        logits = s.prefill(rand_ids(n, vocab, 40))
+        out[mode] = (walls, logits)
+    prompts = eng.backend.runner(eng).prompts
+    same = torch.equal(torch.as_tensor(out["off"][1]), torch.as_tensor(out["on"][1]))
+    print(f"   prompt graphs: off wall ms {out['off'][0]}; on wall ms {out['on'][0]} "
+          f"(tok/s at best {n / min(out['on'][0]) * 1e3:,.0f}); logits bitwise equal: {same}; "
+          f"stats {prompts.stats if prompts else None} failed {prompts.failed if prompts else None}",
+          flush=True)
+    os.environ.pop("MUSER_PROMPT_GRAPHS")
+    eng.backend.reset_runner(read())
 
 
 if __name__ == "__main__":

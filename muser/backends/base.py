@@ -31,12 +31,12 @@ class Backend:
     exact_rows      every op, attention included, computes a row the same way whatever shares
                     the pass and however many rows it has -- one arithmetic per token: chunks
                     need no scratch rows (issue 12)
-    encoding_tag    appended to the engine's cut-encoding family when the backend runs an opt-in
-                    arithmetic whose rows differ from the default's (CUDA: "+fast-chunks")
+    encoding_tag    appended to the engine's cut-encoding family when the backend's rows differ
+                    from the plain family's (CUDA: "+cuda-<arithmetic digest>", "+fast-chunks")
     """
 
     name = "?"
-    encoding_tag = ""                # appended to the cut encoding's family: an opt-in arithmetic
+    encoding_tag = ""                # appended to the cut encoding's family: the backend's arithmetic
     ops: Ops = EAGER
     invariant_rows = 0
     exact_rows = False

@@ -45,7 +45,7 @@ class Engine:
         # int8 weights compute different K/V bits than float weights: a distinct encoding.
         # (the family names the weight path; the dtype is the rows' dtype on the wire)
         family = config.backend if config.quant == "none" else f"{config.backend}+{config.quant}"
-        family += self.backend.encoding_tag       # a backend's opt-in arithmetic (CUDA fast chunks)
+        family += self.backend.encoding_tag       # the backend's arithmetic (CUDA: its version)
         self.encoding = Encoding(family, config.dtype)
         self._grammars = None
         self.fingerprint = {

@@ -99,3 +99,21 @@ def test_the_cuda_attention_layout_follows_the_env(growing, env, want):
     from muser.backends.cuda.triton_attn import layout
     got = layout(growing, 256, env)
     assert {k: got[k] for k in want} == want
+
+
+@pytest.mark.parametrize("env, same", [
+    (Env(attn_tiles="masked"), True),          # a speed choice: the same bits
+    (Env(chunk_loop="nested"), True),
+    (Env(merge_loads="1"), True),
+    (Env(attn_acc="add"), False),              # the arithmetic
+    (Env(ring_rows=64), False),
+    (Env(growing_group=8), False),
+    (Env(gemv="fast"), False),
+])
+def test_the_cuda_cut_encoding_names_the_arithmetic(env, same):
+    """A CUDA engine's cuts carry "+cuda-<digest>": knobs that move a row's bits change it,
+    speed knobs do not; so a cut from another arithmetic (an older muser, the CPU) is refused."""
+    from muser.backends.cuda import arithmetic_tag
+    base = arithmetic_tag(Env())
+    assert base.startswith("+cuda-") and len(base) == len("+cuda-") + 6
+    assert (arithmetic_tag(env) == base) == same

@@ -26,6 +26,22 @@ from .ops import cuda_ops
 from .prefill import CudaAttention
 
 
+def arithmetic_tag(env) -> str:
+    """"+cuda-<6 hex>": the exact path's arithmetic (triton_attn.ARITHMETIC, the attention
+    layouts' bits fields at both head-dim classes, the projections' split-K pieces, the decode
+    knobs that change bits).  Two engines share a tag only if a row computed by one is bitwise
+    the row the other computes."""
+    import hashlib
+    import json
+    from .triton_attn import ARITHMETIC, BITS_FIELDS, layout
+    from .triton_dot_tiles import DOT_TILES
+    lays = [[layout(growing, d, env)[k] for k in BITS_FIELDS]
+            for growing in (False, True) for d in (64, 256)]
+    pieces = sorted([list(k), v[4]] for k, v in DOT_TILES.items())
+    blob = json.dumps([ARITHMETIC, lays, pieces, env.gemv, env.attn])
+    return "+cuda-" + hashlib.sha256(blob.encode()).hexdigest()[:6]
+
+
 class CudaBackend(Backend):
     name = "cuda"
 
@@ -35,8 +51,9 @@ class CudaBackend(Backend):
         self.attention = CudaAttention()
         self._runner = None                  # None: not built yet; False: does not apply
         self._runner_env = env
-        # fast chunks compute rows that differ from decoded ones: cuts made so carry their own name
-        self.encoding_tag = "+fast-chunks" if env.chunks == "fast" else ""
+        # cuts carry the arithmetic that made them: fast chunks compute rows that differ from
+        # decoded ones; the exact path is named by its version and bits knobs (arithmetic_tag)
+        self.encoding_tag = "+fast-chunks" if env.chunks == "fast" else arithmetic_tag(env)
 
     def runner(self, engine):
         """The GraphRunner for decode steps, or None (oracle family, unsupported model)."""

@@ -48,6 +48,16 @@ from .triton_ops import _pow2
 # attention 12.1 against 13.9 us (benchmarks/NOTES.md, seventh session).
 
 
+# The CUDA exact path's arithmetic, versioned: bump it whenever a change moves a row's bits
+# (tile_step / merge_one / the decode merge order, dot_rows' epilogue or K-step chaining, the
+# split-K rule of triton_dot_tiles.dot_config).  It names the cut encoding (backends/cuda), so
+# a cut made by another arithmetic -- an older muser, the CPU -- is refused, not continued ~.
+#   1: sixth session (the decode step's arithmetic for chunks)
+#   2: eighth session (p @ V accumulates onto the rescaled accumulator inside the dot)
+ARITHMETIC = 2
+BITS_FIELDS = ("split", "group", "block_n", "acc_dot")      # the layout fields that are bits
+
+
 def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     """The reduction shape of one layer's attention: {split, group, block_n, warps, depth,
     chunk_loop, dsplit, interior, acc_dot} (depth: parked partials a decode merge loads at
