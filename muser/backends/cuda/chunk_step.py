@@ -38,7 +38,9 @@ def chunk_pass(step, engine, sessions, chunks, all_logits: bool, pad: bool = Fal
     starts = [s.position for s in sessions]
     real = [len(c) for c in chunks]
     offs = row_offsets(real)                  # session b's rows: [offs[b], offs[b] + real[b])
-    ids = torch.tensor([t for c in chunks for t in c], dtype=torch.long, device=dev)
+    ids = torch.tensor([t for c in chunks for t in c], dtype=torch.long)
+    # pinned, non-blocking: no wait for the previous pass's kernels before this one's launches
+    ids = ids.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else ids.to(dev)
     pos = torch.cat([torch.arange(s, s + r, device=dev) for s, r in zip(starts, real)])
 
     def attend(i, lw, ls, qkv, qn, kn):
@@ -65,4 +67,9 @@ def chunk_pass(step, engine, sessions, chunks, all_logits: bool, pad: bool = Fal
         return torch.empty((0, spec.vocab_size), dtype=torch.float32, device=dev)
     if all_logits:
         return step.head(x)
-    return step.head(x[[o + r - 1 for o, r in zip(offs, real)]])
+    last = [o + r - 1 for o, r in zip(offs, real)]
+    if len(last) == 1:                        # a slice: no index upload (which would wait)
+        return step.head(x[last[0]:last[0] + 1])
+    idx = torch.tensor(last, dtype=torch.long)
+    idx = idx.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else idx
+    return step.head(x.index_select(0, idx))

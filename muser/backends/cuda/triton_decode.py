@@ -32,6 +32,8 @@ back like any other row: its attention is then the q-given form's, and a chunk's
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .triton_attn import layout
@@ -96,7 +98,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
     G = heads // kv_heads
     ngg = merge_groups(nsplit, group)
     if qout is not None and grid_splits == 1:      # prepare_rows: nothing attends or merges
-        ws = DecodeWorkspace(1, 1, 1, 1, 1, table.device, ngg)
+        ws = _prepare_workspace(table.device, ngg)
     elif (ws is None or ws.nsplit < nsplit or ws.ngroups < ngg
             or ws.cnt.numel() < B * kv_heads * (1 + ws.ngroups) or ws.ms.numel() < B * kv_heads * nsplit * G):
         ws = DecodeWorkspace(B, kv_heads, G, head_dim, nsplit, table.device, ngg)
@@ -163,13 +165,28 @@ def prepare_rows(qkv: torch.Tensor, pos: torch.Tensor, cos, sin, q_norm, k_norm,
     v = torch.empty_like(k)
     q = qkv.new_empty(R, heads, head_dim)
     table = torch.tensor([[k.data_ptr(), v.data_ptr(), kv_heads * head_dim, head_dim]],
-                         dtype=torch.int64, device=qkv.device).expand(R, 4).contiguous()
-    meta = torch.stack([torch.arange(R, device=qkv.device), torch.zeros(R, dtype=torch.long,
-                                                                        device=qkv.device)], 1)
+                         dtype=torch.int64).expand(R, 4).contiguous()
+    if qkv.is_cuda:
+        # pinned and non-blocking: a plain upload would wait for the stream to drain -- once a
+        # layer, which kept the host from running ahead of the GPU for a whole chunk pass
+        table = table.pin_memory().to(qkv.device, non_blocking=True)
     prepare_rows_into(qkv, pos, cos, sin, q_norm, k_norm, eps, heads, kv_heads, head_dim, nsplit,
-                      interleaved, q, k, v, table, meta.contiguous(), v_norm=v_norm,
+                      interleaved, q, k, v, table, _prepare_meta(R, qkv.device), v_norm=v_norm,
                       k_eq_v=k_eq_v, capacity=capacity, **lay)
     return q, k, v
+
+
+@functools.lru_cache(maxsize=64)
+def _prepare_meta(rows: int, device) -> torch.Tensor:
+    """int64 [rows, 2]: row r stores at slot r and attends over nothing (read-only; shared)."""
+    r = torch.arange(rows, device=device)
+    return torch.stack([r, torch.zeros_like(r)], 1).contiguous()
+
+
+@functools.lru_cache(maxsize=8)
+def _prepare_workspace(device, ngroups: int) -> "DecodeWorkspace":
+    """The workspace a prepare-only launch passes and never touches (no split is live)."""
+    return DecodeWorkspace(1, 1, 1, 1, 1, device, ngroups)
 
 
 def prepare_rows_into(qkv, pos, cos, sin, q_norm, k_norm, eps: float, heads: int, kv_heads: int,
