@@ -1,0 +1,63 @@
+"""What a speculative round's verification costs on CUDA against a decode step (issue 17).
+
+A verification block of 1 + k rows is an uncaptured chunk pass (backends/cuda/chunk_step.py),
+a decode step one graph replay.  If the block is host-bound (~19 launches a layer from Python)
+a round costs many decode steps, and speculation only pays when it settles more tokens per round
+than that.  For each model shape (random weights, cuda_measure.build), a session at `context`
+positions: the mean wall ms of a decode step, and of a round's verify-and-rollback
+(`checkpoint`, `extend([t] + drafts)`, `rollback(keep=1)` -- what speculative_generate does),
+per block size; the break-even tokens per round = round ms / decode ms.
+
+    PYTHONPATH=.:benchmarks python3 benchmarks/verify_cost.py [270m,1b] [2048]
+"""
+import sys
+import time
+
+import torch
+
+import muser
+from cuda_bench import SHAPES
+from cuda_measure import build, rand_ids, reserve, sync
+
+
+def mean_ms(fn, reps=20, warm=3):
+    for _ in range(warm):
+        fn()
+    sync()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync()
+    return (time.perf_counter() - t) * 1e3 / reps
+
+
+def main():
+    names = (sys.argv[1] if len(sys.argv) > 1 else "270m,1b").split(",")
+    context = int(sys.argv[2]) if len(sys.argv) > 2 else 2048
+    for name in names:
+        shape = SHAPES[name]
+        _, path = build(shape, context + 1024)
+        eng = muser.load(path, device="cuda", dtype="bfloat16", progress=False)
+        s = eng.new_session()
+        reserve(s, context + 64)
+        s.prefill(rand_ids(context, shape["vocab"], 5))
+        tok = rand_ids(64, shape["vocab"], 6)
+
+        def block(rows):
+            """verify 1 + k rows and roll all of them back: the session stays at `context`"""
+            cp = s.checkpoint(rows)
+            s.extend(tok[:rows])
+            s.rollback(cp, keep=0)
+        step = mean_ms(lambda: block(1))             # one row: the decode graph's replay
+        print(f"== {name} @{context}: a decode step (1-row extend + rollback) {step:.3f} ms",
+              flush=True)
+        for rows in (2, 4, 8, 16):
+            ms = mean_ms(lambda: block(rows))
+            print(f"   block of {rows:2d} rows: {ms:.3f} ms = {ms / step:.1f} decode steps "
+                  f"(speculation pays above that many tokens settled per round)", flush=True)
+        del eng, s
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
