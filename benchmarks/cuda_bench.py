@@ -62,8 +62,10 @@ def run_model(name, shape, bw, args, results):
     t0 = time.perf_counter()
     ctx = max(shape["long"], args.prefill) + 1024
     model, path = build(shape, ctx)
-    engine = muser.load(path, device="cuda", dtype="bfloat16", progress=False)
-    r = results[name] = {"shape": shape, "setup_s": round(time.perf_counter() - t0, 1)}
+    engine = muser.load(path, device="cuda", dtype="bfloat16", progress=False,
+                        quant=args.quant)
+    r = results[name] = {"shape": shape, "setup_s": round(time.perf_counter() - t0, 1),
+                         "quant": args.quant}
     wbytes = engine.weights.nbytes()
     r["weight_bytes"] = wbytes
     r["floor_ms"] = wbytes / bw * 1e3
@@ -186,6 +188,8 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--prefill", type=int, default=16384)
     ap.add_argument("--quick", action="store_true", help="skip 32k decode and the 4k-chunk prefill")
+    ap.add_argument("--quant", default="none", choices=["none", "int8"],
+                    help="muser's weights: bf16 (none) or int8 rows (backends/cuda/weights_int8.py)")
     ap.add_argument("--prefill-profile", action="store_true", help="kernel breakdown of one 16k prefill")
     ap.add_argument("--attn-ab", action="store_true", help="decode attention settings A/B, 2k and 32k")
     ap.add_argument("--profile", action="store_true", help="kernel breakdown + BLAS A/B (1b)")

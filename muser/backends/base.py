@@ -46,6 +46,10 @@ class Backend:
 
     attention = None                 # set per instance (a plain function or a callable object)
 
+    def check_model(self, spec, weights) -> None:
+        """Refuse, before anything is prepared, a model this backend cannot run as configured
+        (a typed error naming what it needs); default: every model runs."""
+
     def prepare_weights(self, weights, dtype: torch.dtype):
         """The engine's weights in the form this backend runs them (default: as loaded)."""
         return weights

@@ -38,10 +38,18 @@ def default_chunk_size(device: str) -> int:
 
 
 def check(config: EngineConfig) -> None:
-    """Refuse what no backend runs: the oracle off float32-on-CPU, int8 weights off the CPU ring."""
+    """Refuse what no backend runs: the oracle off float32-on-CPU, int8 weights off the ring
+    (CPU: the fast path; CUDA: the fused step's bf16 / f16 activations -- whether the model
+    takes it is the backend's `check_model`)."""
     if config.backend == "oracle" and (config.dtype != "float32" or config.device != "cpu"):
         raise RequestError("the oracle backend is float32 on the CPU by definition, got "
                            f"{config.dtype} on {config.device}")
-    if config.quant != "none" and (config.device != "cpu" or config.backend != "ring"):
-        raise ModelFormatError(f"quant={config.quant!r} is the CPU ring fast path; got device "
-                               f"{config.device!r}, backend {config.backend!r}")
+    if config.quant == "none":
+        return
+    kind = config.device.split(":")[0]
+    if config.backend != "ring" or kind not in ("cpu", "cuda"):
+        raise ModelFormatError(f"quant={config.quant!r} runs on the ring backend on the CPU or "
+                               f"CUDA; got device {config.device!r}, backend {config.backend!r}")
+    if kind == "cuda" and config.dtype not in ("bfloat16", "float16"):
+        raise ModelFormatError(f"quant={config.quant!r} on CUDA takes bfloat16 or float16 "
+                               f"activations, got {config.dtype}")

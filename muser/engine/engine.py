@@ -39,6 +39,7 @@ class Engine:
         self.dtype = DTYPES[config.dtype]
         self.cache_dtype = self.dtype
         self.backend = select(config, self.env)          # the device's wing, once per engine
+        self.backend.check_model(spec, weights)
         self.weights = self.backend.prepare_weights(weights, self.dtype)
         self._tokenizer = tokenizer
         self.max_context = min(config.max_context or spec.max_context, spec.max_context)

@@ -55,6 +55,21 @@ class CudaBackend(Backend):
         # decoded ones; the exact path is named by its version and bits knobs (arithmetic_tag)
         self.encoding_tag = "+fast-chunks" if env.chunks == "fast" else arithmetic_tag(env)
 
+    def check_model(self, spec, weights) -> None:
+        if self.config.quant == "int8":
+            from ...errors import ModelFormatError
+            from .weights_int8 import why_not_int8
+            why = why_not_int8(spec, weights, self.env)
+            if why:
+                raise ModelFormatError(f"quant='int8' on CUDA needs {why}")
+
+    def prepare_weights(self, weights, dtype):
+        """int8: every projection and the head as int8 rows (weights_int8.py); else as loaded."""
+        if self.config.quant == "int8":
+            from .weights_int8 import quantize_weights
+            quantize_weights(weights)
+        return weights
+
     def runner(self, engine):
         """The GraphRunner for decode steps, or None (oracle family, unsupported model)."""
         if self._runner is None:

@@ -39,10 +39,13 @@ from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_atten
 from .triton_moe import experts_rows, route_rows, stack_experts
 from .triton_moe import supported as moe_supported
 from .triton_dot import dot_rows, gemv
+from .weights_int8 import RowInt8, join
 from .triton_ops import act_mul, add_norm, qk_rope_store
 
 
-def _fuse(parts: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _fuse(parts: list) -> tuple:
+    if isinstance(parts[0], RowInt8):
+        return join(parts)
     fused = torch.cat(parts, dim=0)
     views, at = [], 0
     for p in parts:
@@ -156,6 +159,8 @@ class DecodeStep:
                                max(self.splits), self.engine.device, ngroups)
 
     def _linear(self, what, x, w, b=None):
+        if isinstance(w, RowInt8):                    # int8 rows: dot_rows scales the sums
+            return dot_rows(x, w.q, bias=b, scale=w.scale)
         if what in self.gemv_for and w.is_contiguous() and (x.shape[0] == 1 or not self.batch1_only):
             return self.gemv(x, w, bias=b)
         return F.linear(x, w, b)
@@ -187,6 +192,10 @@ class DecodeStep:
         return dense + add_norm(routed, mw.post_moe_norm, eps, ln)[1]
 
     def _mlp(self, lw, fz, x):
+        wgu = fz["wgu"]
+        if isinstance(wgu, RowInt8):
+            a = dot_rows(x, wgu.q, glu=True, gelu=self.gelu, scale=wgu.scale)
+            return self._linear("down", a, lw.w_down)
         if "gu" in self.gemv_for and (x.shape[0] == 1 or not self.batch1_only):
             a = self.gemv(x, fz["wgu"], glu=True, gelu=self.gelu)         # act*mul fused in
         else:
@@ -260,6 +269,8 @@ class DecodeStep:
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden rows -> float32 logits [R, vocab]."""
         w = self.w
+        if isinstance(w.output, RowInt8):
+            return tf.finish_logits(dot_rows(x, w.output.q, scale=w.output.scale), self.spec)
         if "head" in self.gemv_for and w.output.is_contiguous():
             return tf.finish_logits(self.gemv(x, w.output), self.spec)
         return tf.logits(w, self.spec, x)

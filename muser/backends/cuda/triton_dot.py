@@ -259,7 +259,8 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     the tiles are `chunk_tile`'s (or `tile`'s): larger, any K step, the same pieces summed in
     the kernel -- the same bits per row; `rows=16` forces the decode tiles.  int8 `w` with
     float32 `scale` [rows of w]: W = scale[:, None] * w, each sum scaled once all its pieces are
-    in (any tile, the same bits); not yet run on a GPU (benchmarks/NOTES.md)."""
+    in (any tile, the same bits; H200: tests/cuda/test_triton_ops.py) -- the CUDA int8 weight
+    mode (weights_int8.py)."""
     import triton
     kern, ssum = _kernels()[1], _kernels()[2]
     n, k = w.shape

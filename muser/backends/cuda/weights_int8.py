@@ -1,0 +1,91 @@
+"""int8 weights on CUDA (`muser.load(..., device="cuda", quant="int8")`): every dense projection
+and the head as int8 rows with a float32 scale per row, dequantized inside `dot_rows`' tiles.
+
+Owns: `RowInt8` (what `dot_rows(x, q, scale=s)` takes), `quantize_rows`, `quantize_weights` and
+`why_not_int8` (what the mode needs: the fused decode step, its exact chunks, no experts).  Does
+not own: the kernel (triton_dot.py: int8 -> the activation dtype in registers, exact for
+|q| <= 127; the dot is the bf16 one; the scale multiplies each float32 sum once all its split-K
+pieces are in -- so the rows stay invariant, as with bf16 weights), the accuracy contract
+(benchmarks/gpu_weight_accuracy.py on the embedded 270M against float32: KL 5.0e-3, top-1
+0.966, the CPU default's 5.2e-3 / 0.961; bf16 weights: 6.5e-5).
+
+    w [N, K] float  ->  scale[n] = max_k |w[n, k]| / 127,  q[n, k] = round(w[n, k] / scale[n])
+    y[b, n] = (sum_k x[b, k] * q[n, k]) * scale[n]    (+ bias)
+
+The embedding lookup keeps its float table; a tied head gets its own int8 copy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+@dataclass(frozen=True)
+class RowInt8:
+    """An [N, K] matrix as int8 rows and float32 row scales (W = scale[:, None] * q)."""
+    q: torch.Tensor          # int8 [N, K]
+    scale: torch.Tensor      # float32 [N]
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    def is_contiguous(self) -> bool:
+        return self.q.is_contiguous() and self.scale.is_contiguous()
+
+    def nbytes(self) -> int:
+        return self.q.numel() + 4 * self.scale.numel()
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """W as the kernel sees it, up to the order of the scale (a reference, tests)."""
+        return (self.q.float() * self.scale[:, None]).to(dtype)
+
+
+def quantize_rows(w: torch.Tensor) -> RowInt8:
+    """Symmetric int8 per row (gpu_weight_accuracy.py's `int8-row`); all-zero rows scale 1e-12/127."""
+    wf = w.float()
+    scale = wf.abs().amax(1).clamp_min(1e-12) / 127
+    q = (wf / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return RowInt8(q.contiguous(), scale.contiguous())
+
+
+def join(parts: list[RowInt8]) -> tuple[RowInt8, list[RowInt8]]:
+    """Stacked rows (q|k|v, gate|up) and each part as a view of them (decode_step._fuse)."""
+    q = torch.cat([p.q for p in parts])
+    s = torch.cat([p.scale for p in parts])
+    views, at = [], 0
+    for p in parts:
+        n = p.q.shape[0]
+        views.append(RowInt8(q[at:at + n], s[at:at + n]))
+        at += n
+    return RowInt8(q, s), views
+
+
+def quantize_weights(weights) -> None:
+    """In place: every layer's dense projections and the head (`lm_head`, a tied one too)."""
+    for lw in weights.layers:
+        for name in PROJECTIONS:
+            w = getattr(lw, name)
+            if isinstance(w, torch.Tensor):
+                setattr(lw, name, quantize_rows(w))
+    weights.lm_head = quantize_rows(weights.output)
+
+
+def why_not_int8(spec, weights, env) -> str | None:
+    """Why int8 weights cannot run this model on CUDA (None: they can).  Only the fused decode
+    step and its chunk pass read RowInt8; every other path would meet a matrix it cannot use."""
+    from .decode_step import unsupported
+    why = unsupported(spec)
+    if why:
+        return f"the fused decode step does not take this model ({why})"
+    if any(lw.moe is not None for lw in weights.layers):
+        return "experts (no int8 expert kernels on CUDA)"
+    if weights.per_layer_proj is not None:
+        return "per-layer input embeddings"
+    if env.chunks != "exact" or env.gemv != "dot" or env.attn != "fused":
+        return (f"the default kernels (MUSER_CHUNKS=exact, MUSER_GEMV=dot, MUSER_ATTN=fused), got "
+                f"{env.chunks}, {env.gemv}, {env.attn}")
+    return None

@@ -1,0 +1,84 @@
+"""int8 weights for CUDA, host side on the CPU (backends/cuda/weights_int8.py): the per-row
+quantization and its error bound, q|k|v and gate|up joined with their scales, what the mode
+refuses (and where: `defaults.check` for the configuration, `check_model` for the model),
+and the weights' byte count.  The kernel and the engine mode on real kernels:
+tests/cuda/test_int8_step.py."""
+import pytest
+import torch
+
+from muser.backends.cuda.weights_int8 import RowInt8, join, quantize_rows, quantize_weights, why_not_int8
+from muser.backends.defaults import check
+from muser.config import EngineConfig
+from muser.env import Env
+from muser.errors import ModelFormatError
+from muser.testing import tiny_model
+
+
+def test_a_row_is_within_half_a_step_of_its_weights():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(48, 80, generator=g) * torch.rand(48, 1, generator=g)
+    w[3] = 0.0                                            # an all-zero row: a tiny scale, q = 0
+    r = quantize_rows(w)
+    assert r.q.dtype == torch.int8 and r.scale.dtype == torch.float32 and r.shape == (48, 80)
+    assert int(r.q.abs().max()) == 127 and torch.all(r.q[3] == 0)
+    err = (r.dequantized() - w).abs()
+    assert torch.all(err <= r.scale[:, None] / 2 + 1e-7)
+    assert r.nbytes() == 48 * 80 + 4 * 48
+
+
+def test_joined_rows_are_views_of_one_matrix_with_their_scales():
+    parts = [quantize_rows(torch.randn(n, 16)) for n in (8, 4, 4)]
+    fused, views = join(parts)
+    assert fused.shape == (16, 16) and fused.scale.shape == (16,)
+    for p, v in zip(parts, views):
+        assert torch.equal(p.q, v.q) and torch.equal(p.scale, v.scale)
+        assert v.q.data_ptr() >= fused.q.data_ptr()          # a view, not a copy
+    assert views[1].q.data_ptr() == fused.q.data_ptr() + 8 * 16
+
+
+@pytest.mark.parametrize("config, refused", [
+    (EngineConfig(device="cuda", dtype="bfloat16", quant="int8"), None),
+    (EngineConfig(device="cuda:1", dtype="float16", quant="int8"), None),
+    (EngineConfig(device="cpu", dtype="bfloat16", quant="int8"), None),
+    (EngineConfig(device="cuda", dtype="float32", quant="int8"), "bfloat16 or float16"),
+    (EngineConfig(device="mps", dtype="bfloat16", quant="int8"), "CPU or CUDA"),
+])
+def test_int8_runs_on_the_cpu_and_cuda_rings(config, refused):
+    if refused is None:
+        check(config)
+    else:
+        with pytest.raises(ModelFormatError, match=refused):
+            check(config)
+
+
+def test_what_the_cuda_int8_mode_needs():
+    eng = tiny_model("gemma3", window=4, tokenizer=False)
+    assert why_not_int8(eng.spec, eng.weights, Env()) is None
+    assert "MUSER_CHUNKS" in why_not_int8(eng.spec, eng.weights, Env(chunks="fast"))
+    assert "MUSER_GEMV" in why_not_int8(eng.spec, eng.weights, Env(gemv="fast"))
+    moe = tiny_model("gpt_oss", window=4, tokenizer=False)
+    assert "experts" in why_not_int8(moe.spec, moe.weights, Env())
+
+
+def test_quantized_weights_count_their_bytes_and_keep_the_lookup_table():
+    eng = tiny_model("gemma3", window=4, tokenizer=False)
+    w = eng.weights
+    embed = w.embed
+    before = w.nbytes()
+    quantize_weights(w)
+    lw = w.layers[0]
+    assert all(isinstance(getattr(lw, n), RowInt8) for n in ("wq", "wk", "wv", "wo", "w_gate",
+                                                               "w_up", "w_down"))
+    assert w.embed is embed and isinstance(w.lm_head, RowInt8)      # a tied head: its own copy
+    assert w.nbytes() < before
+
+
+def test_a_cuda_int8_engine_refuses_a_model_it_cannot_run_before_preparing_it():
+    from muser.backends.cuda import CudaBackend
+    backend = CudaBackend(EngineConfig(device="cuda", dtype="bfloat16", quant="int8"), Env())
+    gemma = tiny_model("gemma3", window=4, tokenizer=False)
+    backend.check_model(gemma.spec, gemma.weights)
+    moe = tiny_model("gpt_oss", window=4, tokenizer=False)
+    with pytest.raises(ModelFormatError, match="int8.*experts"):
+        backend.check_model(moe.spec, moe.weights)
+    assert not isinstance(moe.weights.layers[0].wq, RowInt8)        # nothing was quantized

@@ -1,0 +1,55 @@
+"""int8 weights through the CUDA step (backends/cuda/weights_int8.py + decode_step.py): the
+chunk pass with int8 rows computes what the same pass computes with the dequantized weights
+(to float32 rounding: the scale multiplies the sum, not each weight), and on a GPU the mode
+keeps one arithmetic per token -- a prefill in chunks of 1 (the decode step) == one chunk, bit
+for bit -- and stays near the bf16 weights (the accuracy contract: benchmarks/
+gpu_weight_accuracy.py).  Under Triton's interpreter the first test runs on the CPU."""
+import pytest
+import torch
+from cudautil import HAS_CUDA, needs_gpu, needs_kernels
+
+import muser
+from muser.backends.cuda.chunk_step import chunk_pass
+from muser.backends.cuda.graph import GraphRunner
+from muser.backends.cuda.weights_int8 import PROJECTIONS, RowInt8, quantize_weights
+from muser.backends.step import forward as one_forward
+from muser.testing import tiny_model, tiny_model_dir
+
+IDS = [7, 3, 99, 41, 5, 5, 18, 200, 11, 64, 3, 9, 120, 77, 31, 250, 8]
+
+
+def passes(runner):
+    return lambda eng, ss, cs, al, pad, logits=True: chunk_pass(runner.step, eng, ss, cs, al, pad,
+                                                                logits)
+
+
+@needs_kernels
+def test_int8_rows_compute_the_dequantized_weights():
+    dev, dt = ("cuda", "float16") if HAS_CUDA else ("cpu", "float32")
+    q8 = tiny_model("gemma3", device=dev, dtype=dt, window=4, tokenizer=False, seed=3)
+    ref = tiny_model("gemma3", device=dev, dtype=dt, window=4, tokenizer=False, seed=3)
+    quantize_weights(q8.weights)
+    for lq, lr in zip(q8.weights.layers, ref.weights.layers):
+        for name in PROJECTIONS:
+            if isinstance(getattr(lq, name), RowInt8):
+                setattr(lr, name, getattr(lq, name).dequantized(getattr(lr, name).dtype))
+    ref.weights.lm_head = q8.weights.lm_head.dequantized(ref.weights.embed.dtype)
+    a = one_forward(q8, [q8.new_session()], [IDS], True, False, pass_fn=passes(GraphRunner(q8, capture=False)))
+    b = one_forward(ref, [ref.new_session()], [IDS], True, False, pass_fn=passes(GraphRunner(ref, capture=False)))
+    tol = 2e-2 if HAS_CUDA else 1e-4
+    assert torch.allclose(a, b, rtol=tol, atol=tol), float((a - b).abs().max())
+
+
+@needs_gpu
+def test_cuda_int8_keeps_one_arithmetic_per_token_and_stays_near_bf16():
+    path = str(tiny_model_dir("gemma3", window=4, tokenizer=False, seed=4))
+    eng = muser.load(path, device="cuda", dtype="bfloat16", quant="int8", progress=False)
+    assert eng.encoding.family.startswith("ring+int8+cuda-")
+    whole = eng.new_session().prefill(IDS)
+    s = eng.new_session()
+    for t in IDS:
+        last = s.prefill([t])                        # one row at a time: the decode step
+    assert torch.equal(whole, last)
+    bf16 = muser.load(path, device="cuda", dtype="bfloat16", progress=False).new_session().prefill(IDS)
+    p, q = torch.log_softmax(bf16.float(), -1), torch.log_softmax(whole.float(), -1)
+    assert float((p.exp() * (p - q)).sum()) < 0.05
