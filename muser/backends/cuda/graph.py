@@ -27,6 +27,7 @@ import torch
 from ...cache.plane import advance_lockstep
 from ...env import Env
 from ...errors import CacheError, RequestError
+from .capture import capture
 from .chunk_step import chunk_pass
 from .decode_step import DecodeStep, unsupported, unsupported_weights
 from .prompt_graph import PromptGraphs
@@ -200,17 +201,9 @@ class GraphRunner:
     def _capture(self, entry: _Entry) -> None:
         """Warm up eagerly (compiles kernels; writes this step's rows, which the replay
         rewrites identically), then capture.  The caller replays for the real result."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._step(entry)
-        torch.cuda.current_stream().wait_stream(side)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            entry.logits = self._step(entry)
-        entry.graph = graph
+        entry.graph, entry.logits = capture(lambda: self._step(entry), self.pool)
         self.stats["captures"] += 1
 
 

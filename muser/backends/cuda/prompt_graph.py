@@ -132,21 +132,14 @@ class PromptGraphs:
         """Warm up eagerly on a side stream (compiles the kernels; the planes are not touched),
         then capture.  A failure marks the whole object failed (`failed` says why): every pass
         goes eager from then on."""
+        from .capture import capture
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self._pass(b)
-            torch.cuda.current_stream().wait_stream(side)
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                b.hidden = self._pass(b)
+            b.graph, b.hidden = capture(lambda: self._pass(b), self.pool)
         except RuntimeError as e:                     # a kernel or op capture does not take
             self.failed = f"{type(e).__name__}: {e}"[:300]
             torch.cuda.synchronize()
             return False
-        b.graph = graph
         self.stats["captures"] += 1
         return True
