@@ -21,7 +21,9 @@ class Step(FakeStep):
     def layers(self, ids, attend):
         if self.pos is None or self.pos.shape[0] != ids.shape[0]:
             self.pos = torch.arange(ids.shape[0])        # a prompt pass: positions 0.. of the bucket
-        return super().layers(ids, attend)
+        # the fake keeps every layer's output to the end; the real step consumes each at once
+        # (the prompt pass reuses one output buffer for every layer)
+        return super().layers(ids, lambda *a: attend(*a).clone())
 
 
 def fake_prepare_into(qkv, pos, cos, sin, qn, kn, eps, heads, kv, d, nsplit, interleaved, q, k, v,

@@ -43,15 +43,19 @@ class _Bucket:
         self.rows = rows
         self.ids = torch.zeros(rows, dtype=torch.long, device=device)
         self.pos = torch.arange(rows, device=device)
-        # per layer: q [Rb, H, D], k / v [Rb, KV, D] (row = position), attention out [Rb, H, D]
-        self.q, self.k, self.v, self.out, self.tables = [], [], [], [], []
+        # per layer: k / v [Rb, KV, D] (row = position; kept until the stores after the replay);
+        # q and the attention output [Rb, H, D] one buffer per head dim for every layer (a layer's
+        # are read before the next layer writes them)
+        self.k, self.v, self.tables = [], [], []
+        by_dim = {ls.head_dim: torch.empty(2, rows, spec.num_heads, ls.head_dim, dtype=dt,
+                                           device=device) for ls in spec.layers}
+        self.q = [by_dim[ls.head_dim][0] for ls in spec.layers]
+        self.out = [by_dim[ls.head_dim][1] for ls in spec.layers]
         for ls in spec.layers:
             KV, D = ls.kv_heads, ls.head_dim
             k = torch.empty(rows, KV, D, dtype=dt, device=device)
             self.k.append(k)
             self.v.append(torch.empty_like(k))
-            self.q.append(torch.empty(rows, spec.num_heads, D, dtype=dt, device=device))
-            self.out.append(torch.empty(rows, spec.num_heads, D, dtype=dt, device=device))
             # the decode launch's plane table, pointing at this bucket's k / v (triton_decode)
             self.tables.append(torch.tensor([[k.data_ptr(), self.v[-1].data_ptr(), KV * D, D]],
                                             dtype=torch.int64, device=device).expand(rows, 4)
