@@ -4,9 +4,9 @@ For each model shape (random weights, cuda_measure.build): a 512-token prefill, 
 timed 5 times (wall ms each: the spread shows the bimodality), its kernel time from the
 profiler (GPU busy ms), and a cProfile of one more prefill: the host functions by own time.
 If wall >> kernel time, the chunk pass is host-bound and the cure is fewer launches or a
-captured graph, not faster kernels.  Then the same prefills with the prompt graphs on
-(MUSER_PROMPT_GRAPHS=on: the first chunk as one replay, backends/cuda/prompt_graph.py): wall ms
-and whether the logits of the two modes are bitwise equal.
+captured graph, not faster kernels.  Then the same prefills with the chunk graphs on
+(MUSER_CHUNK_GRAPHS=on: one session's chunk as one replay, backends/cuda/chunk_graph.py): wall
+ms and whether the logits of the two modes are bitwise equal.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/prefill_host_probe.py [270m,1b] [512]
 """
@@ -72,7 +72,7 @@ def graphs(eng, n, vocab):
     from muser.env import read
     out = {}
     for mode in ("off", "on"):
-        os.environ["MUSER_PROMPT_GRAPHS"] = mode
+        os.environ["MUSER_CHUNK_GRAPHS"] = mode
         eng.backend.reset_runner(read())
         for r in range(2):
             one(eng, n, vocab, r)                     # warm: compile, capture
@@ -80,13 +80,13 @@ def graphs(eng, n, vocab):
         s = eng.new_session()
         logits = s.prefill(rand_ids(n, vocab, 40))
         out[mode] = (walls, logits)
-    prompts = eng.backend.runner(eng).prompts
+    prompts = eng.backend.runner(eng).graphs
     same = torch.equal(torch.as_tensor(out["off"][1]), torch.as_tensor(out["on"][1]))
-    print(f"   prompt graphs: off wall ms {out['off'][0]}; on wall ms {out['on'][0]} "
+    print(f"   chunk graphs: off wall ms {out['off'][0]}; on wall ms {out['on'][0]} "
           f"(tok/s at best {n / min(out['on'][0]) * 1e3:,.0f}); logits bitwise equal: {same}; "
           f"stats {prompts.stats if prompts else None} failed {prompts.failed if prompts else None}",
           flush=True)
-    os.environ.pop("MUSER_PROMPT_GRAPHS")
+    os.environ.pop("MUSER_CHUNK_GRAPHS")
     eng.backend.reset_runner(read())
 
 

@@ -73,10 +73,11 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_CHUNK_COLUMNS": ("1|2|4", "1", "backends/cuda (chunk attention)",
                             "programs per query tile, each with a slice of the value columns "
                             "(the same bits: fewer accumulator registers, scores recomputed)"),
-    "MUSER_PROMPT_GRAPHS": ("off|on", "off", "backends/cuda (graph runner)",
-                            "on: a session's first chunk (up to 2,048 tokens) runs as one "
-                            "captured graph per bucket of rows -- the same bits as the eager "
-                            "pass, without its host overhead (not yet verified on a GPU: off)"),
+    "MUSER_CHUNK_GRAPHS": ("off|on", "off", "backends/cuda (graph runner)",
+                           "on: one session's chunk of up to 2,048 tokens (a prompt, a later "
+                           "turn, a verification block) runs as one captured graph per bucket "
+                           "of rows -- the same bits as the eager pass, without its host "
+                           "overhead (not yet verified on a GPU: off)"),
     "MUSER_ATTN_TILES": ("masked|interior", "interior", "backends/cuda (attention)",
                          "interior: key tiles every row sees whole skip the masks (the same "
                          "bits); masked: every tile masked (experiments)"),
@@ -113,7 +114,7 @@ class Env:
     chunk_loop: str = "auto"
     chunk_columns: str = "1"
     attn_tiles: str = "interior"
-    prompt_graphs: str = "off"
+    chunk_graphs: str = "off"
     attn_acc: str = "dot"
     growing_group: int = 16
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)
@@ -199,7 +200,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_CHUNKS", "chunks"), ("MUSER_MERGE_LOADS", "merge_loads"),
                         ("MUSER_CHUNK_LOOP", "chunk_loop"), ("MUSER_CHUNK_COLUMNS", "chunk_columns"),
                         ("MUSER_ATTN_TILES", "attn_tiles"), ("MUSER_ATTN_ACC", "attn_acc"),
-                        ("MUSER_PROMPT_GRAPHS", "prompt_graphs")):
+                        ("MUSER_CHUNK_GRAPHS", "chunk_graphs")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

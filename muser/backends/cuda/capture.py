@@ -2,7 +2,7 @@
 
 Owns: `capture(fn, pool)` -- run `fn` once eagerly on a side stream (Triton compiles its
 kernels, allocators settle), then capture a second call into a graph drawing on `pool`.
-Does not own: what is captured (graph.py's decode steps, prompt_graph.py's first chunks) or
+Does not own: what is captured (graph.py's decode steps, chunk_graph.py's single-session chunks) or
 when to replay it.
 """
 from __future__ import annotations

@@ -26,12 +26,12 @@ from .triton_decode import prepare_rows
 
 
 def chunk_pass(step, engine, sessions, chunks, all_logits: bool, pad: bool = False,
-               logits: bool = True, prompts=None) -> torch.Tensor:
+               logits: bool = True, graphs=None) -> torch.Tensor:
     """float32 logits as backends/step.forward's pass returns them (`pad` is moot: no row of
-    this pass depends on the chunk's shape, so no scratch rows are added).  `prompts`
-    (prompt_graph.PromptGraphs): a session's first chunk in one graph replay, the same bits."""
-    if prompts is not None and prompts.applies(sessions, chunks):
-        out = prompts.run(engine, sessions[0], chunks[0], all_logits, logits)
+    this pass depends on the chunk's shape, so no scratch rows are added).  `graphs`
+    (chunk_graph.ChunkGraphs): one session's chunk in one graph replay, the same bits."""
+    if graphs is not None and graphs.applies(sessions, chunks):
+        out = graphs.run(engine, sessions[0], chunks[0], all_logits, logits)
         if out is not None:
             return out
     spec, dev = engine.spec, engine.device

@@ -30,7 +30,7 @@ from ...errors import CacheError, RequestError
 from .capture import capture
 from .chunk_step import chunk_pass
 from .decode_step import DecodeStep, unsupported, unsupported_weights
-from .prompt_graph import PromptGraphs
+from .chunk_graph import ChunkGraphs
 from .triton_attn import layout
 from .triton_decode import plane_row, splits_for
 
@@ -101,9 +101,9 @@ class GraphRunner:
                   for p, lay in zip(probe, layouts)]
         caps = [0 if p.kind == "growing" else p.capacity for p in probe]
         self.step = DecodeStep(engine, self.layer_group, splits, len(keys), layouts, caps, env)
-        # first chunks of sessions in one replay each (MUSER_PROMPT_GRAPHS; the same bits)
-        self.prompts = (PromptGraphs(self.step, [p.window for p in probe], capture)
-                        if env.prompt_graphs == "on" and self.step.invariant else None)
+        # one session's chunk in one replay (MUSER_CHUNK_GRAPHS; the same bits)
+        self.graphs = (ChunkGraphs(self.step, [p.window for p in probe], capture)
+                       if env.chunk_graphs == "on" and self.step.invariant else None)
         self.capture = capture
         self.entries: dict[int, _Entry] = {}
         self.pool = None
@@ -139,7 +139,7 @@ class GraphRunner:
         """A pass of chunks through this runner's step (chunk_step.py): rows bitwise the rows
         `decode` gives.  The caller (backends/step.forward) owns the transaction."""
         return chunk_pass(self.step, engine, sessions, chunks, all_logits, pad, logits,
-                          self.prompts)
+                          self.graphs)
 
     def decode(self, sessions, tokens: list[int]) -> torch.Tensor:
         """One decode step for every session: float32 logits [B, vocab] (a fresh tensor).

@@ -49,31 +49,47 @@ def _kernel():
 
     @triton.jit
     def chunk_tile(K, V, kpos, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm, cv,
-                   dmv, cvv, RING: tl.constexpr):
+                   dmv, cvv, K2, V2, start, RING: tl.constexpr, TWO: tl.constexpr,
+                   KV: tl.constexpr, D: tl.constexpr):
         """The K and V tiles of key positions kpos, read by position (zeros outside the rows
-        any query of the tile sees, or outside the view); V's columns are this program's slice."""
+        any query of the tile sees, or outside the view); V's columns are this program's slice.
+        TWO: positions from `start` on are the chunk's own rows, K2 / V2 [R, KV, D] (row x -
+        start); the plane holds only the history (a captured pass stores after attending)."""
         idx = kpos - first
         km = (kpos >= lo_min) & (kpos <= p_max)
+        if TWO:
+            new = kpos >= start
+            km_old = km & (kpos < start)
+        else:
+            km_old = km
         if RING:
             idx = (rot + idx + capm) % capm
         else:
-            km = km & (idx >= 0) & (idx < kcount)
+            km_old = km_old & (idx >= 0) & (idx < kcount)
         rows = idx[:, None].to(tl.int64) * rs + kvh * hs
-        k = tl.load(K + rows + dm[None, :], mask=km[:, None] & cv[None, :], other=0.0)
-        v = tl.load(V + rows + dmv[None, :], mask=km[:, None] & cvv[None, :], other=0.0)
+        k = tl.load(K + rows + dm[None, :], mask=km_old[:, None] & cv[None, :], other=0.0)
+        v = tl.load(V + rows + dmv[None, :], mask=km_old[:, None] & cvv[None, :], other=0.0)
+        if TWO:                     # a select, not a sum: -0.0 stays -0.0
+            nrows = (kpos - start)[:, None].to(tl.int64) * (KV * D) + kvh * D
+            km_new = km & new
+            k2 = tl.load(K2 + nrows + dm[None, :], mask=km_new[:, None] & cv[None, :], other=0.0)
+            v2 = tl.load(V2 + nrows + dmv[None, :], mask=km_new[:, None] & cvv[None, :], other=0.0)
+            k = tl.where(new[:, None], k2, k)
+            v = tl.where(new[:, None], v2, v)
         return k, v
 
     globals()["_chunk_tile"] = chunk_tile
 
     @triton.jit
     def keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm, cv, dmv, cvv,
-                  q, lo, hi, m, l, acc, ones, scale, softcap, BLOCK_N: tl.constexpr,
-                  SOFTCAP: tl.constexpr, RING: tl.constexpr, MASKED: tl.constexpr,
-                  ACC_DOT: tl.constexpr):
+                  q, lo, hi, m, l, acc, ones, scale, softcap, K2, V2, start,
+                  BLOCK_N: tl.constexpr, SOFTCAP: tl.constexpr, RING: tl.constexpr,
+                  MASKED: tl.constexpr, ACC_DOT: tl.constexpr, TWO: tl.constexpr,
+                  KV: tl.constexpr, D: tl.constexpr):
         """The tile of keys at positions st.. folded into the split's running softmax."""
         kpos = st + tl.arange(0, BLOCK_N)
         k, v = _chunk_tile(K, V, kpos, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm,
-                          cv, dmv, cvv, RING)
+                           cv, dmv, cvv, K2, V2, start, RING, TWO, KV, D)
         return _tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap, SOFTCAP,
                           MASKED, ACC_DOT)
 
@@ -82,9 +98,10 @@ def _kernel():
     @triton.jit
     def flat_tile(st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm, cv,
                   dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale, softcap,
-                  BM: tl.constexpr, DPW: tl.constexpr, BLOCK_N: tl.constexpr,
+                  K2, V2, start, BM: tl.constexpr, DPW: tl.constexpr, BLOCK_N: tl.constexpr,
                   SPLIT: tl.constexpr, GS: tl.constexpr, SOFTCAP: tl.constexpr,
-                  RING: tl.constexpr, MASKED: tl.constexpr, ACC_DOT: tl.constexpr):
+                  RING: tl.constexpr, MASKED: tl.constexpr, ACC_DOT: tl.constexpr,
+                  TWO: tl.constexpr, KV: tl.constexpr, D: tl.constexpr):
         """One step of the flat loop: a split starts (from empty) at its first tile, the tile
         folds in, and where the split ends it folds into its group, a group into the total."""
         fresh = (st % SPLIT == 0) | (st == t_first)
@@ -92,8 +109,8 @@ def _kernel():
         l = tl.where(fresh, 0.0, l)
         acc = tl.where(fresh, 0.0, acc)
         m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm,
-                              cv, dmv, cvv, q, lo, hi, m, l, acc, ones, scale, softcap, BLOCK_N,
-                              SOFTCAP, RING, MASKED, ACC_DOT)
+                               cv, dmv, cvv, q, lo, hi, m, l, acc, ones, scale, softcap, K2, V2,
+                               start, BLOCK_N, SOFTCAP, RING, MASKED, ACC_DOT, TWO, KV, D)
         last = st + BLOCK_N > p_max
         if ((st + BLOCK_N) % SPLIT == 0) | last:            # the split ends here
             Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
@@ -107,14 +124,29 @@ def _kernel():
     globals()["_flat_tile"] = flat_tile
 
     @triton.jit(do_not_specialize=["start", "R", "first", "rot", "capm", "kcount", "window"])
-    def chunk_kernel(Q, K, V, O, SNK, start, R, first, rot, capm, kcount, rs, hs, window,
-                     scale, softcap,
+    def chunk_kernel(Q, K, V, O, SNK, K2, V2, TAB, META, start, R, first, rot, capm, kcount, rs,
+                     hs, window, scale, softcap,
                      H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                      HALF: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
                      BM: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
                      SPLIT: tl.constexpr, GS: tl.constexpr, SOFTCAP: tl.constexpr,
                      SINKS: tl.constexpr, RING: tl.constexpr, FLAT: tl.constexpr,
-                     DSPLIT: tl.constexpr, INTERIOR: tl.constexpr, ACC_DOT: tl.constexpr):
+                     DSPLIT: tl.constexpr, INTERIOR: tl.constexpr, ACC_DOT: tl.constexpr,
+                     TWO: tl.constexpr, DEV: tl.constexpr):
+        if DEV:
+            # a captured pass (chunk_graph.py): the plane and the chunk's place come from device
+            # memory -- TAB (k_ptr, v_ptr, row stride, head stride), META (start, rows, first,
+            # rot, capacity or 0, history rows) -- so one graph serves every position
+            K = tl.load(TAB).to(tl.pointer_type(O.dtype.element_ty))
+            V = tl.load(TAB + 1).to(tl.pointer_type(O.dtype.element_ty))
+            rs = tl.load(TAB + 2)
+            hs = tl.load(TAB + 3)
+            start = tl.load(META)
+            R = tl.load(META + 1)
+            first = tl.load(META + 2)
+            rot = tl.load(META + 3)
+            capm = tl.load(META + 4)
+            kcount = tl.load(META + 5)
         t = tl.program_id(0)
         kvh = tl.program_id(1)
         part = tl.program_id(2)                  # which 1 / DSPLIT of the value columns
@@ -174,17 +206,20 @@ def _kernel():
                 m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
                     st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm,
                     cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
-                    softcap, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, True, ACC_DOT)
+                    softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, True,
+                    ACC_DOT, TWO, KV, D)
             for st in range(a1, b1, BLOCK_N):
                 m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
                     st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm,
                     cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
-                    softcap, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, False, ACC_DOT)
+                    softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, False,
+                    ACC_DOT, TWO, KV, D)
             for st in range(b1, p_max + 1, BLOCK_N):
                 m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
                     st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm,
                     cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
-                    softcap, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, True, ACC_DOT)
+                    softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, True,
+                    ACC_DOT, TWO, KV, D)
         else:
             for a in range(lo_min // SPLIT, a_hi + 1):
                 m = tl.full([BM], float("-inf"), tl.float32)
@@ -200,15 +235,18 @@ def _kernel():
                 for st in range(t_lo, a1, BLOCK_N):
                     m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs,
                                            hs, kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones,
-                                           scale, softcap, BLOCK_N, SOFTCAP, RING, True, ACC_DOT)
+                                           scale, softcap, K2, V2, start, BLOCK_N, SOFTCAP, RING,
+                                           True, ACC_DOT, TWO, KV, D)
                 for st in range(a1, b1, BLOCK_N):
                     m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs,
                                            hs, kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones,
-                                           scale, softcap, BLOCK_N, SOFTCAP, RING, False, ACC_DOT)
+                                           scale, softcap, K2, V2, start, BLOCK_N, SOFTCAP, RING,
+                                           False, ACC_DOT, TWO, KV, D)
                 for st in range(b1, t_hi, BLOCK_N):
                     m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs,
                                            hs, kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones,
-                                           scale, softcap, BLOCK_N, SOFTCAP, RING, True, ACC_DOT)
+                                           scale, softcap, K2, V2, start, BLOCK_N, SOFTCAP, RING,
+                                           True, ACC_DOT, TWO, KV, D)
                 Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
                 if (a % GS == GS - 1) | (a == a_hi):
                     Mt, Lt, At = _merge_one(Mt, Lt, At, Mg, Lg, Ag)
@@ -228,14 +266,23 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
                     interleaved: bool, lay: dict, sinks: torch.Tensor | None = None,
                     ring: tuple[int, int] | None = None, block_m: int = CHUNK_ROWS,
                     out: torch.Tensor | None = None, warps: int | None = None,
-                    stages: int | None = None, dsplit: int | None = None) -> torch.Tensor:
+                    stages: int | None = None, dsplit: int | None = None,
+                    new: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    kcount: int | None = None,
+                    dev: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """q [R, H, D] at positions start.. over keys/values [S, KV, D] -> [R, H, D].
 
     Key position x is row x - first of the view, or with `ring` = (rot, capacity) row
     (rot + x - first) mod capacity (a ring read in place).  Row i sees positions
     [max(p - window + 1, 0), p], p = start + i (`window` None: [0, p]).  `lay` is the layer's
     triton_attn.layout -- the decode step's, or the bits differ.  `interleaved`: the model's
-    RoPE pairing, which fixes the column order the decode kernel reduces head dims in."""
+    RoPE pairing, which fixes the column order the decode kernel reduces head dims in.
+    `new` = (k, v) [R, KV, D] contiguous: positions from `start` on are read there (row
+    x - start) and the view holds only the history (`kcount` rows of it; ring: all capacity
+    slots).  `dev` = (TAB int64 [4], META int64 [6]): the view's pointers / strides and
+    (start, R, first, rot, capacity, kcount) read on the device instead of from these args
+    (a captured pass, chunk_graph.py; the args' values are then ignored, `ring` still says
+    whether the view wraps)."""
     R, H, D = q.shape
     KV = keys.shape[1]
     G = H // KV
@@ -251,15 +298,18 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     rot, capm = ring if ring is not None else (0, 0)
     # slices of at least 16 columns (a dot's narrowest side)
     dsplit = max(1, min(dsplit or lay.get("dsplit", 1), 2 * _pow2(half, 8) // 16))
+    new_k, new_v = new if new is not None else (keys, values)
     _kernel()[(-(-R // rows), KV, dsplit)](
-        q, keys, values, out, sinks if sinks is not None else q,
-        int(start), R, int(first), int(rot), int(capm), keys.shape[0],
+        q, keys, values, out, sinks if sinks is not None else q, new_k, new_v,
+        dev[0] if dev is not None else q, dev[1] if dev is not None else q,
+        int(start), R, int(first), int(rot), int(capm), int(kcount if kcount is not None else keys.shape[0]),
         keys.stride(0), keys.stride(1), int(window or 0), float(scale), float(softcap or 1.0),
         H=H, KV=KV, G=G, D=D, HALF=half, BLOCK_H=_pow2(half, 8), INTERLEAVED=bool(interleaved),
         BM=max(16, _pow2(rows * G)), ROWS=rows, BLOCK_N=lay["block_n"], SPLIT=lay["split"],
         GS=lay["group"], SOFTCAP=softcap is not None, SINKS=sinks is not None,
         RING=ring is not None, FLAT=lay.get("chunk_loop") == "flat", DSPLIT=dsplit,
         INTERIOR=bool(lay.get("interior", True)), ACC_DOT=bool(lay.get("acc_dot", False)),
+        TWO=new is not None, DEV=dev is not None,
         num_warps=warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"]),
         enable_fp_fusion=False, **({"num_stages": stages} if stages else {}))
     return out

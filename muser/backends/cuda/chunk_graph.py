@@ -1,0 +1,177 @@
+"""One session's chunk on CUDA in one graph replay: a prompt, a later turn, a verification block,
+without the ~19 launches a layer the eager chunk pass makes from Python.
+
+Owns: `ChunkGraphs` -- per bucket of rows (2, 4, ... 2,048) one captured pass of the decode
+step's layer loop over static buffers.  Inputs go up as one packed upload that the graph itself
+copies in (ids | positions | per layer the plane table row | per layer (start, rows, first,
+rot, capacity, history rows)); the chunk attention reads the session's planes by those device
+values (`chunk_attention(..., new=, dev=)`) -- the history in place, the chunk's own rows from
+the bucket's k/v buffers -- so one graph serves any session at any position.  After the replay
+the chunk's real rows go into the planes through `Plane.store` (their bookkeeping and undo logs:
+the caller's transaction and a speculative round's checkpoint hold), and the head runs eagerly
+on the rows asked for.  Does not own: whether a pass qualifies (`applies`; chunk_step.chunk_pass
+asks), the kernels, the transaction (backends/step.py).
+
+Why: a 512-token prefill of the 270M shape is 2.6 ms of kernels in 15-21 ms of wall time on the
+H200 (benchmarks/prefill_host_probe.py); a verification block is the same host work.
+
+Why the bits are the eager pass's (one arithmetic per token, docs/exactness.md):
+
+    eager pass   rows 0..R-1                  keys: a staged view (in place / shadow / ring)
+    this pass    rows 0..R-1 | pad ..Rb-1     keys: history in place + the chunk's own rows
+
+the same launches with the same constants; the padding rows (positions past the last real one,
+RoPE'd at the last real position) are not rows any real row sees, and the kernel's row count
+is the real one; a row's bits do not depend on its neighbours in a tile; keys read from two
+sources by position are the same values folded in the same order as keys read from one view.
+tests/cuda/test_chunk_graph.py holds the two passes equal.
+"""
+from __future__ import annotations
+
+import torch
+
+from .triton_decode import plane_row
+
+BUCKETS = (2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+
+
+def bucket_for(rows: int) -> int | None:
+    """The smallest bucket holding `rows` (None: longer than the largest)."""
+    return next((b for b in BUCKETS if b >= rows), None)
+
+
+class _Bucket:
+    """One bucket's static buffers and, once captured, its graph and hidden-rows output."""
+
+    def __init__(self, step, rows: int, device):
+        spec, dt = step.spec, step.engine.dtype
+        L = len(spec.layers)
+        self.rows = rows
+        # ids [Rb] | pos [Rb] | tables [L, 4] | metas [L, 6], uploaded as one copy
+        self.host = torch.zeros(2 * rows + 10 * L, dtype=torch.int64)
+        if torch.device(device).type == "cuda":
+            self.host = self.host.pin_memory()
+        self.packed = torch.zeros(self.host.shape, dtype=torch.int64, device=device)
+        self.ids, self.pos = self.packed[:rows], self.packed[rows:2 * rows]
+        self.tab = self.packed[2 * rows:2 * rows + 4 * L].view(L, 4)
+        self.meta = self.packed[2 * rows + 4 * L:].view(L, 6)
+        # per layer: the chunk's k / v [Rb, KV, D] (kept until the stores after the replay); q
+        # and the attention output [Rb, H, D] one buffer per head dim (read before the next
+        # layer writes them)
+        self.k, self.v, self.prep = [], [], []
+        by_dim = {ls.head_dim: torch.zeros(2, rows, spec.num_heads, ls.head_dim, dtype=dt,
+                                           device=device) for ls in spec.layers}
+        self.q = [by_dim[ls.head_dim][0] for ls in spec.layers]
+        self.out = [by_dim[ls.head_dim][1] for ls in spec.layers]
+        for ls in spec.layers:
+            KV, D = ls.kv_heads, ls.head_dim
+            k = torch.empty(rows, KV, D, dtype=dt, device=device)
+            self.k.append(k)
+            self.v.append(torch.empty_like(k))
+            # the decode launch's plane table for prepare_rows_into: this bucket's k / v
+            self.prep.append(torch.tensor([[k.data_ptr(), self.v[-1].data_ptr(), KV * D, D]],
+                                          dtype=torch.int64, device=device).expand(rows, 4)
+                             .contiguous())
+        r = torch.arange(rows, device=device)
+        self.prep_meta = torch.stack([r, torch.zeros_like(r)], 1).contiguous()
+        self.graph = None
+        self.graph_done = None             # an event after the last replay (it read `host`)
+        self.hidden = None                 # [Rb, hidden]: the last pass's final-normed rows
+
+
+class ChunkGraphs:
+    """Captured single-session chunk passes of one DecodeStep (`capture=False`: the same
+    static-buffer pass run eagerly -- the CPU tests under Triton's interpreter)."""
+
+    def __init__(self, step, windows: list[int | None], capture: bool = True):
+        self.step = step
+        self.windows = windows             # per layer: the plane's window (None: unbounded)
+        self.capture = capture
+        self.buckets: dict[int, _Bucket] = {}
+        self.pool = None
+        self.failed: str | None = None     # why capturing failed (then every pass goes eager)
+        self.stats = {"captures": 0, "replays": 0, "eager": 0}
+
+    def applies(self, sessions, chunks) -> bool:
+        """One session, a chunk a bucket holds, a dense model whose layers each own a plane."""
+        if self.failed or len(sessions) != 1 or not 0 < len(chunks[0]) <= BUCKETS[-1]:
+            return False
+        s = sessions[0]
+        return len(set(s.plane_of)) == len(s.plane_of) and self.step.spec.moe is None
+
+    def run(self, engine, session, chunk: list[int], all_logits: bool,
+            logits: bool) -> torch.Tensor | None:
+        """The chunk through its bucket's pass, its rows stored, logits as chunk_step returns
+        (None: the capture failed -- nothing was stored; the caller takes the eager pass)."""
+        R, start = len(chunk), session.position
+        rows = bucket_for(R)
+        b = self.buckets.get(rows)
+        if b is None:
+            b = self.buckets[rows] = _Bucket(self.step, rows, engine.device)
+        planes = [session.planes[i] for i in session.plane_of]
+        last = start + R - 1            # padding rows take the last real position (RoPE tables)
+        flat = (list(chunk) + [0] * (rows - R)
+                + [min(start + r, last) for r in range(rows)])
+        for p in planes:
+            flat += plane_row(p)
+        for p in planes:
+            flat += [start, R, p.origin_logical, p.origin_physical,
+                     p.capacity if p.kind == "ring" else 0, p.len]
+        if b.graph_done is not None:
+            b.graph_done.synchronize()         # the last replay has read the pinned buffer
+        b.host.numpy()[:] = flat
+        if not self.capture:
+            self.stats["eager"] += 1
+            b.hidden = self._pass(b)
+        else:
+            if b.graph is None and not self._capture(b):
+                return None
+            b.graph.replay()
+            b.graph_done = b.graph_done or torch.cuda.Event()
+            b.graph_done.record()
+            self.stats["replays"] += 1
+        for i, p in enumerate(planes):
+            p.store(start, b.k[i][:R], b.v[i][:R])
+        if not logits:
+            return torch.empty((0, self.step.spec.vocab_size), dtype=torch.float32,
+                               device=engine.device)
+        return self.step.head(b.hidden[:R] if all_logits else b.hidden[R - 1:R])
+
+    def _pass(self, b: _Bucket) -> torch.Tensor:
+        """Upload, then the layer loop over the bucket's buffers (what the graph captures)."""
+        from .triton_chunk import chunk_attention
+        from .triton_decode import prepare_rows_into
+        step, spec = self.step, self.step.spec
+        b.packed.copy_(b.host, non_blocking=True)
+
+        def attend(i, lw, ls, qkv, qn, kn):
+            cos, sin = step.rope[i]
+            lay, cap = step.lays[i], step.caps[i]
+            prepare_rows_into(qkv, b.pos, cos, sin, qn, kn, spec.norm_eps, spec.num_heads,
+                              ls.kv_heads, ls.head_dim, step.splits[i], spec.rope_interleaved,
+                              b.q[i], b.k[i], b.v[i], b.prep[i], b.prep_meta, v_norm=spec.v_norm,
+                              k_eq_v=lw.wv is None, capacity=cap, **lay)
+            # (the view args only carry dtype and strides here: TAB / META say where to read)
+            return chunk_attention(b.q[i], b.k[i], b.v[i], 0, 0, self.windows[i],
+                                   spec.layer_scale(ls), spec.attn_logit_softcap,
+                                   spec.rope_interleaved, lay, sinks=lw.sinks, out=b.out[i],
+                                   ring=(0, cap) if cap else None, new=(b.k[i], b.v[i]),
+                                   dev=(b.tab[i], b.meta[i]))
+
+        return step.layers(b.ids, attend)
+
+    def _capture(self, b: _Bucket) -> bool:
+        """Warm up eagerly, then capture (capture.py).  The warm-up writes only the bucket's own
+        buffers.  A failure marks the whole object failed (`failed` says why): every pass goes
+        eager from then on."""
+        from .capture import capture
+        try:
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            b.graph, b.hidden = capture(lambda: self._pass(b), self.pool)
+        except RuntimeError as e:                     # a kernel or op capture does not take
+            self.failed = f"{type(e).__name__}: {e}"[:300]
+            torch.cuda.synchronize()
+            return False
+        self.stats["captures"] += 1
+        return True

@@ -1,0 +1,125 @@
+"""One session's chunk through a chunk graph (backends/cuda/chunk_graph.py) gives the eager exact
+chunk pass's bits: logits (torch.equal), every plane's rows and bookkeeping, and what the session
+computes next -- for a first chunk, a later chunk over a history read in place (rings wrapped
+many times, growing planes), and verification blocks rolled back as a speculative round does.
+On a GPU the graphs are captured and replayed (bf16); under Triton's interpreter
+(MUSER_TRITON_INTERPRET=1) the same static-buffer pass runs eagerly on the CPU.
+
+Under the interpreter a padded bucket is held to float32 rounding only: the interpreter's dot is
+numpy's matmul, whose rows follow the tile's other rows (tests/cuda/test_triton_ops.py); a
+chunk of a bucket's own length is held bitwise there too."""
+import pytest
+import torch
+from cudautil import HAS_CUDA, needs_kernels
+
+from muser.backends.cuda.chunk_graph import BUCKETS, bucket_for
+from muser.backends.cuda.chunk_step import chunk_pass
+from muser.backends.cuda.graph import GraphRunner
+from muser.backends.step import forward as one_forward
+from muser.env import Env
+from muser.testing import tiny_model
+
+pytestmark = needs_kernels
+
+
+@pytest.fixture(scope="module")
+def engine():
+    dev, dt = ("cuda", "bfloat16") if HAS_CUDA else ("cpu", "float32")
+    return tiny_model("gemma3", device=dev, dtype=dt, window=4, tokenizer=False, max_context=512)
+
+
+@pytest.fixture(scope="module")
+def runner(engine):
+    return GraphRunner(engine, Env(chunk_graphs="on"), capture=HAS_CUDA)
+
+
+def ids_of(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 384, (n,), generator=g).tolist()
+
+
+def eager(runner):
+    return lambda eng, ss, cs, al, pad, logits=True: chunk_pass(runner.step, eng, ss, cs, al, pad,
+                                                                logits)
+
+
+def same(a, b, exact):
+    return torch.equal(a, b) if exact else torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def taken(runner):
+    st = runner.graphs.stats
+    return st["replays"] + st["eager"]
+
+
+def planes_equal(a, b, exact):
+    for pa, pb in zip(a.planes, b.planes):
+        assert (pa.len, pa.end, pa.origin_physical) == (pb.len, pb.end, pb.origin_physical)
+        ka, va = pa.logical_rows()
+        kb, vb = pb.logical_rows()
+        assert same(ka, kb, exact) and same(va, vb, exact)
+    a.check_invariants()
+
+
+@pytest.mark.parametrize("history, n", [(0, 1), (0, 7), (0, 64), (0, 65), (13, 16), (13, 5),
+                                        (40, 2), (150, 32)])
+def test_a_chunk_through_a_graph_has_the_eager_bits(engine, runner, history, n):
+    """After `history` tokens (through the eager pass for both sessions), a chunk of n."""
+    a, b = engine.new_session(), engine.new_session()
+    if history:
+        h = ids_of(history, 99)
+        for s in (a, b):
+            one_forward(engine, [s], [h], False, False, pass_fn=eager(runner))
+    ids = ids_of(n, n)
+    before = taken(runner)
+    la = one_forward(engine, [a], [ids], True, False, pass_fn=runner.chunk_pass)
+    assert taken(runner) == before + 1, runner.graphs.failed
+    lb = one_forward(engine, [b], [ids], True, False, pass_fn=eager(runner))
+    exact = HAS_CUDA or n in BUCKETS
+    assert same(la, lb, exact)
+    planes_equal(a, b, exact)
+    # what comes next, through the eager pass for both
+    for more in ([5], [9, 10, 11]):
+        xa = one_forward(engine, [a], [more], True, False, pass_fn=eager(runner))
+        xb = one_forward(engine, [b], [more], True, False, pass_fn=eager(runner))
+        assert same(xa, xb, exact)
+
+
+def test_a_verification_round_rolls_back_to_the_eager_state(engine, runner):
+    """A speculative round: checkpoint, a block of 1 + k through the graph, keep 1 + accepted."""
+    a, b = engine.new_session(), engine.new_session()
+    h = ids_of(30, 7)
+    for s in (a, b):
+        one_forward(engine, [s], [h], False, False, pass_fn=eager(runner))
+    for block, keep in ((ids_of(8, 1), 3), (ids_of(4, 2), 4), (ids_of(16, 3), 1)):
+        outs = []
+        for s, fn in ((a, runner.chunk_pass), (b, eager(runner))):
+            cp = s.checkpoint(len(block))
+            outs.append(one_forward(engine, [s], [block], True, False, pass_fn=fn))
+            s.rollback(cp, keep=keep)
+        assert same(outs[0], outs[1], HAS_CUDA or len(block) in BUCKETS)
+        assert a.tokens == b.tokens
+        planes_equal(a, b, HAS_CUDA or len(block) in BUCKETS)
+
+
+def test_the_last_row_only_and_no_logits(engine, runner):
+    ids = ids_of(30, 3)
+    full = one_forward(engine, [engine.new_session()], [ids], True, False, pass_fn=eager(runner))
+    last = one_forward(engine, [engine.new_session()], [ids], False, False, pass_fn=runner.chunk_pass)
+    assert last.shape[0] == 1 and same(last[0], full[-1], HAS_CUDA)
+    s = engine.new_session()
+    none = one_forward(engine, [s], [ids], False, False, logits=False, pass_fn=runner.chunk_pass)
+    assert none.shape[0] == 0 and s.position == 30
+
+
+def test_what_a_chunk_graph_does_not_take(engine, runner):
+    """Several sessions in one pass, a chunk past the largest bucket: eager."""
+    a, b = engine.new_session(), engine.new_session()
+    assert not runner.graphs.applies([a, b], [[4, 5], [6]])
+    assert not runner.graphs.applies([a], [list(range(BUCKETS[-1] + 1))])
+    assert runner.graphs.applies([b], [[6]])
+
+
+def test_buckets_are_the_smallest_that_hold_the_chunk():
+    assert [bucket_for(n) for n in (1, 2, 3, 16, 17, 64, 65, 2048, 2049)] == \
+        [2, 2, 4, 16, 32, 64, 96, 2048, None]
