@@ -78,6 +78,11 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                            "turn, a verification block) runs as one captured graph per bucket "
                            "of rows -- the same bits as the eager pass, without its host "
                            "overhead (not yet verified on a GPU: off)"),
+    "MUSER_PDL": ("off|on", "off", "backends/cuda (decode step)",
+                  "on: the decode step's kernels launch as programmatic dependents (sm_90): "
+                  "each may launch while the one before finishes, and waits for it on the "
+                  "device before anything else -- the same bits, the launch gaps hidden (not "
+                  "yet measured: off)"),
     "MUSER_ATTN_TILES": ("masked|interior", "interior", "backends/cuda (attention)",
                          "interior: key tiles every row sees whole skip the masks (the same "
                          "bits); masked: every tile masked (experiments)"),
@@ -115,6 +120,7 @@ class Env:
     chunk_columns: str = "1"
     attn_tiles: str = "interior"
     chunk_graphs: str = "off"
+    pdl: str = "off"
     attn_acc: str = "dot"
     growing_group: int = 16
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)
@@ -200,7 +206,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_CHUNKS", "chunks"), ("MUSER_MERGE_LOADS", "merge_loads"),
                         ("MUSER_CHUNK_LOOP", "chunk_loop"), ("MUSER_CHUNK_COLUMNS", "chunk_columns"),
                         ("MUSER_ATTN_TILES", "attn_tiles"), ("MUSER_ATTN_ACC", "attn_acc"),
-                        ("MUSER_CHUNK_GRAPHS", "chunk_graphs")):
+                        ("MUSER_CHUNK_GRAPHS", "chunk_graphs"), ("MUSER_PDL", "pdl")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

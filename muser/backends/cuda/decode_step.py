@@ -143,6 +143,9 @@ class DecodeStep:
         self.gelu = spec.activation == "gelu_tanh"
         # the separate form has no v-norm / V = K: Gemma 4 always takes the fused attention
         self.fused_attn = env.attn != "separate" or spec.v_norm or any(l.k_eq_v for l in spec.layers)
+        # programmatic dependent launch for the step's own kernels (MUSER_PDL; sm_90 and up)
+        self.pdl = (env.pdl == "on" and dev.type == "cuda"
+                    and torch.cuda.get_device_capability(dev)[0] >= 9)
         # a chunk through this step's layer loop has a decode step's bits only with the default
         # kernels: dot_rows for every row count, and the fused attention launch (whose first
         # half prepares a chunk's q/k/v); the experiment switches give that up
@@ -158,11 +161,15 @@ class DecodeStep:
         return DecodeWorkspace(batch, kv, group, max(l.head_dim for l in s.layers),
                                max(self.splits), self.engine.device, ngroups)
 
+    def _dot(self, x, w, **kw):
+        """dot_rows (with PDL when on) or, in MUSER_GEMV=fast, the older gemv."""
+        return dot_rows(x, w, pdl=self.pdl, **kw) if self.gemv is dot_rows else self.gemv(x, w, **kw)
+
     def _linear(self, what, x, w, b=None):
         if isinstance(w, RowInt8):                    # int8 rows: dot_rows scales the sums
-            return dot_rows(x, w.q, bias=b, scale=w.scale)
+            return dot_rows(x, w.q, bias=b, scale=w.scale, pdl=self.pdl)
         if what in self.gemv_for and w.is_contiguous() and (x.shape[0] == 1 or not self.batch1_only):
-            return self.gemv(x, w, bias=b)
+            return self._dot(x, w, bias=b)
         return F.linear(x, w, b)
 
     def _norm_all(self, qkv, lw, hd: int, kd: int):
@@ -194,10 +201,10 @@ class DecodeStep:
     def _mlp(self, lw, fz, x):
         wgu = fz["wgu"]
         if isinstance(wgu, RowInt8):
-            a = dot_rows(x, wgu.q, glu=True, gelu=self.gelu, scale=wgu.scale)
+            a = dot_rows(x, wgu.q, glu=True, gelu=self.gelu, scale=wgu.scale, pdl=self.pdl)
             return self._linear("down", a, lw.w_down)
         if "gu" in self.gemv_for and (x.shape[0] == 1 or not self.batch1_only):
-            a = self.gemv(x, fz["wgu"], glu=True, gelu=self.gelu)         # act*mul fused in
+            a = self._dot(x, fz["wgu"], glu=True, gelu=self.gelu)         # act*mul fused in
         else:
             a = act_mul(F.linear(x, fz["wgu"]), self.gelu)
         return self._linear("down", a, lw.w_down)
@@ -219,7 +226,8 @@ class DecodeStep:
                                               spec.num_heads, KV, D, self.splits[i],
                                               spec.layer_scale(ls), spec.attn_logit_softcap,
                                               spec.rope_interleaved, ws, sinks=lw.sinks,
-                                              v_norm=spec.v_norm, k_eq_v=lw.wv is None, **lay)
+                                              v_norm=spec.v_norm, k_eq_v=lw.wv is None,
+                                              pdl=self.pdl, **lay)
             q = qk_rope_store(qkv, pos, cos, sin, qn, kn, spec.norm_eps, table, meta,
                               spec.num_heads, KV, D, spec.rope_interleaved)
             return decode_attention(q, pos, table, meta, KV, self.splits[i], spec.layer_scale(ls),
@@ -238,7 +246,8 @@ class DecodeStep:
             h = h * self.embed_scale
         layers = w.layers
         # post-norm families (OLMo 3, EXAONE 4) read the residual stream itself: no attn_norm
-        x = add_norm(h, layers[0].attn_norm, eps, self.layernorm)[1] if spec.pre_norm else h
+        x = (add_norm(h, layers[0].attn_norm, eps, self.layernorm, pdl=self.pdl)[1]
+             if spec.pre_norm else h)
         for i, (lw, ls, fz) in enumerate(zip(layers, spec.layers, self.fused)):
             R = x.shape[0]
             KV, D = ls.kv_heads, ls.head_dim
@@ -250,16 +259,17 @@ class DecodeStep:
             o = self._linear("o", a.view(R, H * D), lw.wo, lw.bo)
             nxt = layers[i + 1].attn_norm if i + 1 < len(layers) else w.final_norm
             if spec.parallel_block:
-                h, x = add_norm(h, nxt, eps, self.layernorm, d1=o, d2=self._mlp(lw, fz, x))
+                h, x = add_norm(h, nxt, eps, self.layernorm, d1=o, d2=self._mlp(lw, fz, x),
+                                pdl=self.pdl)
                 continue
             post = spec.sandwich_norm or not spec.pre_norm     # transformer.layer_forward's rule
             post_attn = lw.post_attn_norm if post else None
             h, x = add_norm(h, lw.pre_ffn_norm if spec.pre_norm else None, eps, self.layernorm,
-                            d1=o, w_post=post_attn)
+                            d1=o, w_post=post_attn, pdl=self.pdl)
             m = self._ffn(lw, fz, h, h if x is None else x)
             post_ffn = lw.post_ffn_norm if post else None
             if lw.layer_scale is None:
-                h, x = add_norm(h, nxt, eps, self.layernorm, d1=m, w_post=post_ffn)
+                h, x = add_norm(h, nxt, eps, self.layernorm, d1=m, w_post=post_ffn, pdl=self.pdl)
                 x = h if x is None else x                  # post-norm: the next layer reads h
             else:                                  # Gemma 4: scale the layer's output, then norm
                 h = add_norm(h, None, eps, self.layernorm, d1=m, w_post=post_ffn)[0] * lw.layer_scale
@@ -270,7 +280,8 @@ class DecodeStep:
         """Final-normed hidden rows -> float32 logits [R, vocab]."""
         w = self.w
         if isinstance(w.output, RowInt8):
-            return tf.finish_logits(dot_rows(x, w.output.q, scale=w.output.scale), self.spec)
+            return tf.finish_logits(dot_rows(x, w.output.q, scale=w.output.scale, pdl=self.pdl),
+                                    self.spec)
         if "head" in self.gemv_for and w.output.is_contiguous():
-            return tf.finish_logits(self.gemv(x, w.output), self.spec)
+            return tf.finish_logits(self._dot(x, w.output), self.spec)
         return tf.logits(w, self.spec, x)

@@ -37,7 +37,7 @@ import functools
 import torch
 
 from .triton_attn import layout
-from .triton_ops import _pow2
+from .triton_ops import _pow2, pdl_launch
 from .triton_decode_kernel import _kernel
 
 TAB_COLS = 4
@@ -92,7 +92,7 @@ def merge_groups(nsplit: int, group: int) -> int:
 def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads, head_dim,
             nsplit, scale, softcap, interleaved, ws, out, split, group, block_n, warps,
             depth=1, chunk_loop=None, dsplit=1, interior=True, acc_dot=False, capacity=0,
-            sinks=None, v_norm=False, k_eq_v=False, qout=None, grid_splits=None):
+            sinks=None, v_norm=False, k_eq_v=False, qout=None, grid_splits=None, pdl=False):
     kern = _kernel()           # (chunk_loop, dsplit, interior: the chunk kernel's layout keys)
     B = table.shape[0]
     G = heads // kv_heads
@@ -119,7 +119,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         QK_NORM=q_norm is not None, ROPE=rope, INTERLEAVED=bool(interleaved),
         SOFTCAP=softcap is not None, SINKS=sinks is not None, V_NORM=bool(v_norm),
         K_EQ_V=bool(k_eq_v), RING=capacity > 0, ACC_DOT=bool(acc_dot),
-        num_warps=warps, enable_fp_fusion=False)
+        num_warps=warps, enable_fp_fusion=False, **pdl_launch(pdl))
     return out
 
 
@@ -130,7 +130,8 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
                            nsplit: int, scale: float, softcap: float | None, interleaved: bool,
                            ws: DecodeWorkspace | None = None, out: torch.Tensor | None = None,
                            sinks: torch.Tensor | None = None, v_norm: bool = False,
-                           k_eq_v: bool = False, capacity: int = 0, **lay) -> torch.Tensor:
+                           k_eq_v: bool = False, capacity: int = 0, pdl: bool = False,
+                           **lay) -> torch.Tensor:
     """qkv [B, (H + 2KV) * D] -> attention output [B, H, D], one launch.
 
     Per batch row: qk-norm (if given) and RoPE (if cos/sin) of q and k in float32, each
@@ -149,7 +150,7 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
     lay = {**layout(capacity == 0, head_dim), **lay}
     return _launch(qkv, None, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads,
                    head_dim, nsplit, scale, softcap, interleaved, ws, out, capacity=capacity,
-                   sinks=sinks, v_norm=v_norm, k_eq_v=k_eq_v, **lay)
+                   sinks=sinks, v_norm=v_norm, k_eq_v=k_eq_v, pdl=pdl, **lay)
 
 
 def prepare_rows(qkv: torch.Tensor, pos: torch.Tensor, cos, sin, q_norm, k_norm, eps: float,

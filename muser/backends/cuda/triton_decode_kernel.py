@@ -102,7 +102,10 @@ def _kernel():
                     FUSED: tl.constexpr, QK_NORM: tl.constexpr, ROPE: tl.constexpr,
                     INTERLEAVED: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
                     V_NORM: tl.constexpr, K_EQ_V: tl.constexpr, RING: tl.constexpr,
-                    ACC_DOT: tl.constexpr):
+                    ACC_DOT: tl.constexpr, PDL: tl.constexpr):
+        if PDL:       # launched early (programmatic dependent launch): wait for the kernel
+            tl.extra.cuda.gdc_wait()            # before, then let the next one launch
+            tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)                    # b * KV + kvh
         s = tl.program_id(1)                      # split, counted from the row's first
         b = pid // KV

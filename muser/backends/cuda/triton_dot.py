@@ -16,7 +16,7 @@ import functools
 import torch
 
 from .triton_dot_tiles import CHUNK_ROWS, chunk_tile, dot_config
-from .triton_ops import _pow2
+from .triton_ops import _pow2, pdl_launch
 
 
 @functools.lru_cache(maxsize=None)
@@ -117,7 +117,11 @@ def _kernels():
     def dot_rows_kernel(X, W, S, BIAS, Y, P, B, N, K: tl.constexpr, KS: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
                         GELU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                        BM: tl.constexpr, PIECES_IN: tl.constexpr, WQ: tl.constexpr):
+                        BM: tl.constexpr, PIECES_IN: tl.constexpr, WQ: tl.constexpr,
+                        PDL: tl.constexpr):
+        if PDL:       # launched early (programmatic dependent launch): wait for the kernel
+            tl.extra.cuda.gdc_wait()            # before, then let the next one launch
+            tl.extra.cuda.gdc_launch_dependents()
         # Rows in tiles of BM (padded with zeros) through the tensor cores; K cut into pieces of
         # KS (program axis 2) walked in fixed BLOCK_K steps.  An output element's sum is the same
         # instruction sequence whatever B (and BM) is, and the other rows of a tile never enter
@@ -167,7 +171,10 @@ def _kernels():
     @triton.jit
     def split_sum_kernel(P, S, BIAS, Y, B, N, PIECES: tl.constexpr, BLOCK: tl.constexpr,
                          GLU: tl.constexpr, GELU: tl.constexpr, HAS_BIAS: tl.constexpr,
-                         WQ: tl.constexpr):
+                         WQ: tl.constexpr, PDL: tl.constexpr):
+        if PDL:       # launched early (programmatic dependent launch): wait for the kernel
+            tl.extra.cuda.gdc_wait()            # before, then let the next one launch
+            tl.extra.cuda.gdc_launch_dependents()
         b = tl.program_id(1)
         cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         cmask = cols < N
@@ -251,7 +258,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
              config: tuple[int, int, int, int, int] | None = None,
              rows: int | None = None,
              tile: tuple[int, int, int, int, int] | None = None,
-             scale: torch.Tensor | None = None) -> torch.Tensor:
+             scale: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """The same function as `gemv`, for rows in tiles of 16 on the tensor cores (K in fixed
     steps, optionally in fixed split-K pieces summed in order): batch-invariant too, and far
     cheaper per extra row than `gemv`'s loop.  `config` = (block_n, block_k, warps, stages,
@@ -291,9 +298,9 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     kern[(triton.cdiv(n, bn), triton.cdiv(B, bm), pieces)](
         x, w, s_arg, b_arg, out, part, B, n, K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu,
         GELU=gelu, HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, WQ=wq,
-        num_warps=nw, num_stages=st, **fuse)
+        num_warps=nw, num_stages=st, **fuse, **pdl_launch(pdl))
     if split:
         ssum[(triton.cdiv(n, 1024), B)](part, s_arg, b_arg, out, B, n, PIECES=pieces, BLOCK=1024,
                                          GLU=glu, GELU=gelu, HAS_BIAS=bias is not None, WQ=wq,
-                                         num_warps=4, **fuse)
+                                         num_warps=4, **fuse, **pdl_launch(pdl))
     return out

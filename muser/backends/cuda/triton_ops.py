@@ -27,6 +27,14 @@ def _pow2(x: int, lo: int = 1) -> int:
     return p
 
 
+def pdl_launch(pdl: bool) -> dict:
+    """Launch options for a kernel that takes PDL: programmatic dependent launch (sm_90) -- the
+    kernel may launch while the one before it finishes and waits for it on the device
+    (`gdc_wait` at its top), which hides the launch gap between a decode step's ~200 kernels.
+    Nothing runs before the wait, so no result can change (MUSER_PDL, decode_step.py)."""
+    return {"PDL": True, "launch_pdl": True} if pdl else {"PDL": False}
+
+
 @functools.lru_cache(maxsize=None)
 def _kernels():
     import triton
@@ -36,7 +44,10 @@ def _kernels():
     def add_norm_kernel(H, D1, D2, W_POST, W_NEXT, H_OUT, X_OUT, eps,
                         N: tl.constexpr, BLOCK: tl.constexpr, HAS_D1: tl.constexpr,
                         HAS_D2: tl.constexpr, POST: tl.constexpr, LAYERNORM: tl.constexpr,
-                        NEXT: tl.constexpr):
+                        NEXT: tl.constexpr, PDL: tl.constexpr):
+        if PDL:       # launched early (programmatic dependent launch): wait for the kernel
+            tl.extra.cuda.gdc_wait()            # before, then let the next one launch
+            tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)        # chunks: rows x N can pass 2**31
         i = tl.arange(0, BLOCK)
         mask = i < N
@@ -148,7 +159,7 @@ def _kernels():
 def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm: bool,
              d1: torch.Tensor | None = None, d2: torch.Tensor | None = None,
              w_post: torch.Tensor | None = None, h_out: torch.Tensor | None = None,
-             x_out: torch.Tensor | None = None):
+             x_out: torch.Tensor | None = None, pdl: bool = False):
     """h' = h + norm?(d1) [+ d2]; x = norm(h', w_next).  Returns (h', x); contiguous rows [B, N],
     any B (the decode step's batch, or a prefill chunk's rows: `triton_rows`).
 
@@ -166,7 +177,7 @@ def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm
                x_out if w_next is not None else h_out, float(eps),
                N=N, BLOCK=_pow2(N), HAS_D1=d1 is not None, HAS_D2=d2 is not None,
                POST=w_post is not None, LAYERNORM=layernorm, NEXT=w_next is not None,
-               num_warps=8 if N >= 2048 else 4)
+               num_warps=8 if N >= 2048 else 4, **pdl_launch(pdl))
     return h_out, (x_out if w_next is not None else None)
 
 

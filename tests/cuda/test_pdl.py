@@ -1,0 +1,28 @@
+"""Programmatic dependent launch (MUSER_PDL=on, backends/cuda/decode_step.py): the decode step's
+kernels launched as dependents wait for the kernel before them before anything else, so the
+logits of a prefill and of captured decode steps are bitwise those of the plain launches."""
+import torch
+from cudautil import needs_gpu
+
+from muser.env import Env
+from muser.testing import tiny_model
+
+IDS = [7, 3, 99, 41, 5, 5, 18, 200, 11, 64, 3, 9, 120, 77]
+
+
+def run(engine):
+    s, out = engine.new_session(), []
+    out.append(s.prefill(IDS))
+    for t in (5, 17, 250, 3, 8, 8, 99):
+        out.append(s.decode(t))
+    return torch.stack(out)
+
+
+@needs_gpu
+def test_dependent_launches_give_the_plain_launches_bits():
+    eng = tiny_model("gemma3", device="cuda", dtype="bfloat16", window=4, tokenizer=False)
+    plain = run(eng)
+    eng.backend.reset_runner(Env(pdl="on"))
+    assert eng.backend.runner(eng).step.pdl == (torch.cuda.get_device_capability()[0] >= 9)
+    assert torch.equal(run(eng), plain)
+    assert eng.backend.runner(eng).stats["replays"] > 0
