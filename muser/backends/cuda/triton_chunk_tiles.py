@@ -1,0 +1,101 @@
+"""The chunk attention kernel's per-tile pieces (Triton): what triton_chunk.py's loops call.
+
+Owns: `chunk_pieces()` -- `_chunk_tile` (a tile of K/V read by position: an ordered view, a
+ring in place, and with TWO the chunk's own rows from `start` on), `_keys_tile` (that tile
+folded into a split's running softmax) and `_flat_tile` (one step of the flat loop: a split
+starts, folds, and ends into its group and the total).  Does not own: the loops and the grid
+(triton_chunk.py), the arithmetic they share with the decode kernel (triton_attn.py).
+"""
+from __future__ import annotations
+
+import functools
+
+from .triton_attn import pieces
+
+
+@functools.lru_cache(maxsize=None)
+def chunk_pieces() -> dict:
+    """The @triton.jit helpers, by the names the chunk kernel calls them."""
+    import triton
+    import triton.language as tl
+
+    globals()["tl"] = tl                # the interpreter looks for names in module globals
+    globals().update(pieces())
+
+    @triton.jit
+    def chunk_tile(K, V, kpos, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm, cv,
+                   dmv, cvv, K2, V2, start, RING: tl.constexpr, TWO: tl.constexpr,
+                   KV: tl.constexpr, D: tl.constexpr):
+        """The K and V tiles of key positions kpos, read by position (zeros outside the rows
+        any query of the tile sees, or outside the view); V's columns are this program's slice.
+        TWO: positions from `start` on are the chunk's own rows, K2 / V2 [R, KV, D] (row x -
+        start); the plane holds only the history (a captured pass stores after attending)."""
+        idx = kpos - first
+        km = (kpos >= lo_min) & (kpos <= p_max)
+        if TWO:
+            new = kpos >= start
+            km_old = km & (kpos < start)
+        else:
+            km_old = km
+        if RING:
+            idx = (rot + idx + capm) % capm
+        else:
+            km_old = km_old & (idx >= 0) & (idx < kcount)
+        rows = idx[:, None].to(tl.int64) * rs + kvh * hs
+        k = tl.load(K + rows + dm[None, :], mask=km_old[:, None] & cv[None, :], other=0.0)
+        v = tl.load(V + rows + dmv[None, :], mask=km_old[:, None] & cvv[None, :], other=0.0)
+        if TWO:                     # a select, not a sum: -0.0 stays -0.0
+            nrows = (kpos - start)[:, None].to(tl.int64) * (KV * D) + kvh * D
+            km_new = km & new
+            k2 = tl.load(K2 + nrows + dm[None, :], mask=km_new[:, None] & cv[None, :], other=0.0)
+            v2 = tl.load(V2 + nrows + dmv[None, :], mask=km_new[:, None] & cvv[None, :], other=0.0)
+            k = tl.where(new[:, None], k2, k)
+            v = tl.where(new[:, None], v2, v)
+        return k, v
+
+    globals()["_chunk_tile"] = chunk_tile
+
+    @triton.jit
+    def keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm, cv, dmv, cvv,
+                  q, lo, hi, m, l, acc, ones, scale, softcap, K2, V2, start,
+                  BLOCK_N: tl.constexpr, SOFTCAP: tl.constexpr, RING: tl.constexpr,
+                  MASKED: tl.constexpr, ACC_DOT: tl.constexpr, TWO: tl.constexpr,
+                  KV: tl.constexpr, D: tl.constexpr):
+        """The tile of keys at positions st.. folded into the split's running softmax."""
+        kpos = st + tl.arange(0, BLOCK_N)
+        k, v = _chunk_tile(K, V, kpos, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm,
+                           cv, dmv, cvv, K2, V2, start, RING, TWO, KV, D)
+        return _tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap, SOFTCAP,
+                          MASKED, ACC_DOT)
+
+    globals()["_keys_tile"] = keys_tile
+
+    @triton.jit
+    def flat_tile(st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm, cv,
+                  dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale, softcap,
+                  K2, V2, start, BM: tl.constexpr, DPW: tl.constexpr, BLOCK_N: tl.constexpr,
+                  SPLIT: tl.constexpr, GS: tl.constexpr, SOFTCAP: tl.constexpr,
+                  RING: tl.constexpr, MASKED: tl.constexpr, ACC_DOT: tl.constexpr,
+                  TWO: tl.constexpr, KV: tl.constexpr, D: tl.constexpr):
+        """One step of the flat loop: a split starts (from empty) at its first tile, the tile
+        folds in, and where the split ends it folds into its group, a group into the total."""
+        fresh = (st % SPLIT == 0) | (st == t_first)
+        m = tl.where(fresh, float("-inf"), m)
+        l = tl.where(fresh, 0.0, l)
+        acc = tl.where(fresh, 0.0, acc)
+        m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm,
+                               cv, dmv, cvv, q, lo, hi, m, l, acc, ones, scale, softcap, K2, V2,
+                               start, BLOCK_N, SOFTCAP, RING, MASKED, ACC_DOT, TWO, KV, D)
+        last = st + BLOCK_N > p_max
+        if ((st + BLOCK_N) % SPLIT == 0) | last:            # the split ends here
+            Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
+            if ((st // SPLIT) % GS == GS - 1) | last:
+                Mt, Lt, At = _merge_one(Mt, Lt, At, Mg, Lg, Ag)
+                Mg = tl.full([BM], float("-inf"), tl.float32)
+                Lg = tl.zeros([BM], tl.float32)
+                Ag = tl.zeros([BM, DPW], tl.float32)
+        return m, l, acc, Mg, Lg, Ag, Mt, Lt, At
+
+    globals()["_flat_tile"] = flat_tile
+
+    return {"_chunk_tile": chunk_tile, "_keys_tile": keys_tile, "_flat_tile": flat_tile}
