@@ -6,7 +6,7 @@ tests/cuda/test_int8_step.py."""
 import pytest
 import torch
 
-from muser.backends.cuda.weights_int8 import RowInt8, join, quantize_rows, quantize_weights, why_not_int8
+from muser.backends.cuda.weights_int8 import RowInt8, quantize_rows, quantize_weights, why_not_int8
 from muser.backends.defaults import check
 from muser.config import EngineConfig
 from muser.env import Env
@@ -26,14 +26,22 @@ def test_a_row_is_within_half_a_step_of_its_weights():
     assert r.nbytes() == 48 * 80 + 4 * 48
 
 
-def test_joined_rows_are_views_of_one_matrix_with_their_scales():
-    parts = [quantize_rows(torch.randn(n, 16)) for n in (8, 4, 4)]
-    fused, views = join(parts)
-    assert fused.shape == (16, 16) and fused.scale.shape == (16,)
-    for p, v in zip(parts, views):
+def test_fused_int8_rows_are_views_of_one_matrix_with_their_scales():
+    from muser.backends.cuda.decode_step import fuse_weights
+    eng = tiny_model("gemma3", window=4, tokenizer=False)
+    quantize_weights(eng.weights)
+    lw = eng.weights.layers[0]
+    parts = [lw.wq, lw.wk, lw.wv]
+    fz = fuse_weights(eng.weights)[0]
+    fused = fz["wqkv"]
+    assert fused.shape[0] == sum(p.shape[0] for p in parts) and fused.scale.shape == fused.q.shape[:1]
+    at = 0
+    for p, v in zip(parts, (lw.wq, lw.wk, lw.wv)):                # rebound to views of the stack
         assert torch.equal(p.q, v.q) and torch.equal(p.scale, v.scale)
-        assert v.q.data_ptr() >= fused.q.data_ptr()          # a view, not a copy
-    assert views[1].q.data_ptr() == fused.q.data_ptr() + 8 * 16
+        assert v.q.data_ptr() == fused.q.data_ptr() + at * fused.q.shape[1]
+        assert v.scale.data_ptr() == fused.scale.data_ptr() + 4 * at
+        at += p.shape[0]
+    assert isinstance(fz["wgu"], RowInt8) and lw.w_up.q.data_ptr() > fz["wgu"].q.data_ptr()
 
 
 @pytest.mark.parametrize("config, refused", [

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from .triton_decode import plane_row
+from .triton_decode import plane_row, prepare_tables
 
 BUCKETS = (2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 
@@ -58,7 +58,7 @@ class _Bucket:
         # per layer: the chunk's k / v [Rb, KV, D] (kept until the stores after the replay); q
         # and the attention output [Rb, H, D] one buffer per head dim (read before the next
         # layer writes them)
-        self.k, self.v, self.prep = [], [], []
+        self.k, self.v, self.prep = [], [], []        # prep: prepare_rows_into's tables
         by_dim = {ls.head_dim: torch.zeros(2, rows, spec.num_heads, ls.head_dim, dtype=dt,
                                            device=device) for ls in spec.layers}
         self.q = [by_dim[ls.head_dim][0] for ls in spec.layers]
@@ -68,12 +68,7 @@ class _Bucket:
             k = torch.empty(rows, KV, D, dtype=dt, device=device)
             self.k.append(k)
             self.v.append(torch.empty_like(k))
-            # the decode launch's plane table for prepare_rows_into: this bucket's k / v
-            self.prep.append(torch.tensor([[k.data_ptr(), self.v[-1].data_ptr(), KV * D, D]],
-                                          dtype=torch.int64, device=device).expand(rows, 4)
-                             .contiguous())
-        r = torch.arange(rows, device=device)
-        self.prep_meta = torch.stack([r, torch.zeros_like(r)], 1).contiguous()
+            self.prep.append(prepare_tables(k, self.v[-1]))
         self.graph = None
         self.graph_done = None             # an event after the last replay (it read `host`)
         self.hidden = None                 # [Rb, hidden]: the last pass's final-normed rows
@@ -149,7 +144,7 @@ class ChunkGraphs:
             lay, cap = step.lays[i], step.caps[i]
             prepare_rows_into(qkv, b.pos, cos, sin, qn, kn, spec.norm_eps, spec.num_heads,
                               ls.kv_heads, ls.head_dim, step.splits[i], spec.rope_interleaved,
-                              b.q[i], b.k[i], b.v[i], b.prep[i], b.prep_meta, v_norm=spec.v_norm,
+                              b.q[i], b.k[i], b.v[i], *b.prep[i], v_norm=spec.v_norm,
                               k_eq_v=lw.wv is None, capacity=cap, **lay)
             # (the view args only carry dtype and strides here: TAB / META say where to read)
             return chunk_attention(b.q[i], b.k[i], b.v[i], 0, 0, self.windows[i],

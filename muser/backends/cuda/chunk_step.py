@@ -23,6 +23,7 @@ from ...cache import stage
 from ..step import row_offsets
 from .triton_chunk import chunk_attention
 from .triton_decode import prepare_rows
+from .triton_ops import upload
 
 
 def chunk_pass(step, engine, sessions, chunks, all_logits: bool, pad: bool = False,
@@ -38,9 +39,8 @@ def chunk_pass(step, engine, sessions, chunks, all_logits: bool, pad: bool = Fal
     starts = [s.position for s in sessions]
     real = [len(c) for c in chunks]
     offs = row_offsets(real)                  # session b's rows: [offs[b], offs[b] + real[b])
-    ids = torch.tensor([t for c in chunks for t in c], dtype=torch.long)
-    # pinned, non-blocking: no wait for the previous pass's kernels before this one's launches
-    ids = ids.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else ids.to(dev)
+    # no wait for the previous pass's kernels before this one's launches
+    ids = upload(torch.tensor([t for c in chunks for t in c], dtype=torch.long), dev)
     pos = torch.cat([torch.arange(s, s + r, device=dev) for s, r in zip(starts, real)])
 
     def attend(i, lw, ls, qkv, qn, kn):
@@ -70,6 +70,4 @@ def chunk_pass(step, engine, sessions, chunks, all_logits: bool, pad: bool = Fal
     last = [o + r - 1 for o, r in zip(offs, real)]
     if len(last) == 1:                        # a slice: no index upload (which would wait)
         return step.head(x[last[0]:last[0] + 1])
-    idx = torch.tensor(last, dtype=torch.long)
-    idx = idx.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else idx
-    return step.head(x.index_select(0, idx))
+    return step.head(x.index_select(0, upload(torch.tensor(last, dtype=torch.long), dev)))

@@ -39,13 +39,16 @@ from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_atten
 from .triton_moe import experts_rows, route_rows, stack_experts
 from .triton_moe import supported as moe_supported
 from .triton_dot import dot_rows, gemv
-from .weights_int8 import RowInt8, join
+from .weights_int8 import RowInt8
 from .triton_ops import act_mul, add_norm, qk_rope_store
 
 
 def _fuse(parts: list) -> tuple:
+    """Stacked rows and each part as a view of them; int8 rows stack their scales alike."""
     if isinstance(parts[0], RowInt8):
-        return join(parts)
+        q, qs = _fuse([p.q for p in parts])
+        s, ss = _fuse([p.scale for p in parts])
+        return RowInt8(q, s), [RowInt8(a, b) for a, b in zip(qs, ss)]
     fused = torch.cat(parts, dim=0)
     views, at = [], 0
     for p in parts:

@@ -37,7 +37,7 @@ import functools
 import torch
 
 from .triton_attn import layout
-from .triton_ops import _pow2, pdl_launch
+from .triton_ops import _pow2, pdl_launch, upload
 from .triton_decode_kernel import _kernel
 
 TAB_COLS = 4
@@ -165,21 +165,25 @@ def prepare_rows(qkv: torch.Tensor, pos: torch.Tensor, cos, sin, q_norm, k_norm,
     k = qkv.new_empty(R, kv_heads, head_dim)
     v = torch.empty_like(k)
     q = qkv.new_empty(R, heads, head_dim)
-    table = torch.tensor([[k.data_ptr(), v.data_ptr(), kv_heads * head_dim, head_dim]],
-                         dtype=torch.int64).expand(R, 4).contiguous()
-    if qkv.is_cuda:
-        # pinned and non-blocking: a plain upload would wait for the stream to drain -- once a
-        # layer, which kept the host from running ahead of the GPU for a whole chunk pass
-        table = table.pin_memory().to(qkv.device, non_blocking=True)
+    table, meta = prepare_tables(k, v)
     prepare_rows_into(qkv, pos, cos, sin, q_norm, k_norm, eps, heads, kv_heads, head_dim, nsplit,
-                      interleaved, q, k, v, table, _prepare_meta(R, qkv.device), v_norm=v_norm,
-                      k_eq_v=k_eq_v, capacity=capacity, **lay)
+                      interleaved, q, k, v, table, meta, v_norm=v_norm, k_eq_v=k_eq_v,
+                      capacity=capacity, **lay)
     return q, k, v
+
+
+def prepare_tables(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (table, meta) a prepare-only launch takes for buffers k / v [R, KV, D] (contiguous):
+    every row's plane is the buffer, row r stores at slot r and attends over nothing.  The table
+    goes up without a wait (once a layer: a plain upload kept the host from running ahead of
+    the GPU for a whole chunk pass); the meta is cached per row count (read-only, shared)."""
+    R, KV, D = k.shape
+    row = torch.tensor([[k.data_ptr(), v.data_ptr(), KV * D, D]], dtype=torch.int64)
+    return upload(row.expand(R, 4).contiguous(), k.device), _prepare_meta(R, k.device)
 
 
 @functools.lru_cache(maxsize=64)
 def _prepare_meta(rows: int, device) -> torch.Tensor:
-    """int64 [rows, 2]: row r stores at slot r and attends over nothing (read-only; shared)."""
     r = torch.arange(rows, device=device)
     return torch.stack([r, torch.zeros_like(r)], 1).contiguous()
 

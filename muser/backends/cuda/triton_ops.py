@@ -27,6 +27,16 @@ def _pow2(x: int, lo: int = 1) -> int:
     return p
 
 
+def upload(host: torch.Tensor, device) -> torch.Tensor:
+    """A small host tensor on `device` without waiting: pinned and non-blocking on CUDA (a plain
+    upload from pageable memory waits for the stream to drain, which keeps the host from
+    running ahead of the GPU); as is elsewhere."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
 def pdl_launch(pdl: bool) -> dict:
     """Launch options for a kernel that takes PDL: programmatic dependent launch (sm_90) -- the
     kernel may launch while the one before it finishes and waits for it on the device

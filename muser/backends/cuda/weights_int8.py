@@ -52,18 +52,6 @@ def quantize_rows(w: torch.Tensor) -> RowInt8:
     return RowInt8(q.contiguous(), scale.contiguous())
 
 
-def join(parts: list[RowInt8]) -> tuple[RowInt8, list[RowInt8]]:
-    """Stacked rows (q|k|v, gate|up) and each part as a view of them (decode_step._fuse)."""
-    q = torch.cat([p.q for p in parts])
-    s = torch.cat([p.scale for p in parts])
-    views, at = [], 0
-    for p in parts:
-        n = p.q.shape[0]
-        views.append(RowInt8(q[at:at + n], s[at:at + n]))
-        at += n
-    return RowInt8(q, s), views
-
-
 def quantize_weights(weights) -> None:
     """In place: every layer's dense projections and the head (`lm_head`, a tied one too)."""
     for lw in weights.layers:
