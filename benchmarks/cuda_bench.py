@@ -120,6 +120,7 @@ def run_model(name, shape, bw, args, results):
     if args.prefill_profile:
         section("prefill_profile", lambda: prefill_profile(engine, args.prefill, vocab))
     section("prefill_512", lambda: max(muser_prefill(engine, 512, vocab, None, reps=3) for _ in range(2)))
+    section("ttft_512", lambda: muser_ttft(engine, 512, vocab))
     section("hf_prefill_16k", lambda: hf_prefill(model, args.prefill, vocab))
     section("hf_decode_2k", lambda: hf_decode(model, 1, 2048, 16, vocab))
     if available(args.llama_bin):
@@ -171,6 +172,7 @@ def side_by_side(results):
                  ms(r.get("hf_decode_2k")), r["floor_ms"]),
                 (f"decode {long}, ms/token", ms(r.get("decode_32k")), lp.get(f"tg_{long}_ms"), None, None),
                 ("prefill 512, tok/s", r.get("prefill_512"), lp.get("pp512"), None, None),
+                ("first token of a 512-token prompt, ms", ms(r.get("ttft_512")), None, None, None),
                 ("prefill 16k, tok/s", r.get("prefill_16k_default"), lp.get("pp16384"),
                  r.get("hf_prefill_16k"), None),
                 ("16 sessions @2k, tok/s", first(r.get("batch16_2k")), lp.get("b16_tg"),

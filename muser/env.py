@@ -73,16 +73,19 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_CHUNK_COLUMNS": ("1|2|4", "1", "backends/cuda (chunk attention)",
                             "programs per query tile, each with a slice of the value columns "
                             "(the same bits: fewer accumulator registers, scores recomputed)"),
-    "MUSER_CHUNK_GRAPHS": ("off|on", "off", "backends/cuda (graph runner)",
+    "MUSER_CHUNK_GRAPHS": ("off|on", "on", "backends/cuda (graph runner)",
                            "on: one session's chunk of up to 2,048 tokens (a prompt, a later "
                            "turn, a verification block) runs as one captured graph per bucket "
                            "of rows -- the same bits as the eager pass, without its host "
-                           "overhead (not yet verified on a GPU: off)"),
-    "MUSER_PDL": ("off|on", "off", "backends/cuda (decode step)",
+                           "overhead (H200, 1B: a 512-token prefill 1.74x, a verification "
+                           "block 16.8 -> 6.6 ms); off: eager chunks"),
+    "MUSER_PDL": ("off|on|prefetch", "on", "backends/cuda (decode step)",
                   "on: the decode step's kernels launch as programmatic dependents (sm_90): "
                   "each may launch while the one before finishes, and waits for it on the "
-                  "device before anything else -- the same bits, the launch gaps hidden (not "
-                  "yet measured: off)"),
+                  "device before anything else -- the same bits, the launch gaps hidden (H200, "
+                  "1B at 2k: decode 7% faster, 16 sessions 7%); off: plain launches; prefetch: on, and "
+                  "each projection's programs ask for their weight slice into L2 before the "
+                  "wait (the same bits; experiments)"),
     "MUSER_ATTN_TILES": ("masked|interior", "interior", "backends/cuda (attention)",
                          "interior: key tiles every row sees whole skip the masks (the same "
                          "bits); masked: every tile masked (experiments)"),
@@ -119,8 +122,8 @@ class Env:
     chunk_loop: str = "auto"
     chunk_columns: str = "1"
     attn_tiles: str = "interior"
-    chunk_graphs: str = "off"
-    pdl: str = "off"
+    chunk_graphs: str = "on"
+    pdl: str = "on"
     attn_acc: str = "dot"
     growing_group: int = 16
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)

@@ -21,8 +21,12 @@ def run(engine):
 @needs_gpu
 def test_dependent_launches_give_the_plain_launches_bits():
     eng = tiny_model("gemma3", device="cuda", dtype="bfloat16", window=4, tokenizer=False)
+    eng.backend.reset_runner(Env(pdl="off"))
     plain = run(eng)
     eng.backend.reset_runner(Env(pdl="on"))
     assert eng.backend.runner(eng).step.pdl == (torch.cuda.get_device_capability()[0] >= 9)
     assert torch.equal(run(eng), plain)
     assert eng.backend.runner(eng).stats["replays"] > 0
+    # and with each projection's weight slice asked into L2 before the wait
+    eng.backend.reset_runner(Env(pdl="prefetch"))
+    assert torch.equal(run(eng), plain)
