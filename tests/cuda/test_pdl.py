@@ -27,6 +27,3 @@ def test_dependent_launches_give_the_plain_launches_bits():
     assert eng.backend.runner(eng).step.pdl == (torch.cuda.get_device_capability()[0] >= 9)
     assert torch.equal(run(eng), plain)
     assert eng.backend.runner(eng).stats["replays"] > 0
-    # and with each projection's weight slice asked into L2 before the wait
-    eng.backend.reset_runner(Env(pdl="prefetch"))
-    assert torch.equal(run(eng), plain)

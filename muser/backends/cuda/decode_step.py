@@ -147,11 +147,8 @@ class DecodeStep:
         # the separate form has no v-norm / V = K: Gemma 4 always takes the fused attention
         self.fused_attn = env.attn != "separate" or spec.v_norm or any(l.k_eq_v for l in spec.layers)
         # programmatic dependent launch for the step's own kernels (MUSER_PDL; sm_90 and up)
-        # ("prefetch": dot_rows' programs also ask for their weights into L2 before the wait)
-        self.pdl = (env.pdl if env.pdl != "off" and dev.type == "cuda"
-                    and torch.cuda.get_device_capability(dev)[0] >= 9 else False)
-        if self.pdl == "on":
-            self.pdl = True
+        self.pdl = (env.pdl == "on" and dev.type == "cuda"
+                    and torch.cuda.get_device_capability(dev)[0] >= 9)
         # a chunk through this step's layer loop has a decode step's bits only with the default
         # kernels: dot_rows for every row count, and the fused attention launch (whose first
         # half prepares a chunk's q/k/v); the experiment switches give that up

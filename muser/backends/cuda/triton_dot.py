@@ -110,23 +110,7 @@ def _kernels():
             y = _act_up(y, u, DT, GELU)
         return y
 
-    @triton.jit
-    def prefetch_l2(W, cols, N, k0, K: tl.constexpr, KS: tl.constexpr, LINE: tl.constexpr,
-                    NL: tl.constexpr, GLU: tl.constexpr):
-        """prefetch.global.L2 of the 128-byte lines of W[cols, k0:k0 + KS] (and the up rows):
-        LINE elements a line, NL lines a row; lines outside W ask for W's first one."""
-        kl = tl.arange(0, NL) * LINE
-        ok = (cols < N)[:, None] & ((k0 + kl) < K)[None, :] & (kl < KS)[None, :]
-        at = tl.where(ok, cols[:, None].to(tl.int64) * K + k0 + kl[None, :], 0)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
-                                  [(W + at).to(tl.int64)], dtype=tl.int32, is_pure=False, pack=1)
-        if GLU:
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
-                                      [(W + N * K + at).to(tl.int64)], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-
     globals()["_piece"] = piece_dot
-    globals()["_prefetch_l2"] = prefetch_l2
     globals()["_finish"] = finish
 
     @triton.jit
@@ -134,14 +118,7 @@ def _kernels():
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
                         GELU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                         BM: tl.constexpr, PIECES_IN: tl.constexpr, WQ: tl.constexpr,
-                        PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
-                        NL: tl.constexpr):
-        if PREFETCH:
-            # launched early (PDL) and waiting: this program's weight slice is read-only and
-            # known already -- ask for it into L2 while the kernel before finishes (no value is
-            # read here, so no result can change)
-            _prefetch_l2(W, tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N), N,
-                         tl.program_id(2) * KS, K, KS, LINE, NL, GLU)
+                        PDL: tl.constexpr):
         if PDL:       # launched early (programmatic dependent launch): wait for the kernel
             tl.extra.cuda.gdc_wait()            # before, then let the next one launch
             tl.extra.cuda.gdc_launch_dependents()
@@ -281,7 +258,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
              config: tuple[int, int, int, int, int] | None = None,
              rows: int | None = None,
              tile: tuple[int, int, int, int, int] | None = None,
-             scale: torch.Tensor | None = None, pdl: bool | str = False) -> torch.Tensor:
+             scale: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """The same function as `gemv`, for rows in tiles of 16 on the tensor cores (K in fixed
     steps, optionally in fixed split-K pieces summed in order): batch-invariant too, and far
     cheaper per extra row than `gemv`'s loop.  `config` = (block_n, block_k, warps, stages,
@@ -290,8 +267,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     the kernel -- the same bits per row; `rows=16` forces the decode tiles.  int8 `w` with
     float32 `scale` [rows of w]: W = scale[:, None] * w, each sum scaled once all its pieces are
     in (any tile, the same bits; H200: tests/cuda/test_triton_ops.py) -- the CUDA int8 weight
-    mode (weights_int8.py).  `pdl`: launch as a programmatic dependent (True), and with
-    "prefetch" a decode tile's program first asks for its weight slice into L2."""
+    mode (weights_int8.py)."""
     import triton
     kern, ssum = _kernels()[1], _kernels()[2]
     n, k = w.shape
@@ -319,11 +295,9 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     s_arg = scale if wq else w
     # int8: no FMA contraction, so `sum * scale + bias` rounds alike in both epilogues
     fuse = {"enable_fp_fusion": False} if wq else {}
-    line = 128 // w.element_size()
     kern[(triton.cdiv(n, bn), triton.cdiv(B, bm), pieces)](
         x, w, s_arg, b_arg, out, part, B, n, K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu,
         GELU=gelu, HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, WQ=wq,
-        PREFETCH=pdl == "prefetch" and inside == 1, LINE=line, NL=_pow2(triton.cdiv(ks, line)),
         num_warps=nw, num_stages=st, **fuse, **pdl_launch(pdl))
     if split:
         ssum[(triton.cdiv(n, 1024), B)](part, s_arg, b_arg, out, B, n, PIECES=pieces, BLOCK=1024,
