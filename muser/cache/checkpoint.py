@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import CheckpointError
+from .many import copy_rows
 from .plane import Plane
 
 
@@ -47,25 +48,40 @@ class PlaneUndo:
     # Every position is evicted at most once, so runs never overlap.
     evictions: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
-    def before_advance(self, plane: Plane, start: int, n: int,
-                       incoming: tuple[torch.Tensor, torch.Tensor] | None) -> None:
-        """Called by `Plane.advance` after its checks, before the bookkeeping moves.
-        `incoming`: the (keys, values) [n, KV, D] the caller will write, or None (a driver that
-        writes the rows itself, one at a time: the CUDA graph runner)."""
+    def evicted_range(self, plane: Plane, start: int, n: int) -> tuple[int, int]:
+        """(first position, count) of the rows already in the plane that `n` rows at `start`
+        evict -- what this log must copy before they are written over -- after the checks
+        `before_advance` makes (so a batched reader, plane.read_evictions, refuses alike)."""
         if self.stored + n > self.token_count:
             raise CheckpointError(f"layer {plane.layer}: checkpoint at {self.start} allows "
                                   f"{self.token_count} rows, a store would make it {self.stored + n}")
         # Sequentially, appending q evicts r = q - capacity whenever r is still live:
         #   r in [max(oldest, start - capacity), start + n - capacity)
+        lo = max(plane.origin_logical, start - plane.capacity)
+        return lo, max(0, min(start + n - plane.capacity, start) - lo)
+
+    def before_advance(self, plane: Plane, start: int, n: int,
+                       incoming: tuple[torch.Tensor, torch.Tensor] | None,
+                       evicted: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Called by `Plane.advance` after its checks, before the bookkeeping moves.
+        `incoming`: the (keys, values) [n, KV, D] the caller will write, or None (a driver that
+        writes the rows itself, one at a time: the CUDA graph runner).  `evicted`: the rows of
+        `evicted_range`, already copied out by the caller (plane.read_evictions: one copy for
+        many planes), else read here."""
+        lo, m = self.evicted_range(plane, start, n)
         cap = plane.capacity
-        lo, hi = max(plane.origin_logical, start - cap), start + n - cap
+        hi = start + n - cap
         own = max(lo, start) < hi                    # rows of this same chunk (never written)
         if own and incoming is None:
             raise CheckpointError(f"layer {plane.layer}: {n} rows at {start} evict rows of their own "
                                   f"chunk (capacity {cap}); the checkpoint needs those rows to log them")
-        if lo < min(hi, start):                      # rows already in the plane
-            k, v = plane.read_slots(plane.slot(lo), min(hi, start) - lo)
-            self.evictions.append((lo, k, v))
+        if m:                                        # rows already in the plane
+            if evicted is None:
+                evicted = plane.read_slots(plane.slot(lo), m)
+            elif evicted[0].shape[0] != m:
+                raise CheckpointError(f"layer {plane.layer}: {evicted[0].shape[0]} evicted rows "
+                                      f"read, the log needs {m}")
+            self.evictions.append((lo, *evicted))
         if own:
             keys, values = incoming
             a, b = max(lo, start) - start, hi - start
@@ -126,6 +142,7 @@ class Checkpoint:
         if not 0 <= keep <= stored:
             raise CheckpointError(f"rollback keep must be in [0, {stored}], got {keep}")
         boundary = self.start_position + keep
+        dst, src = [], []                            # every plane's restores: one copy at the end
         for p, log in zip(self.planes, self.logs):
             # Metadata first: back to the checkpoint, then re-reserve `keep` rows.
             # The slot map (origin_physical - origin_logical) mod capacity never changes,
@@ -137,8 +154,11 @@ class Checkpoint:
             # r in [boundary - capacity, boundary).  Those slots are distinct, so order is free.
             for r0, k, v in log.evictions:
                 lo, hi = max(r0, boundary - p.capacity), min(r0 + k.shape[0], boundary)
-                if lo < hi:
-                    p.write_slots(p.slot(lo), k[lo - r0:hi - r0], v[lo - r0:hi - r0])
+                for kd, vd, off, n in p.slot_views(p.slot(lo), max(0, hi - lo)):
+                    a = lo - r0 + off
+                    dst += [kd, vd]
+                    src += [k[a:a + n], v[a:a + n]]
+        copy_rows(dst, src)
         self.open = False
 
     def retained_rows(self) -> list[int]:

@@ -2,14 +2,15 @@
 
 Owns: the five bookkeeping fields and their invariants, the shared append
 arithmetic (`append_batch`), `advance(n)` -- the one way bookkeeping moves
-forward, whichever driver runs the step (`store` here, the CUDA graph runner
-through `advance_lockstep`, a checkpoint replaying the rows it keeps) --,
+forward, whichever driver runs the step (`store` here, many.py's lockstep and
+batched stores, a checkpoint replaying the rows it keeps) --,
 `bookmark` / `rewind` (metadata back to an earlier state), writing rows
 (`store`), reading them in logical order (`logical_rows`) and laying them back
 with the rotation rebuilt (`install`).  No code outside this file writes a
-plane's fields.  Does not own: attention (muser.attention), the
-attend-before-overwrite protocol (`staging.py`), undo logs (`checkpoint.py`) or
-the cut contract (`snapshot.py`).
+plane's fields (lockstep planes take a leader's through `follow`).  Does not
+own: attention (muser.attention), the attend-before-overwrite protocol
+(`staging.py`), undo logs (`checkpoint.py`), many planes at once (`many.py`)
+or the cut contract (`snapshot.py`).
 
 Physical placement is never derived from an absolute position.  It comes
 from the origins:
@@ -123,13 +124,14 @@ class Plane:
         self.append_batch(position, 1)
         return self.slot(position)
 
-    def advance(self, count: int, incoming: tuple[torch.Tensor, torch.Tensor] | None = None
-                ) -> tuple[int, int]:
+    def advance(self, count: int, incoming: tuple[torch.Tensor, torch.Tensor] | None = None,
+                evicted: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[int, int]:
         """Reserve the next `count` positions [end, end + count): metadata only, no row is written.
 
         An open checkpoint first logs the live rows the reservation evicts; `incoming`, the
         (keys, values) [count, KV, D] about to be written, lets it also log the rows of the chunk
-        that a later row of the same chunk evicts (only a chunk wider than the ring has any).
+        that a later row of the same chunk evicts (only a chunk wider than the ring has any);
+        `evicted`: the live rows it evicts, copied out already (many.read_evictions).
         Returns (first_slot, first_row): rows [first_row, count) of the chunk stay live, row
         `first_row` goes to `first_slot` and the rest follow it (mod capacity).  Worked example,
         ring of capacity 4 holding 4 5 6 7 at slots [0, 4), origin_physical 0:
@@ -139,10 +141,19 @@ class Plane:
         start = self.origin_logical + self.len
         self._check_reservation(start, count)
         if self.undo is not None:
-            self.undo.before_advance(self, start, count, incoming)
+            self.undo.before_advance(self, start, count, incoming, evicted)
         slot = (self.origin_physical + self.len) % self.capacity           # slot of `start`
         first_row, _ = self.append_batch(start, count)
         return (slot + first_row) % self.capacity, first_row
+
+    def follow(self, before: tuple[int, int, int], after: tuple[int, int, int]) -> None:
+        """Take the bookkeeping `after` of a plane that moved from `before` in lockstep with this
+        one (many.advance_lockstep): metadata only, and only from that same `before`."""
+        if self.bookmark() != before:
+            raise CacheError(f"layer {self.layer}: a lockstep plane at {self.bookmark()} cannot "
+                             f"follow one that moved from {before}")
+        self._ensure_storage(after[1] + after[0])         # a growing plane grows with its leader
+        self.len, self.origin_logical, self.origin_physical = after
 
     def bookmark(self) -> tuple[int, int, int]:
         """(len, origin_logical, origin_physical): the bookkeeping `rewind` puts back."""
@@ -246,41 +257,19 @@ class Plane:
     def read_slots(self, first_slot: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
-    def write_slots(self, first_slot: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def slot_views(self, first_slot: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor, int, int]]:
+        """Where `count` rows from `first_slot` (mod capacity) live: [(keys view, values view,
+        row offset, rows)], each view [rows, KV, D] -- what a writer copies rows `offset ..
+        offset + rows` of its chunk into (one run, or two where a ring wraps)."""
         raise NotImplementedError
+
+    def write_slots(self, first_slot: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        for kd, vd, off, n in self.slot_views(first_slot, keys.shape[0]):
+            kd.copy_(keys[off:off + n])
+            vd.copy_(values[off:off + n])
 
     def _ensure_storage(self, end_position: int) -> None:
         """Make sure slots for positions up to end_position exist (growing planes grow)."""
-
-
-def advance_lockstep(planes: list[Plane], count: int) -> tuple[int, int]:
-    """`Plane.advance(count)` for planes that move in lockstep -- one session's planes of one kind
-    and capacity (its growing planes, or its rings of one capacity), equal in bookkeeping because
-    every forward touches all of them and a failed one rolls all of them back.  Returns
-    (first_slot, len after).  The arithmetic runs once, on planes[0], and the others take its
-    result: a batched decode step of a 26-layer model at batch 16 would otherwise pay it 416
-    times on the host.  Growing planes grow with the first.  Under an open checkpoint each
-    plane advances on its own (each logs its own evictions) and the results must agree."""
-    lead = planes[0]
-    if lead.undo is not None:
-        results = set()
-        for p in planes:
-            first_slot, _ = p.advance(count)
-            results.add((first_slot, p.len))
-        if len(results) != 1:
-            raise CacheError(f"planes moving in lockstep disagree at position {lead.end - count}: "
-                             f"{sorted(results)}")
-        return results.pop()
-    end = lead.end + count
-    first_slot, _ = lead.advance(count)
-    mark = lead.len, lead.origin_logical, lead.origin_physical
-    grows = lead.kind == "growing"
-    for i in range(1, len(planes)):
-        p = planes[i]
-        if grows and p.keys.shape[1] < end:
-            p._ensure_storage(end)
-        p.len, p.origin_logical, p.origin_physical = mark
-    return first_slot, lead.len
 
 
 class RingPlane(Plane):
@@ -303,10 +292,9 @@ class RingPlane(Plane):
         idx = (torch.arange(count, device=self.device) + first_slot) % self.capacity
         return self.keys.index_select(0, idx), self.values.index_select(0, idx)
 
-    def write_slots(self, first_slot, keys, values):
-        for slot, off, n in slot_runs(first_slot, keys.shape[0], self.capacity):
-            self.keys[slot:slot + n].copy_(keys[off:off + n])
-            self.values[slot:slot + n].copy_(values[off:off + n])
+    def slot_views(self, first_slot, count):
+        return [(self.keys[slot:slot + n], self.values[slot:slot + n], off, n)
+                for slot, off, n in slot_runs(first_slot, count, self.capacity)]
 
     def shadow_rows(self, keys, values):
         # One pass into one buffer (the base class un-rotates, then concatenates: two): a small
@@ -370,10 +358,10 @@ class GrowingPlane(Plane):
         v = self.values[:, first_slot:first_slot + count].transpose(0, 1).contiguous()
         return k, v
 
-    def write_slots(self, first_slot, keys, values):
-        n = keys.shape[0]
-        self.keys[:, first_slot:first_slot + n].copy_(keys.transpose(0, 1))
-        self.values[:, first_slot:first_slot + n].copy_(values.transpose(0, 1))
+    def slot_views(self, first_slot, count):
+        # head-major storage: the rows' view is [count, KV, D] over [KV, allocated, D]
+        return [(self.keys[:, first_slot:first_slot + count].transpose(0, 1),
+                 self.values[:, first_slot:first_slot + count].transpose(0, 1), 0, count)]
 
     def check_invariants(self) -> None:
         super().check_invariants()

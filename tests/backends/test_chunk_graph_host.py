@@ -111,18 +111,26 @@ def test_chunks_through_graphs_leave_the_session_as_the_eager_pass_does(engine, 
     assert last.shape[0] == 1 and torch.allclose(last, want, atol=1e-5)
 
 
-def test_a_failure_after_the_pass_leaves_the_session_empty(engine, monkeypatch):
-    """The stores run inside the one forward's transaction: a fault in a late layer's store
-    rolls back the earlier layers' rows too."""
+def test_a_failure_after_the_pass_leaves_the_session_as_it_was(engine, monkeypatch):
+    """The stores run inside the one forward's transaction: a fault in a late layer's
+    bookkeeping (after the earlier layers advanced and logged their evictions, before any row
+    is written) leaves every plane's bookkeeping and rows as they were."""
     step = Step(engine)
     graphs = ChunkGraphs(step, [p.window for p in engine.new_session().planes], capture=False)
     s = engine.new_session()
+    one_forward(engine, [s], [IDS[:6]], True, False, pass_fn=passes(engine, step, graphs))
+    marks = [p.bookmark() for p in s.planes]
+    rows = [p.logical_rows() for p in s.planes]
     last = s.planes[-1]
 
     def broken(*a, **k):
         raise RuntimeError("injected store fault")
-    monkeypatch.setattr(last, "store", broken)
+    monkeypatch.setattr(last, "advance", broken)
     with pytest.raises(RuntimeError, match="injected"):
-        one_forward(engine, [s], [IDS[:6]], True, False, pass_fn=passes(engine, step, graphs))
-    assert s.position == 0 and all(p.len == 0 for p in s.planes)
+        one_forward(engine, [s], [IDS[6:12]], True, False, pass_fn=passes(engine, step, graphs))
+    monkeypatch.undo()
+    assert s.position == 6 and [p.bookmark() for p in s.planes] == marks
+    for p, (k, v) in zip(s.planes, rows):
+        got_k, got_v = p.logical_rows()
+        assert torch.equal(got_k, k) and torch.equal(got_v, v)
     s.check_invariants()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from muser.cache import Checkpoint, GrowingPlane, RingPlane
-from muser.cache.plane import advance_lockstep
+from muser.cache.many import advance_lockstep
 from muser.errors import CacheError, CheckpointError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import torch
 from muser.attention.reference import attention as reference
 from muser.attention.reference import visibility_mask
 from muser.cache import GrowingPlane, RingPlane, stage
-from muser.cache.plane import advance_lockstep
+from muser.cache.many import advance_lockstep
 from muser.model import transformer as tf
 
 from cudautil import HAS_CUDA, needs_kernels, rel

@@ -7,8 +7,8 @@ copies in (ids | positions | per layer the plane table row | per layer (start, r
 rot, capacity, history rows)); the chunk attention reads the session's planes by those device
 values (`chunk_attention(..., new=, dev=)`) -- the history in place, the chunk's own rows from
 the bucket's k/v buffers -- so one graph serves any session at any position.  After the replay
-the chunk's real rows go into the planes through `Plane.store` (their bookkeeping and undo logs:
-the caller's transaction and a speculative round's checkpoint hold), and the head runs eagerly
+the chunk's real rows go into the planes through `cache.many.store_many` (their bookkeeping and
+undo logs: the caller's transaction and a speculative round's checkpoint hold), and the head runs eagerly
 on the rows asked for.  Does not own: whether a pass qualifies (`applies`; chunk_step.chunk_pass
 asks), the kernels, the transaction (backends/step.py).
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from ...cache.many import store_many
 from .triton_decode import plane_row, prepare_tables
 
 BUCKETS = (2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
@@ -125,8 +126,8 @@ class ChunkGraphs:
             b.graph_done = b.graph_done or torch.cuda.Event()
             b.graph_done.record()
             self.stats["replays"] += 1
-        for i, p in enumerate(planes):
-            p.store(start, b.k[i][:R], b.v[i][:R])
+        # the rows, their undo logs and bookkeeping, every plane's at once (a few copies)
+        store_many(planes, start, [k[:R] for k in b.k], [v[:R] for v in b.v])
         if not logits:
             return torch.empty((0, self.step.spec.vocab_size), dtype=torch.float32,
                                device=engine.device)

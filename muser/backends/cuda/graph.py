@@ -1,7 +1,7 @@
 """Graph-captured decode on CUDA: one replay per step, for one session or several.
 
 Owns: `GraphRunner` -- the plane bookkeeping of a decode step done on the host
-(through `cache.plane.advance_lockstep`, which is `Plane.advance`: the same
+(through `cache.many.advance_lockstep`, which is `Plane.advance`: the same
 arithmetic `Plane.store` runs, undo logs included when a caller's checkpoint
 is open), the per-step upload of ids/positions/(slot, n) and of the
 plane tables when they change, one captured `DecodeStep` per batch size,
@@ -24,7 +24,7 @@ import weakref
 
 import torch
 
-from ...cache.plane import advance_lockstep
+from ...cache.many import advance_lockstep
 from ...env import Env
 from ...errors import CacheError, RequestError
 from .capture import capture
