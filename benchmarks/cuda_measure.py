@@ -184,39 +184,36 @@ def prefill_profile(engine, n, vocab):
     return round(total, 1), round(wall * 1e3, 1), [(n, int(c), round(t, 2)) for n, c, t in rows[:16]]
 
 
-def muser_prefill(engine, n, vocab, chunk, reps=2):
+def _best_prompt(engine, n, vocab, reps, seed, run):
+    """Best seconds of `run(session, ids)` over reps fresh n-token prompts, after one that warms
+    (kernels, tables, graphs); `run` returns once what it times is done."""
     best = None
     for r in range(reps + 1):
         s = engine.new_session()
         reserve(s, n)
-        ids = rand_ids(n, vocab, 7 + r)
+        ids = rand_ids(n, vocab, seed + r)
         sync()
         t0 = time.perf_counter()
-        s.prefill(ids, chunk_size=chunk)
-        sync()
-        dt = time.perf_counter() - t0
-        if r:                                            # first run warms (kernels, tables)
-            best = dt if best is None else min(best, dt)
-        del s
-    return n / best
-
-
-def muser_ttft(engine, n, vocab, reps=3):
-    """Time to first token of an n-token prompt, seconds (best of reps after a warm-up): the
-    prefill, then the greedy token read back to the host -- what a client waits for."""
-    best = None
-    for r in range(reps + 1):
-        s = engine.new_session()
-        reserve(s, n)
-        ids = rand_ids(n, vocab, 17 + r)
-        sync()
-        t0 = time.perf_counter()
-        int(s.prefill(ids).argmax())
+        run(s, ids)
         dt = time.perf_counter() - t0
         if r:
             best = dt if best is None else min(best, dt)
         del s
     return best
+
+
+def muser_prefill(engine, n, vocab, chunk, reps=2):
+    """Prefill tok/s of an n-token prompt (default chunking: `chunk` None)."""
+    def run(s, ids):
+        s.prefill(ids, chunk_size=chunk)
+        sync()
+    return n / _best_prompt(engine, n, vocab, reps, 7, run)
+
+
+def muser_ttft(engine, n, vocab, reps=3):
+    """Time to first token of an n-token prompt, seconds: the prefill, then the greedy token
+    read back to the host -- what a client waits for."""
+    return _best_prompt(engine, n, vocab, reps, 17, lambda s, ids: int(s.prefill(ids).argmax()))
 
 
 @torch.no_grad()

@@ -152,6 +152,17 @@ def _lib(lib: ctypes.CDLL | None = None) -> ctypes.CDLL:
     return lib
 
 
+def _rows(x: torch.Tensor, k: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """A native linear's input checked ([M, k] float32 / bfloat16 on the CPU, a float output
+    dtype) and made contiguous."""
+    if x.dim() != 2 or x.shape[1] != k or x.dtype not in _FLOATS or x.device.type != "cpu":
+        raise ValueError(f"x must be a 2-D float32/bfloat16 CPU tensor [M, {k}], got {x.dtype} "
+                         f"{tuple(x.shape)} on {x.device}")
+    if out_dtype not in _FLOATS:
+        raise ValueError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
+    return x if x.is_contiguous() else x.contiguous()
+
+
 class BoundQ8:
     """`q8_linear` with the weight operands checked once: a decode step calls it ~70 times,
     so per call only x is checked.  Holds references to the weight tensors it points at."""
@@ -172,13 +183,7 @@ class BoundQ8:
         self._keep = (qweight, scale, in_scale)
 
     def __call__(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-        if x.dim() != 2 or x.shape[1] != self.k or x.dtype not in _FLOATS or x.device.type != "cpu":
-            raise ValueError(f"x must be a 2-D float32/bfloat16 CPU tensor [M, {self.k}], got {x.dtype} "
-                             f"{tuple(x.shape)} on {x.device}")
-        if out_dtype not in _FLOATS:
-            raise ValueError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
-        if not x.is_contiguous():
-            x = x.contiguous()
+        x = _rows(x, self.k, out_dtype)
         m = x.shape[0]
         y = torch.empty((m, self.n), dtype=out_dtype)
         w, s, i = self._ptrs
@@ -223,13 +228,7 @@ class BoundA8W8:
         return self._packed.nbytes + self._scale.nbytes
 
     def __call__(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-        if x.dim() != 2 or x.shape[1] != self.k or x.dtype not in _FLOATS or x.device.type != "cpu":
-            raise ValueError(f"x must be a 2-D float32/bfloat16 CPU tensor [M, {self.k}], got {x.dtype} "
-                             f"{tuple(x.shape)} on {x.device}")
-        if out_dtype not in _FLOATS:
-            raise ValueError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
-        if not x.is_contiguous():
-            x = x.contiguous()
+        x = _rows(x, self.k, out_dtype)
         m = x.shape[0]
         y = torch.empty((m, self.n), dtype=out_dtype)
         if self._f(x.data_ptr(), x.dtype is torch.bfloat16, m, self.k, self._packed.data_ptr(),
