@@ -73,6 +73,10 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_CHUNK_COLUMNS": ("1|2|4", "1", "backends/cuda (chunk attention)",
                             "programs per query tile, each with a slice of the value columns "
                             "(the same bits: fewer accumulator registers, scores recomputed)"),
+    "MUSER_CHUNK_FIRST": ("off|on", "off", "backends/cuda (chunk attention)",
+                          "on: where a chunk's splits are one key tile each (rings), each starts "
+                          "from tile_first -- no running state to reset or rescale (the same bits; "
+                          "not yet measured on a GPU: off)"),
     "MUSER_CHUNK_GRAPHS": ("off|on", "on", "backends/cuda (graph runner)",
                            "on: one session's chunk of up to 2,048 tokens (a prompt, a later "
                            "turn, a verification block) runs as one captured graph per bucket "
@@ -120,6 +124,7 @@ class Env:
     chunk_loop: str = "auto"
     chunk_columns: str = "1"
     attn_tiles: str = "interior"
+    chunk_first: str = "off"
     chunk_graphs: str = "on"
     pdl: str = "on"
     attn_acc: str = "dot"
@@ -207,7 +212,8 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_CHUNKS", "chunks"), ("MUSER_MERGE_LOADS", "merge_loads"),
                         ("MUSER_CHUNK_LOOP", "chunk_loop"), ("MUSER_CHUNK_COLUMNS", "chunk_columns"),
                         ("MUSER_ATTN_TILES", "attn_tiles"), ("MUSER_ATTN_ACC", "attn_acc"),
-                        ("MUSER_CHUNK_GRAPHS", "chunk_graphs"), ("MUSER_PDL", "pdl")):
+                        ("MUSER_CHUNK_GRAPHS", "chunk_graphs"), ("MUSER_PDL", "pdl"),
+                        ("MUSER_CHUNK_FIRST", "chunk_first")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

@@ -60,8 +60,9 @@ BITS_FIELDS = ("split", "group", "block_n", "acc_dot")      # the layout fields 
 
 def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     """The reduction shape of one layer's attention: {split, group, block_n, warps, depth,
-    chunk_loop, dsplit, interior, acc_dot} (depth: parked partials a decode merge loads at
-    once; chunk_loop and dsplit: the chunk kernel's loop structure and value-column slices;
+    chunk_loop, dsplit, interior, acc_dot, first_tile} (depth: parked partials a decode merge
+    loads at once; chunk_loop, dsplit and first_tile: the chunk kernel's loop structure, value-column
+    slices and one-tile splits started without a state;
     interior: tiles every row sees whole skip the masks -- speed choices, not bits ones;
     acc_dot: p @ V accumulates onto the rescaled accumulator inside the dot -- a bits one).
 
@@ -79,7 +80,7 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
             "chunk_loop": env.chunk_loop if env.chunk_loop != "auto" else (
                 "nested" if growing else "flat"),
             "dsplit": int(env.chunk_columns), "interior": env.attn_tiles == "interior",
-            "acc_dot": env.attn_acc == "dot"}
+            "acc_dot": env.attn_acc == "dot", "first_tile": env.chunk_first == "on"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -128,6 +129,33 @@ def pieces() -> dict:
         return m_new, l_new, acc_new
 
     @triton.jit
+    def tile_first(q, k, v, kpos, lo, hi, ones, scale, softcap, SOFTCAP: tl.constexpr,
+                   MASKED: tl.constexpr):
+        """`tile_step` from the empty state (-inf, 0, 0) with ACC_DOT -- the first tile of a
+        split -- without reading it: the same bits, two [BM, DP] passes fewer (the state's
+        reset and its rescale).  Why equal: max(-inf, x) = x; l = 0 * alpha + s = s (alpha is 0
+        or 1, s >= 0, never -0); the dot's accumulator 0 * alpha is the +0 a dot starts from.  A
+        row that sees no key here gets m = -inf and p = 0, so l = +0; its acc is selected back
+        to the empty +0 (p @ V would be NaN on an infinite V another row sees)."""
+        sc = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        if SOFTCAP:
+            sc = (2.0 * tl.sigmoid(2.0 * sc / softcap) - 1.0) * softcap
+        if MASKED:
+            valid = (kpos[None, :] >= lo[:, None]) & (kpos[None, :] < hi[:, None])
+            sc = tl.where(valid, sc, float("-inf"))
+            m_new = tl.max(sc, 1)
+            p = tl.where(valid, tl.exp(sc - m_new[:, None]), 0.0).to(v.dtype)
+        else:
+            m_new = tl.max(sc, 1)
+            p = tl.exp(sc - m_new[:, None]).to(v.dtype)
+        l_new = tl.max(tl.dot(p, ones, input_precision="ieee"), 1)
+        acc_new = tl.dot(p, v, input_precision="ieee")
+        if MASKED:
+            live = tl.max(valid.to(tl.int32), 1) > 0
+            acc_new = tl.where(live[:, None], acc_new, 0.0)
+        return m_new, l_new, acc_new
+
+    @triton.jit
     def columns(c, D: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
                 INTERLEAVED: tl.constexpr):
         """Memory dim of tile column c and whether it is a real one: the two rotation halves
@@ -168,4 +196,5 @@ def pieces() -> dict:
         alpha = tl.exp(M - M_new)
         return M_new, L * alpha + tl.exp(sk - M_new), A * alpha[:, None]
 
-    return {"_tile_step": tile_step, "_merge_one": merge_one, "_sink": sink, "_columns": columns}
+    return {"_tile_step": tile_step, "_tile_first": tile_first, "_merge_one": merge_one,
+            "_sink": sink, "_columns": columns}

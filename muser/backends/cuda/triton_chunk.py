@@ -20,6 +20,8 @@ A decode step folds the same partials in the same order (triton_decode.py), so
 each row gets the decode step's bits; splits and tiles a row does not reach
 fold as exact no-ops.  Keys are read by position: row (x - first) of an
 ordered view, or (rot + x - first) mod capacity of a ring read in place.
+With MUSER_CHUNK_FIRST=on a flat loop whose splits are one tile each (a ring's) starts every
+split with `tile_first` (triton_attn.py: no state to reset or rescale; the same bits).
 `chunk_loop="flat"` (MUSER_CHUNK_LOOP) runs the same sequence as one loop over
 the tiles with the boundaries inside it, which the compiler can
 software-pipeline (a ring split is one tile): the default on rings (H200, a
@@ -58,7 +60,7 @@ def _kernel():
                      SPLIT: tl.constexpr, GS: tl.constexpr, SOFTCAP: tl.constexpr,
                      SINKS: tl.constexpr, RING: tl.constexpr, FLAT: tl.constexpr,
                      DSPLIT: tl.constexpr, INTERIOR: tl.constexpr, ACC_DOT: tl.constexpr,
-                     TWO: tl.constexpr, DEV: tl.constexpr):
+                     TWO: tl.constexpr, DEV: tl.constexpr, ONE: tl.constexpr):
         if DEV:
             # a captured pass (chunk_graph.py): the plane and the chunk's place come from device
             # memory -- TAB (k_ptr, v_ptr, row stride, head stride), META (start, rows, first,
@@ -133,19 +135,19 @@ def _kernel():
                     st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm,
                     cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
                     softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, True,
-                    ACC_DOT, TWO, KV, D)
+                    ACC_DOT, TWO, KV, D, ONE)
             for st in range(a1, b1, BLOCK_N):
                 m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
                     st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm,
                     cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
                     softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, False,
-                    ACC_DOT, TWO, KV, D)
+                    ACC_DOT, TWO, KV, D, ONE)
             for st in range(b1, p_max + 1, BLOCK_N):
                 m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
                     st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm,
                     cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
                     softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, True,
-                    ACC_DOT, TWO, KV, D)
+                    ACC_DOT, TWO, KV, D, ONE)
         else:
             for a in range(lo_min // SPLIT, a_hi + 1):
                 m = tl.full([BM], float("-inf"), tl.float32)
@@ -236,6 +238,7 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         RING=ring is not None, FLAT=lay.get("chunk_loop") == "flat", DSPLIT=dsplit,
         INTERIOR=bool(lay.get("interior", True)), ACC_DOT=bool(lay.get("acc_dot", False)),
         TWO=new is not None, DEV=dev is not None,
+        ONE=bool(lay.get("first_tile")) and lay["split"] == lay["block_n"] and bool(lay.get("acc_dot")),
         num_warps=warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"]),
         enable_fp_fusion=False, **({"num_stages": stages} if stages else {}))
     return out

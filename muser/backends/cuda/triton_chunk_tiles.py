@@ -60,11 +60,14 @@ def chunk_pieces() -> dict:
                   q, lo, hi, m, l, acc, ones, scale, softcap, K2, V2, start,
                   BLOCK_N: tl.constexpr, SOFTCAP: tl.constexpr, RING: tl.constexpr,
                   MASKED: tl.constexpr, ACC_DOT: tl.constexpr, TWO: tl.constexpr,
-                  KV: tl.constexpr, D: tl.constexpr):
-        """The tile of keys at positions st.. folded into the split's running softmax."""
+                  KV: tl.constexpr, D: tl.constexpr, FIRST: tl.constexpr = False):
+        """The tile of keys at positions st.. folded into the split's running softmax (FIRST: a
+        split's first tile, from the empty state, which m / l / acc then are not read as)."""
         kpos = st + tl.arange(0, BLOCK_N)
         k, v = _chunk_tile(K, V, kpos, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm,
                            cv, dmv, cvv, K2, V2, start, RING, TWO, KV, D)
+        if FIRST:
+            return _tile_first(q, k, v, kpos, lo, hi, ones, scale, softcap, SOFTCAP, MASKED)
         return _tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap, SOFTCAP,
                           MASKED, ACC_DOT)
 
@@ -76,16 +79,25 @@ def chunk_pieces() -> dict:
                   K2, V2, start, BM: tl.constexpr, DPW: tl.constexpr, BLOCK_N: tl.constexpr,
                   SPLIT: tl.constexpr, GS: tl.constexpr, SOFTCAP: tl.constexpr,
                   RING: tl.constexpr, MASKED: tl.constexpr, ACC_DOT: tl.constexpr,
-                  TWO: tl.constexpr, KV: tl.constexpr, D: tl.constexpr):
+                  TWO: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, ONE: tl.constexpr):
         """One step of the flat loop: a split starts (from empty) at its first tile, the tile
-        folds in, and where the split ends it folds into its group, a group into the total."""
-        fresh = (st % SPLIT == 0) | (st == t_first)
-        m = tl.where(fresh, float("-inf"), m)
-        l = tl.where(fresh, 0.0, l)
-        acc = tl.where(fresh, 0.0, acc)
-        m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm,
-                               cv, dmv, cvv, q, lo, hi, m, l, acc, ones, scale, softcap, K2, V2,
-                               start, BLOCK_N, SOFTCAP, RING, MASKED, ACC_DOT, TWO, KV, D)
+        folds in, and where the split ends it folds into its group, a group into the total.
+        ONE: every split is one tile (a ring's, SPLIT == BLOCK_N: t_first and every step are
+        multiples of it), so every tile starts its split -- `tile_first`, no state to reset."""
+        if ONE:
+            m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh,
+                                   dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones, scale, softcap,
+                                   K2, V2, start, BLOCK_N, SOFTCAP, RING, MASKED, ACC_DOT, TWO,
+                                   KV, D, True)
+        else:
+            fresh = (st % SPLIT == 0) | (st == t_first)
+            m = tl.where(fresh, float("-inf"), m)
+            l = tl.where(fresh, 0.0, l)
+            acc = tl.where(fresh, 0.0, acc)
+            m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh,
+                                   dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones, scale, softcap,
+                                   K2, V2, start, BLOCK_N, SOFTCAP, RING, MASKED, ACC_DOT, TWO,
+                                   KV, D)
         last = st + BLOCK_N > p_max
         if ((st + BLOCK_N) % SPLIT == 0) | last:            # the split ends here
             Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)

@@ -91,9 +91,10 @@ def merge_groups(nsplit: int, group: int) -> int:
 
 def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads, head_dim,
             nsplit, scale, softcap, interleaved, ws, out, split, group, block_n, warps,
-            depth=1, chunk_loop=None, dsplit=1, interior=True, acc_dot=False, capacity=0,
-            sinks=None, v_norm=False, k_eq_v=False, qout=None, grid_splits=None, pdl=False):
-    kern = _kernel()           # (chunk_loop, dsplit, interior: the chunk kernel's layout keys)
+            depth=1, chunk_loop=None, dsplit=1, interior=True, acc_dot=False, first_tile=False,
+            capacity=0, sinks=None, v_norm=False, k_eq_v=False, qout=None, grid_splits=None,
+            pdl=False):
+    kern = _kernel()  # (chunk_loop, dsplit, interior, first_tile: the chunk kernel's layout keys)
     B = table.shape[0]
     G = heads // kv_heads
     ngg = merge_groups(nsplit, group)
