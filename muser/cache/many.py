@@ -104,7 +104,5 @@ def advance_lockstep(planes: list[Plane], count: int) -> tuple[int, int]:
         return results.pop()
     before = lead.bookmark()
     first_slot, _ = lead.advance(count)
-    after = lead.bookmark()
-    for p in planes[1:]:
-        p.follow(before, after)
+    Plane.follow(planes[1:], before, lead.bookmark())
     return first_slot, lead.len

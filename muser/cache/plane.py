@@ -146,14 +146,23 @@ class Plane:
         first_row, _ = self.append_batch(start, count)
         return (slot + first_row) % self.capacity, first_row
 
-    def follow(self, before: tuple[int, int, int], after: tuple[int, int, int]) -> None:
-        """Take the bookkeeping `after` of a plane that moved from `before` in lockstep with this
-        one (many.advance_lockstep): metadata only, and only from that same `before`."""
-        if self.bookmark() != before:
-            raise CacheError(f"layer {self.layer}: a lockstep plane at {self.bookmark()} cannot "
-                             f"follow one that moved from {before}")
-        self._ensure_storage(after[1] + after[0])         # a growing plane grows with its leader
-        self.len, self.origin_logical, self.origin_physical = after
+    @staticmethod
+    def follow(planes: list["Plane"], before: tuple[int, int, int],
+               after: tuple[int, int, int]) -> None:
+        """Give `planes` the bookkeeping `after` of a leader that moved from `before` in lockstep
+        with them (many.advance_lockstep): metadata only, and only planes that were at that same
+        `before`.  One call for a whole group: it runs for every plane and session of a batched
+        step, so it is a compare and three stores a plane (growing planes grow with the leader)."""
+        b_len, b_ol, b_op = before
+        ln, ol, op = after
+        grows = bool(planes) and planes[0].kind == "growing"
+        for p in planes:
+            if p.len != b_len or p.origin_logical != b_ol or p.origin_physical != b_op:
+                raise CacheError(f"layer {p.layer}: a lockstep plane at {p.bookmark()} cannot "
+                                 f"follow one that moved from {before}")
+            if grows:
+                p._ensure_storage(ol + ln)
+            p.len, p.origin_logical, p.origin_physical = ln, ol, op
 
     def bookmark(self) -> tuple[int, int, int]:
         """(len, origin_logical, origin_physical): the bookkeeping `rewind` puts back."""

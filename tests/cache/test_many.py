@@ -108,4 +108,4 @@ def test_a_lockstep_plane_follows_only_from_the_same_state():
     before = a.bookmark()
     a.advance(1)
     with pytest.raises(CacheError, match="cannot follow"):
-        b.follow(before, a.bookmark())
+        type(b).follow([b], before, a.bookmark())
