@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The next device calls, as named stages (the device's command line holds 2,000 characters;
+# the commands live here, where they can be checked):
+#
+#     bash benchmarks/device_plan.sh many chunk_first          # on the device, from the repo root
+#     DRY=1 bash benchmarks/device_plan.sh many chunk_first    # here: print and check each command
+#
+# DRY=1 checks every benchmark's flags with benchmarks/args_check.py and collects every pytest
+# selection (it must select something), with no GPU.  Logs go to $OUT/plan.log.  Stages (what
+# each measures and why: benchmarks/NOTES.md, "The next session's first device call"):
+#   many         tests/cuda on cache/many.py's batched copies; verify_cost, .prev against this tree
+#   chunk_first  MUSER_CHUNK_FIRST=on: the chunk kernel test, then the A/B with the 16k prefill
+#   llama_build  llama.cpp's CUDA build, in the background (~340 s on 10 cores)
+#   llama        waits for the build, then cuda_bench.py side by side (270M, 1B)
+set -u
+OUT=${OUT:-/tmp/plan-out}
+mkdir -p "$OUT"
+ROOT=$PWD
+
+bench() {          # bench SECONDS TREE SCRIPT ARGS...: a benchmark importing muser from TREE
+  local t=$1 tree=$2; shift 2
+  echo "+ [$tree] $*" | tee -a "$OUT/plan.log"
+  if [ -n "${DRY:-}" ]; then
+    python3 benchmarks/args_check.py "$@" || exit 1
+    return
+  fi
+  PYTHONPATH=/tmp/site:$ROOT/$tree:$ROOT/benchmarks:$ROOT/tests/cuda timeout "$t" python3 "$@" 2>&1 \
+    | grep -v "Writing model shards\|FutureWarning\|output = func" | tee -a "$OUT/plan.log" | tail -30
+}
+
+tests() {          # tests SECONDS PYTEST-ARGS...: this tree's tests
+  echo "+ pytest $*" | tee -a "$OUT/plan.log"
+  local t=$1; shift
+  if [ -n "${DRY:-}" ]; then
+    local n
+    n=$(python3 -m pytest --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep -c "::")
+    echo "  $n tests selected"
+    [ "$n" -gt 0 ] || exit 1
+    return
+  fi
+  PYTHONPATH=/tmp/site:$ROOT:$ROOT/tests/cuda timeout "$t" python3 -m pytest -q --tb=short \
+    -p no:cacheprovider "$@" 2>&1 | tee -a "$OUT/plan.log" | tail -5
+}
+
+setup() {
+  [ -n "${DRY:-}" ] && return
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl >/dev/null 2>&1
+  export PYTHONUNBUFFERED=1
+}
+
+stage_many() {     # carry .whl, .prev (git archive 9ce7102 muser)
+  tests 200 -x tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_engine.py
+  bench 60 .prev benchmarks/verify_cost.py 1b
+  bench 60 . benchmarks/verify_cost.py 1b
+}
+
+stage_chunk_first() {
+  tests 150 tests/cuda/test_triton_chunk.py -k "flat-1-1-True"
+  bench 200 . benchmarks/exact_ab.py --models 1b --trees exact --variants "F1:MUSER_CHUNK_FIRST=on"
+}
+
+stage_llama_build() {   # carry .peers
+  [ -n "${DRY:-}" ] && { echo "+ llama.cpp build (background)"; return; }
+  tar xJf .peers/llama-strip.tar.xz -C /tmp && (bash .peers/build.sh 10 > "$OUT/build.log" 2>&1 &)
+}
+
+stage_llama() {
+  if [ -z "${DRY:-}" ]; then
+    for _ in $(seq 90); do [ -f /tmp/lbuild.rc ] && break; sleep 5; done
+    [ "$(cat /tmp/lbuild.rc 2>/dev/null)" = 0 ] || { echo "llama.cpp build failed"; tail "$OUT/build.log"; return; }
+  fi
+  bench 300 . benchmarks/cuda_bench.py --models 270m,1b --quick --llama-bin /tmp/lb/bin \
+    --llama-src /tmp/llama-strip --llama-tokenizer .peers/tokenizer.model --out "$OUT"
+}
+
+setup
+for s in "$@"; do
+  declare -F "stage_$s" >/dev/null || { echo "no stage '$s'"; exit 2; }
+  "stage_$s"
+done
