@@ -92,18 +92,27 @@ def pieces() -> dict:
     globals()["tl"] = tl                # the interpreter looks for the language in module globals
 
     @triton.jit
+    def scores(q, k, kpos, lo, hi, scale, softcap, SOFTCAP: tl.constexpr, MASKED: tl.constexpr):
+        """A tile's scores [BM, BN]: q k^T * scale, soft-capped, -inf where a row may not look
+        (MASKED); and which keys each row sees (all of them unless MASKED)."""
+        sc = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        if SOFTCAP:
+            sc = (2.0 * tl.sigmoid(2.0 * sc / softcap) - 1.0) * softcap
+        valid = (kpos[None, :] >= lo[:, None]) & (kpos[None, :] < hi[:, None])
+        if MASKED:
+            sc = tl.where(valid, sc, float("-inf"))
+        return sc, valid
+
+    globals()["_scores"] = scores
+
+    @triton.jit
     def tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap, SOFTCAP: tl.constexpr,
                   MASKED: tl.constexpr, ACC_DOT: tl.constexpr):
         """Fold one tile of keys into each row's running softmax.
         q [BM, DP], k/v [BN, DP], kpos [BN] positions, lo/hi [BM]: row i sees [lo_i, hi_i).
         MASKED False: a tile every row sees whole (the caller knows) -- the same values with
         the selects left out (they would all pick their first operand)."""
-        sc = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        if SOFTCAP:
-            sc = (2.0 * tl.sigmoid(2.0 * sc / softcap) - 1.0) * softcap
-        if MASKED:
-            valid = (kpos[None, :] >= lo[:, None]) & (kpos[None, :] < hi[:, None])
-            sc = tl.where(valid, sc, float("-inf"))
+        sc, valid = _scores(q, k, kpos, lo, hi, scale, softcap, SOFTCAP, MASKED)
         m_new = tl.maximum(m, tl.max(sc, 1))
         alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
         if MASKED:
@@ -137,16 +146,11 @@ def pieces() -> dict:
         or 1, s >= 0, never -0); the dot's accumulator 0 * alpha is the +0 a dot starts from.  A
         row that sees no key here gets m = -inf and p = 0, so l = +0; its acc is selected back
         to the empty +0 (p @ V would be NaN on an infinite V another row sees)."""
-        sc = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        if SOFTCAP:
-            sc = (2.0 * tl.sigmoid(2.0 * sc / softcap) - 1.0) * softcap
+        sc, valid = _scores(q, k, kpos, lo, hi, scale, softcap, SOFTCAP, MASKED)
+        m_new = tl.max(sc, 1)
         if MASKED:
-            valid = (kpos[None, :] >= lo[:, None]) & (kpos[None, :] < hi[:, None])
-            sc = tl.where(valid, sc, float("-inf"))
-            m_new = tl.max(sc, 1)
             p = tl.where(valid, tl.exp(sc - m_new[:, None]), 0.0).to(v.dtype)
         else:
-            m_new = tl.max(sc, 1)
             p = tl.exp(sc - m_new[:, None]).to(v.dtype)
         l_new = tl.max(tl.dot(p, ones, input_precision="ieee"), 1)
         acc_new = tl.dot(p, v, input_precision="ieee")
