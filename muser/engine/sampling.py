@@ -54,7 +54,13 @@ def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         vals, idx = torch.topk(scaled, params.top_k)
     else:
         vals, idx = torch.sort(scaled, descending=True)
-    p = torch.softmax(vals, dim=-1)
+    if bool(torch.isposinf(vals[0])):
+        # a logit past float32's range once divided by a temperature below 1 (the server maps
+        # +inf to float32's max): the softmax would be inf - inf = NaN; such tokens win outright
+        hot = torch.isposinf(vals).float()
+        p = hot / hot.sum()
+    else:
+        p = torch.softmax(vals, dim=-1)
     if params.top_p < 1.0:
         keep = torch.cumsum(p, dim=-1) - p < params.top_p     # always keeps the first
         p = torch.where(keep, p, torch.zeros_like(p))

@@ -5,16 +5,17 @@ Owns: turning a request's temperature / top_p / top_k / seed into engine
 vLLM: dividing logits by 1e-38 overflows to inf and the softmax to NaN; a
 top_p below `TOP_P_FLOOR` is raised to it -- the same draw, as the most likely
 token of any vocabulary under a million ids has p > 1e-6), and
-`sample_safely`, which guards the draw against non-finite logits (NaN counts
-as "never", +inf as the largest finite value) and raises `NonFiniteLogits`
-only when no finite logit is left.  Does not own: the sampling maths
+`finite_logits`, which guards every draw against non-finite logits (NaN counts
+as "never", +inf as the largest finite value, which then wins a sampled draw
+too: sampling.probs) and raises `NonFiniteLogits` only when no finite logit is
+left.  Does not own: the sampling maths
 (muser.engine.sampling) or what a failed draw does to a request (scheduler.py).
 """
 from __future__ import annotations
 
 import torch
 
-from ..engine.sampling import SamplingParams, sample
+from ..engine.sampling import SamplingParams
 
 TEMPERATURE_FLOOR = 1e-5        # below this, temperature sampling is greedy (vLLM's _SAMPLING_EPS)
 TOP_P_FLOOR = 1e-6              # float32 rounds top_p = 1e-300 to 0, which would keep no token
@@ -36,8 +37,9 @@ def sampling_params(temperature: float | None, top_p: float | None, top_k: int |
 
 def finite_logits(logits: torch.Tensor) -> torch.Tensor:
     """`logits` with NaN mapped to -inf and +inf to the largest finite float32 (so +inf still
-    wins a greedy or sampled draw without making softmax NaN); NonFiniteLogits when no logit
-    is left to choose.  What every token the scheduler picks goes through (picker.py samples)."""
+    wins a greedy or sampled draw -- at a temperature below 1 through sampling.probs' overflow
+    rule -- without making softmax NaN); NonFiniteLogits when no logit is left to choose.
+    What every token the scheduler picks goes through (picker.py samples)."""
     if bool(torch.isfinite(logits).all()):
         return logits
     logits = logits.float()
@@ -47,18 +49,3 @@ def finite_logits(logits: torch.Tensor) -> torch.Tensor:
     if not bool((finite | (logits == big)).any()):
         raise NonFiniteLogits("the model produced no finite logit for the next token")
     return logits
-
-
-def sample_safely(logits: torch.Tensor, params: SamplingParams,
-                  generator: torch.Generator | None) -> int:
-    """`sample`, after mapping NaN to -inf and +inf to the largest finite float32."""
-    if not bool(torch.isfinite(logits).all()):
-        logits = logits.float()
-        finite = torch.isfinite(logits)
-        big = torch.finfo(torch.float32).max
-        logits = torch.nan_to_num(logits, nan=float("-inf"), posinf=big, neginf=float("-inf"))
-        if not bool((finite | (logits == big)).any()):
-            raise NonFiniteLogits("the model produced no finite logit for the next token")
-        if bool((logits == big).any()):            # +inf present: it wins outright
-            return int(torch.argmax(logits))
-    return sample(logits, params, generator)

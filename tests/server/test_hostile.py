@@ -86,6 +86,29 @@ def test_sampling_extremes_are_served_and_tiny_temperatures_are_greedy(tiny_serv
     assert metric(srv, "muser_model_failures_total") == 0
 
 
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 0])
+def test_an_infinite_logit_wins_the_draw_at_any_temperature(tiny, temperature):
+    """A model that emits +inf for one token: the server maps it to float32's max, which a
+    temperature below 1 overflows back to +inf (softmax: inf - inf = NaN, and the draw failed
+    the request with a 500).  The token wins outright instead, sampled or greedy."""
+    with serve(tiny, model_id="tiny", slots=1, output_reserve=32) as srv:
+        slot = srv.state.pool.slots[0]
+        real = slot.session.prefill
+
+        def inf_at_7(ids, *a, **k):
+            out = real(ids).clone()
+            out[..., 7] = float("inf")
+            return out
+        slot.session.prefill = inf_at_7
+        r = srv.http().post("/v1/completions", json={"model": "tiny", "prompt": "any", "max_tokens": 1,
+                                                     "temperature": temperature, "logprobs": 1})
+        slot.session.prefill = real
+        assert r.status_code == 200, r.text
+        token = r.json()["choices"][0]["logprobs"]["tokens"][0]
+        assert token == srv.state.engine.tokenizer.decode([7])
+        assert metric(srv, "muser_model_failures_total") == 0
+
+
 def test_non_finite_logits_fail_one_request_while_another_streams_on(tiny):
     with serve(tiny, model_id="tiny", slots=2, output_reserve=32) as srv:
         srv.state.scheduler.eos = set()
