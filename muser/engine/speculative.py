@@ -11,6 +11,7 @@ One round, with `t` the token sampled last round and not yet consumed:
     drafts   d1 .. dk             (drafter; the draft model decodes them)
     verify   cp = target.checkpoint(k + 1)
              L = target.extend([t, d1, .., dk])    L[i] = distribution after token i
+             (no drafts, exact rows: L = [target.decode(t)], no checkpoint -- the same bits)
     accept   greedy:   d(i+1) kept while argmax L[i] == d(i+1)
              sampling: kept with prob min(1, p/q), else resample from norm(max(0, p - q))
     commit   target.rollback(cp, keep = 1 + accepted)  (t is always kept)
@@ -194,6 +195,7 @@ def speculative_generate(engine, session, ids: list[int], max_tokens: int, param
             drafter._gen = gen
     logits = session.prefill(ids)
     stats["forwards"] += 1
+    plain_ok = engine.exact_rows          # a decode step == a 1-row verification block, bitwise
     t = sample(logits, params, gen) if picker is None else picker.pick(logits).token
     settled = [t]              # sampled, not yet emitted; the last one is not yet consumed
     emitted = 0
@@ -216,13 +218,21 @@ def speculative_generate(engine, session, ids: list[int], max_tokens: int, param
         drafts = drafts[:k_now]
         if picker is not None:
             drafts = picker.usable_drafts(drafts, qs is not None)
-        cp = session.checkpoint(1 + len(drafts))
-        try:
-            out = session.extend([t] + drafts)                  # [1 + k, vocab]
-        except BaseException:
-            session.rollback(cp, keep=0)
-            drafter.sync(session.tokens)      # the drafter outlives this call: close its round
-            raise
+        if drafts or not plain_ok:
+            cp = session.checkpoint(1 + len(drafts))
+            try:
+                out = session.extend([t] + drafts)              # [1 + k, vocab]
+            except BaseException:
+                session.rollback(cp, keep=0)
+                drafter.sync(session.tokens)  # the drafter outlives this call: close its round
+                raise
+        else:
+            # nothing to verify, and rows are exact: a plain decode step -- the bits of a 1-row
+            # block (one arithmetic per token) without the checkpoint and the chunk pass (on
+            # CUDA the decode graph: ~1.4 ms where a 1-row verification block took 6.6 on the 1B)
+            cp = None
+            out = session.decode(t)[None]                       # [1, vocab]
+            stats["plain_steps"] = stats.get("plain_steps", 0) + 1
         stats["forwards"] += 1
         stats["rounds"] += 1
         if picker is None:
@@ -230,8 +240,10 @@ def speculative_generate(engine, session, ids: list[int], max_tokens: int, param
         else:
             picks = picker.verify(out, drafts, qs)
             accepted, nxt = len(picks) - 1, picks[-1].token
-        stats["max_retained_rows"] = max(stats.get("max_retained_rows", 0), *cp.retained_rows(), 0)
-        session.rollback(cp, keep=1 + accepted)
+        if cp is not None:
+            stats["max_retained_rows"] = max(stats.get("max_retained_rows", 0),
+                                             *cp.retained_rows(), 0)
+            session.rollback(cp, keep=1 + accepted)
         stats.setdefault("kept_blocks", []).append([t] + drafts[:accepted])
         drafter.sync(session.tokens)
         stats["drafted"] += len(drafts)

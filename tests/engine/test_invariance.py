@@ -168,11 +168,20 @@ def test_greedy_speculative_output_equals_plain_greedy(engine, prompt, speculati
         speculative = DRAFT.get(engine, speculative)
     key = (id(engine), speculative)
     drafter = _DRAFTERS.get(key) or _DRAFTERS.setdefault(key, muser.make_drafter(speculative, engine))
-    spec = list(engine.stream(prompt, max_tokens=40, speculative=drafter, stats=stats))
+    spec_session = engine.new_session()
+    spec = list(engine.stream(prompt, max_tokens=40, speculative=drafter, stats=stats,
+                              session=spec_session))
     assert spec == plain
     assert stats["rounds"] > 0
     if speculative.startswith("draft:"):              # the same model drafting: every draft is exact
         assert stats["acceptance"] == 1.0
+    # rounds without drafts were plain decode steps (exact rows: the same bits, no checkpoint);
+    # the session's cache is then the plain generation's, bit for bit
+    if prompt == PROMPTS[2] and speculative == "prompt-lookup":
+        assert stats.get("plain_steps", 0) > 0
+    plain_session = engine.new_session()
+    assert list(engine.stream(prompt, max_tokens=40, session=plain_session)) == plain
+    assert spec_session.snapshot().equal(plain_session.snapshot())
 
 
 @pytest.mark.parametrize("via", ["live", "restored"])
