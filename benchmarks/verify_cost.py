@@ -6,7 +6,8 @@ a round costs many decode steps, and speculation only pays when it settles more 
 than that.  For each model shape (random weights, cuda_measure.build), a session at `context`
 positions: the mean wall ms of a decode step, and of a round's verify-and-rollback
 (`checkpoint`, `extend([t] + drafts)`, `rollback(keep=1)` -- what speculative_generate does),
-per block size; the break-even tokens per round = round ms / decode ms.
+per block size; the break-even tokens per round = round ms / decode ms.  Then greedy generation
+end to end, plain against prompt-lookup speculation.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/verify_cost.py [270m,1b] [2048]
 """
@@ -58,6 +59,20 @@ def main():
             ms = mean_ms(lambda: block(rows))
             print(f"   block of {rows:2d} rows: {ms:.3f} ms = {ms / step:.1f} decode steps "
                   f"(speculation pays above that many tokens settled per round)", flush=True)
+        # end to end: greedy generation, plain against prompt-lookup speculation (random weights:
+        # what the drafts hit is the model's own repetition; rounds without drafts are plain steps)
+        prompt = rand_ids(256, shape["vocab"], 9)
+        for mode in ("plain", "spec", "plain", "spec"):
+            st = {}
+            kw = {"speculative": "prompt-lookup", "stats": st} if mode == "spec" else {}
+            sync()
+            t = time.perf_counter()
+            out = list(eng.stream(prompt, max_tokens=128, **kw))
+            sync()
+            dt = time.perf_counter() - t
+            print(f"   stream {mode:5s}: {len(out) / dt:7.1f} tok/s (prefill included) "
+                  f"{ {k: st.get(k) for k in ('rounds', 'plain_steps', 'accepted')} if st else ''}",
+                  flush=True)
         del eng, s
         torch.cuda.empty_cache()
 
