@@ -33,6 +33,10 @@ class Backend:
                     need no scratch rows (issue 12)
     encoding_tag    appended to the engine's cut-encoding family when the backend's rows differ
                     from the plain family's (CUDA: "+cuda-<arithmetic digest>", "+fast-chunks")
+    shared_chunks   several sessions' chunks in one pass cost less than a pass each, with every
+                    row exact (CPU int8: the weights are read once for all rows; CUDA: False --
+                    one session's chunk replays a captured graph, several run eagerly, and which
+                    wins from how many sessions on is not measured yet)
     """
 
     name = "?"
@@ -40,6 +44,7 @@ class Backend:
     ops: Ops = EAGER
     invariant_rows = 0
     exact_rows = False
+    shared_chunks = False
 
     def __init__(self, config: EngineConfig, env: Env):
         self.config, self.env = config, env

@@ -144,6 +144,12 @@ class Engine:
         self.backend.runner(self)                        # CUDA decides when its runner is built
         return self.backend.exact_rows
 
+    @property
+    def shared_chunks(self) -> bool:
+        """Whether several sessions' chunks (verification blocks, say) are cheaper in one
+        `forward` than one each, every row bitwise what it is alone (the backend's word)."""
+        return self.exact_rows and self.backend.shared_chunks
+
     def decode_runner(self):
         """The CUDA graph runner for decode steps, or None (other backends, oracle, unsupported)."""
         return self.backend.runner(self)

@@ -85,26 +85,31 @@ class DecodeRounds:
         return self.clock() - t_round
 
     def _speculate(self, work: list) -> list:
-        """Verify a drafted block for every choice that has drafts; the rest (returned) take
-        the batched decode step."""
-        rest = []
+        """Verify a drafted block for every choice that has drafts -- all of them in one forward
+        where the engine shares chunks (each row the same bits as its own block) -- and settle
+        them; the rest (returned) take the batched decode step."""
+        rest, drafted = [], []
         for job, c in work:
             room = min(job.max_new - c.generated, self.max_context - c.session.position) - 1
             drafts = self.spec.drafts(c, room) if not job.cancelled.is_set() else []
-            if not drafts:
-                rest.append((job, c))
+            (drafted.append((job, c, drafts)) if drafts else rest.append((job, c)))
+        if not drafted:
+            return rest
+        t0 = self.clock()
+        try:
+            if self.engine.shared_chunks and len(drafted) > 1:
+                results = self.spec.run_many(self.engine, [(c, d) for _, c, d in drafted])
+            else:
+                results = [self._verify_one(c, d) for _, c, d in drafted]
+        except Exception as e:                 # noqa: BLE001
+            self._fail_all(f"verification of {len(drafted)} drafted block(s) raised "
+                           f"{type(e).__name__}: {e}", e)
+            return []
+        self.metrics.observe("decode_seconds", self.clock() - t0)
+        for (job, c, drafts), picks in zip(drafted, results):
+            if isinstance(picks, BaseException):
+                self._finish(job, error=picks)
                 continue
-            t0 = self.clock()
-            try:
-                picks = self.spec.run(c, drafts)
-            except SAFE_ERRORS as e:
-                self._finish(job, error=e)
-                continue
-            except Exception as e:             # noqa: BLE001
-                self._fail_all(f"verification block on slot {job.placement.slot.id} raised "
-                               f"{type(e).__name__}: {e}", e)
-                return []
-            self.metrics.observe("decode_seconds", self.clock() - t0)
             self.metrics.inc("draft_tokens_total", len(drafts))
             self.metrics.inc("accepted_draft_tokens_total", len(picks) - 1)
             c.pending = None
@@ -113,3 +118,10 @@ class DecodeRounds:
                 if c.done or job.done:
                     break
         return rest
+
+    def _verify_one(self, c, drafts):
+        """One choice's block: its picks, or the SAFE error its picker raised."""
+        try:
+            return self.spec.run(c, drafts)
+        except SAFE_ERRORS as e:
+            return e

@@ -6,12 +6,15 @@ choice's grammar refuses, verify [pending, drafts] in one `extend` under a cache
 checkpoint, accept through the choice's `TokenPicker` (controls, grammar, logprobs,
 sampling -- the same pipeline as a plain step; the matcher and penalty history roll back
 over rejected drafts), and roll the cache back to the kept tokens.  Returns the settled
-picks; the scheduler emits them one by one exactly as decoded tokens.
+picks; the scheduler emits them one by one exactly as decoded tokens.  `run_many`: every
+drafted choice of a round in one forward, where the engine's rows are exact and shared
+passes cheaper (the CPU int8 path).
 Does not own: draft search (engine/speculative.py) or the acceptance rule (engine/picker.py).
 """
 from __future__ import annotations
 
 from ..engine.speculative import PromptLookupDrafter
+from .job import SAFE_ERRORS
 
 
 class SpecStep:
@@ -38,6 +41,41 @@ class SpecStep:
         except BaseException:
             s.rollback(cp, keep=0)
             raise
+        return _settle_block(c, cp, rows, drafts)
+
+    @staticmethod
+    def run_many(engine, items: list) -> list:
+        """Verify every (choice, drafts) of `items` in one forward -- where `engine.shared_chunks`:
+        each row bitwise what its own block gives, the weights read once for all of them.  Per
+        item its picks, or the error its picker raised (SAFE_ERRORS: that choice's block rolled
+        back whole, the others settled)."""
+        sessions, cps = [c.session for c, _ in items], []
+        try:
+            for s, (_, drafts) in zip(sessions, items):
+                cps.append(s.checkpoint(1 + len(drafts)))
+            rows = engine.forward(sessions, [[c.pending] + d for c, d in items], all_logits=True)
+        except BaseException:
+            for s, cp in zip(sessions, cps):
+                s.rollback(cp, keep=0)
+            raise
+        out, at = [], 0
+        for (c, drafts), cp in zip(items, cps):
+            n = 1 + len(drafts)
+            try:
+                out.append(_settle_block(c, cp, rows[at:at + n], drafts))
+            except SAFE_ERRORS as e:
+                out.append(e)
+            at += n
+        return out
+
+
+def _settle_block(c, cp, rows, drafts: list[int]):
+    """Accept through the choice's picker and keep pending + the accepted drafts; a picker that
+    raises leaves the block rolled back whole (the checkpoint is never left open)."""
+    try:
         picks = c.picker.verify(rows, drafts)
-        s.rollback(cp, keep=len(picks))                   # pending + the accepted drafts
-        return picks
+    except BaseException:
+        c.session.rollback(cp, keep=0)
+        raise
+    c.session.rollback(cp, keep=len(picks))
+    return picks

@@ -96,3 +96,42 @@ def test_default_cpu_answers_do_not_depend_on_what_else_is_served(gemma):
             del gemma.decode_batch                # back to the class's method
     assert max(sizes) >= 2                        # they really shared decode steps
     assert batch == alone
+
+
+def test_drafted_blocks_of_concurrent_requests_verify_in_one_forward_with_their_own_bits(gemma):
+    """Prompt-lookup speculation on the default CPU configuration: the drafted choices of a
+    round verify in one forward (Engine.shared_chunks), and every answer -- tokens and
+    logprobs, bit for bit -- is the plain server's."""
+    import asyncio
+
+    if not gemma.shared_chunks:
+        pytest.skip("not the exact int8 CPU path (no native kernels)")
+    passage = ("The ring keeps the last W tokens of every sliding layer, so its memory is flat "
+               "however long the conversation grows.")
+    prompts = [f"Text {i}: {passage}\nThe same text again, exactly: {passage[:30 + 7 * i]}"
+               for i in range(4)]
+
+    def answers(**config):
+        with serve(gemma, slots=4, output_reserve=24, **config) as srv:
+            calls = []
+            spec = srv.state.scheduler.spec
+            if spec is not None:
+                real = spec.run_many
+                spec.run_many = lambda engine, items: (calls.append(len(items)), real(engine, items))[1]
+
+            async def together():
+                ac = srv.async_client()
+                try:
+                    return await asyncio.gather(*(ac.completions.create(
+                        model=srv.state.model_id, prompt=p, max_tokens=20, temperature=0, logprobs=1)
+                        for p in prompts))
+                finally:
+                    await ac.close()
+            out = [(r.choices[0].text, r.choices[0].logprobs.token_logprobs)
+                   for r in asyncio.run(together())]
+        return out, calls
+
+    plain, _ = answers()
+    spec, calls = answers(speculative="prompt-lookup", spec_block=6)
+    assert spec == plain
+    assert calls and max(calls) >= 2                 # blocks of several requests shared a forward

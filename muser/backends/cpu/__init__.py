@@ -46,4 +46,5 @@ class CpuBackend(Backend):
             # any row count and attention reads keys by position: one arithmetic per token
             if getattr(weights.lm_head, "exact_rows", False) and self.attention.positional is not None:
                 self.exact_rows, self.invariant_rows = True, sys.maxsize
+                self.shared_chunks = True
         return weights
