@@ -57,6 +57,8 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--speculative", default=None, choices=["prompt-lookup"],
                    help="verify prompt-lookup drafts in blocks (greedy output unchanged)")
     p.add_argument("--spec-block", type=int, default=8, help="speculative block size (2..16)")
+    p.add_argument("--spec-max-batch", type=int, default=None,
+                   help="speculate only while at most this many requests decode (default: always)")
     p.add_argument("--prefix-cache-size", type=parse_size, default=None, metavar="BYTES",
                    help="RAM budget of the prefix cache (cut store), e.g. 512MiB or 2GB; "
                         "0 turns it off (default: a tenth of physical memory, at most 8 GiB)")
@@ -129,7 +131,7 @@ def config_from_args(args) -> ServerConfig:
         prefill_share=args.prefill_share, prefill_budget=args.prefill_budget,
         header_timeout=args.header_timeout, speculative=args.speculative,
         max_connections=args.max_connections,
-        spec_block=args.spec_block,
+        spec_block=args.spec_block, spec_max_batch=args.spec_max_batch,
         prefix_cache_bytes=args.prefix_cache_size, prefix_cache_dir=args.prefix_cache_dir,
         prefix_cache_disk_bytes=args.prefix_cache_disk_size, prefix_cache_block=args.prefix_cache_block)
 

@@ -37,6 +37,9 @@ class ServerConfig:
     prefill_budget: int | None = None       # prompt tokens per prefill round (None: chunk_size)
     speculative: str | None = None          # "prompt-lookup": verify drafted blocks (speculation.py)
     spec_block: int = 8                     # tokens per verification block (1 + drafts), <= 16
+    spec_max_batch: int | None = None       # speculate only in rounds with at most this many
+                                            # decoding choices (None: always; vLLM's
+                                            # speculative_disable_by_batch_size)
     prefix_cache_bytes: int | None = None   # RAM tier of the cut store; None -> a tenth of RAM; 0 = off
     prefix_cache_dir: str | None = None     # disk tier (session packs, sealed with pack_key)
     prefix_cache_disk_bytes: int | None = None   # disk tier budget; None -> bounded by the disk
@@ -63,6 +66,8 @@ class ServerConfig:
             raise ValueError(f"speculative must be prompt-lookup or off, got {self.speculative!r}")
         if not 2 <= self.spec_block <= 16:
             raise ValueError(f"spec_block must be in [2, 16], got {self.spec_block}")
+        if self.spec_max_batch is not None and self.spec_max_batch < 1:
+            raise ValueError(f"spec_max_batch must be >= 1, got {self.spec_max_batch}")
         if (self.prefix_cache_bytes is not None and self.prefix_cache_bytes < 0) or \
                 (self.prefix_cache_disk_bytes is not None and self.prefix_cache_disk_bytes < 0):
             raise ValueError("prefix cache sizes must be >= 0 bytes")

@@ -54,7 +54,7 @@ class DecodeRounds:
         work = [(j, c) for j in self._active if not j.done and j.feed is None
                 for c in j.choices if not c.done and c.pending is not None]
         t_round = self.clock()
-        if self.spec is not None and work:
+        if self.spec is not None and work and len(work) <= self.spec_max_batch:
             work = self._speculate(work)
         if not work:
             return self.clock() - t_round

@@ -17,6 +17,7 @@ every other request goes on.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 
@@ -56,6 +57,7 @@ class Scheduler(PrefillRounds, DecodeRounds):
         self._owed = 0.0                # seconds of decode the streams are owed after a prefill
         self._spare: list = []             # sessions for choices 1..n-1, reused across requests
         self.spec = None                   # SpecStep when the server speculates
+        self.spec_max_batch = sys.maxsize  # ... in rounds with at most this many decoding choices
         self._inbox: list[Job] = []
         self._active: list[Job] = []
         self._cond = threading.Condition()

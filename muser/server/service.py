@@ -76,6 +76,8 @@ class ServerState:
         if config.speculative:
             from .speculation import SpecStep
             self.scheduler.spec = SpecStep(config.spec_block)
+            if config.spec_max_batch is not None:
+                self.scheduler.spec_max_batch = config.spec_max_batch
         self.bos = engine.spec.bos_token_id
         self.gate = PromptGate(self.tokenizer, self.limits, config.max_messages,
                                chars_per_token_bound(engine.tokenizer))

@@ -308,6 +308,33 @@ def test_speculating_server_gives_the_same_greedy_answers_and_valid_json(tiny):
     jsonschema.validate(json.loads(spec[1][0][0]), SCHEMA)
 
 
+def test_speculation_stops_while_more_requests_decode_than_spec_max_batch(tiny):
+    """--spec-max-batch 1: a round with two decoding choices takes the batched decode step;
+    drafting resumes when one is left.  Greedy answers are the plain server's either way."""
+    import asyncio
+
+    body = dict(prompt=[2] + [40, 41, 42, 43] * 6, max_tokens=24, temperature=0)
+    with serve(tiny, model_id="tiny", slots=2, output_reserve=32, speculative="prompt-lookup",
+               spec_block=6, spec_max_batch=1) as srv:
+        sched, seen = srv.state.scheduler, []
+        real = sched._speculate
+        sched._speculate = lambda work: (seen.append(len(work)), real(work))[1]
+
+        async def both():
+            ac = srv.async_client()
+            try:
+                return await asyncio.gather(*(ac.completions.create(model="tiny", n=n, **body)
+                                              for n in (2, 1)))
+            finally:
+                await ac.close()
+        together = asyncio.run(both())
+        alone = srv.client().completions.create(model="tiny", **body)
+    assert seen and max(seen) == 1                 # never drafted with two choices decoding
+    assert all(c.text == alone.choices[0].text for r in together for c in r.choices)
+    with pytest.raises(ValueError, match="spec_max_batch"):
+        serve(tiny, spec_max_batch=0).__enter__()
+
+
 def test_a_shifted_conversation_still_gets_valid_json(srv):
     msgs = []
     for i in range(14):
