@@ -58,7 +58,8 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
                    help="verify prompt-lookup drafts in blocks (greedy output unchanged)")
     p.add_argument("--spec-block", type=int, default=8, help="speculative block size (2..16)")
     p.add_argument("--spec-max-batch", type=int, default=None,
-                   help="speculate only while at most this many requests decode (default: always)")
+                   help="speculate only while at most this many requests decode (default: any "
+                        "number on the CPU int8 path, whose blocks share one forward; else 1)")
     p.add_argument("--prefix-cache-size", type=parse_size, default=None, metavar="BYTES",
                    help="RAM budget of the prefix cache (cut store), e.g. 512MiB or 2GB; "
                         "0 turns it off (default: a tenth of physical memory, at most 8 GiB)")

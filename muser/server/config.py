@@ -38,8 +38,9 @@ class ServerConfig:
     speculative: str | None = None          # "prompt-lookup": verify drafted blocks (speculation.py)
     spec_block: int = 8                     # tokens per verification block (1 + drafts), <= 16
     spec_max_batch: int | None = None       # speculate only in rounds with at most this many
-                                            # decoding choices (None: always; vLLM's
-                                            # speculative_disable_by_batch_size)
+                                            # decoding choices (vLLM's speculative_disable_by_
+                                            # batch_size; None: any number where the engine
+                                            # verifies them in one forward, else 1)
     prefix_cache_bytes: int | None = None   # RAM tier of the cut store; None -> a tenth of RAM; 0 = off
     prefix_cache_dir: str | None = None     # disk tier (session packs, sealed with pack_key)
     prefix_cache_disk_bytes: int | None = None   # disk tier budget; None -> bounded by the disk

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -76,8 +77,11 @@ class ServerState:
         if config.speculative:
             from .speculation import SpecStep
             self.scheduler.spec = SpecStep(config.spec_block)
-            if config.spec_max_batch is not None:
-                self.scheduler.spec_max_batch = config.spec_max_batch
+            # default: any number of choices where their blocks share one forward; else one (on
+            # CUDA a block costs ~3 decode steps and one batched step serves every session)
+            self.scheduler.spec_max_batch = (
+                config.spec_max_batch if config.spec_max_batch is not None
+                else (sys.maxsize if engine.shared_chunks else 1))
         self.bos = engine.spec.bos_token_id
         self.gate = PromptGate(self.tokenizer, self.limits, config.max_messages,
                                chars_per_token_bound(engine.tokenizer))

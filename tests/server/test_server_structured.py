@@ -299,7 +299,9 @@ def test_speculating_server_gives_the_same_greedy_answers_and_valid_json(tiny):
         return [[(c.text, c.finish_reason, c.logprobs and c.logprobs.tokens) for c in r.choices]
                 for r in out], metrics
     plain, _ = answers()
-    spec, metrics = answers(speculative="prompt-lookup", spec_block=6)
+    # (spec_max_batch 2: the n=2 request drafts too -- the default on an engine whose blocks
+    # do not share a forward is one decoding choice)
+    spec, metrics = answers(speculative="prompt-lookup", spec_block=6, spec_max_batch=2)
     assert spec == plain
     assert "muser_accepted_draft_tokens_total" in metrics
     accepted = sum(float(line.split()[-1]) for line in metrics.splitlines()
@@ -333,6 +335,8 @@ def test_speculation_stops_while_more_requests_decode_than_spec_max_batch(tiny):
     assert all(c.text == alone.choices[0].text for r in together for c in r.choices)
     with pytest.raises(ValueError, match="spec_max_batch"):
         serve(tiny, spec_max_batch=0).__enter__()
+    with serve(tiny, model_id="tiny", speculative="prompt-lookup") as srv:
+        assert not tiny.shared_chunks and srv.state.scheduler.spec_max_batch == 1   # the default
 
 
 def test_a_shifted_conversation_still_gets_valid_json(srv):
