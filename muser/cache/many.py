@@ -8,9 +8,10 @@ own: one plane's bookkeeping and rows (`plane.py`: these functions only call its
 what a log keeps (`checkpoint.py`).
 
 Why: a step of a 26-layer model touches 26 planes, and on CUDA each small copy is a launch
-from Python (~5-10 us of host time).  A speculative round on the Gemma-3-1B shape logged 44
-evicted rows, wrote 52 and restored 44: ~140 launches, more host time than the round's
-kernels.  Batched, they are a few multi-tensor copies; the bits are the same copies'.
+from Python (~5-10 us of host time).  A speculative round on the Gemma-3-1B shape (22 rings,
+4 growing planes) made 44 copies to log evicted rows, 52 to write the block and 44 to restore:
+~140 launches.  Batched, they are 3 multi-tensor copies plus the 8 into head-major growing
+planes; the bits are the same copies'.
 
     store_many(planes, start, ks, vs):
         checks (every plane)  ->  evicted rows read (one copy)  ->  advance (every plane)
