@@ -33,6 +33,8 @@ class Backend:
                     need no scratch rows (issue 12)
     encoding_tag    appended to the engine's cut-encoding family when the backend's rows differ
                     from the plain family's (CUDA: "+cuda-<arithmetic digest>", "+fast-chunks")
+    verify_cost     a verification block's cost in decode steps (speculation pays only above that
+                    many tokens settled per round; 1: as cheap as a step -- the CPU)
     shared_chunks   several sessions' chunks in one pass cost less than a pass each, with every
                     row exact (CPU int8: the weights are read once for all rows; CUDA: False --
                     one session's chunk replays a captured graph, several run eagerly, and which
@@ -45,6 +47,7 @@ class Backend:
     invariant_rows = 0
     exact_rows = False
     shared_chunks = False
+    verify_cost = 1.0
 
     def __init__(self, config: EngineConfig, env: Env):
         self.config, self.env = config, env

@@ -145,6 +145,11 @@ class Engine:
         return self.backend.exact_rows
 
     @property
+    def verify_cost(self) -> float:
+        """A verification block's cost in decode steps (the backend's measured word)."""
+        return self.backend.verify_cost
+
+    @property
     def shared_chunks(self) -> bool:
         """Whether several sessions' chunks (verification blocks, say) are cheaper in one
         `forward` than one each, every row bitwise what it is alone (the backend's word)."""

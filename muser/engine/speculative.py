@@ -34,6 +34,36 @@ MAX_BLOCK = 16
 DEFAULT_BLOCK = 8
 
 
+class DraftGate:
+    """Whether a round drafts at all: only while recent drafted rounds settled at least `cost`
+    tokens each (a block costs `cost` decode steps: Engine.verify_cost), probing every
+    PROBE-th round when they did not.  Deterministic -- acceptance history only, never time --
+    and it changes no token: where rows are exact a round without drafts is a plain decode
+    step with the same bits.  Worked example, cost 3: rounds settle 2, 1 -> history 8, 5, 3
+    (halves toward each round) -> the next round drafts (3 >= 3); one more 1 -> 2: no drafts
+    for 7 rounds, the 8th probes."""
+
+    PROBE = 8
+
+    def __init__(self, cost: float, block: int):
+        self.cost = cost
+        self.history = float(block)          # optimistic: the first rounds draft
+        self.idle = 0
+
+    def wants(self) -> bool:
+        if self.history >= self.cost:
+            return True
+        self.idle += 1
+        if self.idle >= self.PROBE:
+            self.idle = 0
+            return True
+        return False
+
+    def record(self, settled: int) -> None:
+        """A drafted round settled `settled` tokens (accepted drafts + the correction)."""
+        self.history = 0.5 * self.history + 0.5 * settled
+
+
 class PromptLookupDrafter:
     """Propose what followed the most recent earlier occurrence of the current suffix."""
 
@@ -196,6 +226,7 @@ def speculative_generate(engine, session, ids: list[int], max_tokens: int, param
     logits = session.prefill(ids)
     stats["forwards"] += 1
     plain_ok = engine.exact_rows          # a decode step == a 1-row verification block, bitwise
+    gate = DraftGate(engine.verify_cost, block)
     t = sample(logits, params, gen) if picker is None else picker.pick(logits).token
     settled = [t]              # sampled, not yet emitted; the last one is not yet consumed
     emitted = 0
@@ -214,7 +245,11 @@ def speculative_generate(engine, session, ids: list[int], max_tokens: int, param
             return
         k_now = max(0, min(k, max_tokens - emitted - 1, engine.max_context - session.position - 1))
         context = session.tokens + [t]
-        drafts, qs = drafter.draft(context, k_now, params)
+        if gate.wants():
+            drafts, qs = drafter.draft(context, k_now, params)
+        else:
+            drafts, qs = [], None
+            stats["idle_rounds"] = stats.get("idle_rounds", 0) + 1
         drafts = drafts[:k_now]
         if picker is not None:
             drafts = picker.usable_drafts(drafts, qs is not None)
@@ -246,6 +281,8 @@ def speculative_generate(engine, session, ids: list[int], max_tokens: int, param
             session.rollback(cp, keep=1 + accepted)
         stats.setdefault("kept_blocks", []).append([t] + drafts[:accepted])
         drafter.sync(session.tokens)
+        if drafts:
+            gate.record(1 + accepted)
         stats["drafted"] += len(drafts)
         stats["accepted"] += accepted
         stats["acceptance"] = stats["accepted"] / max(1, stats["drafted"])

@@ -62,6 +62,7 @@ class Choice:
     done: bool = False
     finish: str | None = None
     picks: list[Pick] = field(default_factory=list)     # since the last delta (logprobs on)
+    draft_gate: Any = None               # engine.speculative.DraftGate, when the server speculates
 
 
 def fork_sessions(engine, source, count: int, spare: list) -> list:

@@ -112,6 +112,7 @@ class DecodeRounds:
                 continue
             self.metrics.inc("draft_tokens_total", len(drafts))
             self.metrics.inc("accepted_draft_tokens_total", len(picks) - 1)
+            c.draft_gate.record(len(picks))
             c.pending = None
             for pick in picks:
                 self._settle(job, c, pick)

@@ -76,7 +76,7 @@ class ServerState:
             self.metrics.collector(self.prefix.metric_lines)
         if config.speculative:
             from .speculation import SpecStep
-            self.scheduler.spec = SpecStep(config.spec_block)
+            self.scheduler.spec = SpecStep(config.spec_block, engine.verify_cost)
             # default: any number of choices where their blocks share one forward; else one (on
             # CUDA a block costs ~3 decode steps and one batched step serves every session)
             self.scheduler.spec_max_batch = (

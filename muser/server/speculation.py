@@ -13,20 +13,26 @@ Does not own: draft search (engine/speculative.py) or the acceptance rule (engin
 """
 from __future__ import annotations
 
-from ..engine.speculative import PromptLookupDrafter
+from ..engine.speculative import DraftGate, PromptLookupDrafter
 from .job import SAFE_ERRORS
 
 
 class SpecStep:
-    def __init__(self, block: int):
+    def __init__(self, block: int, cost: float = 1.0):
         self.block = block
+        self.cost = cost                  # a block's cost in decode steps (Engine.verify_cost)
         self.drafter = PromptLookupDrafter()
 
     def drafts(self, c, room: int) -> list[int]:
-        """Drafts for choice `c` (pending token not yet consumed); [] when nothing is proposed.
-        `room`: tokens the choice may still take after its pending one."""
+        """Drafts for choice `c` (pending token not yet consumed); [] when nothing is proposed,
+        or while the choice's recent blocks settled fewer tokens than a block costs
+        (DraftGate).  `room`: tokens the choice may still take after its pending one."""
         k = max(0, min(self.block - 1, room))
         if k == 0:
+            return []
+        if c.draft_gate is None:
+            c.draft_gate = DraftGate(self.cost, self.block)
+        if not c.draft_gate.wants():
             return []
         found, _ = self.drafter.draft(c.session.tokens + [c.pending], k, c.picker.params)
         return c.picker.usable_drafts(found[:k], sampled_drafts=False)

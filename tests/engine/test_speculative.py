@@ -127,3 +127,40 @@ def test_greedy_speculative_equals_plain_greedy_on_the_embedded_model(embedded, 
     fast = list(embedded.stream(prompt, max_tokens=24, speculative=drafter, block=6, stats=stats))
     assert fast == plain
     assert stats["rounds"] > 0
+
+
+@pytest.mark.parametrize("cost, settled, drafts", [
+    (1.0, [1, 1, 1, 1, 1, 1, 1, 1, 1, 1], [True] * 11),       # as cheap as a step: always
+    (3.0, [2, 1], [True, True, True]),                          # history 8 -> 5 -> 3: drafts
+    (3.0, [2, 1, 1], [True, True, True] + [False] * 7 + [True]),   # 2 < 3: idle, the 8th probes
+    (3.0, [1, 1, 1, 8, 8], [True] * 2 + [False] * 7 + [True] + [False] * 7 + [True] * 3),
+])
+def test_the_draft_gate_drafts_while_rounds_pay_and_probes_otherwise(cost, settled, drafts):
+    from muser.engine.speculative import DraftGate
+    gate, got, todo = DraftGate(cost, 8), [], list(settled)
+    while len(got) < len(drafts):
+        w = gate.wants()
+        got.append(w)
+        if w and todo:
+            gate.record(todo.pop(0))
+    assert got == drafts
+
+
+def test_where_blocks_cost_more_than_they_settle_speculation_takes_plain_steps(target, monkeypatch):
+    """A backend whose blocks cost 100 decode steps: rounds stop drafting after the first
+    few and probe every 8th; the output is plain greedy's all the same."""
+    from muser.engine.speculative import PromptLookupDrafter
+
+    class Always(PromptLookupDrafter):
+        """Drafts every round (token 1, k times): mostly rejected."""
+        def draft(self, context, k, params):
+            return [1] * k, None
+
+    prompt = repetitive(23)
+    plain = list(target.stream(prompt, max_tokens=40))
+    monkeypatch.setattr(target.backend, "verify_cost", 100.0)
+    stats = {}
+    out = list(target.stream(prompt, max_tokens=40, speculative=Always(), stats=stats))
+    assert out == plain
+    assert stats["idle_rounds"] > stats["rounds"] / 2          # most rounds did not draft
+    assert stats["drafted"] > 0                                 # the first rounds and the probes did

@@ -44,6 +44,9 @@ def arithmetic_tag(env) -> str:
 
 class CudaBackend(Backend):
     name = "cuda"
+    # H200, Gemma-3-1B shape at 2k (benchmarks/verify_cost.py, chunk graphs on): a 1-16 row
+    # verification block 6.6 ms against a decode step + rollback of 2.2 ms
+    verify_cost = 3.0
 
     def __init__(self, config, env):
         super().__init__(config, env)
