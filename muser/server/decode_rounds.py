@@ -92,15 +92,15 @@ class DecodeRounds:
         for job, c in work:
             room = min(job.max_new - c.generated, self.max_context - c.session.position) - 1
             drafts = self.spec.drafts(c, room) if not job.cancelled.is_set() else []
-            (drafted.append((job, c, drafts)) if drafts else rest.append((job, c)))
+            if drafts:
+                drafted.append((job, c, drafts))
+            else:
+                rest.append((job, c))
         if not drafted:
             return rest
         t0 = self.clock()
         try:
-            if self.engine.shared_chunks and len(drafted) > 1:
-                results = self.spec.run_many(self.engine, [(c, d) for _, c, d in drafted])
-            else:
-                results = [self._verify_one(c, d) for _, c, d in drafted]
+            results = self.spec.verify(self.engine, [(c, d) for _, c, d in drafted])
         except Exception as e:                 # noqa: BLE001
             self._fail_all(f"verification of {len(drafted)} drafted block(s) raised "
                            f"{type(e).__name__}: {e}", e)
@@ -119,10 +119,3 @@ class DecodeRounds:
                 if c.done or job.done:
                     break
         return rest
-
-    def _verify_one(self, c, drafts):
-        """One choice's block: its picks, or the SAFE error its picker raised."""
-        try:
-            return self.spec.run(c, drafts)
-        except SAFE_ERRORS as e:
-            return e

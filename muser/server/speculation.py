@@ -6,9 +6,9 @@ choice's grammar refuses, verify [pending, drafts] in one `extend` under a cache
 checkpoint, accept through the choice's `TokenPicker` (controls, grammar, logprobs,
 sampling -- the same pipeline as a plain step; the matcher and penalty history roll back
 over rejected drafts), and roll the cache back to the kept tokens.  Returns the settled
-picks; the scheduler emits them one by one exactly as decoded tokens.  `run_many`: every
-drafted choice of a round in one forward, where the engine's rows are exact and shared
-passes cheaper (the CPU int8 path).
+picks; the scheduler emits them one by one exactly as decoded tokens.  `verify`: every
+drafted choice of a round in one forward where the engine's rows are exact and shared
+passes cheaper (the CPU int8 path), else one forward each.
 Does not own: draft search (engine/speculative.py) or the acceptance rule (engine/picker.py).
 """
 from __future__ import annotations
@@ -37,24 +37,18 @@ class SpecStep:
         found, _ = self.drafter.draft(c.session.tokens + [c.pending], k, c.picker.params)
         return c.picker.usable_drafts(found[:k], sampled_drafts=False)
 
-    @staticmethod
-    def run(c, drafts: list[int]):
-        """Verify [pending] + drafts on the choice's session; the picks it settles."""
-        s = c.session
-        cp = s.checkpoint(1 + len(drafts))
-        try:
-            rows = s.extend([c.pending] + drafts)          # [1 + k, vocab]
-        except BaseException:
-            s.rollback(cp, keep=0)
-            raise
-        return _settle_block(c, cp, rows, drafts)
+    def verify(self, engine, items: list) -> list:
+        """Verify every (choice, drafts) of `items`: all in one forward where
+        `engine.shared_chunks` (each row bitwise what its own block gives, the weights read once),
+        else one forward each.  Per item its picks, or the SAFE error its picker raised."""
+        groups = [items] if engine.shared_chunks else [[it] for it in items]
+        return [res for group in groups for res in self.verify_group(engine, group)]
 
     @staticmethod
-    def run_many(engine, items: list) -> list:
-        """Verify every (choice, drafts) of `items` in one forward -- where `engine.shared_chunks`:
-        each row bitwise what its own block gives, the weights read once for all of them.  Per
-        item its picks, or the error its picker raised (SAFE_ERRORS: that choice's block rolled
-        back whole, the others settled)."""
+    def verify_group(engine, items: list) -> list:
+        """[pending] + drafts of every (choice, drafts) in one forward under a checkpoint each;
+        per item its picks, or the error its picker raised (SAFE_ERRORS: that choice's block
+        rolled back whole, the others settled).  A failed forward rolls every block back."""
         sessions, cps = [c.session for c, _ in items], []
         try:
             for s, (_, drafts) in zip(sessions, items):

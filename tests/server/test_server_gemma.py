@@ -116,8 +116,8 @@ def test_drafted_blocks_of_concurrent_requests_verify_in_one_forward_with_their_
             calls = []
             spec = srv.state.scheduler.spec
             if spec is not None:
-                real = spec.run_many
-                spec.run_many = lambda engine, items: (calls.append(len(items)), real(engine, items))[1]
+                real = spec.verify_group
+                spec.verify_group = lambda engine, items: (calls.append(len(items)), real(engine, items))[1]
 
             async def together():
                 ac = srv.async_client()
