@@ -95,3 +95,17 @@ def chat_burst(srv: Running, requests: list[tuple[list[dict], int]]) -> list[tup
         finally:
             await ac.close()
     return asyncio.run(burst())
+
+
+def completions_burst(srv: Running, prompts: list, **kw) -> list:
+    """One /v1/completions request per prompt, all at once from one async client (`kw`: the
+    request's other fields); the responses in prompt order."""
+    async def burst():
+        ac = srv.async_client()
+        try:
+            return await asyncio.gather(*(ac.completions.create(model=srv.state.model_id,
+                                                                prompt=p, **kw)
+                                          for p in prompts))
+        finally:
+            await ac.close()
+    return asyncio.run(burst())

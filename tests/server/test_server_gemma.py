@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from server_harness import serve
+from server_harness import completions_burst, serve
 
 pytestmark = pytest.mark.slow
 
@@ -61,8 +61,6 @@ def test_gemma_shift_equals_cold_prefill(gemma):
 def test_default_cpu_answers_do_not_depend_on_what_else_is_served(gemma):
     """Issue 12 at the HTTP surface, on the default CPU configuration: four requests decoded in
     one batch get the same tokens and the same logprobs, bit for bit, as each served alone."""
-    import asyncio
-
     if not gemma.exact_rows:
         pytest.skip("not the invariant CPU path (no native kernels)")
     prompts = [f"Question {i}: name {i + 2} things a cache keeps." for i in range(4)]
@@ -79,19 +77,11 @@ def test_default_cpu_answers_do_not_depend_on_what_else_is_served(gemma):
         alone = [key(ask(srv.client(), p)) for p in prompts]
         for s in srv.state.pool.slots:          # no live cache to reuse: the same prefill again
             s.session.reset()
-
-        async def together():
-            ac = srv.async_client()
-            try:
-                return await asyncio.gather(*(ac.completions.create(
-                    model=srv.state.model_id, prompt=p, max_tokens=16, temperature=0, logprobs=2)
-                    for p in prompts))
-            finally:
-                await ac.close()
         sizes, real = [], gemma.decode_batch
         gemma.decode_batch = lambda sessions, tokens: (sizes.append(len(sessions)), real(sessions, tokens))[1]
         try:
-            batch = [key(r) for r in asyncio.run(together())]
+            batch = [key(r) for r in completions_burst(srv, prompts, max_tokens=16, temperature=0,
+                                                       logprobs=2)]
         finally:
             del gemma.decode_batch                # back to the class's method
     assert max(sizes) >= 2                        # they really shared decode steps
@@ -102,8 +92,6 @@ def test_drafted_blocks_of_concurrent_requests_verify_in_one_forward_with_their_
     """Prompt-lookup speculation on the default CPU configuration: the drafted choices of a
     round verify in one forward (Engine.shared_chunks), and every answer -- tokens and
     logprobs, bit for bit -- is the plain server's."""
-    import asyncio
-
     if not gemma.shared_chunks:
         pytest.skip("not the exact int8 CPU path (no native kernels)")
     passage = ("The ring keeps the last W tokens of every sliding layer, so its memory is flat "
@@ -118,17 +106,9 @@ def test_drafted_blocks_of_concurrent_requests_verify_in_one_forward_with_their_
             if spec is not None:
                 real = spec.verify_group
                 spec.verify_group = lambda engine, items: (calls.append(len(items)), real(engine, items))[1]
-
-            async def together():
-                ac = srv.async_client()
-                try:
-                    return await asyncio.gather(*(ac.completions.create(
-                        model=srv.state.model_id, prompt=p, max_tokens=20, temperature=0, logprobs=1)
-                        for p in prompts))
-                finally:
-                    await ac.close()
             out = [(r.choices[0].text, r.choices[0].logprobs.token_logprobs)
-                   for r in asyncio.run(together())]
+                   for r in completions_burst(srv, prompts, max_tokens=20, temperature=0,
+                                              logprobs=1)]
         return out, calls
 
     plain, _ = answers()
