@@ -165,12 +165,15 @@ class DecodeStep:
                                max(self.splits), self.engine.device, ngroups)
 
     def _dot(self, x, w, **kw):
-        """dot_rows (with PDL when on) or, in MUSER_GEMV=fast, the older gemv."""
+        """dot_rows (with PDL when on; int8 rows with their scales) or, in MUSER_GEMV=fast, the
+        older gemv."""
+        if isinstance(w, RowInt8):
+            return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, **kw)
         return dot_rows(x, w, pdl=self.pdl, **kw) if self.gemv is dot_rows else self.gemv(x, w, **kw)
 
     def _linear(self, what, x, w, b=None):
         if isinstance(w, RowInt8):                    # int8 rows: dot_rows scales the sums
-            return dot_rows(x, w.q, bias=b, scale=w.scale, pdl=self.pdl)
+            return self._dot(x, w, bias=b)
         if what in self.gemv_for and w.is_contiguous() and (x.shape[0] == 1 or not self.batch1_only):
             return self._dot(x, w, bias=b)
         return F.linear(x, w, b)
@@ -203,13 +206,11 @@ class DecodeStep:
 
     def _mlp(self, lw, fz, x):
         wgu = fz["wgu"]
-        if isinstance(wgu, RowInt8):
-            a = dot_rows(x, wgu.q, glu=True, gelu=self.gelu, scale=wgu.scale, pdl=self.pdl)
-            return self._linear("down", a, lw.w_down)
-        if "gu" in self.gemv_for and (x.shape[0] == 1 or not self.batch1_only):
-            a = self._dot(x, fz["wgu"], glu=True, gelu=self.gelu)         # act*mul fused in
+        if isinstance(wgu, RowInt8) or ("gu" in self.gemv_for
+                                         and (x.shape[0] == 1 or not self.batch1_only)):
+            a = self._dot(x, wgu, glu=True, gelu=self.gelu)               # act*mul fused in
         else:
-            a = act_mul(F.linear(x, fz["wgu"]), self.gelu)
+            a = act_mul(F.linear(x, wgu), self.gelu)
         return self._linear("down", a, lw.w_down)
 
     def run(self, packed: torch.Tensor, tables: torch.Tensor, ws: DecodeWorkspace) -> torch.Tensor:
@@ -282,9 +283,7 @@ class DecodeStep:
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden rows -> float32 logits [R, vocab]."""
         w = self.w
-        if isinstance(w.output, RowInt8):
-            return tf.finish_logits(dot_rows(x, w.output.q, scale=w.output.scale, pdl=self.pdl),
-                                    self.spec)
-        if "head" in self.gemv_for and w.output.is_contiguous():
+        if isinstance(w.output, RowInt8) or ("head" in self.gemv_for
+                                             and w.output.is_contiguous()):
             return tf.finish_logits(self._dot(x, w.output), self.spec)
         return tf.logits(w, self.spec, x)
