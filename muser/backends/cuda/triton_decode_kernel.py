@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 from .triton_attn import pieces
+from .triton_ops import pdl_pieces
 
 
 @functools.lru_cache(maxsize=None)
@@ -18,6 +19,7 @@ def _kernel():
     import triton.language as tl
 
     globals().update(pieces())          # module globals: the interpreter resolves names there
+    globals().update(pdl_pieces())
 
     @triton.jit
     def load_parked(MS, LS, ACC, prow, i, count, lo, a0, gc, gcm, dm, cv, G: tl.constexpr,
@@ -103,9 +105,7 @@ def _kernel():
                     INTERLEAVED: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
                     V_NORM: tl.constexpr, K_EQ_V: tl.constexpr, RING: tl.constexpr,
                     ACC_DOT: tl.constexpr, PDL: tl.constexpr):
-        if PDL:       # launched early (programmatic dependent launch): wait for the kernel
-            tl.extra.cuda.gdc_wait()            # before, then let the next one launch
-            tl.extra.cuda.gdc_launch_dependents()
+        _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         pid = tl.program_id(0)                    # b * KV + kvh
         s = tl.program_id(1)                      # split, counted from the row's first
         b = pid // KV

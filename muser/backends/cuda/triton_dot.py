@@ -16,7 +16,7 @@ import functools
 import torch
 
 from .triton_dot_tiles import CHUNK_ROWS, chunk_tile, dot_config
-from .triton_ops import _pow2, pdl_launch
+from .triton_ops import _pow2, pdl_launch, pdl_pieces
 
 
 @functools.lru_cache(maxsize=None)
@@ -40,6 +40,7 @@ def _kernels():
 
     globals()["_act_up"] = act_up
     globals()["tl"] = tl
+    globals().update(pdl_pieces())
 
     @triton.jit
     def gemv_kernel(X, W, BIAS, Y, B, N, K: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -119,9 +120,7 @@ def _kernels():
                         GELU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                         BM: tl.constexpr, PIECES_IN: tl.constexpr, WQ: tl.constexpr,
                         PDL: tl.constexpr):
-        if PDL:       # launched early (programmatic dependent launch): wait for the kernel
-            tl.extra.cuda.gdc_wait()            # before, then let the next one launch
-            tl.extra.cuda.gdc_launch_dependents()
+        _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         # Rows in tiles of BM (padded with zeros) through the tensor cores; K cut into pieces of
         # KS (program axis 2) walked in fixed BLOCK_K steps.  An output element's sum is the same
         # instruction sequence whatever B (and BM) is, and the other rows of a tile never enter
@@ -172,9 +171,7 @@ def _kernels():
     def split_sum_kernel(P, S, BIAS, Y, B, N, PIECES: tl.constexpr, BLOCK: tl.constexpr,
                          GLU: tl.constexpr, GELU: tl.constexpr, HAS_BIAS: tl.constexpr,
                          WQ: tl.constexpr, PDL: tl.constexpr):
-        if PDL:       # launched early (programmatic dependent launch): wait for the kernel
-            tl.extra.cuda.gdc_wait()            # before, then let the next one launch
-            tl.extra.cuda.gdc_launch_dependents()
+        _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         b = tl.program_id(1)
         cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         cmask = cols < N

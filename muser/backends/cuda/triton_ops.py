@@ -46,18 +46,34 @@ def pdl_launch(pdl: bool) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
+def pdl_pieces() -> dict:
+    """`_pdl_begin(PDL)`, the first statement of every kernel that takes PDL (pdl_launch): with
+    PDL, wait for the kernel before, then let the next one launch -- before anything else."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def pdl_begin(PDL: tl.constexpr):
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+
+    return {"_pdl_begin": pdl_begin}
+
+
+@functools.lru_cache(maxsize=None)
 def _kernels():
     import triton
     import triton.language as tl
+
+    globals().update(pdl_pieces())      # module globals: the interpreter resolves names there
 
     @triton.jit
     def add_norm_kernel(H, D1, D2, W_POST, W_NEXT, H_OUT, X_OUT, eps,
                         N: tl.constexpr, BLOCK: tl.constexpr, HAS_D1: tl.constexpr,
                         HAS_D2: tl.constexpr, POST: tl.constexpr, LAYERNORM: tl.constexpr,
                         NEXT: tl.constexpr, PDL: tl.constexpr):
-        if PDL:       # launched early (programmatic dependent launch): wait for the kernel
-            tl.extra.cuda.gdc_wait()            # before, then let the next one launch
-            tl.extra.cuda.gdc_launch_dependents()
+        _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         row = tl.program_id(0).to(tl.int64)        # chunks: rows x N can pass 2**31
         i = tl.arange(0, BLOCK)
         mask = i < N
