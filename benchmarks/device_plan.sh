@@ -8,7 +8,8 @@
 # DRY=1 checks every benchmark's flags with benchmarks/args_check.py and collects every pytest
 # selection (it must select something), with no GPU.  Logs go to $OUT/plan.log.  Stages (what
 # each measures and why: benchmarks/NOTES.md, "The next session's first device call"):
-#   many         tests/cuda on cache/many.py's batched copies; verify_cost, .prev against this tree
+#   many         tests/cuda on cache/many.py's batched copies, the int8 _dot and _pdl_begin refactors
+#   verify       verify_cost.py, .prev (git archive 9ce7102 muser) against this tree
 #   chunk_first  MUSER_CHUNK_FIRST=on: the chunk kernel test, then the A/B with the 16k prefill
 #   llama_build  llama.cpp's CUDA build, in the background (~340 s on 10 cores)
 #   llama        waits for the build, then cuda_bench.py side by side (270M, 1B)
@@ -49,8 +50,12 @@ setup() {
   export PYTHONUNBUFFERED=1
 }
 
-stage_many() {     # carry .whl, .prev (git archive 9ce7102 muser)
-  tests 200 -x tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_engine.py
+stage_many() {
+  tests 240 -x tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_engine.py \
+    tests/cuda/test_int8_step.py tests/cuda/test_pdl.py tests/cuda/test_triton_ops.py
+}
+
+stage_verify() {   # carry .prev: a verification block's cost, the tree before many.py and this one
   bench 60 .prev benchmarks/verify_cost.py 1b
   bench 60 . benchmarks/verify_cost.py 1b
 }
