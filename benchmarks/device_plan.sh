@@ -61,7 +61,7 @@ stage_verify() {   # carry .prev: a verification block's cost, the tree before m
 }
 
 stage_chunk_first() {
-  tests 150 tests/cuda/test_triton_chunk.py -k "flat-1-1-True"
+  tests 150 tests/cuda/test_triton_chunk.py
   bench 200 . benchmarks/exact_ab.py --models 1b --trees exact --variants "F1:MUSER_CHUNK_FIRST=on"
 }
 

@@ -74,6 +74,15 @@ def chunk_pieces() -> dict:
     globals()["_keys_tile"] = keys_tile
 
     @triton.jit
+    def group_end(Mt, Lt, At, Mg, Lg, Ag, BM: tl.constexpr, DPW: tl.constexpr):
+        """A group ends: it folds into the total and starts again empty."""
+        Mt, Lt, At = _merge_one(Mt, Lt, At, Mg, Lg, Ag)
+        return (Mt, Lt, At, tl.full([BM], float("-inf"), tl.float32), tl.zeros([BM], tl.float32),
+                tl.zeros([BM, DPW], tl.float32))
+
+    globals()["_group_end"] = group_end
+
+    @triton.jit
     def flat_tile(st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm, cv,
                   dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale, softcap,
                   K2, V2, start, BM: tl.constexpr, DPW: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -99,15 +108,20 @@ def chunk_pieces() -> dict:
                                    K2, V2, start, BLOCK_N, SOFTCAP, RING, MASKED, ACC_DOT, TWO,
                                    KV, D)
         last = st + BLOCK_N > p_max
-        if ((st + BLOCK_N) % SPLIT == 0) | last:            # the split ends here
+        if ONE:
+            # every tile ends its split: its merge unconditional.  (Under the runtime `if`
+            # below, Triton 3.6's software pipeliner fails -- "PassManager::run failed" in
+            # TritonGPUPipeline -- on a dot whose result only that `if` reads.)
             Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
             if ((st // SPLIT) % GS == GS - 1) | last:
-                Mt, Lt, At = _merge_one(Mt, Lt, At, Mg, Lg, Ag)
-                Mg = tl.full([BM], float("-inf"), tl.float32)
-                Lg = tl.zeros([BM], tl.float32)
-                Ag = tl.zeros([BM, DPW], tl.float32)
+                Mt, Lt, At, Mg, Lg, Ag = _group_end(Mt, Lt, At, Mg, Lg, Ag, BM, DPW)
+        elif ((st + BLOCK_N) % SPLIT == 0) | last:          # the split ends here
+            Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
+            if ((st // SPLIT) % GS == GS - 1) | last:
+                Mt, Lt, At, Mg, Lg, Ag = _group_end(Mt, Lt, At, Mg, Lg, Ag, BM, DPW)
         return m, l, acc, Mg, Lg, Ag, Mt, Lt, At
 
     globals()["_flat_tile"] = flat_tile
 
-    return {"_chunk_tile": chunk_tile, "_keys_tile": keys_tile, "_flat_tile": flat_tile}
+    return {"_chunk_tile": chunk_tile, "_keys_tile": keys_tile, "_group_end": group_end,
+            "_flat_tile": flat_tile}

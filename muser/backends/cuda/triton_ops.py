@@ -52,6 +52,8 @@ def pdl_pieces() -> dict:
     import triton
     import triton.language as tl
 
+    globals()["tl"] = tl                # the interpreter looks for the language in module globals
+
     @triton.jit
     def pdl_begin(PDL: tl.constexpr):
         if PDL:
