@@ -73,10 +73,10 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_CHUNK_COLUMNS": ("1|2|4", "1", "backends/cuda (chunk attention)",
                             "programs per query tile, each with a slice of the value columns "
                             "(the same bits: fewer accumulator registers, scores recomputed)"),
-    "MUSER_CHUNK_FIRST": ("off|on", "off", "backends/cuda (chunk attention)",
+    "MUSER_CHUNK_FIRST": ("off|on", "on", "backends/cuda (chunk attention)",
                           "on: where a chunk's splits are one key tile each (rings), each starts "
                           "from tile_first -- no running state to reset or rescale (the same bits; "
-                          "not yet measured on a GPU: off)"),
+                          "H200, 1B: prefill 512 68.4k -> 72.6k tok/s, 16k 168k -> 173k)"),
     "MUSER_CHUNK_GRAPHS": ("off|on", "on", "backends/cuda (graph runner)",
                            "on: one session's chunk of up to 2,048 tokens (a prompt, a later "
                            "turn, a verification block) runs as one captured graph per bucket "
@@ -124,7 +124,7 @@ class Env:
     chunk_loop: str = "auto"
     chunk_columns: str = "1"
     attn_tiles: str = "interior"
-    chunk_first: str = "off"
+    chunk_first: str = "on"
     chunk_graphs: str = "on"
     pdl: str = "on"
     attn_acc: str = "dot"
