@@ -31,7 +31,7 @@ import torch
 
 from llama_cuda_peer import available, bench, convert
 from cuda_measure import (copy_bandwidth, build, cross_check, hf_decode, hf_prefill, kv_check,
-                          muser_batch, muser_decode, muser_prefill, prefill_profile)
+                          muser_batch, muser_decode, muser_prefill, muser_ttft, prefill_profile)
 
 SHAPES = {
     "270m": dict(arch="gemma3", layers=18, hidden=640, heads=4, kv=1, head_dim=256, window=512,
