@@ -1,0 +1,81 @@
+"""Where a CUDA round's host time goes (issue 17): cProfile of the Python around the kernels.
+
+A verification block (checkpoint, extend 1 + k rows, rollback) costs ~6 ms on the 1B against
+~1.5 ms of graph replay; a 16-session decode step 1.9 ms against ~1.3 for one.  This prints,
+for the 1B shape at `context`: the wall ms of each, the top functions by own time (tottime) and
+by cumulative time, the kernel breakdown of the 16-session step (torch.profiler), and the time
+to first token of a 512-token prompt.
+
+    PYTHONPATH=.:benchmarks python3 benchmarks/host_profile.py [1b] [2048] [rows]
+"""
+import cProfile
+import io
+import pstats
+import sys
+import time
+
+import muser
+from cuda_bench import SHAPES
+from cuda_measure import build, muser_batch, muser_ttft, rand_ids, reserve, sync
+
+
+def profiled(label, fn, reps=30):
+    for _ in range(3):
+        fn()
+    sync()
+    pr = cProfile.Profile()
+    t = time.perf_counter()
+    pr.enable()
+    for _ in range(reps):
+        fn()
+    sync()
+    pr.disable()
+    ms = (time.perf_counter() - t) * 1e3 / reps
+    print(f"== {label}: {ms:.3f} ms a round under cProfile", flush=True)
+    for key in ("tottime", "cumulative"):
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats(key).print_stats(22)
+        lines = [ln for ln in buf.getvalue().splitlines() if ln.strip()][-23:]
+        print(f"-- by {key} (per {reps} rounds)\n" + "\n".join(lines), flush=True)
+
+
+def main():
+    name = sys.argv[1] if len(sys.argv) > 1 else "1b"
+    context = int(sys.argv[2]) if len(sys.argv) > 2 else 2048
+    rows = int(sys.argv[3]) if len(sys.argv) > 3 else 8
+    shape = SHAPES[name]
+    _, path = build(shape, context + 1024)
+    eng = muser.load(path, device="cuda", dtype="bfloat16", progress=False)
+    s = eng.new_session()
+    reserve(s, context + 64)
+    s.prefill(rand_ids(context, shape["vocab"], 5))
+    tok = rand_ids(64, shape["vocab"], 6)
+
+    def block():
+        cp = s.checkpoint(rows)
+        s.extend(tok[:rows])
+        s.rollback(cp, keep=0)
+
+    def decode():
+        cp = s.checkpoint(1)
+        s.decode(tok[0])
+        s.rollback(cp, keep=0)
+
+    profiled(f"{name} decode step + rollback", decode)
+    profiled(f"{name} verification block of {rows} rows", block)
+    ttft = muser_ttft(eng, 512, shape["vocab"])
+    print(f"== {name} first token of a 512-token prompt: {ttft * 1e3:.2f} ms", flush=True)
+    tps, step, bare, prof = muser_batch(eng, 16, context, 32, shape["vocab"], prof=True)
+    print(f"== {name} 16 sessions @{context}: {tps:,.0f} tok/s, step {step * 1e3:.3f} ms, "
+          f"bare replay {bare * 1e3:.3f} ms; kernels {prof}", flush=True)
+    sessions = [eng.new_session() for _ in range(16)]
+    for i, x in enumerate(sessions):
+        reserve(x, context + 64)
+        x.prefill(rand_ids(context, shape["vocab"], 100 + i), chunk_size=4096)
+    toks = [5] * 16
+    profiled(f"{name} 16-session decode step",
+             lambda: eng.decode_batch(sessions, toks).argmax(-1).tolist())
+
+
+if __name__ == "__main__":
+    main()
