@@ -16,7 +16,7 @@ import time
 
 import muser
 from cuda_bench import SHAPES
-from cuda_measure import build, muser_batch, muser_ttft, rand_ids, reserve, sync
+from cuda_measure import build, muser_batch, muser_ttft, rand_ids, reserve, sync, top_kernels
 
 
 def profiled(label, fn, reps=30):
@@ -39,6 +39,22 @@ def profiled(label, fn, reps=30):
         print(f"-- by {key} (per {reps} rounds)\n" + "\n".join(lines), flush=True)
 
 
+def kernels(label, fn, reps=10):
+    """The GPU side of the same round: kernel time per round and the top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(3):
+        fn()
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        sync()
+    total, rows = top_kernels(prof, reps, 1.0, 60)
+    print(f"== {label}: {total:.1f} us of kernels a round", flush=True)
+    for n, c, t in rows[:12]:
+        print(f"   {t:8.1f} us {c:6.1f}x  {n}", flush=True)
+
+
 def main():
     name = sys.argv[1] if len(sys.argv) > 1 else "1b"
     context = int(sys.argv[2]) if len(sys.argv) > 2 else 2048
@@ -51,9 +67,9 @@ def main():
     s.prefill(rand_ids(context, shape["vocab"], 5))
     tok = rand_ids(64, shape["vocab"], 6)
 
-    def block():
-        cp = s.checkpoint(rows)
-        s.extend(tok[:rows])
+    def block_of(r):
+        cp = s.checkpoint(r)
+        s.extend(tok[:r])
         s.rollback(cp, keep=0)
 
     def decode():
@@ -61,13 +77,18 @@ def main():
         s.decode(tok[0])
         s.rollback(cp, keep=0)
 
+    kernels(f"{name} decode step + rollback", decode)
+    for r in (1, rows):
+        kernels(f"{name} verification block of {r} rows", lambda r=r: block_of(r))
     profiled(f"{name} decode step + rollback", decode)
-    profiled(f"{name} verification block of {rows} rows", block)
+    profiled(f"{name} verification block of {rows} rows", lambda: block_of(rows))
     ttft = muser_ttft(eng, 512, shape["vocab"])
     print(f"== {name} first token of a 512-token prompt: {ttft * 1e3:.2f} ms", flush=True)
     tps, step, bare, prof = muser_batch(eng, 16, context, 32, shape["vocab"], prof=True)
     print(f"== {name} 16 sessions @{context}: {tps:,.0f} tok/s, step {step * 1e3:.3f} ms, "
-          f"bare replay {bare * 1e3:.3f} ms; kernels {prof}", flush=True)
+          f"bare replay {bare * 1e3:.3f} ms; {prof[0]} us of kernels a step", flush=True)
+    for n, c, t in prof[1]:
+        print(f"   {t:8.1f} us {c:6.1f}x  {n}", flush=True)
     sessions = [eng.new_session() for _ in range(16)]
     for i, x in enumerate(sessions):
         reserve(x, context + 64)
