@@ -11,6 +11,7 @@
 #   many         tests/cuda on cache/many.py's batched copies, the int8 _dot and _pdl_begin refactors
 #   verify       verify_cost.py, .prev (git archive 9ce7102 muser) against this tree
 #   chunk_first  MUSER_CHUNK_FIRST=on: the chunk kernel test, then the A/B with the 16k prefill
+#   park         MUSER_CHUNK_PARK: the chunk kernel tests, then verify_cost with park 0 and 16
 #   host         where a verification block's and a 16-session step's host time goes (cProfile)
 #   llama_build  llama.cpp's CUDA build, in the background (~340 s on 10 cores)
 #   llama        waits for the build, then cuda_bench.py side by side (270M, 1B)
@@ -64,6 +65,14 @@ stage_verify() {   # carry .prev: a verification block's cost, the tree before m
 stage_chunk_first() {
   tests 150 tests/cuda/test_triton_chunk.py
   bench 200 . benchmarks/exact_ab.py --models 1b --trees exact --variants "F1:MUSER_CHUNK_FIRST=on"
+}
+
+stage_park() {     # MUSER_CHUNK_PARK: verification blocks' splits one a program, then a fold
+  tests 240 -x tests/cuda/test_triton_chunk.py tests/cuda/test_chunk_graph.py
+  export MUSER_CHUNK_PARK=0; echo "MUSER_CHUNK_PARK=0" | tee -a "$OUT/plan.log"
+  bench 90 . benchmarks/verify_cost.py 1b
+  unset MUSER_CHUNK_PARK; echo "MUSER_CHUNK_PARK default" | tee -a "$OUT/plan.log"
+  bench 90 . benchmarks/verify_cost.py 1b
 }
 
 stage_host() {     # cProfile of a verification block and a 16-session step; B16 kernels; TTFT

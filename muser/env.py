@@ -77,6 +77,11 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                           "on: where a chunk's splits are one key tile each (rings), each starts "
                           "from tile_first -- no running state to reset or rescale (the same bits; "
                           "H200, 1B: prefill 512 68.4k -> 72.6k tok/s, 16k 168k -> 173k)"),
+    "MUSER_CHUNK_PARK": ("0|8|16|32|64", "16", "backends/cuda (chunk attention)",
+                         "chunks of up to this many rows (verification blocks) spread their key "
+                         "splits over programs, one each, and fold the parked partials in a "
+                         "second launch -- as a decode step does (the same bits; 0: one program "
+                         "walks a query tile's splits in order)"),
     "MUSER_CHUNK_GRAPHS": ("off|on", "on", "backends/cuda (graph runner)",
                            "on: one session's chunk of up to 2,048 tokens (a prompt, a later "
                            "turn, a verification block) runs as one captured graph per bucket "
@@ -125,6 +130,7 @@ class Env:
     chunk_columns: str = "1"
     attn_tiles: str = "interior"
     chunk_first: str = "on"
+    chunk_park: str = "16"
     chunk_graphs: str = "on"
     pdl: str = "on"
     attn_acc: str = "dot"
@@ -213,7 +219,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_CHUNK_LOOP", "chunk_loop"), ("MUSER_CHUNK_COLUMNS", "chunk_columns"),
                         ("MUSER_ATTN_TILES", "attn_tiles"), ("MUSER_ATTN_ACC", "attn_acc"),
                         ("MUSER_CHUNK_GRAPHS", "chunk_graphs"), ("MUSER_PDL", "pdl"),
-                        ("MUSER_CHUNK_FIRST", "chunk_first")):
+                        ("MUSER_CHUNK_FIRST", "chunk_first"), ("MUSER_CHUNK_PARK", "chunk_park")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

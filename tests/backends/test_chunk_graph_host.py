@@ -46,7 +46,7 @@ PLANES = {}            # data_ptr -> plane of the session in the pass (to read t
 
 def fake_graph_attention(q, keys, values, start, first, window, scale, softcap, interleaved, lay,
                          sinks=None, ring=None, block_m=None, out=None, warps=None, new=None,
-                         kcount=None, dev=None):
+                         kcount=None, dev=None, positions=None):
     """The reference attention over what the device tables say: history rows from the plane
     the table row points at, by (first, rot, capacity, count), then the chunk's own rows."""
     if dev is None:

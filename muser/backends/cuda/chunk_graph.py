@@ -152,7 +152,8 @@ class ChunkGraphs:
                                    spec.layer_scale(ls), spec.attn_logit_softcap,
                                    spec.rope_interleaved, lay, sinks=lw.sinks, out=b.out[i],
                                    ring=(0, cap) if cap else None, new=(b.k[i], b.v[i]),
-                                   dev=(b.tab[i], b.meta[i]))
+                                   dev=(b.tab[i], b.meta[i]),
+                                   positions=self.step.engine.max_context)
 
         return step.layers(b.ids, attend)
 

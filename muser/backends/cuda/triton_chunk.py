@@ -36,6 +36,7 @@ import functools
 import torch
 
 from .triton_attn import pieces
+from .triton_chunk_park import fold_parked, park_rows, park_splits, park_workspace
 from .triton_chunk_tiles import chunk_pieces
 from .triton_ops import _pow2
 
@@ -51,16 +52,18 @@ def _kernel():
     globals().update(pieces())
     globals().update(chunk_pieces())
 
-    @triton.jit(do_not_specialize=["start", "R", "first", "rot", "capm", "kcount", "window"])
-    def chunk_kernel(Q, K, V, O, SNK, K2, V2, TAB, META, start, R, first, rot, capm, kcount, rs,
-                     hs, window, scale, softcap,
+    @triton.jit(do_not_specialize=["start", "R", "first", "rot", "capm", "kcount", "window",
+                                   "nsp"])
+    def chunk_kernel(Q, K, V, O, SNK, K2, V2, TAB, META, MS, LS, ACC, start, R, first, rot, capm,
+                     kcount, rs, hs, window, scale, softcap, nsp,
                      H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                      HALF: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
                      BM: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
                      SPLIT: tl.constexpr, GS: tl.constexpr, SOFTCAP: tl.constexpr,
                      SINKS: tl.constexpr, RING: tl.constexpr, FLAT: tl.constexpr,
                      DSPLIT: tl.constexpr, INTERIOR: tl.constexpr, ACC_DOT: tl.constexpr,
-                     TWO: tl.constexpr, DEV: tl.constexpr, ONE: tl.constexpr):
+                     TWO: tl.constexpr, DEV: tl.constexpr, ONE: tl.constexpr,
+                     PARK: tl.constexpr):
         if DEV:
             # a captured pass (chunk_graph.py): the plane and the chunk's place come from device
             # memory -- TAB (k_ptr, v_ptr, row stride, head stride), META (start, rows, first,
@@ -89,7 +92,10 @@ def _kernel():
         # recomputes the scores -- 1.5x the FLOPs at DSPLIT 2 for half the accumulator
         # registers: no spills, yet slower on the H200)
         DPW: tl.constexpr = 2 * BLOCK_H // DSPLIT
-        dmv, cvv = _columns(part * DPW + tl.arange(0, DPW), D, HALF, BLOCK_H, INTERLEAVED)
+        if PARK:                                 # grid axis 2 is the split (DSPLIT 1)
+            dmv, cvv = _columns(tl.arange(0, DPW), D, HALF, BLOCK_H, INTERLEAVED)
+        else:
+            dmv, cvv = _columns(part * DPW + tl.arange(0, DPW), D, HALF, BLOCK_H, INTERLEAVED)
         p = start + r
         lo = tl.where(window > 0, tl.maximum(p - window + 1, 0), 0)
         hi = tl.where(rv, p + 1, lo)             # slots past the chunk see nothing
@@ -117,39 +123,11 @@ def _kernel():
         lo_max = tl.where(window > 0, tl.maximum(p_max - window + 1, 0), 0)
         f0 = (lo_max + BLOCK_N - 1) // BLOCK_N * BLOCK_N
         f1 = (p_min + 1) // BLOCK_N * BLOCK_N
-        if FLAT:
-            # one loop over the tiles (three: masked, whole, masked), split and group boundaries
-            # inside it: the same sequence of tile_step / merge_one as below (so the same bits),
-            # but loops long enough for the compiler's software pipelining to prefetch K/V
-            # tiles (a ring split is 1 tile)
-            m = tl.full([BM], float("-inf"), tl.float32)
-            l = tl.zeros([BM], tl.float32)
-            acc = tl.zeros([BM, DPW], tl.float32)
-            a1 = p_max + 1
-            b1 = p_max + 1
-            if INTERIOR:
-                a1 = tl.minimum(tl.maximum(f0, t_first), p_max + 1)
-                b1 = tl.maximum(a1, tl.minimum(f1, p_max + 1))
-            for st in range(t_first, a1, BLOCK_N):
-                m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
-                    st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm,
-                    cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
-                    softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, True,
-                    ACC_DOT, TWO, KV, D, ONE)
-            for st in range(a1, b1, BLOCK_N):
-                m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
-                    st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm,
-                    cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
-                    softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, False,
-                    ACC_DOT, TWO, KV, D, ONE)
-            for st in range(b1, p_max + 1, BLOCK_N):
-                m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
-                    st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm,
-                    cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
-                    softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, True,
-                    ACC_DOT, TWO, KV, D, ONE)
-        else:
-            for a in range(lo_min // SPLIT, a_hi + 1):
+        if PARK:
+            # one split of the tile's rows a program (grid axis 2; triton_chunk_park.py folds
+            # them): the nested loop's split body, from empty, its (m, l, acc) parked in order
+            a = lo_min // SPLIT + part
+            if a <= a_hi:
                 m = tl.full([BM], float("-inf"), tl.float32)
                 l = tl.zeros([BM], tl.float32)
                 acc = tl.zeros([BM, DPW], tl.float32)
@@ -175,16 +153,79 @@ def _kernel():
                                            hs, kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones,
                                            scale, softcap, K2, V2, start, BLOCK_N, SOFTCAP, RING,
                                            True, ACC_DOT, TWO, KV, D)
-                Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
-                if (a % GS == GS - 1) | (a == a_hi):
-                    Mt, Lt, At = _merge_one(Mt, Lt, At, Mg, Lg, Ag)
-                    Mg = tl.full([BM], float("-inf"), tl.float32)
-                    Lg = tl.zeros([BM], tl.float32)
-                    Ag = tl.zeros([BM, DPW], tl.float32)
-        if SINKS:
-            Mt, Lt, At = _sink(SNK, heads, rv, Mt, Lt, At)
-        tl.store(O + (r.to(tl.int64) * H + heads)[:, None] * D + dmv[None, :],
-                 (At / Lt[:, None]).to(O.dtype.element_ty), mask=rv[:, None] & cvv[None, :])
+                slot = ((t * KV + kvh) * nsp + part).to(tl.int64) * BM + i     # [BM]
+                tl.store(MS + slot, m)
+                tl.store(LS + slot, l)
+                tl.store(ACC + slot[:, None] * DPW + tl.arange(0, DPW)[None, :], acc)
+        else:
+            if FLAT:
+                # one loop over the tiles (three: masked, whole, masked), split and group boundaries
+                # inside it: the same sequence of tile_step / merge_one as below (so the same bits),
+                # but loops long enough for the compiler's software pipelining to prefetch K/V
+                # tiles (a ring split is 1 tile)
+                m = tl.full([BM], float("-inf"), tl.float32)
+                l = tl.zeros([BM], tl.float32)
+                acc = tl.zeros([BM, DPW], tl.float32)
+                a1 = p_max + 1
+                b1 = p_max + 1
+                if INTERIOR:
+                    a1 = tl.minimum(tl.maximum(f0, t_first), p_max + 1)
+                    b1 = tl.maximum(a1, tl.minimum(f1, p_max + 1))
+                for st in range(t_first, a1, BLOCK_N):
+                    m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
+                        st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm,
+                        cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
+                        softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, True,
+                        ACC_DOT, TWO, KV, D, ONE)
+                for st in range(a1, b1, BLOCK_N):
+                    m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
+                        st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm,
+                        cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
+                        softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, False,
+                        ACC_DOT, TWO, KV, D, ONE)
+                for st in range(b1, p_max + 1, BLOCK_N):
+                    m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
+                        st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm,
+                        cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
+                        softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, True,
+                        ACC_DOT, TWO, KV, D, ONE)
+            else:
+                for a in range(lo_min // SPLIT, a_hi + 1):
+                    m = tl.full([BM], float("-inf"), tl.float32)
+                    l = tl.zeros([BM], tl.float32)
+                    acc = tl.zeros([BM, DPW], tl.float32)
+                    t_lo = tl.maximum(a * SPLIT, t_first)
+                    t_hi = tl.minimum(a * SPLIT + SPLIT, p_max + 1)
+                    a1 = t_hi
+                    b1 = t_hi
+                    if INTERIOR:
+                        a1 = tl.minimum(tl.maximum(f0, t_lo), t_hi)
+                        b1 = tl.maximum(a1, tl.minimum(f1, t_hi))
+                    for st in range(t_lo, a1, BLOCK_N):
+                        m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs,
+                                               hs, kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones,
+                                               scale, softcap, K2, V2, start, BLOCK_N, SOFTCAP, RING,
+                                               True, ACC_DOT, TWO, KV, D)
+                    for st in range(a1, b1, BLOCK_N):
+                        m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs,
+                                               hs, kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones,
+                                               scale, softcap, K2, V2, start, BLOCK_N, SOFTCAP, RING,
+                                               False, ACC_DOT, TWO, KV, D)
+                    for st in range(b1, t_hi, BLOCK_N):
+                        m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs,
+                                               hs, kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones,
+                                               scale, softcap, K2, V2, start, BLOCK_N, SOFTCAP, RING,
+                                               True, ACC_DOT, TWO, KV, D)
+                    Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
+                    if (a % GS == GS - 1) | (a == a_hi):
+                        Mt, Lt, At = _merge_one(Mt, Lt, At, Mg, Lg, Ag)
+                        Mg = tl.full([BM], float("-inf"), tl.float32)
+                        Lg = tl.zeros([BM], tl.float32)
+                        Ag = tl.zeros([BM, DPW], tl.float32)
+            if SINKS:
+                Mt, Lt, At = _sink(SNK, heads, rv, Mt, Lt, At)
+            tl.store(O + (r.to(tl.int64) * H + heads)[:, None] * D + dmv[None, :],
+                     (At / Lt[:, None]).to(O.dtype.element_ty), mask=rv[:, None] & cvv[None, :])
 
     return chunk_kernel
 
@@ -197,7 +238,8 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
                     stages: int | None = None, dsplit: int | None = None,
                     new: tuple[torch.Tensor, torch.Tensor] | None = None,
                     kcount: int | None = None,
-                    dev: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                    dev: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    positions: int | None = None) -> torch.Tensor:
     """q [R, H, D] at positions start.. over keys/values [S, KV, D] -> [R, H, D].
 
     Key position x is row x - first of the view, or with `ring` = (rot, capacity) row
@@ -210,7 +252,9 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     slots).  `dev` = (TAB int64 [4], META int64 [6]): the view's pointers / strides and
     (start, R, first, rot, capacity, kcount) read on the device instead of from these args
     (a captured pass, chunk_graph.py; the args' values are then ignored, `ring` still says
-    whether the view wraps)."""
+    whether the view wraps).  Chunks of up to `lay["park"]` rows spread their splits over
+    programs and fold them in a second launch (triton_chunk_park.py: the same bits); with
+    `dev` that needs `positions`, a bound on every position the pass can hold."""
     R, H, D = q.shape
     KV = keys.shape[1]
     G = H // KV
@@ -221,24 +265,38 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     out = out if out is not None else torch.empty_like(q)
     if R == 0:
         return out
-    rows = max(1, block_m // G)
     half = D // 2
-    rot, capm = ring if ring is not None else (0, 0)
     # slices of at least 16 columns (a dot's narrowest side)
     dsplit = max(1, min(dsplit or lay.get("dsplit", 1), 2 * _pow2(half, 8) // 16))
+    park = park_rows(lay) >= R and dsplit == 1 and (dev is None or positions is not None)
+    if park:                                  # a tile just large enough for the chunk
+        block_m = min(block_m, max(16, _pow2(R * G)))
+    rows = max(1, block_m // G)
+    bm = max(16, _pow2(rows * G))
+    tiles = -(-R // rows)
+    warps = warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"])
+    ws, nsp = None, 1
+    if park:
+        nsp = park_splits(rows, lay["split"], window, positions if dev is not None else start + R)
+        ws = park_workspace(q.device, tiles * KV * nsp * bm, 2 * _pow2(half, 8))
+    rot, capm = ring if ring is not None else (0, 0)
     new_k, new_v = new if new is not None else (keys, values)
-    _kernel()[(-(-R // rows), KV, dsplit)](
+    spare = ws if ws is not None else (q, q, q)
+    _kernel()[(tiles, KV, nsp if ws is not None else dsplit)](
         q, keys, values, out, sinks if sinks is not None else q, new_k, new_v,
-        dev[0] if dev is not None else q, dev[1] if dev is not None else q,
+        dev[0] if dev is not None else q, dev[1] if dev is not None else q, *spare,
         int(start), R, int(first), int(rot), int(capm), int(kcount if kcount is not None else keys.shape[0]),
-        keys.stride(0), keys.stride(1), int(window or 0), float(scale), float(softcap or 1.0),
+        keys.stride(0), keys.stride(1), int(window or 0), float(scale), float(softcap or 1.0), nsp,
         H=H, KV=KV, G=G, D=D, HALF=half, BLOCK_H=_pow2(half, 8), INTERLEAVED=bool(interleaved),
-        BM=max(16, _pow2(rows * G)), ROWS=rows, BLOCK_N=lay["block_n"], SPLIT=lay["split"],
+        BM=bm, ROWS=rows, BLOCK_N=lay["block_n"], SPLIT=lay["split"],
         GS=lay["group"], SOFTCAP=softcap is not None, SINKS=sinks is not None,
         RING=ring is not None, FLAT=lay.get("chunk_loop") == "flat", DSPLIT=dsplit,
         INTERIOR=bool(lay.get("interior", True)), ACC_DOT=bool(lay.get("acc_dot", False)),
         TWO=new is not None, DEV=dev is not None,
         ONE=bool(lay.get("first_tile")) and lay["split"] == lay["block_n"] and bool(lay.get("acc_dot")),
-        num_warps=warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"]),
-        enable_fp_fusion=False, **({"num_stages": stages} if stages else {}))
+        PARK=ws is not None, num_warps=warps, enable_fp_fusion=False,
+        **({"num_stages": stages} if stages else {}))
+    if ws is not None:
+        fold_parked(out, KV, sinks, dev[1] if dev is not None else None, ws, start, R, window,
+                    nsp, tiles, rows, bm, interleaved, lay, warps)
     return out
