@@ -44,9 +44,10 @@ def arithmetic_tag(env) -> str:
 
 class CudaBackend(Backend):
     name = "cuda"
-    # H200, Gemma-3-1B shape at 2k (benchmarks/verify_cost.py, chunk graphs on): a 1-16 row
-    # verification block 6.6 ms against a decode step + rollback of 2.2 ms
-    verify_cost = 3.0
+    # H200, Gemma-3-1B shape at 2k (benchmarks/verify_cost.py, chunk graphs on, MUSER_CHUNK_PARK
+    # 16): a 1-16 row verification block 2.0-2.7 ms against a decode step + rollback of 1.3 ms
+    # (5.5 ms with the splits walked in one program: 3.7 steps)
+    verify_cost = 2.0
 
     def __init__(self, config, env):
         super().__init__(config, env)
