@@ -128,31 +128,11 @@ def _kernel():
             # them): the nested loop's split body, from empty, its (m, l, acc) parked in order
             a = lo_min // SPLIT + part
             if a <= a_hi:
-                m = tl.full([BM], float("-inf"), tl.float32)
-                l = tl.zeros([BM], tl.float32)
-                acc = tl.zeros([BM, DPW], tl.float32)
-                t_lo = tl.maximum(a * SPLIT, t_first)
-                t_hi = tl.minimum(a * SPLIT + SPLIT, p_max + 1)
-                a1 = t_hi
-                b1 = t_hi
-                if INTERIOR:
-                    a1 = tl.minimum(tl.maximum(f0, t_lo), t_hi)
-                    b1 = tl.maximum(a1, tl.minimum(f1, t_hi))
-                for st in range(t_lo, a1, BLOCK_N):
-                    m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs,
-                                           hs, kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones,
-                                           scale, softcap, K2, V2, start, BLOCK_N, SOFTCAP, RING,
-                                           True, ACC_DOT, TWO, KV, D)
-                for st in range(a1, b1, BLOCK_N):
-                    m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs,
-                                           hs, kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones,
-                                           scale, softcap, K2, V2, start, BLOCK_N, SOFTCAP, RING,
-                                           False, ACC_DOT, TWO, KV, D)
-                for st in range(b1, t_hi, BLOCK_N):
-                    m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs,
-                                           hs, kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones,
-                                           scale, softcap, K2, V2, start, BLOCK_N, SOFTCAP, RING,
-                                           True, ACC_DOT, TWO, KV, D)
+                m, l, acc = _split_partial(a, t_first, p_max, f0, f1, K, V, first, rot, capm,
+                                           kcount, lo_min, rs, hs, kvh, dm, cv, dmv, cvv, q, lo,
+                                           hi, ones, scale, softcap, K2, V2, start, BM, DPW,
+                                           BLOCK_N, SPLIT, SOFTCAP, RING, INTERIOR, ACC_DOT, TWO,
+                                           KV, D)
                 slot = ((t * KV + kvh) * nsp + part).to(tl.int64) * BM + i     # [BM]
                 tl.store(MS + slot, m)
                 tl.store(LS + slot, l)
@@ -191,31 +171,11 @@ def _kernel():
                         ACC_DOT, TWO, KV, D, ONE)
             else:
                 for a in range(lo_min // SPLIT, a_hi + 1):
-                    m = tl.full([BM], float("-inf"), tl.float32)
-                    l = tl.zeros([BM], tl.float32)
-                    acc = tl.zeros([BM, DPW], tl.float32)
-                    t_lo = tl.maximum(a * SPLIT, t_first)
-                    t_hi = tl.minimum(a * SPLIT + SPLIT, p_max + 1)
-                    a1 = t_hi
-                    b1 = t_hi
-                    if INTERIOR:
-                        a1 = tl.minimum(tl.maximum(f0, t_lo), t_hi)
-                        b1 = tl.maximum(a1, tl.minimum(f1, t_hi))
-                    for st in range(t_lo, a1, BLOCK_N):
-                        m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs,
-                                               hs, kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones,
-                                               scale, softcap, K2, V2, start, BLOCK_N, SOFTCAP, RING,
-                                               True, ACC_DOT, TWO, KV, D)
-                    for st in range(a1, b1, BLOCK_N):
-                        m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs,
-                                               hs, kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones,
-                                               scale, softcap, K2, V2, start, BLOCK_N, SOFTCAP, RING,
-                                               False, ACC_DOT, TWO, KV, D)
-                    for st in range(b1, t_hi, BLOCK_N):
-                        m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs,
-                                               hs, kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones,
-                                               scale, softcap, K2, V2, start, BLOCK_N, SOFTCAP, RING,
-                                               True, ACC_DOT, TWO, KV, D)
+                    m, l, acc = _split_partial(a, t_first, p_max, f0, f1, K, V, first, rot, capm,
+                                               kcount, lo_min, rs, hs, kvh, dm, cv, dmv, cvv, q,
+                                               lo, hi, ones, scale, softcap, K2, V2, start, BM,
+                                               DPW, BLOCK_N, SPLIT, SOFTCAP, RING, INTERIOR,
+                                               ACC_DOT, TWO, KV, D)
                     Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
                     if (a % GS == GS - 1) | (a == a_hi):
                         Mt, Lt, At = _merge_one(Mt, Lt, At, Mg, Lg, Ag)

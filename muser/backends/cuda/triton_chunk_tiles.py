@@ -2,7 +2,7 @@
 
 Owns: `chunk_pieces()` -- `_chunk_tile` (a tile of K/V read by position: an ordered view, a
 ring in place, and with TWO the chunk's own rows from `start` on), `_keys_tile` (that tile
-folded into a split's running softmax) and `_flat_tile` (one step of the flat loop: a split
+folded into a split's running softmax), `_split_partial` (a split from empty) and `_flat_tile` (one step of the flat loop: a split
 starts, folds, and ends into its group and the total).  Does not own: the loops and the grid
 (triton_chunk.py), the arithmetic they share with the decode kernel (triton_attn.py).
 """
@@ -74,6 +74,45 @@ def chunk_pieces() -> dict:
     globals()["_keys_tile"] = keys_tile
 
     @triton.jit
+    def split_partial(a, t_first, p_max, f0, f1, K, V, first, rot, capm, kcount, lo_min, rs, hs,
+                      kvh, dm, cv, dmv, cvv, q, lo, hi, ones, scale, softcap, K2, V2, start,
+                      BM: tl.constexpr, DPW: tl.constexpr, BLOCK_N: tl.constexpr,
+                      SPLIT: tl.constexpr, SOFTCAP: tl.constexpr, RING: tl.constexpr,
+                      INTERIOR: tl.constexpr, ACC_DOT: tl.constexpr, TWO: tl.constexpr,
+                      KV: tl.constexpr, D: tl.constexpr):
+        """Split a's partial (m, l, acc) for a tile's rows, from empty: its key tiles in order,
+        the ones every row sees whole ([f0, f1), INTERIOR) without masks -- the nested loop's
+        body, and a parked program's whole work."""
+        m = tl.full([BM], float("-inf"), tl.float32)
+        l = tl.zeros([BM], tl.float32)
+        acc = tl.zeros([BM, DPW], tl.float32)
+        t_lo = tl.maximum(a * SPLIT, t_first)
+        t_hi = tl.minimum(a * SPLIT + SPLIT, p_max + 1)
+        a1 = t_hi
+        b1 = t_hi
+        if INTERIOR:
+            a1 = tl.minimum(tl.maximum(f0, t_lo), t_hi)
+            b1 = tl.maximum(a1, tl.minimum(f1, t_hi))
+        for st in range(t_lo, a1, BLOCK_N):
+            m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh,
+                                   dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones, scale, softcap,
+                                   K2, V2, start, BLOCK_N, SOFTCAP, RING, True, ACC_DOT, TWO,
+                                   KV, D)
+        for st in range(a1, b1, BLOCK_N):
+            m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh,
+                                   dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones, scale, softcap,
+                                   K2, V2, start, BLOCK_N, SOFTCAP, RING, False, ACC_DOT, TWO,
+                                   KV, D)
+        for st in range(b1, t_hi, BLOCK_N):
+            m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh,
+                                   dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones, scale, softcap,
+                                   K2, V2, start, BLOCK_N, SOFTCAP, RING, True, ACC_DOT, TWO,
+                                   KV, D)
+        return m, l, acc
+
+    globals()["_split_partial"] = split_partial
+
+    @triton.jit
     def group_end(Mt, Lt, At, Mg, Lg, Ag, BM: tl.constexpr, DPW: tl.constexpr):
         """A group ends: it folds into the total and starts again empty."""
         Mt, Lt, At = _merge_one(Mt, Lt, At, Mg, Lg, Ag)
@@ -123,5 +162,5 @@ def chunk_pieces() -> dict:
 
     globals()["_flat_tile"] = flat_tile
 
-    return {"_chunk_tile": chunk_tile, "_keys_tile": keys_tile, "_group_end": group_end,
-            "_flat_tile": flat_tile}
+    return {"_chunk_tile": chunk_tile, "_keys_tile": keys_tile, "_split_partial": split_partial,
+            "_group_end": group_end, "_flat_tile": flat_tile}
