@@ -277,3 +277,29 @@ def kv_check(engine, context):
                         engine.cache_dtype.itemsize, engine.max_context)
     got = sum(p.allocated_bytes() for p in s.planes)
     return got, plan(geo, context).total_bytes
+
+
+def round_session(shape: dict, context: int):
+    """An engine on `shape`'s random weights with one session at `context` positions, and a
+    speculative round's two shapes on it, each leaving the session where it was: `block(rows)`
+    (checkpoint, extend `rows` tokens, roll all back -- a verification block) and `decode()`
+    (one graph-replayed step, rolled back).  Returns (engine, session, block, decode)."""
+    import muser
+    _, path = build(shape, context + 1024)
+    eng = muser.load(path, device="cuda", dtype="bfloat16", progress=False)
+    s = eng.new_session()
+    reserve(s, context + 64)
+    s.prefill(rand_ids(context, shape["vocab"], 5))
+    tok = rand_ids(64, shape["vocab"], 6)
+
+    def block(rows):
+        cp = s.checkpoint(rows)
+        s.extend(tok[:rows])
+        s.rollback(cp, keep=0)
+
+    def decode():
+        cp = s.checkpoint(1)
+        s.decode(tok[0])
+        s.rollback(cp, keep=0)
+
+    return eng, s, block, decode

@@ -14,9 +14,9 @@ import pstats
 import sys
 import time
 
-import muser
 from cuda_bench import SHAPES
-from cuda_measure import build, muser_batch, muser_ttft, rand_ids, reserve, sync, top_kernels
+from cuda_measure import muser_batch, muser_ttft, rand_ids, reserve, round_session, sync, \
+    top_kernels
 
 
 def profiled(label, fn, reps=30):
@@ -60,23 +60,7 @@ def main():
     context = int(sys.argv[2]) if len(sys.argv) > 2 else 2048
     rows = int(sys.argv[3]) if len(sys.argv) > 3 else 8
     shape = SHAPES[name]
-    _, path = build(shape, context + 1024)
-    eng = muser.load(path, device="cuda", dtype="bfloat16", progress=False)
-    s = eng.new_session()
-    reserve(s, context + 64)
-    s.prefill(rand_ids(context, shape["vocab"], 5))
-    tok = rand_ids(64, shape["vocab"], 6)
-
-    def block_of(r):
-        cp = s.checkpoint(r)
-        s.extend(tok[:r])
-        s.rollback(cp, keep=0)
-
-    def decode():
-        cp = s.checkpoint(1)
-        s.decode(tok[0])
-        s.rollback(cp, keep=0)
-
+    eng, s, block_of, decode = round_session(shape, context)
     kernels(f"{name} decode step + rollback", decode)
     for r in (1, rows):
         kernels(f"{name} verification block of {r} rows", lambda r=r: block_of(r))

@@ -16,9 +16,8 @@ import time
 
 import torch
 
-import muser
 from cuda_bench import SHAPES
-from cuda_measure import build, rand_ids, reserve, sync
+from cuda_measure import rand_ids, round_session, sync
 
 
 def mean_ms(fn, reps=20, warm=3):
@@ -37,22 +36,7 @@ def main():
     context = int(sys.argv[2]) if len(sys.argv) > 2 else 2048
     for name in names:
         shape = SHAPES[name]
-        _, path = build(shape, context + 1024)
-        eng = muser.load(path, device="cuda", dtype="bfloat16", progress=False)
-        s = eng.new_session()
-        reserve(s, context + 64)
-        s.prefill(rand_ids(context, shape["vocab"], 5))
-        tok = rand_ids(64, shape["vocab"], 6)
-
-        def block(rows):
-            """verify 1 + k rows and roll all of them back: the session stays at `context`"""
-            cp = s.checkpoint(rows)
-            s.extend(tok[:rows])
-            s.rollback(cp, keep=0)
-        def decode():
-            cp = s.checkpoint(1)
-            s.decode(tok[0])                         # the decode graph's replay
-            s.rollback(cp, keep=0)
+        eng, s, block, decode = round_session(shape, context)
         step = mean_ms(decode)
         print(f"== {name} @{context}: a decode step (+ rollback) {step:.3f} ms", flush=True)
         for rows in (1, 2, 4, 8, 16):             # (an extend of 1: a chunk pass, not the graph)

@@ -29,6 +29,7 @@ import functools
 import torch
 
 from .triton_attn import pieces
+from .triton_chunk_tiles import chunk_pieces
 from .triton_ops import _pow2
 
 
@@ -65,6 +66,7 @@ def _fold_kernel():
 
     globals()["tl"] = tl                # the interpreter looks for the language in module globals
     globals().update(pieces())
+    globals().update(chunk_pieces())
 
     @triton.jit(do_not_specialize=["start", "R", "window", "nsp"])
     def fold_kernel(O, SNK, META, MS, LS, ACC, start, R, window, nsp,
@@ -77,18 +79,12 @@ def _fold_kernel():
             R = tl.load(META + 1)
         t = tl.program_id(0)
         kvh = tl.program_id(1)
-        i = tl.arange(0, BM)
-        r = t * ROWS + i // G                     # the tile's slots as chunk_kernel lays them
-        hg = i % G
-        rv = (i < ROWS * G) & (r < R)
+        # the tile's slots and splits as chunk_kernel lays them
+        i, r, hg, rv, p_min, p_max, lo_min, a_hi = _tile_rows(t, R, start, window, BM, G, ROWS,
+                                                              SPLIT)
         DP: tl.constexpr = 2 * BLOCK_H
         c = tl.arange(0, DP)
         dm, cv = _columns(c, D, HALF, BLOCK_H, INTERLEAVED)
-        r_end = tl.minimum(t * ROWS + ROWS, R)
-        p_min = start + t * ROWS
-        p_max = start + r_end - 1
-        lo_min = tl.where(window > 0, tl.maximum(p_min - window + 1, 0), 0)
-        a_hi = p_max // SPLIT
         a0 = lo_min // SPLIT
         Mt = tl.full([BM], float("-inf"), tl.float32)
         Lt = tl.zeros([BM], tl.float32)
@@ -101,12 +97,8 @@ def _fold_kernel():
             m = tl.load(MS + slot)
             l = tl.load(LS + slot)
             acc = tl.load(ACC + slot[:, None] * DP + c[None, :])
-            Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
-            if (a % GS == GS - 1) | (a == a_hi):
-                Mt, Lt, At = _merge_one(Mt, Lt, At, Mg, Lg, Ag)
-                Mg = tl.full([BM], float("-inf"), tl.float32)
-                Lg = tl.zeros([BM], tl.float32)
-                Ag = tl.zeros([BM, DP], tl.float32)
+            Mg, Lg, Ag, Mt, Lt, At = _split_done(a, a_hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, BM,
+                                                 DP, GS)
         heads = kvh * G + hg
         if SINKS:
             Mt, Lt, At = _sink(SNK, heads, rv, Mt, Lt, At)
