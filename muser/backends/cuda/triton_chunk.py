@@ -81,9 +81,10 @@ def _kernel():
         t = tl.program_id(0)
         kvh = tl.program_id(1)
         part = tl.program_id(2)                  # which 1 / DSPLIT of the value columns
-        # slot i: query row r, head hg of the KV group; the rows' positions and key splits
-        i, r, hg, rv, p_min, p_max, lo_min, a_hi = _tile_rows(t, R, start, window, BM, G, ROWS,
-                                                              SPLIT)
+        i = tl.arange(0, BM)
+        r = t * ROWS + i // G                    # query row of slot i
+        hg = i % G                               # its head within the KV group
+        rv = (i < ROWS * G) & (r < R)
         # columns as the decode kernel lays them out
         dm, cv = _columns(tl.arange(0, 2 * BLOCK_H), D, HALF, BLOCK_H, INTERLEAVED)
         # value / output columns of this program: a slice of the same column order (a column of
@@ -101,6 +102,13 @@ def _kernel():
         heads = kvh * G + hg
         q = tl.load(Q + (r.to(tl.int64) * H + heads)[:, None] * D + dm[None, :],
                     mask=rv[:, None] & cv[None, :], other=0.0)
+        # (triton_chunk_park's fold repeats these lines: as a shared helper they compiled in
+        # another order, and these binaries are the ones measured on the H200)
+        r_end = tl.minimum(t * ROWS + ROWS, R)
+        p_min = start + t * ROWS
+        p_max = start + r_end - 1
+        lo_min = tl.where(window > 0, tl.maximum(p_min - window + 1, 0), 0)
+        a_hi = p_max // SPLIT
         ones = tl.full([BLOCK_N, 16], 1.0, O.dtype.element_ty)
         Mt = tl.full([BM], float("-inf"), tl.float32)
         Lt = tl.zeros([BM], tl.float32)

@@ -79,12 +79,20 @@ def _fold_kernel():
             R = tl.load(META + 1)
         t = tl.program_id(0)
         kvh = tl.program_id(1)
-        # the tile's slots and splits as chunk_kernel lays them
-        i, r, hg, rv, p_min, p_max, lo_min, a_hi = _tile_rows(t, R, start, window, BM, G, ROWS,
-                                                              SPLIT)
+        # the tile's slots and splits as chunk_kernel lays them out (the same lines: the same
+        # binary as the one measured; as a shared helper they compile in another order)
+        i = tl.arange(0, BM)
+        r = t * ROWS + i // G
+        hg = i % G
+        rv = (i < ROWS * G) & (r < R)
         DP: tl.constexpr = 2 * BLOCK_H
         c = tl.arange(0, DP)
         dm, cv = _columns(c, D, HALF, BLOCK_H, INTERLEAVED)
+        r_end = tl.minimum(t * ROWS + ROWS, R)
+        p_min = start + t * ROWS
+        p_max = start + r_end - 1
+        lo_min = tl.where(window > 0, tl.maximum(p_min - window + 1, 0), 0)
+        a_hi = p_max // SPLIT
         a0 = lo_min // SPLIT
         Mt = tl.full([BM], float("-inf"), tl.float32)
         Lt = tl.zeros([BM], tl.float32)

@@ -113,23 +113,6 @@ def chunk_pieces() -> dict:
     globals()["_split_partial"] = split_partial
 
     @triton.jit
-    def tile_rows(t, R, start, window, BM: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr,
-                  SPLIT: tl.constexpr):
-        """Query tile t's slots and key range: slot i is row r = t * ROWS + i // G (live: rv),
-        head i % G of its KV group; its rows sit at positions p_min..p_max and see keys from
-        lo_min on -- splits lo_min // SPLIT .. a_hi."""
-        i = tl.arange(0, BM)
-        r = t * ROWS + i // G
-        rv = (i < ROWS * G) & (r < R)
-        r_end = tl.minimum(t * ROWS + ROWS, R)
-        p_min = start + t * ROWS
-        p_max = start + r_end - 1
-        lo_min = tl.where(window > 0, tl.maximum(p_min - window + 1, 0), 0)
-        return i, r, i % G, rv, p_min, p_max, lo_min, p_max // SPLIT
-
-    globals()["_tile_rows"] = tile_rows
-
-    @triton.jit
     def split_done(a, a_hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, BM: tl.constexpr,
                    DPW: tl.constexpr, GS: tl.constexpr):
         """Split a's partial into its group; at the group's last split (or the tile's last,
@@ -191,5 +174,5 @@ def chunk_pieces() -> dict:
     globals()["_flat_tile"] = flat_tile
 
     return {"_chunk_tile": chunk_tile, "_keys_tile": keys_tile, "_split_partial": split_partial,
-            "_tile_rows": tile_rows, "_group_end": group_end, "_split_done": split_done,
+            "_group_end": group_end, "_split_done": split_done,
             "_flat_tile": flat_tile}
