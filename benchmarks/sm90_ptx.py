@@ -1,0 +1,97 @@
+"""Compile the chunk attention kernels for sm_90 without a GPU and fingerprint their code.
+
+Two uses, both before a device call (benchmarks/NOTES.md, tenth session):
+- **Does it compile on the device's Triton?**  The device runs Triton 3.6; this machine may have
+  another.  `pip download triton==3.6.0 --no-deps -d /tmp/t36dl` and
+  `pip install --no-deps --target /tmp/t36 /tmp/t36dl/triton-3.6.0-cp311-*.whl`, then run this
+  with `PYTHONPATH=/tmp/t36:.`.  Integer args are marked divisible by 16 where the JIT would mark
+  them (pointers, the view's strides): a compile without that missed a pipeliner failure.
+- **Is a refactor neutral?**  `--out DIR` writes each configuration's PTX with its debug
+  information stripped (line tables, labels), and prints a fingerprint per configuration; run it
+  before and after a change: equal fingerprints are the same instructions, so the bits (and the
+  speed) the device measured still hold.
+
+    PYTHONPATH=/tmp/t36:. python3 benchmarks/sm90_ptx.py [--out DIR]
+"""
+import argparse
+import hashlib
+import inspect
+import re
+from pathlib import Path
+
+CHUNK = dict(H=4, KV=1, G=4, D=256, HALF=128, BLOCK_H=128, INTERLEAVED=False, BM=64, ROWS=16,
+             BLOCK_N=32, SPLIT=32, GS=4, SOFTCAP=False, SINKS=False, RING=True, FLAT=True,
+             DSPLIT=1, INTERIOR=True, ACC_DOT=True, TWO=True, DEV=True, ONE=True, PARK=False)
+GROWING = dict(RING=False, FLAT=False, ONE=False, SPLIT=128, GS=16)
+FOLD = dict(H=4, KV=1, G=4, D=256, HALF=128, BLOCK_H=128, INTERLEAVED=False, BM=32, ROWS=8,
+            SPLIT=128, GS=16, SINKS=False, DEV=True)
+# (name, kernel, constexprs, warps): the 1B's shapes on the routes the engine takes
+CONFIGS = [
+    ("chunk ring flat captured", "chunk", {}, 8),
+    ("chunk ring flat eager", "chunk", dict(TWO=False, DEV=False), 8),
+    ("chunk growing nested captured", "chunk", GROWING, 8),
+    ("chunk growing nested eager softcap", "chunk", {**GROWING, "TWO": False, "DEV": False,
+                                                      "SOFTCAP": True}, 8),
+    ("chunk growing parked", "chunk", {**GROWING, "PARK": True, "BM": 16, "ROWS": 4}, 4),
+    ("chunk ring parked", "chunk", dict(PARK=True, BM=32, ROWS=8), 4),
+    ("fold growing captured", "fold", {}, 4),
+    ("fold ring eager sinks", "fold", dict(SINKS=True, DEV=False, BM=16, ROWS=4, SPLIT=32, GS=4),
+     4),
+]
+TYPES = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "SNK": "*bf16", "K2": "*bf16",
+         "V2": "*bf16", "MS": "*fp32", "LS": "*fp32", "ACC": "*fp32", "TAB": "*i64",
+         "META": "*i64", "scale": "fp32", "softcap": "fp32"}
+DIVISIBLE = set(TYPES) - {"scale", "softcap"} | {"rs", "hs"}
+
+
+def compile_ptx(kern, consts: dict, warps: int) -> str:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    names = list(inspect.signature(kern.fn).parameters)
+    sig = {n: "constexpr" if n in consts else TYPES.get(n, "i32") for n in names}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if n in DIVISIBLE}
+    src = ASTSource(fn=kern, signature=sig, attrs=attrs,
+                    constexprs={(names.index(k),): v for k, v in consts.items()})
+    out = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": warps, "enable_fp_fusion": False})
+    return out.asm["ptx"]
+
+
+def code_only(ptx: str) -> str:
+    """The instructions: no DWARF tables, line markers, comments or debug label numbers."""
+    keep = []
+    for line in ptx.splitlines():
+        s = line.strip()
+        if s.startswith((".b8", ".b32", ".b64", ".loc", ".file", "//")) or "DW_" in s:
+            continue
+        if re.fullmatch(r"\$L__tmp\d+:", s):
+            continue
+        keep.append(re.sub(r"\$L__tmp\d+", "$L__tmp", line))
+    return "\n".join(keep)
+
+
+def main():
+    import triton
+    from muser.backends.cuda.triton_chunk import _kernel
+    from muser.backends.cuda.triton_chunk_park import _fold_kernel
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, help="write each configuration's stripped PTX here")
+    args = ap.parse_args()
+    kernels = {"chunk": (_kernel(), CHUNK), "fold": (_fold_kernel(), FOLD)}
+    print(f"triton {triton.__version__}, sm_90")
+    for name, which, over, warps in CONFIGS:
+        kern, base = kernels[which]
+        try:
+            code = code_only(compile_ptx(kern, {**base, **over}, warps))
+        except Exception as e:              # a compile failure is this tool's answer, not a crash
+            print(f"  {name:40s} FAILED: {str(e)[:120]}")
+            continue
+        print(f"  {name:40s} {hashlib.sha1(code.encode()).hexdigest()[:12]}  {len(code):7d} chars")
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / (name.replace(" ", "_") + ".ptx")).write_text(code)
+
+
+if __name__ == "__main__":
+    main()
