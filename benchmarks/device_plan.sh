@@ -12,6 +12,7 @@
 #   verify       verify_cost.py, .prev (git archive 9ce7102 muser) against this tree
 #   chunk_first  MUSER_CHUNK_FIRST=on: the chunk kernel test, then the A/B with the 16k prefill
 #   park         MUSER_CHUNK_PARK: the chunk kernel tests, then verify_cost with park 0 and 16
+#   prep         MUSER_CHUNK_PREP=alone: its bit tests, chunk graphs and invariance under it, the A/B
 #   host         where a verification block's and a 16-session step's host time goes (cProfile)
 #   llama_build  llama.cpp's CUDA build, in the background (~340 s on 10 cores)
 #   llama        waits for the build, then cuda_bench.py side by side (270M, 1B)
@@ -73,6 +74,15 @@ stage_park() {     # MUSER_CHUNK_PARK: verification blocks' splits one a program
   bench 90 . benchmarks/verify_cost.py 1b
   unset MUSER_CHUNK_PARK; echo "MUSER_CHUNK_PARK default" | tee -a "$OUT/plan.log"
   bench 90 . benchmarks/verify_cost.py 1b
+}
+
+stage_prep() {     # MUSER_CHUNK_PREP=alone: the prologue-only prepare binary (same bits expected)
+  tests 240 -x tests/cuda/test_triton_chunk.py -k alone
+  export MUSER_CHUNK_PREP=alone; echo "MUSER_CHUNK_PREP=alone" | tee -a "$OUT/plan.log"
+  tests 300 -x tests/cuda/test_chunk_graph.py tests/engine/test_invariance.py -k "not cpu"
+  unset MUSER_CHUNK_PREP
+  bench 200 . benchmarks/exact_ab.py --models 1b --trees exact --profile \
+    --variants "PA:MUSER_CHUNK_PREP=alone"
 }
 
 stage_host() {     # cProfile of a verification block and a 16-session step; B16 kernels; TTFT

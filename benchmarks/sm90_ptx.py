@@ -1,4 +1,4 @@
-"""Compile the chunk attention kernels for sm_90 without a GPU and fingerprint their code.
+"""Compile the attention kernels for sm_90 without a GPU and fingerprint their code.
 
 Two uses, both before a device call (benchmarks/NOTES.md, tenth session):
 - **Does it compile on the device's Triton?**  The device runs Triton 3.6; this machine may have
@@ -25,6 +25,10 @@ CHUNK = dict(H=4, KV=1, G=4, D=256, HALF=128, BLOCK_H=128, INTERLEAVED=False, BM
 GROWING = dict(RING=False, FLAT=False, ONE=False, SPLIT=128, GS=16)
 FOLD = dict(H=4, KV=1, G=4, D=256, HALF=128, BLOCK_H=128, INTERLEAVED=False, BM=32, ROWS=8,
             SPLIT=128, GS=16, SINKS=False, DEV=True)
+DECODE = dict(H=4, KV=1, G=4, D=256, HALF=128, BLOCK_H=128, BLOCK_G=16, BLOCK_GC=4, BLOCK_N=32,
+              NSPLIT=17, SPLIT=32, GS=4, DEPTH=4, FUSED=True, QK_NORM=True, ROPE=True,
+              INTERLEAVED=False, SOFTCAP=False, SINKS=False, V_NORM=False, K_EQ_V=False,
+              RING=True, ACC_DOT=True, PDL=True, PREP=False)
 # (name, kernel, constexprs, warps): the 1B's shapes on the routes the engine takes
 CONFIGS = [
     ("chunk ring flat captured", "chunk", {}, 8),
@@ -34,14 +38,19 @@ CONFIGS = [
                                                       "SOFTCAP": True}, 8),
     ("chunk growing parked", "chunk", {**GROWING, "PARK": True, "BM": 16, "ROWS": 4}, 4),
     ("chunk ring parked", "chunk", dict(PARK=True, BM=32, ROWS=8), 4),
+    ("decode ring fused", "decode", {}, 4),
+    ("decode growing fused", "decode", dict(NSPLIT=257, SPLIT=128, GS=16, RING=False), 4),
+    ("decode ring q-given", "decode", dict(FUSED=False, QK_NORM=False, ROPE=False), 4),
+    ("decode ring prepare alone", "decode", dict(PREP=True), 4),
     ("fold growing captured", "fold", {}, 4),
     ("fold ring eager sinks", "fold", dict(SINKS=True, DEV=False, BM=16, ROWS=4, SPLIT=32, GS=4),
      4),
 ]
-TYPES = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "SNK": "*bf16", "K2": "*bf16",
+TYPES = {"QKV": "*bf16", "POS": "*i64", "COS": "*fp32", "SIN": "*fp32", "QN": "*bf16",
+         "KN": "*bf16", "CNT": "*i32", "QOUT": "*bf16", "eps": "fp32", "Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "SNK": "*bf16", "K2": "*bf16",
          "V2": "*bf16", "MS": "*fp32", "LS": "*fp32", "ACC": "*fp32", "TAB": "*i64",
          "META": "*i64", "scale": "fp32", "softcap": "fp32"}
-DIVISIBLE = set(TYPES) - {"scale", "softcap"} | {"rs", "hs"}
+DIVISIBLE = set(TYPES) - {"scale", "softcap", "eps"} | {"rs", "hs"}
 
 
 def compile_ptx(kern, consts: dict, warps: int) -> str:
@@ -75,10 +84,12 @@ def main():
     import triton
     from muser.backends.cuda.triton_chunk import _kernel
     from muser.backends.cuda.triton_chunk_park import _fold_kernel
+    from muser.backends.cuda.triton_decode_kernel import _kernel as _decode_kernel
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="write each configuration's stripped PTX here")
     args = ap.parse_args()
-    kernels = {"chunk": (_kernel(), CHUNK), "fold": (_fold_kernel(), FOLD)}
+    kernels = {"chunk": (_kernel(), CHUNK), "fold": (_fold_kernel(), FOLD),
+               "decode": (_decode_kernel(), DECODE)}
     print(f"triton {triton.__version__}, sm_90")
     for name, which, over, warps in CONFIGS:
         kern, base = kernels[which]

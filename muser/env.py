@@ -83,6 +83,12 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                          "second launch -- as a decode step does (the same bits; 0: one program "
                          "walks a query tile's splits in order; H200, 1B at 2k: a 1-16 row "
                          "verification block 5.5 -> 2.0-2.7 ms)"),
+    "MUSER_CHUNK_PREP": ("decode|alone", "decode", "backends/cuda (chunk attention)",
+                         "a chunk's q/k/v preparation (qk-norm, RoPE, the rows stored): decode = "
+                         "the decode attention launch itself, told to attend over nothing; alone "
+                         "= the same kernel source compiled without its attention half (its "
+                         "reductions get the same layouts on sm_90 with Triton 3.6, so the same "
+                         "bits are expected; not yet run on a GPU: decode)"),
     "MUSER_CHUNK_GRAPHS": ("off|on", "on", "backends/cuda (graph runner)",
                            "on: one session's chunk of up to 2,048 tokens (a prompt, a later "
                            "turn, a verification block) runs as one captured graph per bucket "
@@ -132,6 +138,7 @@ class Env:
     attn_tiles: str = "interior"
     chunk_first: str = "on"
     chunk_park: str = "16"
+    chunk_prep: str = "decode"
     chunk_graphs: str = "on"
     pdl: str = "on"
     attn_acc: str = "dot"
@@ -220,7 +227,8 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_CHUNK_LOOP", "chunk_loop"), ("MUSER_CHUNK_COLUMNS", "chunk_columns"),
                         ("MUSER_ATTN_TILES", "attn_tiles"), ("MUSER_ATTN_ACC", "attn_acc"),
                         ("MUSER_CHUNK_GRAPHS", "chunk_graphs"), ("MUSER_PDL", "pdl"),
-                        ("MUSER_CHUNK_FIRST", "chunk_first"), ("MUSER_CHUNK_PARK", "chunk_park")):
+                        ("MUSER_CHUNK_FIRST", "chunk_first"), ("MUSER_CHUNK_PARK", "chunk_park"),
+                        ("MUSER_CHUNK_PREP", "chunk_prep")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

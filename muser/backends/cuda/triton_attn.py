@@ -60,10 +60,10 @@ BITS_FIELDS = ("split", "group", "block_n", "acc_dot")      # the layout fields 
 
 def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     """The reduction shape of one layer's attention: {split, group, block_n, warps, depth,
-    chunk_loop, dsplit, interior, acc_dot, first_tile, park} (depth: parked partials a decode
-    merge loads at once; chunk_loop, dsplit, first_tile and park: the chunk kernel's loop
+    chunk_loop, dsplit, interior, acc_dot, first_tile, park, prep} (depth: parked partials a
+    decode merge loads at once; chunk_loop, dsplit, first_tile and park: the chunk kernel's loop
     structure, value-column slices, one-tile splits started without a state and the row count
-    up to which splits go one a program;
+    up to which splits go one a program; prep: which binary prepares a chunk's rows;
     interior: tiles every row sees whole skip the masks -- speed choices, not bits ones;
     acc_dot: p @ V accumulates onto the rescaled accumulator inside the dot -- a bits one).
 
@@ -82,7 +82,7 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
                 "nested" if growing else "flat"),
             "dsplit": int(env.chunk_columns), "interior": env.attn_tiles == "interior",
             "acc_dot": env.attn_acc == "dot", "first_tile": env.chunk_first == "on",
-            "park": int(env.chunk_park)}
+            "park": int(env.chunk_park), "prep": env.chunk_prep}
 
 
 @functools.lru_cache(maxsize=None)

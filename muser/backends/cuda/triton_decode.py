@@ -92,13 +92,14 @@ def merge_groups(nsplit: int, group: int) -> int:
 def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads, head_dim,
             nsplit, scale, softcap, interleaved, ws, out, split, group, block_n, warps,
             depth=1, chunk_loop=None, dsplit=1, interior=True, acc_dot=False, first_tile=False,
-            park=0, capacity=0, sinks=None, v_norm=False, k_eq_v=False, qout=None, grid_splits=None,
-            pdl=False):
+            park=0, prep="decode", capacity=0, sinks=None, v_norm=False, k_eq_v=False, qout=None,
+            grid_splits=None, pdl=False):
     kern = _kernel()  # (chunk_loop, dsplit, interior, first_tile, park: the chunk kernel's keys)
+    prepare = qout is not None and grid_splits == 1   # prepare_rows (prep "alone": PREP binary)
     B = table.shape[0]
     G = heads // kv_heads
     ngg = merge_groups(nsplit, group)
-    if qout is not None and grid_splits == 1:      # prepare_rows: nothing attends or merges
+    if prepare:                                    # prepare_rows: nothing attends or merges
         ws = _prepare_workspace(table.device, ngg)
     elif (ws is None or ws.nsplit < nsplit or ws.ngroups < ngg
             or ws.cnt.numel() < B * kv_heads * (1 + ws.ngroups) or ws.ms.numel() < B * kv_heads * nsplit * G):
@@ -120,7 +121,8 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         QK_NORM=q_norm is not None, ROPE=rope, INTERLEAVED=bool(interleaved),
         SOFTCAP=softcap is not None, SINKS=sinks is not None, V_NORM=bool(v_norm),
         K_EQ_V=bool(k_eq_v), RING=capacity > 0, ACC_DOT=bool(acc_dot),
-        num_warps=warps, enable_fp_fusion=False, **pdl_launch(pdl))
+        PREP=prepare and prep == "alone", num_warps=warps, enable_fp_fusion=False,
+        **pdl_launch(pdl))
     return out
 
 
