@@ -159,6 +159,10 @@ def test_sinks_give_a_chunk_row_the_decode_bits(dev, kdtype):
                                      torch.tensor([plane_row(plane)], device=dev),
                                      torch.tensor([[slot, n]], device=dev), kv, nsplit, 0.2, None,
                                      sinks=sinks, capacity=48, **lay))
-    got = chunk_attention(q, k, v, 0, 0, 48, 0.2, None, False, lay, sinks=sinks,
-                          block_m=64 if HAS_CUDA else heads // kv)
+    block_m = 64 if HAS_CUDA else heads // kv
+    got = chunk_attention(q, k, v, 0, 0, 48, 0.2, None, False, lay, sinks=sinks, block_m=block_m)
     assert torch.equal(got, torch.cat(want))
+    # chunks of up to lay["park"] rows: one split a program, the sinks joined by the fold
+    parts = [chunk_attention(q[a:a + 16], k, v, a, 0, 48, 0.2, None, False, lay, sinks=sinks,
+                             block_m=block_m) for a in range(0, 100, 16)]
+    assert lay["park"] >= 16 and torch.equal(torch.cat(parts), torch.cat(want))
