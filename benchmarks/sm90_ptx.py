@@ -29,6 +29,8 @@ DECODE = dict(H=4, KV=1, G=4, D=256, HALF=128, BLOCK_H=128, BLOCK_G=16, BLOCK_GC
               NSPLIT=17, SPLIT=32, GS=4, DEPTH=4, FUSED=True, QK_NORM=True, ROPE=True,
               INTERLEAVED=False, SOFTCAP=False, SINKS=False, V_NORM=False, K_EQ_V=False,
               RING=True, ACC_DOT=True, PDL=True, PREP=False)
+DOWN = dict(K=6912, KS=1024, BLOCK_N=128, BLOCK_K=64, GLU=False, GELU=False, HAS_BIAS=False,
+            SPLIT=False, BM=128, PIECES_IN=7, WQ=False, PDL=True, FLATTEN=False)
 # (name, kernel, constexprs, warps): the 1B's shapes on the routes the engine takes
 CONFIGS = [
     ("chunk ring flat captured", "chunk", {}, 8),
@@ -42,11 +44,16 @@ CONFIGS = [
     ("decode growing fused", "decode", dict(NSPLIT=257, SPLIT=128, GS=16, RING=False), 4),
     ("decode ring q-given", "decode", dict(FUSED=False, QK_NORM=False, ROPE=False), 4),
     ("decode ring prepare alone", "decode", dict(PREP=True), 4),
+    ("dot_rows down 128-row tile, 7 pieces in", "dot", {}, 8),
+    ("dot_rows down, pieces flattened", "dot", dict(FLATTEN=True), 8),
+    ("dot_rows qkv 16-row decode tile", "dot", dict(K=1152, KS=1152, BM=16, BLOCK_N=32,
+                                                    BLOCK_K=256, PIECES_IN=1), 4),
     ("fold growing captured", "fold", {}, 4),
     ("fold ring eager sinks", "fold", dict(SINKS=True, DEV=False, BM=16, ROWS=4, SPLIT=32, GS=4),
      4),
 ]
-TYPES = {"QKV": "*bf16", "POS": "*i64", "COS": "*fp32", "SIN": "*fp32", "QN": "*bf16",
+TYPES = {"X": "*bf16", "W": "*bf16", "S": "*bf16", "BIAS": "*bf16", "Y": "*bf16", "P": "*fp32",
+         "QKV": "*bf16", "POS": "*i64", "COS": "*fp32", "SIN": "*fp32", "QN": "*bf16",
          "KN": "*bf16", "CNT": "*i32", "QOUT": "*bf16", "eps": "fp32", "Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "SNK": "*bf16", "K2": "*bf16",
          "V2": "*bf16", "MS": "*fp32", "LS": "*fp32", "ACC": "*fp32", "TAB": "*i64",
          "META": "*i64", "scale": "fp32", "softcap": "fp32"}
@@ -63,7 +70,10 @@ def compile_ptx(kern, consts: dict, warps: int) -> str:
     src = ASTSource(fn=kern, signature=sig, attrs=attrs,
                     constexprs={(names.index(k),): v for k, v in consts.items()})
     out = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options={"num_warps": warps, "enable_fp_fusion": False})
+                         # as launched: attention without FMA contraction, bf16 dot_rows with
+                         # it (its epilogue's int8 form turns it off) and 3 stages
+                         options={"num_warps": warps, "num_stages": 3,
+                                  "enable_fp_fusion": "K" in consts and not consts.get("WQ")})
     return out.asm["ptx"]
 
 
@@ -85,11 +95,12 @@ def main():
     from muser.backends.cuda.triton_chunk import _kernel
     from muser.backends.cuda.triton_chunk_park import _fold_kernel
     from muser.backends.cuda.triton_decode_kernel import _kernel as _decode_kernel
+    from muser.backends.cuda.triton_dot import _kernels as _dot_kernels
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="write each configuration's stripped PTX here")
     args = ap.parse_args()
     kernels = {"chunk": (_kernel(), CHUNK), "fold": (_fold_kernel(), FOLD),
-               "decode": (_decode_kernel(), DECODE)}
+               "decode": (_decode_kernel(), DECODE), "dot": (_dot_kernels()[1], DOWN)}
     print(f"triton {triton.__version__}, sm_90")
     for name, which, over, warps in CONFIGS:
         kern, base = kernels[which]

@@ -152,6 +152,9 @@ def test_a_chunk_tile_gives_each_row_the_decode_tile_bits(dev, kdtype, glu, n, k
     assert torch.equal(big, small)
     assert torch.equal(big[7:8], dot_rows(x[7:8], w, glu=glu))
     assert torch.equal(dot_rows(x, w, glu=glu, tile=chunk_tile(1 << 14, 256, glu)), small)
+    # MUSER_FLATTEN: the in-kernel pieces and their K steps fused into one loop by Triton
+    assert torch.equal(dot_rows(x, w, glu=glu, tile=chunk_tile(1 << 14, 256, glu), flatten=True),
+                       small)
 
 
 @pytest.mark.parametrize("glu,bias", [(False, False), (False, True), (True, False)])

@@ -146,6 +146,7 @@ class DecodeStep:
         self.gelu = spec.activation == "gelu_tanh"
         # the separate form has no v-norm / V = K: Gemma 4 always takes the fused attention
         self.fused_attn = env.attn != "separate" or spec.v_norm or any(l.k_eq_v for l in spec.layers)
+        self.flatten = env.flatten == "on"      # dot_rows' in-kernel pieces as one fused loop
         # programmatic dependent launch for the step's own kernels (MUSER_PDL; sm_90 and up)
         self.pdl = (env.pdl == "on" and dev.type == "cuda"
                     and torch.cuda.get_device_capability(dev)[0] >= 9)
@@ -168,8 +169,10 @@ class DecodeStep:
         """dot_rows (with PDL when on; int8 rows with their scales) or, in MUSER_GEMV=fast, the
         older gemv."""
         if isinstance(w, RowInt8):
-            return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, **kw)
-        return dot_rows(x, w, pdl=self.pdl, **kw) if self.gemv is dot_rows else self.gemv(x, w, **kw)
+            return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, flatten=self.flatten, **kw)
+        if self.gemv is dot_rows:
+            return dot_rows(x, w, pdl=self.pdl, flatten=self.flatten, **kw)
+        return self.gemv(x, w, **kw)
 
     def _linear(self, what, x, w, b=None):
         if isinstance(w, RowInt8):                    # int8 rows: dot_rows scales the sums

@@ -119,7 +119,7 @@ def _kernels():
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
                         GELU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                         BM: tl.constexpr, PIECES_IN: tl.constexpr, WQ: tl.constexpr,
-                        PDL: tl.constexpr):
+                        PDL: tl.constexpr, FLATTEN: tl.constexpr = False):
         _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         # Rows in tiles of BM (padded with zeros) through the tensor cores; K cut into pieces of
         # KS (program axis 2) walked in fixed BLOCK_K steps.  An output element's sum is the same
@@ -137,7 +137,9 @@ def _kernels():
             acc = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
             if GLU:
                 accu = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
-            for pc in range(PIECES_IN):
+            # FLATTEN: Triton fuses this loop with the piece's K loop (its bounds do not depend
+            # on pc) into one software-pipelined loop -- no pipeline drain and refill a piece
+            for pc in tl.range(PIECES_IN, flatten=FLATTEN):
                 pa, pu = _piece(X, W, rm, rmask, cols, cmask, pc, N, K, KS, BLOCK_N, BLOCK_K, GLU,
                                 BM)
                 acc += pa
@@ -255,7 +257,8 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
              config: tuple[int, int, int, int, int] | None = None,
              rows: int | None = None,
              tile: tuple[int, int, int, int, int] | None = None,
-             scale: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+             scale: torch.Tensor | None = None, pdl: bool = False,
+             flatten: bool = False) -> torch.Tensor:
     """The same function as `gemv`, for rows in tiles of 16 on the tensor cores (K in fixed
     steps, optionally in fixed split-K pieces summed in order): batch-invariant too, and far
     cheaper per extra row than `gemv`'s loop.  `config` = (block_n, block_k, warps, stages,
@@ -264,7 +267,8 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     the kernel -- the same bits per row; `rows=16` forces the decode tiles.  int8 `w` with
     float32 `scale` [rows of w]: W = scale[:, None] * w, each sum scaled once all its pieces are
     in (any tile, the same bits; H200: tests/cuda/test_triton_ops.py) -- the CUDA int8 weight
-    mode (weights_int8.py)."""
+    mode (weights_int8.py).  `flatten` (MUSER_FLATTEN): pieces summed in the kernel run as one
+    loop fused by Triton (the same dots and adds in the same order)."""
     import triton
     kern, ssum = _kernels()[1], _kernels()[2]
     n, k = w.shape
@@ -295,7 +299,8 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     kern[(triton.cdiv(n, bn), triton.cdiv(B, bm), pieces)](
         x, w, s_arg, b_arg, out, part, B, n, K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu,
         GELU=gelu, HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, WQ=wq,
-        num_warps=nw, num_stages=st, **fuse, **pdl_launch(pdl))
+        FLATTEN=bool(flatten) and inside > 1, num_warps=nw, num_stages=st, **fuse,
+        **pdl_launch(pdl))
     if split:
         ssum[(triton.cdiv(n, 1024), B)](part, s_arg, b_arg, out, B, n, PIECES=pieces, BLOCK=1024,
                                          GLU=glu, GELU=gelu, HAS_BIAS=bias is not None, WQ=wq,
