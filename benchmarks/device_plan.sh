@@ -12,6 +12,7 @@
 #   verify       verify_cost.py, .prev (git archive 9ce7102 muser) against this tree
 #   chunk_first  MUSER_CHUNK_FIRST=on: the chunk kernel test, then the A/B with the 16k prefill
 #   park         MUSER_CHUNK_PARK: the chunk kernel tests, then verify_cost with park 0 and 16
+#   engine       test_cuda_engine, test_cuda_families, test_invariance (cuda rows) on the defaults
 #   prep         MUSER_CHUNK_PREP=alone: its bit tests, chunk graphs and invariance under it, the A/B
 #   flatten      MUSER_FLATTEN=on: the chunk-tile bit test, then the A/B with the 16k profile
 #   host         where a verification block's and a 16-session step's host time goes (cProfile)
@@ -75,6 +76,11 @@ stage_park() {     # MUSER_CHUNK_PARK: verification blocks' splits one a program
   bench 90 . benchmarks/verify_cost.py 1b
   unset MUSER_CHUNK_PARK; echo "MUSER_CHUNK_PARK default" | tee -a "$OUT/plan.log"
   bench 90 . benchmarks/verify_cost.py 1b
+}
+
+stage_engine() {   # the engine-level CUDA rows under the current defaults (park included)
+  tests 420 -x tests/cuda/test_cuda_engine.py tests/cuda/test_cuda_families.py \
+    tests/engine/test_invariance.py -k "not cpu"
 }
 
 stage_prep() {     # MUSER_CHUNK_PREP=alone: the prologue-only prepare binary (same bits expected)
