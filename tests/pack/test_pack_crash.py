@@ -22,6 +22,22 @@ def old(tmp_path):
     return snap, path
 
 
+class FileWrapper:
+    """An open file that counts its writes (`n`) and passes everything else through; subclasses
+    decide what a write does."""
+
+    def __init__(self, f):
+        self.f, self.n = f, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return self.f.__exit__(*a)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
 def leftovers(directory, name="session.pack"):
     return [directory / f for f in os.listdir(directory) if f != name]
 
@@ -36,19 +52,7 @@ def test_failed_save_leaves_the_old_file_and_no_temporary(old, monkeypatch, fail
     if fail == "write":                                # disk full after the header
         real_open = open
 
-        class Full:
-            def __init__(self, f):
-                self.f, self.n = f, 0
-
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *a):
-                return self.f.__exit__(*a)
-
-            def __getattr__(self, name):
-                return getattr(self.f, name)
-
+        class Full(FileWrapper):
             def write(self, b):
                 self.n += 1
                 if self.n == 2:
@@ -77,20 +81,12 @@ def test_save_fsyncs_the_file_and_its_directory(tmp_path, monkeypatch):
     assert stat.S_IMODE(os.stat(tmp_path / "a.pack").st_mode) == 0o600
 
 
-class Stall:
+class Stall(FileWrapper):
     """A file wrapper that announces the third write on `fd` and then sleeps (is killed there)."""
 
     def __init__(self, f, fd):
-        self.f, self.fd, self.n = f, fd, 0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return self.f.__exit__(*a)
-
-    def __getattr__(self, name):
-        return getattr(self.f, name)
+        super().__init__(f)
+        self.fd = fd
 
     def write(self, b):
         self.n += 1
