@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -23,7 +22,7 @@ import httpx
 
 sys.path.insert(0, os.path.dirname(__file__))
 from server_load import start_server            # noqa: E402
-from serverproc import stop                      # noqa: E402
+from serverproc import sse_events, stop          # noqa: E402
 
 WORDS = ("the ring keeps the last tokens of every sliding layer so its memory stays flat while "
          "the growing plane keeps every token of the full layers ").split()
@@ -42,10 +41,7 @@ async def stream(client, name, messages, n, seed, tokens) -> tuple[float, list[f
     usage = {}
     async with client.stream("POST", "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
+        async for ev in sse_events(r):
             usage = ev.get("usage") or usage
             for ch in ev.get("choices", []):
                 if ch.get("delta", {}).get("content") and ch["index"] not in firsts:

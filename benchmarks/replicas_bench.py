@@ -36,7 +36,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from serverproc import free_port, launch, stop   # noqa: E402
+from serverproc import free_port, launch, sse_events, stop   # noqa: E402
 
 WORDS = ("ocean mountain city night library rain train moon garden desert music bridge winter "
          "river market clock island forest harbor lantern engine window letter story voice "
@@ -58,10 +58,7 @@ async def one(client, base: str, model: str, i: int, args) -> tuple[float, int, 
     async with client.stream("POST", base + "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
+        async for ev in sse_events(r):
             if "error" in ev:
                 raise RuntimeError(ev["error"])
             if ev.get("choices") and ev["choices"][0]["delta"].get("content") and ttft is None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import subprocess
@@ -28,7 +27,7 @@ import time
 
 import httpx
 
-from serverproc import free_port, launch, stop
+from serverproc import free_port, launch, sse_events, stop
 
 TOPICS = ["the ocean", "mountains", "a city at night", "old libraries", "rain", "trains",
           "the moon", "gardens", "deserts", "music", "bridges", "winter", "rivers", "markets",
@@ -58,10 +57,7 @@ async def one_chat(client: httpx.AsyncClient, name: str, messages, tokens: int) 
     text, usage = "", None
     async with client.stream("POST", "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
+        async for ev in sse_events(r):
             if ev.get("usage"):
                 usage = ev["usage"]
             for ch in ev.get("choices", []):

@@ -1,13 +1,15 @@
 """A server process for the benchmarks: a free port, start and wait until healthy, stop.
 
 Owns: `free_port`, `launch` (Popen + poll the health path until 200, the process's exit or a
-deadline; on failure the log's tail is in the error) and `stop` (SIGINT, then kill).  Does not
+deadline; on failure the log's tail is in the error), `stop` (SIGINT, then kill) and
+`sse_events` (a streamed response's JSON events).  Does not
 own: the command line (each benchmark builds its own: muser or llama.cpp, its flags), or any
 measurement.  Used by server_load.py, soak.py, interleave.py, prefix_bench.py, replicas_bench.py,
 n_bench.py.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -64,3 +66,10 @@ def _tail(stream, log_path: str | None) -> str:
         stream.seek(0)
         return stream.read().decode(errors="replace")[-2000:]
     return "its output went to this terminal"
+
+
+async def sse_events(response):
+    """The JSON events of a streamed OpenAI response (`data: {...}` lines; `[DONE]` ends it)."""
+    async for line in response.aiter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[6:])
