@@ -243,7 +243,8 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     _kernel()[(tiles, KV, nsp if ws is not None else dsplit)](
         q, keys, values, out, sinks if sinks is not None else q, new_k, new_v,
         dev[0] if dev is not None else q, dev[1] if dev is not None else q, *spare,
-        int(start), R, int(first), int(rot), int(capm), int(kcount if kcount is not None else keys.shape[0]),
+        int(start), R, int(first), int(rot), int(capm),
+        int(kcount if kcount is not None else keys.shape[0]),
         keys.stride(0), keys.stride(1), int(window or 0), float(scale), float(softcap or 1.0), nsp,
         H=H, KV=KV, G=G, D=D, HALF=half, BLOCK_H=_pow2(half, 8), INTERLEAVED=bool(interleaved),
         BM=bm, ROWS=rows, BLOCK_N=lay["block_n"], SPLIT=lay["split"],
@@ -251,7 +252,8 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         RING=ring is not None, FLAT=lay.get("chunk_loop") == "flat", DSPLIT=dsplit,
         INTERIOR=bool(lay.get("interior", True)), ACC_DOT=bool(lay.get("acc_dot", False)),
         TWO=new is not None, DEV=dev is not None,
-        ONE=bool(lay.get("first_tile")) and lay["split"] == lay["block_n"] and bool(lay.get("acc_dot")),
+        ONE=(bool(lay.get("first_tile")) and lay["split"] == lay["block_n"]
+             and bool(lay.get("acc_dot"))),
         PARK=ws is not None, num_warps=warps, enable_fp_fusion=False,
         **({"num_stages": stages} if stages else {}))
     if ws is not None:

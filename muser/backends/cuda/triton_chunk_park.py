@@ -15,7 +15,8 @@ their partials; so does this:
     launch 1  grid (tiles, KV, nsp)   program s: split a = a0 + s of its tile, from empty ->
                                       (m, l, acc) parked at slot s           (a0 = lo_min // SPLIT)
     launch 2  grid (tiles, KV)        for a in a0 .. a_hi:  group <- merge_one(group, parked)
-                                      at a group's last split or a_hi: total <- merge_one(total, group)
+                                      at a group's last split or a_hi:
+                                          total <- merge_one(total, group)
 
 Why the bits are chunk_kernel's (and so the decode step's): a split's partial is computed by
 the same tile loop from the same empty state; float32 partials round-trip memory exactly; the

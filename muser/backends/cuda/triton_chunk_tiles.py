@@ -2,9 +2,11 @@
 
 Owns: `chunk_pieces()` -- `_chunk_tile` (a tile of K/V read by position: an ordered view, a
 ring in place, and with TWO the chunk's own rows from `start` on), `_keys_tile` (that tile
-folded into a split's running softmax), `_split_partial` (a split from empty) and `_flat_tile` (one step of the flat loop: a split
-starts, folds, and ends into its group and the total).  Does not own: the loops and the grid
-(triton_chunk.py), the arithmetic they share with the decode kernel (triton_attn.py).
+folded into a split's running softmax), `_split_partial` (a split from empty), `_split_done` /
+`_group_end` (the merges at a split's and a group's end) and `_flat_tile` (one step of the flat
+loop: a split starts, folds, and ends into its group and the total).  Does not own: the loops
+and the grid (triton_chunk.py), the arithmetic they share with the decode kernel
+(triton_attn.py).
 """
 from __future__ import annotations
 

@@ -217,9 +217,9 @@ def _kernel():
                 # same values and a faster kernel alone, but the three-loop binary cost 0.35 ms per
                 # 1B decode step in the engine (H200, benchmarks/NOTES.md, eighth session)
                 for start in range(t_lo, t_hi, BLOCK_N):
-                    m, l, acc = _decode_tile(kp, vp, start, slot, pos, lo_pos, capm, rs, hs, kvh, dm,
-                                             cv, q, lo_v, hi_v, m, l, acc, ones, scale, softcap,
-                                             BLOCK_N, SOFTCAP, RING, True, ACC_DOT)
+                    m, l, acc = _decode_tile(kp, vp, start, slot, pos, lo_pos, capm, rs, hs, kvh,
+                                             dm, cv, q, lo_v, hi_v, m, l, acc, ones, scale,
+                                             softcap, BLOCK_N, SOFTCAP, RING, True, ACC_DOT)
                 base = pid * NSPLIT + s
                 tl.store(MS + base * G + g, m, mask=gm)
                 tl.store(LS + base * G + g, l, mask=gm)
@@ -237,13 +237,15 @@ def _kernel():
                 ticket = tl.atomic_add(gcnt, 1, sem="acq_rel", scope="gpu")
                 if ticket == g_last - g_first:
                     tl.store(gcnt, 0)
-                    M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, g_first - a0, g_last - g_first + 1, a0,
+                    M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, g_first - a0,
+                                    g_last - g_first + 1, a0,
                                     gc, gcm, dm, cv, G, D, GS, False, DEPTH, BLOCK_GC, 2 * BLOCK_H)
                     if ngrp > 1:                      # park the group's total in its first slot
                         gb = (pid * NSPLIT + g_first - a0) * G + gc
                         tl.store(MS + gb, M, mask=gcm)
                         tl.store(LS + gb, L, mask=gcm)
-                        tl.store(ACC + gb[:, None] * D + dm[None, :], A, mask=gcm[:, None] & cv[None, :])
+                        tl.store(ACC + gb[:, None] * D + dm[None, :], A,
+                                 mask=gcm[:, None] & cv[None, :])
                         tl.debug_barrier()
                         top = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
                         if top == ngrp - 1:
@@ -260,6 +262,7 @@ def _kernel():
                         if SINKS:
                             M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
                         tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
-                                 (A / L[:, None]).to(O.dtype.element_ty), mask=gcm[:, None] & cv[None, :])
+                                 (A / L[:, None]).to(O.dtype.element_ty),
+                                 mask=gcm[:, None] & cv[None, :])
 
     return attn_kernel
