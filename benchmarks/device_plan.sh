@@ -14,7 +14,7 @@
 #   park         MUSER_CHUNK_PARK: the chunk kernel tests, then verify_cost with park 0 and 16
 #   engine       test_cuda_engine, test_cuda_families, test_invariance (cuda rows) on the defaults
 #   prep         MUSER_CHUNK_PREP=alone: its bit tests, chunk graphs and invariance under it, the A/B
-#   flatten      MUSER_FLATTEN=on: the chunk-tile bit test, then the A/B with the 16k profile
+#   flatten      MUSER_FLATTEN=dot|chunk: their bit tests, then the A/B with the 16k profile
 #   host         where a verification block's and a 16-session step's host time goes (cProfile)
 #   llama_build  llama.cpp's CUDA build, in the background (~340 s on 10 cores)
 #   llama        waits for the build, then cuda_bench.py side by side (270M, 1B)
@@ -92,10 +92,11 @@ stage_prep() {     # MUSER_CHUNK_PREP=alone: the prologue-only prepare binary (s
     --variants "PA:MUSER_CHUNK_PREP=alone"
 }
 
-stage_flatten() {  # MUSER_FLATTEN=on: dot_rows' in-kernel pieces as one Triton-fused loop
+stage_flatten() {  # MUSER_FLATTEN=dot|chunk: nested loops fused by Triton (same arithmetic)
   tests 240 -x tests/cuda/test_triton_ops.py -k "chunk_tile_gives"
-  bench 200 . benchmarks/exact_ab.py --models 1b --trees exact --profile \
-    --variants "FL:MUSER_FLATTEN=on"
+  tests 240 -x tests/cuda/test_triton_chunk.py -k flatten
+  bench 240 . benchmarks/exact_ab.py --models 1b --trees exact --profile \
+    --variants "FD:MUSER_FLATTEN=dot;FC:MUSER_FLATTEN=chunk"
 }
 
 stage_host() {     # cProfile of a verification block and a 16-session step; B16 kernels; TTFT

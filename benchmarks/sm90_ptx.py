@@ -38,6 +38,7 @@ CONFIGS = [
     ("chunk growing nested captured", "chunk", GROWING, 8),
     ("chunk growing nested eager softcap", "chunk", {**GROWING, "TWO": False, "DEV": False,
                                                       "SOFTCAP": True}, 8),
+    ("chunk growing flattened captured", "chunk", {**GROWING, "FLATTEN": True}, 8),
     ("chunk growing parked", "chunk", {**GROWING, "PARK": True, "BM": 16, "ROWS": 4}, 4),
     ("chunk ring parked", "chunk", dict(PARK=True, BM=32, ROWS=8), 4),
     ("decode ring fused", "decode", {}, 4),
@@ -57,6 +58,7 @@ TYPES = {"X": "*bf16", "W": "*bf16", "S": "*bf16", "BIAS": "*bf16", "Y": "*bf16"
          "KN": "*bf16", "CNT": "*i32", "QOUT": "*bf16", "eps": "fp32", "Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "SNK": "*bf16", "K2": "*bf16",
          "V2": "*bf16", "MS": "*fp32", "LS": "*fp32", "ACC": "*fp32", "TAB": "*i64",
          "META": "*i64", "scale": "fp32", "softcap": "fp32"}
+CHUNK["FLATTEN"] = False
 DIVISIBLE = set(TYPES) - {"scale", "softcap", "eps"} | {"rs", "hs"}
 
 

@@ -89,11 +89,13 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                          "= the same kernel source compiled without its attention half (its "
                          "reductions get the same layouts on sm_90 with Triton 3.6, so the same "
                          "bits are expected; not yet run on a GPU: decode)"),
-    "MUSER_FLATTEN": ("off|on", "off", "backends/cuda (dot_rows)",
-                      "on: a prefill tile's split-K pieces (summed in the kernel) and each "
-                      "piece's K steps run as one loop that Triton fuses and software-pipelines "
-                      "(tl.range flatten) -- the same dots and adds in the same order; aimed at "
-                      "the down projection, 1.75x cuBLAS at 16k rows (not yet run on a GPU: off)"),
+    "MUSER_FLATTEN": ("off|dot|chunk|on", "off", "backends/cuda (dot_rows, chunk attention)",
+                      "nested loops that Triton fuses into one software-pipelined loop "
+                      "(tl.range flatten) -- the same arithmetic in the same order: dot = a "
+                      "prefill tile's split-K pieces summed in the kernel (the down projection, "
+                      "1.75x cuBLAS at 16k rows); chunk = the chunk attention's splits on "
+                      "growing planes (fixed tile bounds, the group merge as selects); on = both "
+                      "(not yet run on a GPU: off)"),
     "MUSER_CHUNK_GRAPHS": ("off|on", "on", "backends/cuda (graph runner)",
                            "on: one session's chunk of up to 2,048 tokens (a prompt, a later "
                            "turn, a verification block) runs as one captured graph per bucket "

@@ -26,14 +26,15 @@ def _plane(kind, kv, d, dtype, dev):
 
 
 def _layout(kind, d, block_n, group=None, depth=1, loop="nested", dsplit=1, tiles=2, first=False,
-            park=16, prep="decode"):
+            park=16, prep="decode", flatten="off"):
     from muser.backends.cuda.triton_attn import layout
     lay = layout(kind == "growing", d)
     # small splits and groups: many of each in 150 positions (two-level merges included; a
     # ring's row starts anywhere, so its first and last groups are partly outside it)
     group = group or (2 if kind == "growing" else lay["group"])
     return {**lay, "block_n": block_n, "split": tiles * block_n, "group": group, "depth": depth,
-            "chunk_loop": loop, "dsplit": dsplit, "first_tile": first, "park": park, "prep": prep}
+            "chunk_loop": loop, "dsplit": dsplit, "first_tile": first, "park": park, "prep": prep,
+            "flatten": flatten}
 
 
 def _inputs(heads, kv, d, dtype, dev, qk_norm, seed=0):
@@ -92,19 +93,23 @@ SPLITS = [[N], [1, 7, 97, 45], [50, 1, 1, 98], [16] * 9 + [6]]
     ("ring", None, 4, "flat", 1, 1, True, 16, "alone"),
     ("growing", None, 1, "nested", 2, 2, False, 16, D), ("growing", None, 4, "flat", 1, 2, False, 16, D),
     ("growing", None, 1, "nested", 4, 2, False, 16, D), ("growing", None, 1, "nested", 1, 2, False, 0, D),
-    ("growing", None, 1, "nested", 1, 2, False, 0, "alone")])
+    ("growing", None, 1, "nested", 1, 2, False, 0, "alone"),
+    ("growing", None, 1, "flatten", 1, 2, False, 0, D),
+    ("growing", None, 4, "flatten", 1, 3, False, 16, D)])
 @pytest.mark.parametrize("heads,kv,d,qk_norm,softcap", [(4, 2, 32, True, None), (4, 1, 64, False, 5.0)])
 def test_a_chunk_row_has_the_decode_bits(dev, kdtype, kind, group, depth, loop, dsplit, tiles, first,
                                          park, prep, heads, kv, d, qk_norm, softcap):
     """(depth: the decode merges load 1 or 4 parked partials at once; loop: the chunk kernel's
-    loop structure; dsplit: value-column slices per query tile; first: one-tile splits started
+    loop structure ("flatten": the nested loop on fixed tile bounds, fused by Triton); dsplit: value-column slices per query tile; first: one-tile splits started
     by tile_first; park: chunks of up to that many rows (here [1, 7, 1, 1, 16, 6]) run one split
     a program and fold the parked partials after; prep: the chunk's q/k/v prepared by the decode
     launch itself or by its prologue compiled alone -- speed choices, the same bits)"""
     if dsplit > 1 and not HAS_CUDA:
         pytest.skip("numpy's matmul (the interpreter's dot) sums a column by the matrix's width")
     scale = d ** -0.5
-    lay = _layout(kind, d, 16, group, depth, loop, dsplit, tiles, first, park, prep)
+    flatten = "chunk" if loop == "flatten" else "off"      # the nested loop, fused by Triton
+    lay = _layout(kind, d, 16, group, depth, "nested" if flatten == "chunk" else loop, dsplit,
+                  tiles, first, park, prep, flatten)
     ins = _inputs(heads, kv, d, kdtype, dev, qk_norm)
     ref_out, ref_plane, nsplit, cap = _decode(kind, heads, kv, d, kdtype, dev, lay, *ins, scale, softcap)
     assert not ref_out.isnan().any()

@@ -146,7 +146,7 @@ class DecodeStep:
         self.gelu = spec.activation == "gelu_tanh"
         # the separate form has no v-norm / V = K: Gemma 4 always takes the fused attention
         self.fused_attn = env.attn != "separate" or spec.v_norm or any(l.k_eq_v for l in spec.layers)
-        self.flatten = env.flatten == "on"      # dot_rows' in-kernel pieces as one fused loop
+        self.flatten = env.flatten in ("dot", "on")   # dot_rows' in-kernel pieces: one loop
         # programmatic dependent launch for the step's own kernels (MUSER_PDL; sm_90 and up)
         self.pdl = (env.pdl == "on" and dev.type == "cuda"
                     and torch.cuda.get_device_capability(dev)[0] >= 9)

@@ -63,7 +63,7 @@ def _kernel():
                      SINKS: tl.constexpr, RING: tl.constexpr, FLAT: tl.constexpr,
                      DSPLIT: tl.constexpr, INTERIOR: tl.constexpr, ACC_DOT: tl.constexpr,
                      TWO: tl.constexpr, DEV: tl.constexpr, ONE: tl.constexpr,
-                     PARK: tl.constexpr):
+                     PARK: tl.constexpr, FLATTEN: tl.constexpr = False):
         if DEV:
             # a captured pass (chunk_graph.py): the plane and the chunk's place come from device
             # memory -- TAB (k_ptr, v_ptr, row stride, head stride), META (start, rows, first,
@@ -171,6 +171,23 @@ def _kernel():
                         cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
                         softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, True,
                         ACC_DOT, TWO, KV, D, ONE)
+            elif FLATTEN:
+                # the nested loop with every split's tiles on fixed bounds (masked; tiles no row
+                # sees fold as exact no-ops, as the tile's rows past a row's own position already
+                # do), so Triton fuses the two loops into one software-pipelined loop: the
+                # split's merges run at its last tile only, in the same order
+                for a in tl.range(lo_min // SPLIT, a_hi + 1, flatten=True):
+                    m = tl.full([BM], float("-inf"), tl.float32)
+                    l = tl.zeros([BM], tl.float32)
+                    acc = tl.zeros([BM, DPW], tl.float32)
+                    for j in range(SPLIT // BLOCK_N):
+                        m, l, acc = _keys_tile(a * SPLIT + j * BLOCK_N, K, V, first, rot, capm,
+                                               kcount, lo_min, p_max, rs, hs, kvh, dm, cv, dmv,
+                                               cvv, q, lo, hi, m, l, acc, ones, scale, softcap,
+                                               K2, V2, start, BLOCK_N, SOFTCAP, RING, True,
+                                               ACC_DOT, TWO, KV, D)
+                    Mg, Lg, Ag, Mt, Lt, At = _split_done_sel(a, a_hi, m, l, acc, Mg, Lg, Ag, Mt,
+                                                             Lt, At, BM, DPW, GS)
             else:
                 for a in range(lo_min // SPLIT, a_hi + 1):
                     m, l, acc = _split_partial(a, t_first, p_max, f0, f1, K, V, first, rot, capm,
@@ -254,7 +271,8 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         TWO=new is not None, DEV=dev is not None,
         ONE=(bool(lay.get("first_tile")) and lay["split"] == lay["block_n"]
              and bool(lay.get("acc_dot"))),
-        PARK=ws is not None, num_warps=warps, enable_fp_fusion=False,
+        PARK=ws is not None, FLATTEN=lay.get("flatten") in ("chunk", "on"), num_warps=warps,
+        enable_fp_fusion=False,
         **({"num_stages": stages} if stages else {}))
     if ws is not None:
         fold_parked(out, KV, sinks, dev[1] if dev is not None else None, ws, start, R, window,

@@ -132,6 +132,25 @@ def chunk_pieces() -> dict:
                 tl.zeros([BM, DPW], tl.float32))
 
     globals()["_group_end"] = group_end
+
+    @triton.jit
+    def split_done_sel(a, a_hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, BM: tl.constexpr,
+                       DPW: tl.constexpr, GS: tl.constexpr):
+        """`split_done` without a branch: the group's fold into the total is computed at every
+        split and kept (with the group reset) only at a group's end -- the same values, for a
+        loop Triton fuses (its fuse-nested-loops pass fails on an if inside the epilogue)."""
+        Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
+        Mn, Ln, An = _merge_one(Mt, Lt, At, Mg, Lg, Ag)
+        end = (a % GS == GS - 1) | (a == a_hi)
+        Mt = tl.where(end, Mn, Mt)
+        Lt = tl.where(end, Ln, Lt)
+        At = tl.where(end, An, At)
+        Mg = tl.where(end, float("-inf"), Mg)
+        Lg = tl.where(end, 0.0, Lg)
+        Ag = tl.where(end, 0.0, Ag)
+        return Mg, Lg, Ag, Mt, Lt, At
+
+    globals()["_split_done_sel"] = split_done_sel
     globals()["_split_done"] = split_done
 
     @triton.jit
@@ -177,4 +196,5 @@ def chunk_pieces() -> dict:
 
     return {"_chunk_tile": chunk_tile, "_keys_tile": keys_tile, "_split_partial": split_partial,
             "_group_end": group_end, "_split_done": split_done,
+            "_split_done_sel": split_done_sel,
             "_flat_tile": flat_tile}
