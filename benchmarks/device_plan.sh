@@ -101,6 +101,7 @@ stage_flatten() {  # MUSER_FLATTEN=dot|chunk: nested loops fused by Triton (same
 
 stage_host() {     # cProfile of a verification block and a 16-session step; B16 kernels; TTFT
   bench 240 . benchmarks/host_profile.py 1b 2048 8
+  bench 90 . benchmarks/verify_cost.py 1b      # the draft gate at verify_cost 2.0 (was 3.0)
 }
 
 stage_llama_build() {   # carry .peers
