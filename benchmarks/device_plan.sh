@@ -15,6 +15,7 @@
 #   engine       test_cuda_engine, test_cuda_families, test_invariance (cuda rows) on the defaults
 #   prep         MUSER_CHUNK_PREP=alone: its bit tests, chunk graphs and invariance under it, the A/B
 #   flatten      MUSER_FLATTEN=dot|chunk: their bit tests, then the A/B with the 16k profile
+#   fuse         MUSER_FUSE_SUM=on: its bit tests, then the decode A/B (270M, 1B)
 #   host         where a verification block's and a 16-session step's host time goes (cProfile)
 #   llama_build  llama.cpp's CUDA build, in the background (~340 s on 10 cores)
 #   llama        waits for the build, then cuda_bench.py side by side (270M, 1B)
@@ -97,6 +98,12 @@ stage_flatten() {  # MUSER_FLATTEN=dot|chunk: nested loops fused by Triton (same
   tests 240 -x tests/cuda/test_triton_chunk.py -k flatten
   bench 240 . benchmarks/exact_ab.py --models 1b --trees exact --profile \
     --variants "FD:MUSER_FLATTEN=dot;FC:MUSER_FLATTEN=chunk"
+}
+
+stage_fuse() {     # MUSER_FUSE_SUM=on: the down projection's pieces summed in the add+norm
+  tests 240 -x tests/cuda/test_fuse_sum.py tests/cuda/test_triton_ops.py -k "unsummed or pieces"
+  bench 200 . benchmarks/exact_ab.py --models 270m,1b --trees exact --no-16k \
+    --variants "FS:MUSER_FUSE_SUM=on"
 }
 
 stage_host() {     # cProfile of a verification block and a 16-session step; B16 kernels; TTFT

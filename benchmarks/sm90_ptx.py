@@ -31,6 +31,10 @@ DECODE = dict(H=4, KV=1, G=4, D=256, HALF=128, BLOCK_H=128, BLOCK_G=16, BLOCK_GC
               RING=True, ACC_DOT=True, PDL=True, PREP=False)
 DOWN = dict(K=6912, KS=1024, BLOCK_N=128, BLOCK_K=64, GLU=False, GELU=False, HAS_BIAS=False,
             SPLIT=False, BM=128, PIECES_IN=7, WQ=False, PDL=True, FLATTEN=False)
+ADD_NORM = dict(N=1152, BLOCK=2048, HAS_D1=True, HAS_D2=False, POST=True, LAYERNORM=False,
+                NEXT=True, PDL=True)
+ADD_PIECES = dict(N=1152, BLOCK=2048, PIECES=7, WQ=False, POST=True, LAYERNORM=False, NEXT=True,
+                  PDL=True)
 # (name, kernel, constexprs, warps): the 1B's shapes on the routes the engine takes
 CONFIGS = [
     ("chunk ring flat captured", "chunk", {}, 8),
@@ -49,15 +53,27 @@ CONFIGS = [
     ("dot_rows down, pieces flattened", "dot", dict(FLATTEN=True), 8),
     ("dot_rows qkv 16-row decode tile", "dot", dict(K=1152, KS=1152, BM=16, BLOCK_N=32,
                                                     BLOCK_K=256, PIECES_IN=1), 4),
+    ("add_norm sandwich", "add_norm", {}, 4),
+    ("add_norm first layer", "add_norm", dict(HAS_D1=False, POST=False), 4),
+    ("add_norm parallel", "add_norm", dict(HAS_D2=True, POST=False), 4),
+    ("add_norm over 7 pieces", "add_pieces", {}, 4),
     ("fold growing captured", "fold", {}, 4),
     ("fold ring eager sinks", "fold", dict(SINKS=True, DEV=False, BM=16, ROWS=4, SPLIT=32, GS=4),
      4),
 ]
-TYPES = {"X": "*bf16", "W": "*bf16", "S": "*bf16", "BIAS": "*bf16", "Y": "*bf16", "P": "*fp32",
-         "QKV": "*bf16", "POS": "*i64", "COS": "*fp32", "SIN": "*fp32", "QN": "*bf16",
-         "KN": "*bf16", "CNT": "*i32", "QOUT": "*bf16", "eps": "fp32", "Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "SNK": "*bf16", "K2": "*bf16",
-         "V2": "*bf16", "MS": "*fp32", "LS": "*fp32", "ACC": "*fp32", "TAB": "*i64",
-         "META": "*i64", "scale": "fp32", "softcap": "fp32"}
+TYPES = {  # argument types as the engine passes them (others are i32)
+    # chunk attention and the fold
+    "Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "SNK": "*bf16", "K2": "*bf16",
+    "V2": "*bf16", "MS": "*fp32", "LS": "*fp32", "ACC": "*fp32", "TAB": "*i64", "META": "*i64",
+    "scale": "fp32", "softcap": "fp32",
+    # decode attention
+    "QKV": "*bf16", "POS": "*i64", "COS": "*fp32", "SIN": "*fp32", "QN": "*bf16", "KN": "*bf16",
+    "CNT": "*i32", "QOUT": "*bf16", "eps": "fp32",
+    # dot_rows (S: the weights again for bf16) and add_norm (P: split-K pieces, float32)
+    "X": "*bf16", "W": "*bf16", "S": "*bf16", "BIAS": "*bf16", "Y": "*bf16", "P": "*fp32",
+    "H": "*bf16", "D1": "*bf16", "D2": "*bf16", "W_POST": "*fp32", "W_NEXT": "*fp32",
+    "H_OUT": "*bf16", "X_OUT": "*bf16",
+}
 CHUNK["FLATTEN"] = False
 DIVISIBLE = set(TYPES) - {"scale", "softcap", "eps"} | {"rs", "hs"}
 
@@ -72,10 +88,11 @@ def compile_ptx(kern, consts: dict, warps: int) -> str:
     src = ASTSource(fn=kern, signature=sig, attrs=attrs,
                     constexprs={(names.index(k),): v for k, v in consts.items()})
     out = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         # as launched: attention without FMA contraction, bf16 dot_rows with
-                         # it (its epilogue's int8 form turns it off) and 3 stages
+                         # as launched: attention without FMA contraction, bf16 dot_rows and
+                         # add_norm with it (dot_rows' int8 epilogue turns it off), 3 stages
                          options={"num_warps": warps, "num_stages": 3,
-                                  "enable_fp_fusion": "K" in consts and not consts.get("WQ")})
+                                  "enable_fp_fusion": ("K" in consts or "NEXT" in consts)
+                                  and not consts.get("WQ")})
     return out.asm["ptx"]
 
 
@@ -98,11 +115,14 @@ def main():
     from muser.backends.cuda.triton_chunk_park import _fold_kernel
     from muser.backends.cuda.triton_decode_kernel import _kernel as _decode_kernel
     from muser.backends.cuda.triton_dot import _kernels as _dot_kernels
+    from muser.backends.cuda.triton_ops import _kernels as _ops_kernels
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="write each configuration's stripped PTX here")
     args = ap.parse_args()
     kernels = {"chunk": (_kernel(), CHUNK), "fold": (_fold_kernel(), FOLD),
-               "decode": (_decode_kernel(), DECODE), "dot": (_dot_kernels()[1], DOWN)}
+               "decode": (_decode_kernel(), DECODE), "dot": (_dot_kernels()[1], DOWN),
+               "add_norm": (_ops_kernels()[0], ADD_NORM),
+               "add_pieces": (_ops_kernels()[3], ADD_PIECES)}
     print(f"triton {triton.__version__}, sm_90")
     for name, which, over, warps in CONFIGS:
         kern, base = kernels[which]

@@ -96,6 +96,10 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                       "1.75x cuBLAS at 16k rows); chunk = the chunk attention's splits on "
                       "growing planes (fixed tile bounds, the group merge as selects); on = both "
                       "(not yet run on a GPU: off)"),
+    "MUSER_FUSE_SUM": ("off|on", "off", "backends/cuda (decode step)",
+                       "on: where the down projection leaves split-K pieces (decode tiles), the "
+                       "add+norm after it sums them (split_sum's adds, in order) -- one launch a "
+                       "layer fewer, the same bits (not yet run on a GPU: off)"),
     "MUSER_CHUNK_GRAPHS": ("off|on", "on", "backends/cuda (graph runner)",
                            "on: one session's chunk of up to 2,048 tokens (a prompt, a later "
                            "turn, a verification block) runs as one captured graph per bucket "
@@ -147,6 +151,7 @@ class Env:
     chunk_park: str = "16"
     chunk_prep: str = "decode"
     flatten: str = "off"
+    fuse_sum: str = "off"
     chunk_graphs: str = "on"
     pdl: str = "on"
     attn_acc: str = "dot"
@@ -236,7 +241,8 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_ATTN_TILES", "attn_tiles"), ("MUSER_ATTN_ACC", "attn_acc"),
                         ("MUSER_CHUNK_GRAPHS", "chunk_graphs"), ("MUSER_PDL", "pdl"),
                         ("MUSER_CHUNK_FIRST", "chunk_first"), ("MUSER_CHUNK_PARK", "chunk_park"),
-                        ("MUSER_CHUNK_PREP", "chunk_prep"), ("MUSER_FLATTEN", "flatten")):
+                        ("MUSER_CHUNK_PREP", "chunk_prep"), ("MUSER_FLATTEN", "flatten"),
+                        ("MUSER_FUSE_SUM", "fuse_sum")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

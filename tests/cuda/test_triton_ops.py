@@ -36,6 +36,33 @@ def test_add_norm(dev, kdtype, layernorm, mode):
     assert rel(ho, rh) < 1e-2 and rel(xo, tf.norm(rh, wn, spec)) < 1e-2
 
 
+@pytest.mark.parametrize("layernorm,post", [(False, True), (False, False), (True, True)])
+@pytest.mark.parametrize("int8", [False, True])
+def test_an_add_norm_over_unsummed_pieces_gives_the_summed_bits(dev, kdtype, layernorm, post,
+                                                                int8):
+    """MUSER_FUSE_SUM: the down projection's split-K pieces summed by the add+norm after it
+    (one launch) == summed by split_sum_kernel, then the add+norm (two) -- h' and x bitwise,
+    bf16 and int8 weights (the int8 row scales applied in the same place)."""
+    from muser.backends.cuda.triton_dot import Pieces, dot_rows
+    from muser.backends.cuda.triton_ops import add_norm
+    B, N, K = 48, 1152, 6912               # the 1B down projection: 7 pieces; 55k sums
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(B, K, generator=g).to(dev, kdtype)
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).to(dev, kdtype)
+    kw = {}
+    if int8:
+        w = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8).to(dev)
+        kw["scale"] = (torch.rand(N, generator=g) / 500).to(dev)
+    h = torch.randn(B, N, generator=g).to(dev, kdtype)
+    wp, wn = torch.randn(N, device=dev), torch.randn(N, device=dev)
+    pieces = dot_rows(x, w, defer=True, **kw)
+    assert isinstance(pieces, Pieces) and pieces.part.shape[0] == 7
+    post_w = wp if post else None
+    want = add_norm(h, wn, 1e-6, layernorm, d1=dot_rows(x, w, **kw), w_post=post_w)
+    got = add_norm(h, wn, 1e-6, layernorm, d1=pieces, w_post=post_w)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("qk_norm", [False, True])
 @pytest.mark.parametrize("rope", [False, True])

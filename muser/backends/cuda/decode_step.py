@@ -147,6 +147,7 @@ class DecodeStep:
         # the separate form has no v-norm / V = K: Gemma 4 always takes the fused attention
         self.fused_attn = env.attn != "separate" or spec.v_norm or any(l.k_eq_v for l in spec.layers)
         self.flatten = env.flatten in ("dot", "on")   # dot_rows' in-kernel pieces: one loop
+        self.fuse_sum = env.fuse_sum == "on"    # the down projection's pieces summed in add_norm
         # programmatic dependent launch for the step's own kernels (MUSER_PDL; sm_90 and up)
         self.pdl = (env.pdl == "on" and dev.type == "cuda"
                     and torch.cuda.get_device_capability(dev)[0] >= 9)
@@ -174,11 +175,14 @@ class DecodeStep:
             return dot_rows(x, w, pdl=self.pdl, flatten=self.flatten, **kw)
         return self.gemv(x, w, **kw)
 
-    def _linear(self, what, x, w, b=None):
+    def _linear(self, what, x, w, b=None, defer: bool = False):
+        """x @ w.T (+ b).  `defer`: dot_rows may return its split-K pieces unsummed (Pieces),
+        for the add_norm that consumes them to sum (MUSER_FUSE_SUM)."""
         if isinstance(w, RowInt8):                    # int8 rows: dot_rows scales the sums
-            return self._dot(x, w, bias=b)
+            return self._dot(x, w, bias=b, **({"defer": True} if defer else {}))
         if what in self.gemv_for and w.is_contiguous() and (x.shape[0] == 1 or not self.batch1_only):
-            return self._dot(x, w, bias=b)
+            kw = {"defer": True} if defer and self.gemv is dot_rows else {}
+            return self._dot(x, w, bias=b, **kw)
         return F.linear(x, w, b)
 
     def _norm_all(self, qkv, lw, hd: int, kd: int):
@@ -207,14 +211,14 @@ class DecodeStep:
                                add_norm(h, mw.pre_moe_norm, eps, ln)[1])
         return dense + add_norm(routed, mw.post_moe_norm, eps, ln)[1]
 
-    def _mlp(self, lw, fz, x):
+    def _mlp(self, lw, fz, x, defer: bool = False):
         wgu = fz["wgu"]
         if isinstance(wgu, RowInt8) or ("gu" in self.gemv_for
                                          and (x.shape[0] == 1 or not self.batch1_only)):
             a = self._dot(x, wgu, glu=True, gelu=self.gelu)               # act*mul fused in
         else:
             a = act_mul(F.linear(x, wgu), self.gelu)
-        return self._linear("down", a, lw.w_down)
+        return self._linear("down", a, lw.w_down, defer=defer)
 
     def run(self, packed: torch.Tensor, tables: torch.Tensor, ws: DecodeWorkspace) -> torch.Tensor:
         """One decode step: float32 logits [B, vocab] (see the module doc for the inputs)."""
@@ -273,8 +277,12 @@ class DecodeStep:
             post_attn = lw.post_attn_norm if post else None
             h, x = add_norm(h, lw.pre_ffn_norm if spec.pre_norm else None, eps, self.layernorm,
                             d1=o, w_post=post_attn, pdl=self.pdl)
-            m = self._ffn(lw, fz, h, h if x is None else x)
             post_ffn = lw.post_ffn_norm if post else None
+            if lw.layer_scale is None and lw.moe is None and self.fuse_sum:
+                # the down projection's split-K pieces summed by the add_norm below
+                m = self._mlp(lw, fz, h if x is None else x, defer=True)
+            else:
+                m = self._ffn(lw, fz, h, h if x is None else x)
             if lw.layer_scale is None:
                 h, x = add_norm(h, nxt, eps, self.layernorm, d1=m, w_post=post_ffn, pdl=self.pdl)
                 x = h if x is None else x                  # post-norm: the next layer reads h

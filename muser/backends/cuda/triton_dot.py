@@ -12,6 +12,7 @@ lazily: this module imports on a machine without it.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -252,13 +253,21 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, glu:
     return out
 
 
+class Pieces(NamedTuple):
+    """A projection's split-K partial sums, not yet summed: part [pieces, B, N] float32 and the
+    int8 rows' float32 scales (None for bf16 weights) -- `add_norm(d1=Pieces)` sums them as
+    split_sum_kernel would, in the launch that consumes them."""
+    part: torch.Tensor
+    scale: torch.Tensor | None
+
+
 def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, glu: bool = False,
              gelu: bool = False, bias: torch.Tensor | None = None,
              config: tuple[int, int, int, int, int] | None = None,
              rows: int | None = None,
              tile: tuple[int, int, int, int, int] | None = None,
              scale: torch.Tensor | None = None, pdl: bool = False,
-             flatten: bool = False) -> torch.Tensor:
+             flatten: bool = False, defer: bool = False) -> "torch.Tensor | Pieces":
     """The same function as `gemv`, for rows in tiles of 16 on the tensor cores (K in fixed
     steps, optionally in fixed split-K pieces summed in order): batch-invariant too, and far
     cheaper per extra row than `gemv`'s loop.  `config` = (block_n, block_k, warps, stages,
@@ -268,7 +277,9 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     float32 `scale` [rows of w]: W = scale[:, None] * w, each sum scaled once all its pieces are
     in (any tile, the same bits; H200: tests/cuda/test_triton_ops.py) -- the CUDA int8 weight
     mode (weights_int8.py).  `flatten` (MUSER_FLATTEN): pieces summed in the kernel run as one
-    loop fused by Triton (the same dots and adds in the same order)."""
+    loop fused by Triton (the same dots and adds in the same order).  `defer`: where the pieces
+    would be summed by split_sum_kernel (no act*up, no bias), return them unsummed as `Pieces`
+    for triton_ops.add_norm to sum (MUSER_FUSE_SUM)."""
     import triton
     kern, ssum = _kernels()[1], _kernels()[2]
     n, k = w.shape
@@ -301,6 +312,8 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
         GELU=gelu, HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, WQ=wq,
         FLATTEN=bool(flatten) and inside > 1, num_warps=nw, num_stages=st, **fuse,
         **pdl_launch(pdl))
+    if split and defer and not glu and bias is None:
+        return Pieces(part, scale if wq else None)
     if split:
         ssum[(triton.cdiv(n, 1024), B)](part, s_arg, b_arg, out, B, n, PIECES=pieces, BLOCK=1024,
                                          GLU=glu, GELU=gelu, HAS_BIAS=bias is not None, WQ=wq,

@@ -71,17 +71,11 @@ def _kernels():
     globals().update(pdl_pieces())      # module globals: the interpreter resolves names there
 
     @triton.jit
-    def add_norm_kernel(H, D1, D2, W_POST, W_NEXT, H_OUT, X_OUT, eps,
-                        N: tl.constexpr, BLOCK: tl.constexpr, HAS_D1: tl.constexpr,
-                        HAS_D2: tl.constexpr, POST: tl.constexpr, LAYERNORM: tl.constexpr,
-                        NEXT: tl.constexpr, PDL: tl.constexpr):
-        _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
-        row = tl.program_id(0).to(tl.int64)        # chunks: rows x N can pass 2**31
-        i = tl.arange(0, BLOCK)
-        mask = i < N
-        h = tl.load(H + row * N + i, mask=mask, other=0.0)
+    def add_norm_tail(h, d1, row, i, mask, D2, W_POST, W_NEXT, H_OUT, X_OUT, eps, N: tl.constexpr,
+                      HAS_D1: tl.constexpr, HAS_D2: tl.constexpr, POST: tl.constexpr,
+                      LAYERNORM: tl.constexpr, NEXT: tl.constexpr):
+        """add_norm after its inputs are in: h' = h + norm?(d1) [+ d2] stored, x = norm(h')."""
         if HAS_D1:
-            d1 = tl.load(D1 + row * N + i, mask=mask, other=0.0).to(tl.float32)
             if POST:
                 wp = tl.load(W_POST + i, mask=mask, other=0.0)
                 if LAYERNORM:
@@ -104,6 +98,46 @@ def _kernels():
             else:
                 x = x * tl.rsqrt(tl.sum(x * x, 0) / N + eps) * wn
             tl.store(X_OUT + row * N + i, x.to(h.dtype), mask=mask)
+
+    globals()["_add_norm_tail"] = add_norm_tail
+
+    @triton.jit
+    def add_norm_kernel(H, D1, D2, W_POST, W_NEXT, H_OUT, X_OUT, eps,
+                        N: tl.constexpr, BLOCK: tl.constexpr, HAS_D1: tl.constexpr,
+                        HAS_D2: tl.constexpr, POST: tl.constexpr, LAYERNORM: tl.constexpr,
+                        NEXT: tl.constexpr, PDL: tl.constexpr):
+        _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
+        row = tl.program_id(0).to(tl.int64)        # chunks: rows x N can pass 2**31
+        i = tl.arange(0, BLOCK)
+        mask = i < N
+        h = tl.load(H + row * N + i, mask=mask, other=0.0)
+        d1 = h
+        if HAS_D1:
+            d1 = tl.load(D1 + row * N + i, mask=mask, other=0.0).to(tl.float32)
+        _add_norm_tail(h, d1, row, i, mask, D2, W_POST, W_NEXT, H_OUT, X_OUT, eps, N, HAS_D1,
+                       HAS_D2, POST, LAYERNORM, NEXT)
+
+    @triton.jit
+    def add_pieces_norm_kernel(H, P, S, W_POST, W_NEXT, H_OUT, X_OUT, eps, B,
+                               N: tl.constexpr, BLOCK: tl.constexpr, PIECES: tl.constexpr,
+                               WQ: tl.constexpr, POST: tl.constexpr, LAYERNORM: tl.constexpr,
+                               NEXT: tl.constexpr, PDL: tl.constexpr):
+        """add_norm whose d1 is a projection's split-K pieces P [PIECES, B, N] float32, summed
+        first exactly as split_sum_kernel sums them (in order from zero, the int8 scale, rounded
+        to the activation dtype) -- one launch instead of split_sum + add_norm."""
+        _pdl_begin(PDL)
+        row = tl.program_id(0).to(tl.int64)
+        i = tl.arange(0, BLOCK)
+        mask = i < N
+        h = tl.load(H + row * N + i, mask=mask, other=0.0)
+        y = tl.zeros((BLOCK,), dtype=tl.float32)
+        for piece in range(PIECES):                       # fixed order: 0, 1, 2, ...
+            y += tl.load(P + (piece * B + row) * N + i, mask=mask, other=0.0)
+        if WQ:
+            y = y * tl.load(S + i, mask=mask, other=1.0)
+        d1 = y.to(h.dtype).to(tl.float32)
+        _add_norm_tail(h, d1, row, i, mask, H, W_POST, W_NEXT, H_OUT, X_OUT, eps, N, True, False,
+                       POST, LAYERNORM, NEXT)
 
     @triton.jit
     def qk_rope_store_kernel(QKV, POS, COS, SIN, QN, KN, TAB, META, Q_OUT, eps,
@@ -181,7 +215,7 @@ def _kernels():
         out = a.to(g.dtype).to(tl.float32) * u.to(tl.float32)
         tl.store(OUT + b * I + i, out.to(g.dtype), mask=mask)
 
-    return add_norm_kernel, qk_rope_store_kernel, act_mul_kernel
+    return add_norm_kernel, qk_rope_store_kernel, act_mul_kernel, add_pieces_norm_kernel
 
 
 def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm: bool,
@@ -192,10 +226,25 @@ def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm
     any B (the decode step's batch, or a prefill chunk's rows: `triton_rows`).
 
     With d1 None, h' is h and only the norm runs (the first layer's input norm); with w_next
-    None, only h' is computed and x is None.
+    None, only h' is computed and x is None.  d1 may be a projection's unsummed split-K pieces
+    (triton_dot.Pieces, no d2): summed first as split_sum_kernel sums them, in this launch.
     """
-    kern = _kernels()[0]
     B, N = h.shape
+    if isinstance(d1, tuple) and d2 is None:           # triton_dot.Pieces: sum them here
+        part, scale = d1
+        h_out = h_out if h_out is not None else torch.empty_like(h)
+        if w_next is not None:
+            x_out = x_out if x_out is not None else torch.empty_like(h)
+        w_any = w_next if w_next is not None else (w_post if w_post is not None else h)
+        _kernels()[3][(B,)](h, part, scale if scale is not None else part,
+                            w_post if w_post is not None else w_any, w_any, h_out,
+                            x_out if w_next is not None else h_out, float(eps), B, N=N,
+                            BLOCK=_pow2(N), PIECES=part.shape[0], WQ=scale is not None,
+                            POST=w_post is not None, LAYERNORM=layernorm,
+                            NEXT=w_next is not None, num_warps=8 if N >= 2048 else 4,
+                            **pdl_launch(pdl))
+        return h_out, (x_out if w_next is not None else None)
+    kern = _kernels()[0]
     h_out = h if d1 is None else (h_out if h_out is not None else torch.empty_like(h))
     if w_next is not None:
         x_out = x_out if x_out is not None else torch.empty_like(h)
