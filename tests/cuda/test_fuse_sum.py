@@ -1,7 +1,8 @@
 """MUSER_FUSE_SUM (backends/cuda/decode_step.py): the down projection's split-K pieces summed by
 the add+norm after it, in one launch, give the engine the bits of split_sum + add_norm -- a
 prefill, captured decode steps, and a verification-sized extend (a chunk graph's small bucket).
-The kernel-level pin is test_triton_ops.py::test_an_add_norm_over_unsummed_pieces_gives_the_summed_bits."""
+The kernel-level pin: test_triton_ops.py::test_an_add_norm_over_unsummed_pieces_gives_the_summed_bits
+(on the interpreter too)."""
 import torch
 from cudautil import needs_gpu
 
