@@ -35,3 +35,19 @@ needs_kernels = pytest.mark.skipif(not (HAS_CUDA or (INTERPRET and triton_availa
 def rel(a, b) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+PROMPT = [7, 3, 99, 41, 5, 5, 18, 200, 11, 64, 3, 9, 120, 77]
+
+
+def prefill_then_decode(engine, extend=()) -> torch.Tensor:
+    """One session's logits, stacked: a prefill of PROMPT, seven decode steps (graph replays on
+    CUDA), then an `extend` if given (its last row) -- what an engine-level A/B of two runner
+    settings compares bitwise."""
+    s, out = engine.new_session(), []
+    out.append(s.prefill(PROMPT).reshape(1, -1))
+    for t in (5, 17, 250, 3, 8, 8, 99):
+        out.append(s.decode(t).reshape(1, -1))
+    if extend:
+        out.append(s.extend(list(extend))[-1:])
+    return torch.cat(out)

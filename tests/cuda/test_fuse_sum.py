@@ -4,21 +4,14 @@ prefill, captured decode steps, and a verification-sized extend (a chunk graph's
 The kernel-level pin: test_triton_ops.py::test_an_add_norm_over_unsummed_pieces_gives_the_summed_bits
 (on the interpreter too)."""
 import torch
-from cudautil import needs_gpu
+from cudautil import needs_gpu, prefill_then_decode
 
 from muser.env import Env
 from muser.testing import tiny_model
 
-IDS = [7, 3, 99, 41, 5, 5, 18, 200, 11, 64, 3, 9, 120, 77]
-
 
 def run(engine):
-    s, out = engine.new_session(), []
-    out.append(s.prefill(IDS))
-    for t in (5, 17, 250, 3, 8, 8, 99):
-        out.append(s.decode(t))
-    out.append(s.extend([4, 9, 12])[-1:])
-    return torch.cat([o.reshape(-1, o.shape[-1]) for o in out])
+    return prefill_then_decode(engine, extend=[4, 9, 12])
 
 
 @needs_gpu

@@ -166,23 +166,23 @@ class DecodeStep:
         return DecodeWorkspace(batch, kv, group, max(l.head_dim for l in s.layers),
                                max(self.splits), self.engine.device, ngroups)
 
-    def _dot(self, x, w, **kw):
+    def _dot(self, x, w, defer: bool = False, **kw):
         """dot_rows (with PDL when on; int8 rows with their scales) or, in MUSER_GEMV=fast, the
-        older gemv."""
+        older gemv.  `defer`: dot_rows may return its split-K pieces unsummed (Pieces) for the
+        add_norm that consumes them (MUSER_FUSE_SUM); gemv sums its own."""
         if isinstance(w, RowInt8):
-            return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, flatten=self.flatten, **kw)
+            return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, flatten=self.flatten,
+                            defer=defer, **kw)
         if self.gemv is dot_rows:
-            return dot_rows(x, w, pdl=self.pdl, flatten=self.flatten, **kw)
+            return dot_rows(x, w, pdl=self.pdl, flatten=self.flatten, defer=defer, **kw)
         return self.gemv(x, w, **kw)
 
     def _linear(self, what, x, w, b=None, defer: bool = False):
-        """x @ w.T (+ b).  `defer`: dot_rows may return its split-K pieces unsummed (Pieces),
-        for the add_norm that consumes them to sum (MUSER_FUSE_SUM)."""
+        """x @ w.T (+ b); `defer` as `_dot`'s."""
         if isinstance(w, RowInt8):                    # int8 rows: dot_rows scales the sums
-            return self._dot(x, w, bias=b, **({"defer": True} if defer else {}))
+            return self._dot(x, w, bias=b, defer=defer)
         if what in self.gemv_for and w.is_contiguous() and (x.shape[0] == 1 or not self.batch1_only):
-            kw = {"defer": True} if defer and self.gemv is dot_rows else {}
-            return self._dot(x, w, bias=b, **kw)
+            return self._dot(x, w, bias=b, defer=defer)
         return F.linear(x, w, b)
 
     def _norm_all(self, qkv, lw, hd: int, kd: int):
@@ -197,12 +197,13 @@ class DecodeStep:
                                   lambda v, w, b: self._linear("o", v, w, b))
         return experts_rows(x, mw, self.spec.moe, weights, idx)
 
-    def _ffn(self, lw, fz, h, x):
+    def _ffn(self, lw, fz, h, x, defer: bool = False):
         """transformer.feed_forward: the MLP; gpt-oss: experts instead; Gemma 4: both, each
-        with its own norms (h = the residual stream the experts and their router read)."""
+        with its own norms (h = the residual stream the experts and their router read).
+        `defer`: a plain MLP's down projection may come back as unsummed pieces (`_dot`)."""
         mw = lw.moe
         if mw is None:
-            return self._mlp(lw, fz, x)
+            return self._mlp(lw, fz, x, defer=defer)
         if self.spec.moe.style == "gpt_oss":
             return self._experts(mw, x, x)
         eps, ln = self.spec.norm_eps, self.layernorm
@@ -277,12 +278,10 @@ class DecodeStep:
             post_attn = lw.post_attn_norm if post else None
             h, x = add_norm(h, lw.pre_ffn_norm if spec.pre_norm else None, eps, self.layernorm,
                             d1=o, w_post=post_attn, pdl=self.pdl)
+            # MUSER_FUSE_SUM: the down projection's split-K pieces summed by the add_norm below
+            m = self._ffn(lw, fz, h, h if x is None else x,
+                          defer=self.fuse_sum and lw.layer_scale is None)
             post_ffn = lw.post_ffn_norm if post else None
-            if lw.layer_scale is None and lw.moe is None and self.fuse_sum:
-                # the down projection's split-K pieces summed by the add_norm below
-                m = self._mlp(lw, fz, h if x is None else x, defer=True)
-            else:
-                m = self._ffn(lw, fz, h, h if x is None else x)
             if lw.layer_scale is None:
                 h, x = add_norm(h, nxt, eps, self.layernorm, d1=m, w_post=post_ffn, pdl=self.pdl)
                 x = h if x is None else x                  # post-norm: the next layer reads h
