@@ -16,6 +16,8 @@
 #   prep         MUSER_CHUNK_PREP=alone: its bit tests, chunk graphs and invariance under it, the A/B
 #   flatten      MUSER_FLATTEN=dot|chunk: their bit tests, then the A/B with the 16k profile
 #   fuse         MUSER_FUSE_SUM=on: its bit tests, then the decode A/B (270M, 1B)
+#   full         all of tests/cuda and test_invariance's CUDA rows on the defaults (full1 + full2)
+#   confirm      the eleventh session's flips against their old values, three rounds (decode)
 #   host         where a verification block's and a 16-session step's host time goes (cProfile)
 #   llama_build  llama.cpp's CUDA build, in the background (~340 s on 10 cores)
 #   llama        waits for the build, then cuda_bench.py side by side (270M, 1B)
@@ -104,6 +106,24 @@ stage_fuse() {     # MUSER_FUSE_SUM=on: the down projection's pieces summed in t
   tests 240 -x tests/cuda/test_fuse_sum.py tests/cuda/test_triton_ops.py -k "unsummed or pieces"
   bench 200 . benchmarks/exact_ab.py --models 270m,1b --trees exact --no-16k \
     --variants "FS:MUSER_FUSE_SUM=on"
+}
+
+stage_full() {     # every CUDA test on the defaults (373 tests, ~8 minutes: two calls, full1 + full2)
+  stage_full1; stage_full2
+}
+
+stage_full1() {    # the kernel-level files
+  tests 540 tests/cuda --deselect tests/cuda/test_cuda_engine.py \
+    --deselect tests/cuda/test_cuda_families.py
+}
+
+stage_full2() {    # the engine-level files (the engine stage)
+  stage_engine
+}
+
+stage_confirm() {  # MUSER_FUSE_SUM on (default) against off, three rounds; park 64 on a block
+  bench 300 . benchmarks/exact_ab.py --models 270m,1b --trees exact --rounds 3 --no-16k \
+    --variants "F0:MUSER_FUSE_SUM=off"
 }
 
 stage_host() {     # cProfile of a verification block and a 16-session step; B16 kernels; TTFT
