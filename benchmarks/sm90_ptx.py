@@ -11,7 +11,12 @@ Two uses, both before a device call (benchmarks/NOTES.md, tenth session):
   before and after a change: equal fingerprints are the same instructions, so the bits (and the
   speed) the device measured still hold.
 
-    PYTHONPATH=/tmp/t36:. python3 benchmarks/sm90_ptx.py [--out DIR]
+- **Does a tile fit?**  `--regs` runs the wheel's ptxas on each PTX (`-v`) and prints its
+  registers and spill bytes; `--tiles` adds the 64-key attention tiles (ring and growing, decode
+  and chunk, 4 and 8 warps) -- the ones `layout()` does not pick because a [BN, D] K/V tile at
+  D = 256 spilled at 4 warps.
+
+    PYTHONPATH=/tmp/t36:. python3 benchmarks/sm90_ptx.py [--out DIR] [--regs] [--tiles]
 """
 import argparse
 import hashlib
@@ -61,6 +66,20 @@ CONFIGS = [
     ("fold ring eager sinks", "fold", dict(SINKS=True, DEV=False, BM=16, ROWS=4, SPLIT=32, GS=4),
      4),
 ]
+# 64-key tiles (MUSER_ATTN_RING / MUSER_ATTN_GROWING = 64,W with MUSER_RING_ROWS = 64): a
+# ring split stays one tile, half as many splits; a growing split of 128 is two tiles
+TILES = [
+    (f"{what} {w} warps", kern, over, w)
+    for w in (4, 8)
+    for what, kern, over in (
+        ("decode ring BN64", "decode", dict(BLOCK_N=64, SPLIT=64, NSPLIT=9)),
+        ("decode growing BN64", "decode", dict(BLOCK_N=64, NSPLIT=257, SPLIT=128, GS=16,
+                                               RING=False)),
+        ("chunk ring flat captured BN64", "chunk", dict(BLOCK_N=64, SPLIT=64)),
+        ("chunk growing nested captured BN64", "chunk", {**GROWING, "BLOCK_N": 64}),
+        ("chunk ring parked BN64", "chunk", dict(BLOCK_N=64, SPLIT=64, PARK=True, BM=32,
+                                                 ROWS=8)))
+]
 TYPES = {  # argument types as the engine passes them (others are i32)
     # chunk attention and the fold
     "Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "SNK": "*bf16", "K2": "*bf16",
@@ -96,6 +115,29 @@ def compile_ptx(kern, consts: dict, warps: int) -> str:
     return out.asm["ptx"]
 
 
+def ptxas_usage(ptx: str) -> str:
+    """ptxas -v's verdict on the PTX (the wheel's ptxas, sm_90a as Triton compiles it):
+    registers and spill bytes."""
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+    exe = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        Path(src).write_text(ptx)
+        r = subprocess.run([str(exe), "-v", "--gpu-name", "sm_90a", src, "-o",
+                            os.path.join(d, "k.cubin")], capture_output=True, text=True)
+    text = r.stdout + r.stderr
+    regs = re.search(r"Used (\d+) registers", text)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    if regs is None:
+        return "ptxas: " + text.strip().splitlines()[-1][:80] if text.strip() else "ptxas: ?"
+    return f"{regs.group(1)} regs, spills {spill.group(1)}/{spill.group(2)} B" if spill else \
+        f"{regs.group(1)} regs"
+
+
 def code_only(ptx: str) -> str:
     """The instructions: no DWARF tables, line markers, comments or debug label numbers."""
     keep = []
@@ -118,20 +160,25 @@ def main():
     from muser.backends.cuda.triton_ops import _kernels as _ops_kernels
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="write each configuration's stripped PTX here")
+    ap.add_argument("--regs", action="store_true", help="ptxas -v: registers and spills")
+    ap.add_argument("--tiles", action="store_true", help="also the 64-key attention tiles")
     args = ap.parse_args()
     kernels = {"chunk": (_kernel(), CHUNK), "fold": (_fold_kernel(), FOLD),
                "decode": (_decode_kernel(), DECODE), "dot": (_dot_kernels()[1], DOWN),
                "add_norm": (_ops_kernels()[0], ADD_NORM),
                "add_pieces": (_ops_kernels()[3], ADD_PIECES)}
     print(f"triton {triton.__version__}, sm_90")
-    for name, which, over, warps in CONFIGS:
+    for name, which, over, warps in CONFIGS + (TILES if args.tiles else []):
         kern, base = kernels[which]
         try:
-            code = code_only(compile_ptx(kern, {**base, **over}, warps))
+            ptx = compile_ptx(kern, {**base, **over}, warps)
         except Exception as e:              # a compile failure is this tool's answer, not a crash
             print(f"  {name:40s} FAILED: {str(e)[:120]}")
             continue
-        print(f"  {name:40s} {hashlib.sha1(code.encode()).hexdigest()[:12]}  {len(code):7d} chars")
+        code = code_only(ptx)
+        usage = f"  {ptxas_usage(ptx)}" if args.regs else ""
+        print(f"  {name:40s} {hashlib.sha1(code.encode()).hexdigest()[:12]}  {len(code):7d} chars"
+              + usage)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / (name.replace(" ", "_") + ".ptx")).write_text(code)

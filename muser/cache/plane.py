@@ -107,6 +107,11 @@ class Plane:
             capacity 4, empty, chunk of 6 at 0 -> origin_logical 2 -> (2, 4).
         """
         self._check_reservation(start_position, count)
+        return self._reserve(start_position, count)
+
+    def _reserve(self, start_position: int, count: int) -> tuple[int, int]:
+        """append_batch after its checks (advance makes them once, not twice: a batched decode
+        step runs this for every session and plane group)."""
         self._ensure_storage(start_position + count)
         total = self.len + count
         if total <= self.capacity:
@@ -143,7 +148,7 @@ class Plane:
         if self.undo is not None:
             self.undo.before_advance(self, start, count, incoming, evicted)
         slot = (self.origin_physical + self.len) % self.capacity           # slot of `start`
-        first_row, _ = self.append_batch(start, count)
+        first_row, _ = self._reserve(start, count)
         return (slot + first_row) % self.capacity, first_row
 
     @staticmethod
@@ -155,14 +160,17 @@ class Plane:
         step, so it is a compare and three stores a plane (growing planes grow with the leader)."""
         b_len, b_ol, b_op = before
         ln, ol, op = after
+        end = ol + ln
         grows = bool(planes) and planes[0].kind == "growing"
         for p in planes:
             if p.len != b_len or p.origin_logical != b_ol or p.origin_physical != b_op:
                 raise CacheError(f"layer {p.layer}: a lockstep plane at {p.bookmark()} cannot "
                                  f"follow one that moved from {before}")
-            if grows:
-                p._ensure_storage(ol + ln)
-            p.len, p.origin_logical, p.origin_physical = ln, ol, op
+            if grows and end > p._allocated:          # GrowingPlane's int; grow only when short
+                p._ensure_storage(end)
+            p.len = ln
+            p.origin_logical = ol
+            p.origin_physical = op
 
     def bookmark(self) -> tuple[int, int, int]:
         """(len, origin_logical, origin_physical): the bookkeeping `rewind` puts back."""
@@ -342,10 +350,12 @@ class GrowingPlane(Plane):
         self.min_rows = min_rows
         self.keys = torch.zeros((kv_heads, 0, head_dim), dtype=dtype, device=self.device)
         self.values = torch.zeros_like(self.keys)                        # [KV, allocated, D]
+        # == keys.shape[1], kept as an int: every decode step asks it for every plane
+        self._allocated = 0
 
     @property
     def allocated(self) -> int:
-        return self.keys.shape[1]
+        return self._allocated
 
     def reserve(self, rows: int) -> None:
         rows = min(rows, self.max_context)
@@ -356,9 +366,10 @@ class GrowingPlane(Plane):
         k[:, :self.len].copy_(self.keys[:, :self.len])
         v[:, :self.len].copy_(self.values[:, :self.len])
         self.keys, self.values = k, v
+        self._allocated = rows
 
     def _ensure_storage(self, end_position):
-        if end_position > self.allocated:
+        if end_position > self._allocated:
             self.reserve(max(end_position, 2 * self.allocated, self.min_rows))
 
     def read_slots(self, first_slot, count):
@@ -374,9 +385,11 @@ class GrowingPlane(Plane):
 
     def check_invariants(self) -> None:
         super().check_invariants()
-        if self.origin_logical != 0 or self.origin_physical != 0 or self.len > self.allocated:
+        if (self.origin_logical != 0 or self.origin_physical != 0 or self.len > self.allocated
+                or self._allocated != self.keys.shape[1] or self.keys.shape != self.values.shape):
             raise CacheError(f"layer {self.layer}: growing plane invariant broken: "
-                             f"{self.metadata()} allocated={self.allocated}")
+                             f"{self.metadata()} allocated={self.allocated}, storage "
+                             f"{tuple(self.keys.shape)} / {tuple(self.values.shape)}")
 
     def allocated_bytes(self) -> int:
         return 2 * self.keys.numel() * self.keys.element_size()

@@ -115,3 +115,20 @@ def test_no_code_outside_plane_py_writes_plane_fields():
             if write.search(line):
                 offenders.append(f"{f.relative_to(ROOT)}:{i}: {line.strip()}")
     assert offenders == []
+
+
+def test_a_growing_plane_counts_its_rows_as_its_storage_has_them():
+    """`allocated` is an int field kept beside the storage (a decode step asks it for every plane):
+    it follows reserve, store, advance and lockstep growth, and check_invariants catches a drift."""
+    lead, other = growing(), growing()
+    assert lead.allocated == lead.keys.shape[1] == 0
+    lead.store(0, *rows(3))
+    other.store(0, *rows(3))
+    advance_lockstep([lead, other], 9)               # grows past min_rows: 4 -> 12 or more
+    lead.reserve(100)
+    for p in (lead, other):
+        assert p.allocated == p.keys.shape[1] == p.values.shape[1] >= p.len == 12
+        p.check_invariants()
+    lead._allocated += 1
+    with pytest.raises(CacheError, match="storage"):
+        lead.check_invariants()

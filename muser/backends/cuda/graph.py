@@ -21,6 +21,7 @@ planes always advance together, so one representative per group decides.
 from __future__ import annotations
 
 import weakref
+from operator import attrgetter, is_not
 
 import torch
 
@@ -33,6 +34,9 @@ from .decode_step import DecodeStep, unsupported, unsupported_weights
 from .chunk_graph import ChunkGraphs
 from .triton_attn import layout
 from .triton_decode import plane_row, splits_for
+
+
+_KEYS = attrgetter("keys")                 # a plane's K storage (identity changes when it moves)
 
 
 class _Entry:
@@ -72,8 +76,8 @@ class _SessionView:
 
     def table_rows(self) -> torch.Tensor:
         """[L, 4] int64 (triton_decode.plane_row per plane); rebuilt when a growing plane moved."""
-        if self._rows is None or any(p.keys is not k for p, k in zip(self.growing, self._keys)):
-            self._keys = [p.keys for p in self.growing]
+        if self._rows is None or any(map(is_not, map(_KEYS, self.growing), self._keys)):
+            self._keys = list(map(_KEYS, self.growing))
             self._rows = torch.tensor([plane_row(p) for p in self.planes], dtype=torch.int64)
         return self._rows
 
