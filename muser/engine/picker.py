@@ -58,6 +58,12 @@ class TokenPicker:
                 and not self.controls.min_p)
 
     @property
+    def greedy_only(self) -> bool:
+        """`pick` is the argmax of the raw logits (plain and greedy): a batch of such rows may be
+        reduced together (server/decode_rounds.greedy_picks)."""
+        return self.plain and self.params.greedy
+
+    @property
     def end_ids(self) -> frozenset:
         """Ids that end the generation besides the model's end-of-sequence: those the grammar
         admits as its end (e.g. a chat template's end-of-turn)."""

@@ -7,20 +7,43 @@ Does not own: the loop and failure policy (scheduler.py), prefill (prefill_round
 """
 from __future__ import annotations
 
+import torch
+
+from ..engine.picker import Pick
 from .choices import Choice
 from .job import SAFE_ERRORS, Job
 from .sampler import finite_logits
 
 
+def greedy_picks(pickers: list, logits) -> dict[int, int]:
+    """{row: token} for the rows of a batched step whose picker is plain greedy and whose logits
+    are all finite: the argmax of every such row from one reduction and one read-back, where
+    picking them one by one costs two device round trips a row (the finiteness check, the
+    argmax) -- on CUDA ~0.5 ms a 16-session step.  The same token as `picker.pick(
+    finite_logits(row))`: that is `argmax(row)` for a finite row, and argmax takes the first of
+    equal maxima whether it reduces one row or many.  Rows left out go the usual way."""
+    rows = [i for i, p in enumerate(pickers) if getattr(p, "greedy_only", False)]
+    if len(rows) < 2 or not torch.is_tensor(logits):
+        return {}
+    sel = logits if len(rows) == len(pickers) else logits[rows]        # [R, vocab]
+    # a row is finite iff its max and its min are (both propagate NaN): two reductions, no
+    # [R, vocab] mask; max's index is argmax's (the first of equal maxima)
+    top, best = sel.max(-1)
+    ok = torch.isfinite(top) & torch.isfinite(sel.amin(-1))
+    ok, best = torch.stack([ok.long(), best]).tolist()
+    return {i: t for i, f, t in zip(rows, ok, best) if f}
+
+
 class DecodeRounds:
     """Scheduler methods (a mixin over its state: eos, metrics, engine, spec, _active)."""
 
-    def _take(self, job: Job, c: Choice, logits) -> None:
-        """Choose choice `c`'s next token from `logits` and decide whether it goes on."""
+    def _take(self, job: Job, c: Choice, logits, greedy: int | None = None) -> None:
+        """Choose choice `c`'s next token from `logits` and decide whether it goes on.
+        `greedy`: the token already chosen for a plain greedy picker (`greedy_picks`)."""
         if job.max_new <= 0:
             return self._end(job, c, "length")
         try:
-            pick = c.picker.pick(finite_logits(logits))
+            pick = Pick(greedy) if greedy is not None else c.picker.pick(finite_logits(logits))
         except SAFE_ERRORS as e:               # e.g. constraints that leave no token
             return self._finish(job, error=e)
         self._settle(job, c, pick)
@@ -66,6 +89,7 @@ class DecodeRounds:
                 logits = self.engine.decode_batch(sessions, tokens)
             else:
                 logits = [s.decode(t) for s, t in zip(sessions, tokens)]
+            quick = greedy_picks([c.picker for _, c in work], logits)
         except Exception as e:                 # noqa: BLE001
             self._fail_all(f"decode step for {len(work)} session(s) raised "
                            f"{type(e).__name__}: {e}", e)
@@ -79,7 +103,7 @@ class DecodeRounds:
                 self._finish(job, "cancelled")
                 continue
             try:
-                self._take(job, c, logits[i])
+                self._take(job, c, logits[i], quick.get(i))
             except Exception as e:             # noqa: BLE001 -- this request's own failure
                 self._job_failed(job, e, "sampling the next token", "decode")
         return self.clock() - t_round
