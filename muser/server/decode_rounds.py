@@ -23,7 +23,7 @@ def greedy_picks(pickers: list, logits) -> dict[int, int]:
     finite_logits(row))`: that is `argmax(row)` for a finite row, and argmax takes the first of
     equal maxima whether it reduces one row or many.  Rows left out go the usual way."""
     rows = [i for i, p in enumerate(pickers) if getattr(p, "greedy_only", False)]
-    if len(rows) < 2 or not torch.is_tensor(logits):
+    if not rows or not torch.is_tensor(logits):
         return {}
     sel = logits if len(rows) == len(pickers) else logits[rows]        # [R, vocab]
     # a row is finite iff its max and its min are (both propagate NaN): two reductions, no

@@ -70,9 +70,9 @@ def test_greedy_rows_picked_together_equal_rows_picked_alone(dtype):
     assert quick[1] == 17
 
 
-def test_a_lone_greedy_row_or_a_list_of_rows_goes_the_usual_way():
+def test_rows_given_as_a_list_or_pickers_without_the_capability_go_the_usual_way():
     logits = torch.stack([row(0), row(1)])
     sampled = TokenPicker(SamplingParams(temperature=0.8, seed=1))
-    assert greedy_picks([TokenPicker(GREEDY), sampled], logits) == {}
+    assert greedy_picks([TokenPicker(GREEDY), sampled], logits) == {0: int(logits[0].argmax())}
     assert greedy_picks([TokenPicker(GREEDY)] * 2, list(logits)) == {}
-    assert greedy_picks([TokenPicker(GREEDY), object()], logits) == {}    # no capability: asked
+    assert greedy_picks([object(), TokenPicker(GREEDY)], logits) == {1: int(logits[1].argmax())}
