@@ -18,6 +18,7 @@
 #   fuse         MUSER_FUSE_SUM=on: its bit tests, then the decode A/B (270M, 1B)
 #   full         all of tests/cuda and test_invariance's CUDA rows on the defaults (full1 + full2)
 #   confirm      the eleventh session's flips against their old values, three rounds (decode)
+#   final        the greedy batch picks and the host bookkeeping on the GPU; decode at 2k / 32k
 #   host         where a verification block's and a 16-session step's host time goes (cProfile)
 #   llama_build  llama.cpp's CUDA build, in the background (~340 s on 10 cores)
 #   llama        waits for the build, then cuda_bench.py side by side (270M, 1B)
@@ -124,6 +125,12 @@ stage_full2() {    # the engine-level files (the engine stage)
 stage_confirm() {  # MUSER_FUSE_SUM on (default) against off, three rounds; park 64 on a block
   bench 300 . benchmarks/exact_ab.py --models 270m,1b --trees exact --rounds 3 --no-16k \
     --variants "F0:MUSER_FUSE_SUM=off"
+}
+
+stage_final() {    # the eleventh session's host-side changes on the GPU, then decode at 2k and 32k
+  tests 120 -x tests/cuda/test_cuda_server.py tests/cuda/test_cuda_engine.py \
+    -k "server or clients or turn or batched or failed"
+  bench 100 . benchmarks/exact_ab.py --models 1b --trees exact --long
 }
 
 stage_host() {     # cProfile of a verification block and a 16-session step; B16 kernels; TTFT
