@@ -21,7 +21,9 @@ def greedy_picks(pickers: list, logits) -> dict[int, int]:
     picking them one by one costs two device round trips a row (the finiteness check, the
     argmax) -- on CUDA ~0.5 ms a 16-session step.  The same token as `picker.pick(
     finite_logits(row))`: that is `argmax(row)` for a finite row, and argmax takes the first of
-    equal maxima whether it reduces one row or many.  Rows left out go the usual way."""
+    equal maxima whether it reduces one row or many.  Rows left out go the usual way, and so
+    does a one-session step (its logits come as a list): there `picker.pick` stays the one place
+    a token is drawn, which tests/server/test_hostile.py uses to inject a failing draw."""
     rows = [i for i, p in enumerate(pickers) if getattr(p, "greedy_only", False)]
     if not rows or not torch.is_tensor(logits):
         return {}

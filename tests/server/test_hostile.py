@@ -137,7 +137,8 @@ def test_non_finite_logits_fail_one_request_while_another_streams_on(tiny):
 
 def test_a_failure_mid_stream_ends_that_stream_with_an_error_event_only(tiny, monkeypatch):
     # greedy: a sampled reply can end at a turn marker before the 4th draw (CI saw it once)
-    import muser.engine.picker as picker          # every token the scheduler takes is sampled here
+    import muser.engine.picker as picker          # a one-session step's token is sampled here
+    # (a batched step's plain greedy rows are not: decode_rounds.greedy_picks; slots=1 below)
     real, calls = picker.sample, []
 
     def flaky(logits, params, gen):
@@ -503,7 +504,8 @@ def test_prefill_shares_the_worker_with_running_streams_and_stays_exact(share, g
 
 
 def test_chat_replies_stop_at_a_turn_marker(tiny, monkeypatch):
-    import muser.engine.picker as picker          # every token the scheduler takes is sampled here
+    import muser.engine.picker as picker          # a one-session step's token is sampled here
+    # (a batched step's plain greedy rows are not: decode_rounds.greedy_picks; slots=1 below)
     with serve(tiny, model_id="tiny", slots=1) as srv:
         marker = tiny.tokenizer.token_id("<start_of_turn>")
         calls = []
