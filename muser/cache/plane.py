@@ -166,7 +166,7 @@ class Plane:
             if p.len != b_len or p.origin_logical != b_ol or p.origin_physical != b_op:
                 raise CacheError(f"layer {p.layer}: a lockstep plane at {p.bookmark()} cannot "
                                  f"follow one that moved from {before}")
-            if grows and end > p._allocated:          # GrowingPlane's int; grow only when short
+            if grows:
                 p._ensure_storage(end)
             p.len = ln
             p.origin_logical = ol
