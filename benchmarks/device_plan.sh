@@ -20,6 +20,8 @@
 #   confirm      the eleventh session's flips against their old values, three rounds (decode)
 #   final        the greedy batch picks and the host bookkeeping on the GPU; decode at 2k / 32k
 #   host         where a verification block's and a 16-session step's host time goes (cProfile)
+#   aligned      plane-table reads told their alignment (16-byte async copies), decode walks
+#   tiles        dot_rows' decode tiles timed in a graph with the weights coming from HBM
 #   llama_build  llama.cpp's CUDA build, in the background (~340 s on 10 cores)
 #   llama        waits for the build, then cuda_bench.py side by side (270M, 1B)
 set -u
@@ -136,6 +138,17 @@ stage_final() {    # the eleventh session's host-side changes on the GPU, then d
 stage_host() {     # cProfile of a verification block and a 16-session step; B16 kernels; TTFT
   bench 240 . benchmarks/host_profile.py 1b 2048 8
   bench 90 . benchmarks/verify_cost.py 1b      # the draft gate at verify_cost 2.0 (was 3.0)
+}
+
+stage_aligned() {  # carry .prev (git archive b83987d muser): aligned plane reads + decode walks
+  tests 420 -x tests/cuda/test_triton_decode.py tests/cuda/test_triton_chunk.py \
+    tests/cuda/test_chunk_graph.py
+  bench 420 . benchmarks/exact_ab.py --old .prev --models 270m,1b --trees old,exact --no-16k \
+    --variants "WG:MUSER_DECODE_WALK=group;WR:MUSER_DECODE_WALK=row"
+}
+
+stage_tiles() {    # dot_rows decode tiles in a graph, weights from HBM (speed fields only)
+  bench 300 . benchmarks/dot_tiles_graph.py 270m 1b
 }
 
 stage_llama_build() {   # carry .peers

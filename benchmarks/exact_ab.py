@@ -39,7 +39,7 @@ def child(args):
     out["decode_2k"] = muser_decode(eng, 2048, args.steps, vocab)[:2]
     if args.long:
         out["decode_32k"] = muser_decode(eng, 32768, args.steps, vocab)[:2]
-    if args.shape == "1b":
+    if args.shape in ("1b", "270m"):
         out["batch16_2k"] = muser_batch(eng, 16, 2048, 16, vocab)[0]
     out["prefill_512"] = max(muser_prefill(eng, 512, vocab, None, reps=3) for _ in range(2))
     out["prefill_16k"] = muser_prefill(eng, 16384, vocab, None) if not args.no_16k else 0.0

@@ -5,7 +5,8 @@ attention (positions per split, splits per merge group, keys per tile, warps)
 -- and the Triton pieces both kernels run on it: `tile_step` (one tile of keys
 into a row's running softmax), `merge_one` (one partial into a running
 total) and `sink`.  Does not own: where keys live or how they are read
-(triton_decode.py reads a plane in place, triton_chunk.py a staged view).
+(triton_decode.py reads a plane in place, triton_chunk.py a staged view), except
+`plane_at`: a plane-table row as both read it.
 
 Why a row's bits cannot depend on how it was computed ("one arithmetic per
 token", docs/exactness.md).  A query at position p attends over positions
@@ -64,7 +65,9 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     decode merge loads at once; chunk_loop, dsplit, first_tile and park: the chunk kernel's loop
     structure, value-column slices, one-tile splits started without a state and the row count
     up to which splits go one a program; prep: which binary prepares a chunk's rows; flatten:
-    whether the growing planes' split loop is one fused loop ("chunk" / "on");
+    whether the growing planes' split loop is one fused loop ("chunk" / "on"); walk: what a
+    decode program takes -- a split, a merge group's splits or the row's (where a split is one
+    tile);
     interior: tiles every row sees whole skip the masks -- speed choices, not bits ones;
     acc_dot: p @ V accumulates onto the rescaled accumulator inside the dot -- a bits one).
 
@@ -83,7 +86,8 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
                 "nested" if growing else "flat"),
             "dsplit": int(env.chunk_columns), "interior": env.attn_tiles == "interior",
             "acc_dot": env.attn_acc == "dot", "first_tile": env.chunk_first == "on",
-            "park": int(env.chunk_park), "prep": env.chunk_prep, "flatten": env.flatten}
+            "park": int(env.chunk_park), "prep": env.chunk_prep, "flatten": env.flatten,
+            "walk": env.decode_walk}
 
 
 @functools.lru_cache(maxsize=None)
@@ -203,5 +207,23 @@ def pieces() -> dict:
         alpha = tl.exp(M - M_new)
         return M_new, L * alpha + tl.exp(sk - M_new), A * alpha[:, None]
 
+    @triton.jit
+    def plane_at(row, DT: tl.constexpr, D: tl.constexpr):
+        """A plane-table row (k_ptr, v_ptr, row stride, head stride).  Where D % 8 == 0 the
+        compiler is told what plane_row checked: 16-byte aligned storage, strides in whole
+        16-byte units.  Without it a pointer read from memory is 2-byte aligned as far as
+        Triton knows: a K/V tile loaded one element at a time, never pipelined; with it, 16-byte
+        async copies, three tiles in flight (the same values: loads only)."""
+        kp = tl.load(row).to(tl.pointer_type(DT))
+        vp = tl.load(row + 1).to(tl.pointer_type(DT))
+        rs = tl.load(row + 2)
+        hs = tl.load(row + 3)
+        if D % 8 == 0:
+            kp = tl.multiple_of(kp, 16)
+            vp = tl.multiple_of(vp, 16)
+            rs = tl.multiple_of(rs, 8)
+            hs = tl.multiple_of(hs, 8)
+        return kp, vp, rs, hs
+
     return {"_tile_step": tile_step, "_tile_first": tile_first, "_merge_one": merge_one,
-            "_sink": sink, "_columns": columns}
+            "_sink": sink, "_columns": columns, "_plane_at": plane_at}

@@ -1,0 +1,127 @@
+"""`dot_rows` decode tiles measured as a decode step runs them (CUDA): in a graph, as dependent
+launches, each launch on its own copy of the weights so that they come from HBM, not the L2.
+
+`cuda_gemv_sweep.py` (which chose DOT_TILES) times one launch over and over with
+`do_bench`: a 2-4 MB matrix then sits in the 50 MB L2, and the launch gap is the stream's.
+Here each shape gets enough copies to pass 256 MB, one graph replays a launch per copy with
+programmatic dependent launch (MUSER_PDL's default), and the time per launch is what a step
+pays.  Only speed fields vary (block_n, K step, warps, stages): the split-K piece stays the
+shape's (`dot_config`'s -- it is the arithmetic), and every tile's output is checked bitwise
+against the table's before it is timed.
+
+    PYTHONPATH=. python3 benchmarks/dot_tiles_graph.py [270m] [1b] [4b] [--top 3]
+"""
+import argparse
+import itertools
+
+import torch
+
+# (n, k, glu) of each model's decode projections: qkv, o, gate|up, down
+SHAPES = {"270m": [(1536, 640, False), (640, 1024, False), (2048, 640, True), (640, 2048, False)],
+          "1b": [(1536, 1152, False), (1152, 1024, False), (6912, 1152, True), (1152, 6912, False)],
+          "4b": [(4096, 2560, False), (2560, 2048, False), (10240, 2560, True),
+                 (2560, 10240, False)]}
+BYTES = 256 << 20
+
+
+def per_launch_us(fn, copies: int, replays: int = 10) -> float:
+    """One graph of `copies` launches (fn(i) launches on copy i), replayed: us per launch."""
+    for i in range(copies):
+        fn(i)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(copies):
+            fn(i)
+    g.replay()
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    ev[0].record()
+    for _ in range(replays):
+        g.replay()
+    ev[1].record()
+    torch.cuda.synchronize()
+    return ev[0].elapsed_time(ev[1]) * 1e3 / replays / copies
+
+
+def candidates(piece: int):
+    for bn, bk, nw, st in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (2, 3, 4)):
+        if not (piece and piece % bk):
+            yield bn, bk, nw, st, piece
+
+
+def _compile(job) -> None:
+    """Compile one (shape, tile) in a worker: the binaries land in Triton's disk cache."""
+    from muser.backends.cuda.triton_dot import dot_rows
+    n, k, glu, cfg = job
+    w = torch.zeros(2 * n if glu else n, k, device="cuda", dtype=torch.bfloat16)
+    x = torch.zeros(1, k, device="cuda", dtype=torch.bfloat16)
+    for pdl in (False, True):
+        try:
+            dot_rows(x, w, glu=glu, config=cfg, rows=16, pdl=pdl)
+        except Exception:                               # noqa: BLE001 (the sweep skips it too)
+            pass
+    torch.cuda.synchronize()
+
+
+def precompile(shapes, jobs: int) -> None:
+    import multiprocessing as mp
+
+    from muser.backends.cuda.triton_dot_tiles import dot_config
+    work = [(n, k, glu, cfg) for n, k, glu in shapes for cfg in candidates(dot_config(n, k, glu)[4])]
+    with mp.get_context("spawn").Pool(jobs) as pool:
+        pool.map(_compile, work, chunksize=1)
+    print(f"precompiled {len(work)} tiles on {jobs} processes", flush=True)
+
+
+def sweep(n: int, k: int, glu: bool, B: int, top: int) -> None:
+    from muser.backends.cuda.triton_dot import dot_rows
+    from muser.backends.cuda.triton_dot_tiles import dot_config
+    dev = "cuda"
+    rows = 2 * n if glu else n
+    copies = max(8, -(-BYTES // (rows * k * 2)))
+    ws = [(torch.randn(rows, k, device=dev) / k ** 0.5).to(torch.bfloat16) for _ in range(copies)]
+    x = torch.randn(B, k, device=dev).to(torch.bfloat16)
+    outs = [torch.empty(B, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+    table = dot_config(n, k, glu)
+    piece = table[4]
+    want = dot_rows(x, ws[0], glu=glu, config=table, rows=16)
+    results = []
+    for cfg in candidates(piece):
+        try:
+            got = dot_rows(x, ws[0], glu=glu, config=cfg, rows=16)
+            torch.cuda.synchronize()
+        except Exception:                               # noqa: BLE001 (shared memory, etc.)
+            continue
+        if not torch.equal(got, want):
+            print(f"  {n}x{k}{' glu' if glu else ''} B{B} {cfg}: BITS DIFFER -- skipped",
+                  flush=True)
+            continue
+        t = per_launch_us(lambda i: dot_rows(x, ws[i], outs[i], glu=glu, config=cfg, rows=16,
+                                             pdl=True), copies)
+        results.append((t, cfg))
+    results.sort()
+    t_table = next((t for t, c in results if c == table), float("nan"))
+    floor = rows * k * 2 / 4.8e12 * 1e6
+    best = ", ".join(f"{t:.2f} {c[:4]}" for t, c in results[:top])
+    print(f"{n}x{k}{' glu' if glu else ''} B{B}: table {table[:4]} {t_table:.2f} us | best {best} "
+          f"| HBM floor {floor:.2f} us ({copies} copies)", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*", default=["270m", "1b"])
+    ap.add_argument("--top", type=int, default=3)
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--jobs", type=int, default=12, help="processes compiling the tiles first")
+    args = ap.parse_args()
+    if args.jobs > 1:
+        precompile([s for m in args.models for s in SHAPES[m]], args.jobs)
+    for m in args.models:
+        for n, k, glu in SHAPES[m]:
+            for B in (int(b) for b in args.batches.split(",")):
+                sweep(n, k, glu, B, args.top)
+
+
+if __name__ == "__main__":
+    main()
