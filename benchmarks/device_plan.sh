@@ -21,6 +21,7 @@
 #   final        the greedy batch picks and the host bookkeeping on the GPU; decode at 2k / 32k
 #   host         where a verification block's and a 16-session step's host time goes (cProfile)
 #   aligned      plane-table reads told their alignment (16-byte async copies), decode walks
+#   walk_ab      the A/B of both against the tree before (carry .prev)
 #   tiles        dot_rows' decode tiles timed in a graph with the weights coming from HBM
 #   llama_build  llama.cpp's CUDA build, in the background (~340 s on 10 cores)
 #   llama        waits for the build, then cuda_bench.py side by side (270M, 1B)
@@ -140,10 +141,13 @@ stage_host() {     # cProfile of a verification block and a 16-session step; B16
   bench 90 . benchmarks/verify_cost.py 1b      # the draft gate at verify_cost 2.0 (was 3.0)
 }
 
-stage_aligned() {  # carry .prev (git archive b83987d muser): aligned plane reads + decode walks
-  tests 420 -x tests/cuda/test_triton_decode.py tests/cuda/test_triton_chunk.py \
+stage_aligned() {  # aligned plane reads + decode walks: the bits
+  tests 300 -x tests/cuda/test_triton_decode.py tests/cuda/test_triton_chunk.py \
     tests/cuda/test_chunk_graph.py
-  bench 420 . benchmarks/exact_ab.py --old .prev --models 270m,1b --trees old,exact --no-16k \
+}
+
+stage_walk_ab() {  # carry .prev (git archive b83987d muser): the A/B of both
+  bench 540 . benchmarks/exact_ab.py --old .prev --models 270m,1b --trees old,exact --no-16k \
     --variants "WG:MUSER_DECODE_WALK=group;WR:MUSER_DECODE_WALK=row"
 }
 
