@@ -148,7 +148,8 @@ stage_aligned() {  # aligned plane reads + decode walks: the bits
 
 stage_walk_ab() {  # carry .prev (git archive b83987d muser): the A/B of both
   bench 540 . benchmarks/exact_ab.py --old .prev --models 270m,1b --trees old,exact --no-16k \
-    --variants "WG:MUSER_DECODE_WALK=group;WR:MUSER_DECODE_WALK=row"
+    --rounds ${ROUNDS:-1} \
+    --variants "${WALKS:-WG:MUSER_DECODE_WALK=group;WR:MUSER_DECODE_WALK=row}"
 }
 
 stage_tiles() {    # dot_rows decode tiles in a graph, weights from HBM (speed fields only)

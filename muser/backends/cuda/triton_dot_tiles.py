@@ -9,9 +9,13 @@ from __future__ import annotations
 
 
 # (n, k, glu) -> (block_n, block_k, warps, stages, piece): measured on an H200 at B = 1 and 16
-# (benchmarks/cuda_gemv_sweep.py); `piece` (keys per split-K piece) depends on the shape only.
+# (benchmarks/cuda_gemv_sweep.py; the 270M's four and the 1B's o projection in a graph with the
+# weights from HBM, benchmarks/dot_tiles_graph.py); `piece` (keys per split-K piece) depends on
+# the shape only: it is the arithmetic, the rest is speed.
 DOT_TILES = {
-    (1536, 1152, False): (16, 256, 4, 4, 0), (1152, 1024, False): (32, 512, 4, 3, 0),
+    (1536, 640, False): (16, 128, 4, 4, 0), (640, 1024, False): (16, 512, 4, 3, 0),
+    (2048, 640, True): (32, 128, 4, 4, 0), (640, 2048, False): (32, 512, 4, 3, 0),
+    (1536, 1152, False): (16, 256, 4, 4, 0), (1152, 1024, False): (16, 512, 4, 3, 0),
     (6912, 1152, True): (32, 128, 4, 3, 0), (1152, 6912, False): (64, 256, 4, 3, 1024),
     (4096, 2560, False): (32, 256, 4, 4, 0), (10240, 2560, True): (32, 128, 4, 3, 0),
     (2560, 10240, False): (32, 512, 4, 4, 0),
