@@ -152,6 +152,11 @@ stage_walk_ab() {  # carry .prev (git archive b83987d muser): the A/B of both
     --variants "${WALKS:-WG:MUSER_DECODE_WALK=group;WR:MUSER_DECODE_WALK=row}"
 }
 
+stage_settle() {   # the engine-level rows on the new decode binaries, then the A/B once more
+  stage_engine
+  WALKS="" bench 300 . benchmarks/exact_ab.py --old .prev --models 270m,1b --trees old,exact
+}
+
 stage_tiles() {    # dot_rows decode tiles in a graph, weights from HBM (speed fields only)
   bench 300 . benchmarks/dot_tiles_graph.py 270m 1b
 }

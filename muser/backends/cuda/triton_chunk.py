@@ -68,7 +68,12 @@ def _kernel():
             # a captured pass (chunk_graph.py): the plane and the chunk's place come from device
             # memory -- TAB (k_ptr, v_ptr, row stride, head stride), META (start, rows, first,
             # rot, capacity or 0, history rows) -- so one graph serves every position
-            K, V, rs, hs = _plane_at(TAB, O.dtype.element_ty, D)
+            # (not _plane_at: told the alignment, these binaries made a 512-token prefill 3-6%
+            # slower on the H200 -- benchmarks/NOTES.md, twelfth session)
+            K = tl.load(TAB).to(tl.pointer_type(O.dtype.element_ty))
+            V = tl.load(TAB + 1).to(tl.pointer_type(O.dtype.element_ty))
+            rs = tl.load(TAB + 2)
+            hs = tl.load(TAB + 3)
             start = tl.load(META)
             R = tl.load(META + 1)
             first = tl.load(META + 2)

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from .triton_dot_tiles import CHUNK_ROWS, chunk_tile, dot_config
+from .triton_dot_tiles import CHUNK_K, CHUNK_ROWS, chunk_tile, dot_config
 from .triton_ops import _pow2, pdl_launch, pdl_pieces
 
 
@@ -295,7 +295,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     pieces = triton.cdiv(k, piece) if piece else 1
     bm, inside = 16, 1
     if rows != 16 and (tile is not None or B >= CHUNK_ROWS):
-        bm, bn, bk, nw, st = tile or chunk_tile(B, bk, glu)
+        bm, bn, bk, nw, st = tile or chunk_tile(B, CHUNK_K.get((n, k, glu), bk), glu)
         if bm >= 128:            # enough programs without the pieces on the grid (512 rows: not)
             inside, pieces = pieces, 1
     out = out if out is not None else x.new_empty(B, n)

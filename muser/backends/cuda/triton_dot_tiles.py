@@ -22,6 +22,12 @@ DOT_TILES = {
 }
 
 
+# (n, k, glu) -> the K step a chunk tile keeps where the decode tile's moved after the chunk
+# tiles were measured (chunk_tile takes the decode tile's K step below WIDE_ROWS)
+CHUNK_K = {(1536, 640, False): 256, (640, 1024, False): 256, (2048, 640, True): 256,
+           (640, 2048, False): 256}
+
+
 def dot_config(n: int, k: int, glu: bool) -> tuple[int, int, int, int, int]:
     hit = DOT_TILES.get((n, k, glu))
     if hit:
