@@ -141,7 +141,7 @@ stage_host() {     # cProfile of a verification block and a 16-session step; B16
   bench 90 . benchmarks/verify_cost.py 1b      # the draft gate at verify_cost 2.0 (was 3.0)
 }
 
-stage_aligned() {  # aligned plane reads + decode walks: the bits
+stage_aligned() {  # aligned plane reads (and the decode walks, since removed): the bits
   tests 300 -x tests/cuda/test_triton_decode.py tests/cuda/test_triton_chunk.py \
     tests/cuda/test_chunk_graph.py
 }

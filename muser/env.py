@@ -101,11 +101,6 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                        "add+norm after it sums them (split_sum's adds, in order) -- one launch a "
                        "layer fewer, the same bits (H200: bare decode step 1B 1.266 -> 1.252 ms, "
                        "270M 0.692 -> 0.692)"),
-    "MUSER_DECODE_WALK": ("split|group|row", "split", "backends/cuda (decode attention)",
-                          "what one decode-attention program takes where a split is one key "
-                          "tile (rings): a split (partials parked, merges elected by tickets), a "
-                          "merge group's splits, or the whole row's, folded in registers (the "
-                          "same bits: the same folds in the same order)"),
     "MUSER_CHUNK_GRAPHS": ("off|on", "on", "backends/cuda (graph runner)",
                            "on: one session's chunk of up to 2,048 tokens (a prompt, a later "
                            "turn, a verification block) runs as one captured graph per bucket "
@@ -158,7 +153,6 @@ class Env:
     chunk_prep: str = "alone"
     flatten: str = "dot"
     fuse_sum: str = "on"
-    decode_walk: str = "split"
     chunk_graphs: str = "on"
     pdl: str = "on"
     attn_acc: str = "dot"
@@ -249,7 +243,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_CHUNK_GRAPHS", "chunk_graphs"), ("MUSER_PDL", "pdl"),
                         ("MUSER_CHUNK_FIRST", "chunk_first"), ("MUSER_CHUNK_PARK", "chunk_park"),
                         ("MUSER_CHUNK_PREP", "chunk_prep"), ("MUSER_FLATTEN", "flatten"),
-                        ("MUSER_FUSE_SUM", "fuse_sum"), ("MUSER_DECODE_WALK", "decode_walk")):
+                        ("MUSER_FUSE_SUM", "fuse_sum")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

@@ -26,7 +26,7 @@ def _plane(kind, kv, d, dtype, dev):
 
 
 def _layout(kind, d, block_n, group=None, depth=1, loop="nested", dsplit=1, tiles=2, first=False,
-            park=16, prep="decode", flatten="off", walk="split"):
+            park=16, prep="decode", flatten="off"):
     from muser.backends.cuda.triton_attn import layout
     lay = layout(kind == "growing", d)
     # small splits and groups: many of each in 150 positions (two-level merges included; a
@@ -34,7 +34,7 @@ def _layout(kind, d, block_n, group=None, depth=1, loop="nested", dsplit=1, tile
     group = group or (2 if kind == "growing" else lay["group"])
     return {**lay, "block_n": block_n, "split": tiles * block_n, "group": group, "depth": depth,
             "chunk_loop": loop, "dsplit": dsplit, "first_tile": first, "park": park, "prep": prep,
-            "flatten": flatten, "walk": walk}
+            "flatten": flatten}
 
 
 def _inputs(heads, kv, d, dtype, dev, qk_norm, seed=0):
@@ -91,8 +91,6 @@ SPLITS = [[N], [1, 7, 97, 45], [50, 1, 1, 98], [16] * 9 + [6]]
     ("ring", None, 1, "nested", 1, 2, False, 16, D), ("ring", 3, 4, "flat", 2, 2, False, 16, D),
     ("ring", None, 4, "flat", 1, 1, True, 16, D), ("ring", None, 4, "flat", 1, 1, True, 0, D),
     ("ring", None, 4, "flat", 1, 1, True, 16, "alone"),
-    ("ring", None, 4, "flat", 1, 1, True, 16, "walk group"),
-    ("ring", 3, 1, "flat", 1, 1, False, 0, "walk row"),
     ("growing", None, 1, "nested", 2, 2, False, 16, D), ("growing", None, 4, "flat", 1, 2, False, 16, D),
     ("growing", None, 1, "nested", 4, 2, False, 16, D), ("growing", None, 1, "nested", 1, 2, False, 0, D),
     ("growing", None, 1, "nested", 1, 2, False, 0, "alone"),
@@ -105,16 +103,13 @@ def test_a_chunk_row_has_the_decode_bits(dev, kdtype, kind, group, depth, loop, 
     loop structure ("flatten": the nested loop on fixed tile bounds, fused by Triton); dsplit: value-column slices per query tile; first: one-tile splits started
     by tile_first; park: chunks of up to that many rows (here [1, 7, 1, 1, 16, 6]) run one split
     a program and fold the parked partials after; prep: the chunk's q/k/v prepared by the decode
-    launch itself or by its prologue compiled alone, or "walk ...": the decode program walks a
-    merge group's one-tile splits or the whole row's -- speed choices, the same bits)"""
-    walk = prep.split()[1] if prep.startswith("walk") else "split"
-    prep = D if walk != "split" else prep
+    launch itself or by its prologue compiled alone -- speed choices, the same bits)"""
     if dsplit > 1 and not HAS_CUDA:
         pytest.skip("numpy's matmul (the interpreter's dot) sums a column by the matrix's width")
     scale = d ** -0.5
     flatten = "chunk" if loop == "flatten" else "off"      # the nested loop, fused by Triton
     lay = _layout(kind, d, 16, group, depth, "nested" if flatten == "chunk" else loop, dsplit,
-                  tiles, first, park, prep, flatten, walk)
+                  tiles, first, park, prep, flatten)
     ins = _inputs(heads, kv, d, kdtype, dev, qk_norm)
     ref_out, ref_plane, nsplit, cap = _decode(kind, heads, kv, d, kdtype, dev, lay, *ins, scale, softcap)
     assert not ref_out.isnan().any()
@@ -149,12 +144,11 @@ def test_a_chunk_row_has_the_decode_bits(dev, kdtype, kind, group, depth, loop, 
     assert rel(ref_out, want) < 2e-2
 
 
-@pytest.mark.parametrize("walk", ["split", "group", "row"])
-def test_sinks_give_a_chunk_row_the_decode_bits(dev, kdtype, walk):
+def test_sinks_give_a_chunk_row_the_decode_bits(dev, kdtype):
     from muser.backends.cuda.triton_chunk import chunk_attention
     from muser.backends.cuda.triton_decode import decode_attention, plane_row, splits_for
     heads, kv, d = 4, 2, 32
-    lay = _layout("ring", d, 16, tiles=1, walk=walk)
+    lay = _layout("ring", d, 16)
     g = torch.Generator().manual_seed(3)
     sinks = torch.tensor([-1.0, 0.5, 2.0, 6.0], device=dev)
     plane = _plane("ring", kv, d, kdtype, dev)

@@ -65,9 +65,7 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     decode merge loads at once; chunk_loop, dsplit, first_tile and park: the chunk kernel's loop
     structure, value-column slices, one-tile splits started without a state and the row count
     up to which splits go one a program; prep: which binary prepares a chunk's rows; flatten:
-    whether the growing planes' split loop is one fused loop ("chunk" / "on"); walk: what a
-    decode program takes -- a split, a merge group's splits or the row's (where a split is one
-    tile);
+    whether the growing planes' split loop is one fused loop ("chunk" / "on");
     interior: tiles every row sees whole skip the masks -- speed choices, not bits ones;
     acc_dot: p @ V accumulates onto the rescaled accumulator inside the dot -- a bits one).
 
@@ -86,8 +84,7 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
                 "nested" if growing else "flat"),
             "dsplit": int(env.chunk_columns), "interior": env.attn_tiles == "interior",
             "acc_dot": env.attn_acc == "dot", "first_tile": env.chunk_first == "on",
-            "park": int(env.chunk_park), "prep": env.chunk_prep, "flatten": env.flatten,
-            "walk": env.decode_walk}
+            "park": int(env.chunk_park), "prep": env.chunk_prep, "flatten": env.flatten}
 
 
 @functools.lru_cache(maxsize=None)

@@ -19,9 +19,7 @@ x lives at slot (slot + x - p), modulo the capacity on a ring -- so a ring is re
 rotation and all, in POSITION order.
 
 Grid (B * KV, NSPLIT): program s takes split a0 + s of triton_attn's absolute splits (a0 =
-the row's first), writes its (max, sum, acc) partial, and takes a ticket for its merge group
-(MUSER_DECODE_WALK=group / row, where a split is one key tile: a program walks a merge group's
-splits, or the whole row's, folding in registers -- the same folds in the same order).
+the row's first), writes its (max, sum, acc) partial, and takes a ticket for its merge group.
 The last of a group to arrive folds the group's partials in split order; when a row spans
 several groups, the last group to arrive folds the groups in order.  Which program merges
 never changes what is folded or in which order, so the result is bitwise reproducible --
@@ -43,7 +41,6 @@ from .triton_ops import _pow2, pdl_launch, upload
 from .triton_decode_kernel import _kernel
 
 TAB_COLS = 4
-WALKS = {"split": 0, "group": 1, "row": 2}     # MUSER_DECODE_WALK -> the kernel's WALK
 
 
 def plane_row(plane) -> list[int]:
@@ -53,7 +50,7 @@ def plane_row(plane) -> list[int]:
     if k.stride() != v.stride():
         raise ValueError(f"layer {plane.layer}: K and V storage strides differ")
     row = [k.data_ptr(), v.data_ptr(), k.stride(row_dim), k.stride(head_dim)]
-    # the kernels read a row at D % 8 == 0 as aligned (triton_decode_kernel.plane_at)
+    # the kernels read a row at D % 8 == 0 as aligned (triton_attn.plane_at): refuse one that is not
     if k.shape[-1] % 8 == 0 and (row[0] % 16 or row[1] % 16 or row[2] % 8 or row[3] % 8):
         raise ValueError(f"layer {plane.layer}: K/V storage must be 16-byte aligned with strides "
                          f"in multiples of 8 elements; found pointers {row[0]:#x}, {row[1]:#x} "
@@ -101,12 +98,10 @@ def merge_groups(nsplit: int, group: int) -> int:
 def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads, head_dim,
             nsplit, scale, softcap, interleaved, ws, out, split, group, block_n, warps,
             depth=1, chunk_loop=None, dsplit=1, interior=True, acc_dot=False, first_tile=False,
-            park=0, prep="decode", flatten="off", walk="split", capacity=0, sinks=None,
-            v_norm=False, k_eq_v=False, qout=None, grid_splits=None, pdl=False):
+            park=0, prep="decode", flatten="off", capacity=0, sinks=None, v_norm=False,
+            k_eq_v=False, qout=None, grid_splits=None, pdl=False):
     kern = _kernel()  # (chunk_loop, dsplit, interior, first_tile, park: the chunk kernel's keys)
     prepare = qout is not None and grid_splits == 1   # prepare_rows (prep "alone": PREP binary)
-    # a program walking splits needs one key tile a split (rings at the default layout)
-    walk_id = WALKS[walk] if split == block_n and not prepare else 0
     B = table.shape[0]
     G = heads // kv_heads
     ngg = merge_groups(nsplit, group)
@@ -120,8 +115,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
     src = qkv if qkv is not None else q
     rope = cos is not None
     dummy = ws.ms
-    programs = grid_splits or (nsplit, ngg, 1)[walk_id]
-    kern[(B * kv_heads, programs)](
+    kern[(B * kv_heads, grid_splits or nsplit)](
         src, src, pos, cos if rope else dummy, sin if rope else dummy,
         q_norm if q_norm is not None else dummy, k_norm if k_norm is not None else dummy,
         table, meta, ws.ms, ws.ls, ws.acc, ws.cnt, out, sinks if sinks is not None else dummy,
@@ -133,7 +127,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         QK_NORM=q_norm is not None, ROPE=rope, INTERLEAVED=bool(interleaved),
         SOFTCAP=softcap is not None, SINKS=sinks is not None, V_NORM=bool(v_norm),
         K_EQ_V=bool(k_eq_v), RING=capacity > 0, ACC_DOT=bool(acc_dot),
-        PREP=prepare and prep == "alone", WALK=walk_id, num_warps=warps, enable_fp_fusion=False,
+        PREP=prepare and prep == "alone", num_warps=warps, enable_fp_fusion=False,
         **pdl_launch(pdl))
     return out
 

@@ -92,94 +92,6 @@ def _kernel():
     globals()["_fold"] = fold
     globals()["_decode_tile"] = decode_tile
 
-    @triton.jit
-    def walk(kp, vp, slot, pos, n, capm, rs, hs, kvh, dm, cv, q, g, gm, pid, s, b, MS, LS, ACC,
-             CNT, O, SNK, scale, softcap, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-             BLOCK_G: tl.constexpr, BLOCK_GC: tl.constexpr, BLOCK_H: tl.constexpr,
-             BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr, SPLIT: tl.constexpr, GS: tl.constexpr,
-             DEPTH: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
-             RING: tl.constexpr, ACC_DOT: tl.constexpr, WALK: tl.constexpr):
-        """A program walks splits in order instead of taking one (one key tile a split: SPLIT ==
-        BLOCK_N).  WALK 1: program s takes merge group a0 // GS + s -- each split's tile from
-        the empty state, merged into the group's total in registers; a row spanning several
-        groups parks the totals and the last to arrive folds them (as WALK 0 does).  WALK 2:
-        program 0 walks the whole row, folding each group's total into the row's as the group
-        ends (kept by selects: no branch over [BLOCK_G, D] tensors).
-
-            splits   a0 .. | a0+1 | .. | a_last          (absolute, SPLIT positions each)
-            WALK 0   one program each; tickets elect the group and the top folds
-            WALK 1   one program a group:  M = fold(splits)  -> park -> top fold
-            WALK 2   one program:          T = fold(fold(splits) per group)
-
-        The same partials folded in the same order as WALK 0 and a chunk row (merge_one: a
-        partial into an empty total goes in as it is), so the same bits: only who folds, and
-        whether a partial passes through memory (float32 both ways: exact), changes."""
-        lo_pos = pos - n + 1
-        a0 = lo_pos // SPLIT
-        a_last = pos // SPLIT
-        ngrp = tl.where(n > 0, a_last // GS - a0 // GS + 1, 0)
-        if WALK == 1:
-            live = s < ngrp
-            a_first = tl.maximum((a0 // GS + s) * GS, a0)
-            a_end = tl.minimum((a0 // GS + s) * GS + GS, a_last + 1)
-        else:
-            live = (s == 0) & (ngrp > 0)
-            a_first = a0
-            a_end = a_last + 1
-        if live:
-            lo_v = tl.zeros([BLOCK_G], tl.int64) + lo_pos
-            hi_v = tl.zeros([BLOCK_G], tl.int64) + pos + 1
-            ones = tl.full([BLOCK_N, 16], 1.0, O.dtype.element_ty)
-            empty_m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-            empty_l = tl.zeros([BLOCK_G], tl.float32)
-            empty_a = tl.zeros([BLOCK_G, 2 * BLOCK_H], tl.float32)
-            M, L, A = empty_m, empty_l, empty_a              # the group's running total
-            T, TL, TA = empty_m, empty_l, empty_a            # the row's (WALK 2)
-            for a in range(a_first, a_end):
-                m, l, acc = _decode_tile(kp, vp, a * SPLIT, slot, pos, lo_pos, capm, rs, hs, kvh,
-                                         dm, cv, q, lo_v, hi_v, empty_m, empty_l, empty_a, ones,
-                                         scale, softcap, BLOCK_N, SOFTCAP, RING, True, ACC_DOT)
-                M, L, A = _merge_one(M, L, A, m, l, acc)
-                if WALK == 2:
-                    end = ((a + 1) % GS == 0) | (a == a_last)
-                    T2, TL2, TA2 = _merge_one(T, TL, TA, M, L, A)
-                    T = tl.where(end, T2, T)
-                    TL = tl.where(end, TL2, TL)
-                    TA = tl.where(end, TA2, TA)
-                    M = tl.where(end, empty_m, M)
-                    L = tl.where(end, empty_l, L)
-                    A = tl.where(end, empty_a, A)
-            if WALK == 2:
-                M, L, A = T, TL, TA
-                park = ngrp < 0                          # never: the row's total is here
-            else:
-                park = ngrp > 1
-            if park:                                     # park the group's total, then elect
-                gb = (pid * NSPLIT + a_first - a0) * G + g
-                tl.store(MS + gb, M, mask=gm)
-                tl.store(LS + gb, L, mask=gm)
-                tl.store(ACC + gb[:, None] * D + dm[None, :], A, mask=gm[:, None] & cv[None, :])
-                tl.debug_barrier()
-                top = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
-                if top == ngrp - 1:
-                    tl.store(CNT + pid, 0)
-                    gc = tl.arange(0, BLOCK_GC)
-                    gcm = gc < G
-                    M2, L2, A2 = _fold(MS, LS, ACC, pid * NSPLIT, 0, ngrp, a0, gc, gcm, dm, cv,
-                                       G, D, GS, True, DEPTH, BLOCK_GC, 2 * BLOCK_H)
-                    if SINKS:
-                        M2, L2, A2 = _sink(SNK, kvh * G + gc, gcm, M2, L2, A2)
-                    tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
-                             (A2 / L2[:, None]).to(O.dtype.element_ty),
-                             mask=gcm[:, None] & cv[None, :])
-            else:
-                if SINKS:
-                    M, L, A = _sink(SNK, kvh * G + g, gm, M, L, A)
-                tl.store(O + (b * H + kvh * G + g)[:, None] * D + dm[None, :],
-                         (A / L[:, None]).to(O.dtype.element_ty), mask=gm[:, None] & cv[None, :])
-
-    globals()["_walk"] = walk
-
     # runtime ints that differ between a decode launch and prepare_rows stay runtime values
     # (Triton would otherwise specialise a 1): one binary, one prologue arithmetic
     @triton.jit(do_not_specialize=["capm", "NGG", "NROWS"])
@@ -192,8 +104,7 @@ def _kernel():
                     FUSED: tl.constexpr, QK_NORM: tl.constexpr, ROPE: tl.constexpr,
                     INTERLEAVED: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
                     V_NORM: tl.constexpr, K_EQ_V: tl.constexpr, RING: tl.constexpr,
-                    ACC_DOT: tl.constexpr, PDL: tl.constexpr, PREP: tl.constexpr = False,
-                    WALK: tl.constexpr = 0):
+                    ACC_DOT: tl.constexpr, PDL: tl.constexpr, PREP: tl.constexpr = False):
         _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         pid = tl.program_id(0)                    # b * KV + kvh
         s = tl.program_id(1)                      # split, counted from the row's first
@@ -284,77 +195,71 @@ def _kernel():
             q = tl.load(Q + (b * H + kvh * G + g)[:, None] * D + dm[None, :],
                         mask=gm[:, None] & cv[None, :], other=0.0)
         # PREP (prepare_rows with MUSER_CHUNK_PREP=alone): the rows are stored; nothing attends
-        if WALK > 0:
-            if not PREP:
-                _walk(kp, vp, slot, pos, n, capm, rs, hs, kvh, dm, cv, q, g, gm, pid, s, b, MS,
-                      LS, ACC, CNT, O, SNK, scale, softcap, H, G, D, BLOCK_G, BLOCK_GC, BLOCK_H,
-                      BLOCK_N, NSPLIT, SPLIT, GS, DEPTH, SOFTCAP, SINKS, RING, ACC_DOT, WALK)
-        else:
-            if not PREP:
-                lo_pos = pos - n + 1                      # n = 0 (prepare_rows): no split is live
-                a0 = lo_pos // SPLIT
-                a_last = pos // SPLIT
-                nact = tl.where(n > 0, a_last - a0 + 1, 0)
-                if s < nact:
-                    a = a0 + s
-                    t_lo = tl.maximum(a * SPLIT, (lo_pos // BLOCK_N) * BLOCK_N)
-                    t_hi = tl.minimum(a * SPLIT + SPLIT, pos + 1)
-                    lo_v = tl.zeros([BLOCK_G], tl.int64) + lo_pos
-                    hi_v = tl.zeros([BLOCK_G], tl.int64) + pos + 1
-                    ones = tl.full([BLOCK_N, 16], 1.0, O.dtype.element_ty)
-                    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-                    l = tl.zeros([BLOCK_G], tl.float32)
-                    acc = tl.zeros([BLOCK_G, 2 * BLOCK_H], tl.float32)
-                    # every tile masked: skipping the masks on the tiles the row sees whole gives the
-                    # same values and a faster kernel alone, but the three-loop binary cost 0.35 ms per
-                    # 1B decode step in the engine (H200, benchmarks/NOTES.md, eighth session)
-                    for start in range(t_lo, t_hi, BLOCK_N):
-                        m, l, acc = _decode_tile(kp, vp, start, slot, pos, lo_pos, capm, rs, hs, kvh,
-                                                 dm, cv, q, lo_v, hi_v, m, l, acc, ones, scale,
-                                                 softcap, BLOCK_N, SOFTCAP, RING, True, ACC_DOT)
-                    base = pid * NSPLIT + s
-                    tl.store(MS + base * G + g, m, mask=gm)
-                    tl.store(LS + base * G + g, l, mask=gm)
-                    tl.store(ACC + (base * G + g)[:, None] * D + dm[None, :], acc,
-                             mask=gm[:, None] & cv[None, :])
-                    # tickets: the group of absolute split a, counted from the row's first group
-                    gc = tl.arange(0, BLOCK_GC)
-                    gcm = gc < G
-                    grp = a // GS
-                    g_first = tl.maximum(grp * GS, a0)
-                    g_last = tl.minimum(grp * GS + GS - 1, a_last)
-                    ngrp = a_last // GS - a0 // GS + 1
-                    gcnt = CNT + NROWS + pid * NGG + (grp - a0 // GS)
-                    tl.debug_barrier()
-                    ticket = tl.atomic_add(gcnt, 1, sem="acq_rel", scope="gpu")
-                    if ticket == g_last - g_first:
-                        tl.store(gcnt, 0)
-                        M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, g_first - a0,
-                                        g_last - g_first + 1, a0,
-                                        gc, gcm, dm, cv, G, D, GS, False, DEPTH, BLOCK_GC, 2 * BLOCK_H)
-                        if ngrp > 1:                      # park the group's total in its first slot
-                            gb = (pid * NSPLIT + g_first - a0) * G + gc
-                            tl.store(MS + gb, M, mask=gcm)
-                            tl.store(LS + gb, L, mask=gcm)
-                            tl.store(ACC + gb[:, None] * D + dm[None, :], A,
-                                     mask=gcm[:, None] & cv[None, :])
-                            tl.debug_barrier()
-                            top = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
-                            if top == ngrp - 1:
-                                tl.store(CNT + pid, 0)
-                                # (a chunk folds one group's total into an empty total too: exact)
-                                M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, 0, ngrp, a0, gc, gcm, dm, cv,
-                                                G, D, GS, True, DEPTH, BLOCK_GC, 2 * BLOCK_H)
-                                if SINKS:
-                                    M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
-                                tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
-                                         (A / L[:, None]).to(O.dtype.element_ty),
-                                         mask=gcm[:, None] & cv[None, :])
-                        else:
+        if not PREP:
+            lo_pos = pos - n + 1                      # n = 0 (prepare_rows): no split is live
+            a0 = lo_pos // SPLIT
+            a_last = pos // SPLIT
+            nact = tl.where(n > 0, a_last - a0 + 1, 0)
+            if s < nact:
+                a = a0 + s
+                t_lo = tl.maximum(a * SPLIT, (lo_pos // BLOCK_N) * BLOCK_N)
+                t_hi = tl.minimum(a * SPLIT + SPLIT, pos + 1)
+                lo_v = tl.zeros([BLOCK_G], tl.int64) + lo_pos
+                hi_v = tl.zeros([BLOCK_G], tl.int64) + pos + 1
+                ones = tl.full([BLOCK_N, 16], 1.0, O.dtype.element_ty)
+                m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+                l = tl.zeros([BLOCK_G], tl.float32)
+                acc = tl.zeros([BLOCK_G, 2 * BLOCK_H], tl.float32)
+                # every tile masked: skipping the masks on the tiles the row sees whole gives the
+                # same values and a faster kernel alone, but the three-loop binary cost 0.35 ms per
+                # 1B decode step in the engine (H200, benchmarks/NOTES.md, eighth session)
+                for start in range(t_lo, t_hi, BLOCK_N):
+                    m, l, acc = _decode_tile(kp, vp, start, slot, pos, lo_pos, capm, rs, hs, kvh,
+                                             dm, cv, q, lo_v, hi_v, m, l, acc, ones, scale,
+                                             softcap, BLOCK_N, SOFTCAP, RING, True, ACC_DOT)
+                base = pid * NSPLIT + s
+                tl.store(MS + base * G + g, m, mask=gm)
+                tl.store(LS + base * G + g, l, mask=gm)
+                tl.store(ACC + (base * G + g)[:, None] * D + dm[None, :], acc,
+                         mask=gm[:, None] & cv[None, :])
+                # tickets: the group of absolute split a, counted from the row's first group
+                gc = tl.arange(0, BLOCK_GC)
+                gcm = gc < G
+                grp = a // GS
+                g_first = tl.maximum(grp * GS, a0)
+                g_last = tl.minimum(grp * GS + GS - 1, a_last)
+                ngrp = a_last // GS - a0 // GS + 1
+                gcnt = CNT + NROWS + pid * NGG + (grp - a0 // GS)
+                tl.debug_barrier()
+                ticket = tl.atomic_add(gcnt, 1, sem="acq_rel", scope="gpu")
+                if ticket == g_last - g_first:
+                    tl.store(gcnt, 0)
+                    M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, g_first - a0,
+                                    g_last - g_first + 1, a0,
+                                    gc, gcm, dm, cv, G, D, GS, False, DEPTH, BLOCK_GC, 2 * BLOCK_H)
+                    if ngrp > 1:                      # park the group's total in its first slot
+                        gb = (pid * NSPLIT + g_first - a0) * G + gc
+                        tl.store(MS + gb, M, mask=gcm)
+                        tl.store(LS + gb, L, mask=gcm)
+                        tl.store(ACC + gb[:, None] * D + dm[None, :], A,
+                                 mask=gcm[:, None] & cv[None, :])
+                        tl.debug_barrier()
+                        top = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
+                        if top == ngrp - 1:
+                            tl.store(CNT + pid, 0)
+                            # (a chunk folds one group's total into an empty total too: exact)
+                            M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, 0, ngrp, a0, gc, gcm, dm, cv,
+                                            G, D, GS, True, DEPTH, BLOCK_GC, 2 * BLOCK_H)
                             if SINKS:
                                 M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
                             tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
                                      (A / L[:, None]).to(O.dtype.element_ty),
                                      mask=gcm[:, None] & cv[None, :])
+                    else:
+                        if SINKS:
+                            M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
+                        tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
+                                 (A / L[:, None]).to(O.dtype.element_ty),
+                                 mask=gcm[:, None] & cv[None, :])
 
     return attn_kernel
