@@ -22,6 +22,7 @@
 #   host         where a verification block's and a 16-session step's host time goes (cProfile)
 #   aligned      plane-table reads told their alignment (16-byte async copies), decode walks
 #   walk_ab      the A/B of both against the tree before (carry .prev)
+#   early        MUSER_PDL=early: a projection's first weights loaded before the PDL wait
 #   tiles        dot_rows' decode tiles timed in a graph with the weights coming from HBM
 #   llama_build  llama.cpp's CUDA build, in the background (~340 s on 10 cores)
 #   llama        waits for the build, then cuda_bench.py side by side (270M, 1B)
@@ -155,6 +156,12 @@ stage_walk_ab() {  # carry .prev (git archive b83987d muser): the A/B of both
 stage_settle() {   # the engine-level rows on the new decode binaries, then the A/B once more
   stage_engine
   WALKS="" bench 300 . benchmarks/exact_ab.py --old .prev --models 270m,1b --trees old,exact
+}
+
+stage_early() {    # MUSER_PDL=early: bits (engine-level), then decode against on
+  tests 120 -x tests/cuda/test_pdl.py
+  bench 240 . benchmarks/exact_ab.py --models 270m,1b --trees exact --no-16k \
+    --variants "PE:MUSER_PDL=early"
 }
 
 stage_tiles() {    # dot_rows decode tiles in a graph, weights from HBM (speed fields only)

@@ -107,11 +107,13 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                            "of rows -- the same bits as the eager pass, without its host "
                            "overhead (H200, 1B: a 512-token prefill 1.74x, a verification "
                            "block 16.8 -> 6.6 ms); off: eager chunks"),
-    "MUSER_PDL": ("off|on", "on", "backends/cuda (decode step)",
+    "MUSER_PDL": ("off|on|early", "on", "backends/cuda (decode step)",
                   "on: the decode step's kernels launch as programmatic dependents (sm_90): "
                   "each may launch while the one before finishes, and waits for it on the "
                   "device before anything else -- the same bits, the launch gaps hidden (H200, "
-                  "1B at 2k: decode 9% faster, 16 sessions 18%); off: plain launches"),
+                  "1B at 2k: decode 9% faster, 16 sessions 18%); early: and a projection's "
+                  "decode tile loads its first weights before that wait (the same bits); off: "
+                  "plain launches"),
     "MUSER_ATTN_TILES": ("masked|interior", "interior", "backends/cuda (attention)",
                          "interior: key tiles every row sees whole skip the masks (the same "
                          "bits); masked: every tile masked (experiments)"),

@@ -1,6 +1,8 @@
 """Programmatic dependent launch (MUSER_PDL=on, backends/cuda/decode_step.py): the decode step's
 kernels launched as dependents wait for the kernel before them before anything else, so the
-logits of a prefill and of captured decode steps are bitwise those of the plain launches."""
+logits of a prefill and of captured decode steps are bitwise those of the plain launches --
+also with MUSER_PDL=early, where a projection's decode tile loads its first weights before the
+wait (weights never depend on the kernel before; the dots run in the same order)."""
 import torch
 from cudautil import needs_gpu, prefill_then_decode as run
 
@@ -17,3 +19,13 @@ def test_dependent_launches_give_the_plain_launches_bits():
     assert eng.backend.runner(eng).step.pdl == (torch.cuda.get_device_capability()[0] >= 9)
     assert torch.equal(run(eng), plain)
     assert eng.backend.runner(eng).stats["replays"] > 0
+
+
+@needs_gpu
+def test_weights_loaded_before_the_wait_give_the_plain_launches_bits():
+    eng = tiny_model("gemma3", device="cuda", dtype="bfloat16", window=4, tokenizer=False)
+    eng.backend.reset_runner(Env(pdl="off"))
+    plain = run(eng)
+    eng.backend.reset_runner(Env(pdl="early"))
+    assert eng.backend.runner(eng).step.early == (torch.cuda.get_device_capability()[0] >= 9)
+    assert torch.equal(run(eng), plain)
