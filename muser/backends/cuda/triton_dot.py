@@ -357,7 +357,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     kern[(triton.cdiv(n, bn), triton.cdiv(B, bm), pieces)](
         x, w, s_arg, b_arg, out, part, B, n, K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu,
         GELU=gelu, HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, WQ=wq,
-        FLATTEN=bool(flatten) and inside > 1, EARLY=bool(early and pdl) and inside == 1,
+        FLATTEN=bool(flatten) and inside > 1, EARLY=bool(early and pdl) and bm == 16,
         num_warps=nw, num_stages=st, **fuse,
         **pdl_launch(pdl))
     if split and defer and not glu and bias is None:
