@@ -24,6 +24,7 @@
 #   walk_ab      the A/B of both against the tree before (carry .prev)
 #   early        MUSER_PDL=early: a projection's first weights loaded before the PDL wait
 #   tiles        dot_rows' decode tiles timed in a graph with the weights coming from HBM
+#   tiles_early  the same with the early weights (K steps up to the whole K: all before the wait)
 #   llama_build  llama.cpp's CUDA build, in the background (~340 s on 10 cores)
 #   llama        waits for the build, then cuda_bench.py side by side (270M, 1B)
 set -u
@@ -166,6 +167,10 @@ stage_early() {    # MUSER_PDL=early: bits (engine-level), then decode against o
 
 stage_tiles() {    # dot_rows decode tiles in a graph, weights from HBM (speed fields only)
   bench 300 . benchmarks/dot_tiles_graph.py 270m 1b
+}
+
+stage_tiles_early() {   # the same with MUSER_PDL=early's first K step before the wait
+  bench 400 . benchmarks/dot_tiles_graph.py 270m 1b --early --batches 1
 }
 
 stage_llama_build() {   # carry .peers
