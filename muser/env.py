@@ -112,8 +112,8 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                   "each may launch while the one before finishes, and waits for it on the "
                   "device before anything else -- the same bits, the launch gaps hidden (H200, "
                   "1B at 2k: decode 9% faster, 16 sessions 18%); early: and a projection's "
-                  "decode tile loads its first weights before that wait (the same bits); off: "
-                  "plain launches"),
+                  "decode tile loads its first weights, an attention program its first K/V "
+                  "tile, before that wait (the same bits); off: plain launches"),
     "MUSER_ATTN_TILES": ("masked|interior", "interior", "backends/cuda (attention)",
                          "interior: key tiles every row sees whole skip the masks (the same "
                          "bits); masked: every tile masked (experiments)"),

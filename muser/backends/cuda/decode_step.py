@@ -151,7 +151,8 @@ class DecodeStep:
         # programmatic dependent launch for the step's own kernels (MUSER_PDL; sm_90 and up)
         self.pdl = (env.pdl in ("on", "early") and dev.type == "cuda"
                     and torch.cuda.get_device_capability(dev)[0] >= 9)
-        self.early = self.pdl and env.pdl == "early"  # dot_rows' first weights before the wait
+        # MUSER_PDL=early: dot_rows' first weights and attention's first K/V tile before the wait
+        self.early = self.pdl and env.pdl == "early"
         # a chunk through this step's layer loop has a decode step's bits only with the default
         # kernels: dot_rows for every row count, and the fused attention launch (whose first
         # half prepares a chunk's q/k/v); the experiment switches give that up
@@ -241,7 +242,7 @@ class DecodeStep:
                                               spec.layer_scale(ls), spec.attn_logit_softcap,
                                               spec.rope_interleaved, ws, sinks=lw.sinks,
                                               v_norm=spec.v_norm, k_eq_v=lw.wv is None,
-                                              pdl=self.pdl, **lay)
+                                              pdl=self.pdl, early=self.early, **lay)
             q = qk_rope_store(qkv, pos, cos, sin, qn, kn, spec.norm_eps, table, meta,
                               spec.num_heads, KV, D, spec.rope_interleaved)
             return decode_attention(q, pos, table, meta, KV, self.splits[i], spec.layer_scale(ls),

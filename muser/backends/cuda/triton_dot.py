@@ -115,7 +115,7 @@ def _kernels():
     @triton.jit
     def piece_dot_early(X, W, rm, rmask, cols, cmask, piece, N, K: tl.constexpr,
                         KS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        GLU: tl.constexpr, BM: tl.constexpr):
+                        GLU: tl.constexpr, BM: tl.constexpr, PDL: tl.constexpr):
         """`piece_dot` for a dependent launch (MUSER_PDL=early): the first K step's weights
         are loaded BEFORE the wait for the kernel before -- weights never depend on it, so their
         HBM latency overlaps that kernel's tail -- then the wait, then the same dots in the same
@@ -129,8 +129,7 @@ def _kernels():
         wu0 = w0
         if GLU:
             wu0 = tl.load(wp + N * K, mask=m2, other=0)
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        _pdl_begin(PDL)
         x = tl.load(X + rm[:, None].to(tl.int64) * K + ks[None, :],
                     mask=rmask[:, None] & kmask[None, :], other=0.0)
         acc = tl.dot(x, tl.trans(w0.to(x.dtype)), tl.zeros((BM, BLOCK_N), dtype=tl.float32))
@@ -176,7 +175,7 @@ def _kernels():
         rmask = rm < B
         if EARLY:
             acc, accu = _piece_early(X, W, rm, rmask, cols, cmask, piece, N, K, KS, BLOCK_N,
-                                     BLOCK_K, GLU, BM)
+                                     BLOCK_K, GLU, BM, PDL)
         elif PIECES_IN > 1:
             # the split-K pieces summed here, in order from zero: split_sum_kernel's float32
             # adds, without the round trip through P (a chunk's tiles: enough programs already)
@@ -325,7 +324,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     mode (weights_int8.py).  `flatten` (MUSER_FLATTEN): pieces summed in the kernel run as one
     loop fused by Triton (the same dots and adds in the same order).  `defer`: where the pieces
     would be summed by split_sum_kernel (no act*up, no bias), return them unsummed as `Pieces`
-    for triton_ops.add_norm to sum (MUSER_FUSE_SUM).  `early` (with `pdl`, MUSER_PDL=early): a
+    for triton_ops.add_norm to sum (MUSER_FUSE_SUM).  `early` (MUSER_PDL=early, with `pdl`): a
     decode tile loads its first K step's weights before waiting for the kernel before."""
     import triton
     kern, ssum = _kernels()[1], _kernels()[2]
@@ -357,7 +356,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     kern[(triton.cdiv(n, bn), triton.cdiv(B, bm), pieces)](
         x, w, s_arg, b_arg, out, part, B, n, K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu,
         GELU=gelu, HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, WQ=wq,
-        FLATTEN=bool(flatten) and inside > 1, EARLY=bool(early and pdl) and bm == 16,
+        FLATTEN=bool(flatten) and inside > 1, EARLY=bool(early) and bm == 16,
         num_warps=nw, num_stages=st, **fuse,
         **pdl_launch(pdl))
     if split and defer and not glu and bias is None:
