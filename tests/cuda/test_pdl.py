@@ -1,8 +1,10 @@
 """Programmatic dependent launch (MUSER_PDL=on, backends/cuda/decode_step.py): the decode step's
 kernels launched as dependents wait for the kernel before them before anything else, so the
 logits of a prefill and of captured decode steps are bitwise those of the plain launches --
-also with MUSER_PDL=early, where a projection's decode tile loads its first weights before the
-wait (weights never depend on the kernel before; the dots run in the same order)."""
+also with MUSER_PDL=early, where a projection's decode tile loads its first weights and an
+attention program its first K/V tile before the wait (neither depends on the kernel before;
+the row the attention stores after the wait is joined by a select; the dots run in the same
+order -- the kernels alone: test_triton_ops / test_triton_chunk, "early")."""
 import torch
 from cudautil import needs_gpu, prefill_then_decode as run
 
