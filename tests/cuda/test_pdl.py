@@ -24,7 +24,7 @@ def test_dependent_launches_give_the_plain_launches_bits():
 
 
 @needs_gpu
-def test_weights_loaded_before_the_wait_give_the_plain_launches_bits():
+def test_weights_and_tiles_loaded_early_give_the_plain_launches_bits():
     eng = tiny_model("gemma3", device="cuda", dtype="bfloat16", window=4, tokenizer=False)
     chunk = [(7 * i) % 200 + 3 for i in range(80)]  # 80 rows: chunk tiles, which stay plain
     eng.backend.reset_runner(Env(pdl="off"))
