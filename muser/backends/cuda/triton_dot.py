@@ -76,14 +76,36 @@ def _kernels():
     @triton.jit
     def piece_dot(X, W, rm, rmask, cols, cmask, piece, N, K: tl.constexpr, KS: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
-                  BM: tl.constexpr):
+                  BM: tl.constexpr, EARLY: tl.constexpr = False, PDL: tl.constexpr = False):
         """One split-K piece [piece * KS, (piece + 1) * KS) of a [BM, BLOCK_N] tile (and its up
         half), from zero.  Each tl.dot chains its k16 MMA steps onto the accumulator, so an
         output element's sum is the k16 steps in order -- whatever BLOCK_K and BM are (the
-        H200 agrees: benchmarks/dot_chunk_sweep.py)."""
+        H200 agrees: benchmarks/dot_chunk_sweep.py).  EARLY (MUSER_PDL=early, the caller has
+        not waited yet): the first K step's weights are loaded BEFORE the wait for the kernel
+        before -- weights never depend on it, so their HBM latency overlaps its tail -- then
+        the wait, then that step's dot: the loop's first pass, peeled (the same dots in the
+        same order)."""
         acc = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
         accu = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, KS, BLOCK_K):
+        k_first = 0
+        if EARLY:
+            kin = tl.arange(0, BLOCK_K)
+            ks = piece * KS + kin
+            kmask = (ks < K) & (kin < KS)
+            wp = W + cols[:, None].to(tl.int64) * K + ks[None, :]
+            m2 = cmask[:, None] & kmask[None, :]
+            w0 = tl.load(wp, mask=m2, other=0)
+            wu0 = w0
+            if GLU:
+                wu0 = tl.load(wp + N * K, mask=m2, other=0)
+            _pdl_begin(PDL)
+            x = tl.load(X + rm[:, None].to(tl.int64) * K + ks[None, :],
+                        mask=rmask[:, None] & kmask[None, :], other=0.0)
+            acc = tl.dot(x, tl.trans(w0.to(x.dtype)), acc)
+            if GLU:
+                accu = tl.dot(x, tl.trans(wu0.to(x.dtype)), accu)
+            k_first = BLOCK_K
+        for k0 in range(k_first, KS, BLOCK_K):
             kin = k0 + tl.arange(0, BLOCK_K)
             ks = piece * KS + kin
             kmask = (ks < K) & (kin < KS)
@@ -112,46 +134,7 @@ def _kernels():
             y = _act_up(y, u, DT, GELU)
         return y
 
-    @triton.jit
-    def piece_dot_early(X, W, rm, rmask, cols, cmask, piece, N, K: tl.constexpr,
-                        KS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        GLU: tl.constexpr, BM: tl.constexpr, PDL: tl.constexpr):
-        """`piece_dot` for a dependent launch (MUSER_PDL=early): the first K step's weights
-        are loaded BEFORE the wait for the kernel before -- weights never depend on it, so their
-        HBM latency overlaps that kernel's tail -- then the wait, then the same dots in the same
-        order (the first step peeled: acc = dot(x0, w0, 0), as the loop's first pass does)."""
-        kin = tl.arange(0, BLOCK_K)
-        ks = piece * KS + kin
-        kmask = (ks < K) & (kin < KS)
-        wp = W + cols[:, None].to(tl.int64) * K + ks[None, :]
-        m2 = cmask[:, None] & kmask[None, :]
-        w0 = tl.load(wp, mask=m2, other=0)
-        wu0 = w0
-        if GLU:
-            wu0 = tl.load(wp + N * K, mask=m2, other=0)
-        _pdl_begin(PDL)
-        x = tl.load(X + rm[:, None].to(tl.int64) * K + ks[None, :],
-                    mask=rmask[:, None] & kmask[None, :], other=0.0)
-        acc = tl.dot(x, tl.trans(w0.to(x.dtype)), tl.zeros((BM, BLOCK_N), dtype=tl.float32))
-        accu = acc
-        if GLU:
-            accu = tl.dot(x, tl.trans(wu0.to(x.dtype)), tl.zeros((BM, BLOCK_N), dtype=tl.float32))
-        for k0 in range(BLOCK_K, KS, BLOCK_K):
-            kin = k0 + tl.arange(0, BLOCK_K)
-            ks = piece * KS + kin
-            kmask = (ks < K) & (kin < KS)
-            x = tl.load(X + rm[:, None].to(tl.int64) * K + ks[None, :],
-                        mask=rmask[:, None] & kmask[None, :], other=0.0)
-            wp = W + cols[:, None].to(tl.int64) * K + ks[None, :]
-            m2 = cmask[:, None] & kmask[None, :]
-            acc = tl.dot(x, tl.trans(tl.load(wp, mask=m2, other=0).to(x.dtype)), acc)
-            if GLU:
-                accu = tl.dot(x, tl.trans(tl.load(wp + N * K, mask=m2, other=0).to(x.dtype)),
-                              accu)
-        return acc, accu
-
     globals()["_piece"] = piece_dot
-    globals()["_piece_early"] = piece_dot_early
     globals()["_finish"] = finish
 
     @triton.jit
@@ -174,8 +157,8 @@ def _kernels():
         cmask = cols < N
         rmask = rm < B
         if EARLY:
-            acc, accu = _piece_early(X, W, rm, rmask, cols, cmask, piece, N, K, KS, BLOCK_N,
-                                     BLOCK_K, GLU, BM, PDL)
+            acc, accu = _piece(X, W, rm, rmask, cols, cmask, piece, N, K, KS, BLOCK_N, BLOCK_K,
+                               GLU, BM, True, PDL)
         elif PIECES_IN > 1:
             # the split-K pieces summed here, in order from zero: split_sum_kernel's float32
             # adds, without the round trip through P (a chunk's tiles: enough programs already)
