@@ -15,8 +15,14 @@ Two uses, both before a device call (benchmarks/NOTES.md, tenth session):
   registers and spill bytes; `--tiles` adds the 64-key attention tiles (ring and growing, decode
   and chunk, 4 and 8 warps) -- the ones `layout()` does not pick because a [BN, D] K/V tile at
   D = 256 spilled at 4 warps.
+- **How does it move memory?**  `--io` counts the global loads and stores by width and the
+  async copies: 2-byte `ld.global.b16` by the hundred and no `cp.async` is a tile read one
+  element at a time and never pipelined (the decode attention until the twelfth session: a
+  pointer read from memory has no known alignment; `triton_attn.plane_at`).  Integer arguments
+  the JIT would mark divisible by 16 at run time are not all marked here (N, B): a b16 store of
+  a dot_rows output here can be a v4 store on the device.
 
-    PYTHONPATH=/tmp/t36:. python3 benchmarks/sm90_ptx.py [--out DIR] [--regs] [--tiles]
+    PYTHONPATH=/tmp/t36:. python3 benchmarks/sm90_ptx.py [--out DIR] [--regs] [--tiles] [--io]
 """
 import argparse
 import hashlib
@@ -144,6 +150,17 @@ def ptxas_usage(ptx: str) -> str:
         f"{regs.group(1)} regs"
 
 
+def io_counts(ptx: str) -> str:
+    """Global loads / stores by width, and async copies: "ld.b16 x134 ld.v4 x8 cp.async x48"."""
+    kinds = re.findall(r"\b(ld\.global|st\.global)((?:\.[a-z]+)*?)\.(v[248]\.)?([bfsu]\d+)", ptx)
+    counts: dict[str, int] = {}
+    for op, _mods, vec, width in kinds:
+        key = f"{op.split('.')[0]}.{vec}{width}"
+        counts[key] = counts.get(key, 0) + 1
+    counts["cp.async"] = len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx))
+    return " ".join(f"{k} x{v}" for k, v in sorted(counts.items()) if v)
+
+
 def code_only(ptx: str) -> str:
     """The instructions: no DWARF tables, line markers, comments or debug label numbers."""
     keep = []
@@ -168,6 +185,7 @@ def main():
     ap.add_argument("--out", type=Path, help="write each configuration's stripped PTX here")
     ap.add_argument("--regs", action="store_true", help="ptxas -v: registers and spills")
     ap.add_argument("--tiles", action="store_true", help="also the 64-key attention tiles")
+    ap.add_argument("--io", action="store_true", help="global loads / stores by width, cp.async")
     args = ap.parse_args()
     kernels = {"chunk": (_kernel(), CHUNK), "fold": (_fold_kernel(), FOLD),
                "decode": (_decode_kernel(), DECODE), "dot": (_dot_kernels()[1], DOWN),
@@ -183,6 +201,7 @@ def main():
             continue
         code = code_only(ptx)
         usage = f"  {ptxas_usage(ptx)}" if args.regs else ""
+        usage += f"  [{io_counts(ptx)}]" if args.io else ""
         print(f"  {name:40s} {hashlib.sha1(code.encode()).hexdigest()[:12]}  {len(code):7d} chars"
               + usage)
         if args.out:
