@@ -162,8 +162,8 @@ stage_settle() {   # the engine-level rows on the new decode binaries, then the 
 stage_early() {    # MUSER_PDL=early: bits (engine-level), then decode against on
   tests 200 -x tests/cuda/test_pdl.py tests/cuda/test_triton_ops.py \
     tests/cuda/test_triton_chunk.py -k "early or dependent"
-  bench 240 . benchmarks/exact_ab.py --models 270m,1b --trees exact --no-16k \
-    --variants "PE:MUSER_PDL=early"
+  bench 300 . benchmarks/exact_ab.py --models 270m,1b --trees exact --no-16k --long \
+    --rounds 2 --variants "PE:MUSER_PDL=early"
 }
 
 stage_tiles() {    # dot_rows decode tiles in a graph, weights from HBM (speed fields only)
