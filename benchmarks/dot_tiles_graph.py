@@ -96,7 +96,7 @@ def sweep(n: int, k: int, glu: bool, B: int, top: int, early: bool = False) -> N
     results = []
     for cfg in candidates(piece, k, early):
         try:
-            got = dot_rows(x, ws[0], glu=glu, config=cfg, rows=16)
+            got = dot_rows(x, ws[0], glu=glu, config=cfg, rows=16, early=early)
             torch.cuda.synchronize()
         except Exception:                               # noqa: BLE001 (shared memory, etc.)
             continue
