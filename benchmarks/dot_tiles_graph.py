@@ -64,7 +64,7 @@ def _compile(job) -> None:
     x = torch.zeros(1, k, device="cuda", dtype=torch.bfloat16)
     for pdl in (False, True):
         try:
-            dot_rows(x, w, glu=glu, config=cfg, rows=16, pdl=pdl, early=early and pdl)
+            dot_rows(x, w, glu=glu, config=cfg, rows=16, pdl=pdl, early=early)
         except Exception:                               # noqa: BLE001 (the sweep skips it too)
             pass
     torch.cuda.synchronize()
