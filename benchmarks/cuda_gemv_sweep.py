@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-from muser.backends.cuda.triton_dot import dot_rows, gemv
+from muser.backends.cuda.triton_dot import dot_rows
+from muser.backends.cuda.triton_gemv import gemv
 
 SHAPES = [(1536, 1152, False), (1152, 1024, False), (6912, 1152, True), (1152, 6912, False),
           (262144, 1152, False), (4096, 2560, False), (10240, 2560, True), (2560, 10240, False)]

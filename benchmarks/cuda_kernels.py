@@ -4,7 +4,7 @@ the one-launch decode attention's split / warp settings (rings full, growing pla
 For each shape (Gemma-3-1B / 4B projections; gate|up with act*mul fused), a CUDA graph of calls
 over enough distinct weight copies to exceed the L2 several times is replayed; per-call time is
 the median replay over the calls.  Prints one table (us per call, TB/s of weight bytes) and the
-best tiling per shape -- the numbers behind `triton_dot.GEMV_TILES`.  Attention: a graph of 26
+best tiling per shape -- the numbers behind `triton_gemv.GEMV_TILES`.  Attention: a graph of 26
 launches over 26 distinct planes, per-launch us (and the separate qk_rope_store + attention).
 
     PYTHONPATH=. python3 benchmarks/cuda_kernels.py [--out DIR]
@@ -125,7 +125,7 @@ def attention_sweep(rows_out):
 
 
 def main(argv=None):
-    from muser.backends.cuda.triton_dot import gemv, gemv_config
+    from muser.backends.cuda.triton_gemv import gemv, gemv_config
     from muser.backends.cuda.triton_ops import act_mul
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))

@@ -188,7 +188,7 @@ def main():
     ap.add_argument("--io", action="store_true", help="global loads / stores by width, cp.async")
     args = ap.parse_args()
     kernels = {"chunk": (_kernel(), CHUNK), "fold": (_fold_kernel(), FOLD),
-               "decode": (_decode_kernel(), DECODE), "dot": (_dot_kernels()[1], DOWN),
+               "decode": (_decode_kernel(), DECODE), "dot": (_dot_kernels()[0], DOWN),
                "add_norm": (_ops_kernels()[0], ADD_NORM),
                "add_pieces": (_ops_kernels()[3], ADD_PIECES)}
     print(f"triton {triton.__version__}, sm_90")

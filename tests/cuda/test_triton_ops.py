@@ -111,7 +111,7 @@ def test_act_mul(dev, kdtype, gelu):
 
 @pytest.mark.parametrize("n,k", [(1536, 1152), (1152, 6912), (100, 37), (4096, 2560), (1152, 1024)])
 def test_gemv(dev, kdtype, n, k):
-    from muser.backends.cuda.triton_dot import gemv
+    from muser.backends.cuda.triton_gemv import gemv
     x, w = torch.randn(1, k).to(dev, kdtype), torch.randn(n, k).to(dev, kdtype)
     y = torch.full((1, n), float("nan"), dtype=kdtype, device=dev)
     gemv(x, w, out=y)
@@ -125,7 +125,7 @@ def test_gemv(dev, kdtype, n, k):
 @pytest.mark.parametrize("i,k", [(6912, 1152), (50, 24), (10240, 2560)])
 def test_gemv_glu(dev, kdtype, gelu, i, k):
     """gate|up GEMV with act*mul fused in == linear, then act_mul (muser.model.transformer.mlp)."""
-    from muser.backends.cuda.triton_dot import gemv
+    from muser.backends.cuda.triton_gemv import gemv
     x, w = torch.randn(1, k).to(dev, kdtype), (torch.randn(2 * i, k) / k ** 0.5).to(dev, kdtype)
     y = torch.full((1, i), float("nan"), dtype=kdtype, device=dev)
     gemv(x, w, out=y, glu=True, gelu=gelu)
@@ -142,10 +142,10 @@ def test_gemv_glu(dev, kdtype, gelu, i, k):
 def test_gemv_rows_do_not_depend_on_the_batch(dev, kdtype, glu, n, k, kernel):
     """Row b of a B-row call is bitwise the 1-row call on it (the decode step's batch invariance),
     with and without bias."""
-    from muser.backends.cuda import triton_dot
+    from muser.backends.cuda import triton_dot, triton_gemv
     if kernel == "dot_rows" and not HAS_CUDA:
         pytest.skip("numpy's matmul (the interpreter's dot) is not row-invariant")
-    gemv = getattr(triton_dot, kernel)
+    gemv = triton_dot.dot_rows if kernel == "dot_rows" else triton_gemv.gemv
     w = (torch.randn(2 * n if glu else n, k) / k ** 0.5).to(dev, kdtype)
     bias = None if glu else torch.randn(n).to(dev, kdtype)
     x = torch.randn(40, k).to(dev, kdtype)

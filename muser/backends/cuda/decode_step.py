@@ -38,7 +38,8 @@ from ...model import transformer as tf
 from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention, merge_groups
 from .triton_moe import experts_rows, route_rows, stack_experts
 from .triton_moe import supported as moe_supported
-from .triton_dot import dot_rows, gemv
+from .triton_dot import dot_rows
+from .triton_gemv import gemv
 from .weights_int8 import RowInt8
 from .triton_ops import act_mul, add_norm, qk_rope_store
 
