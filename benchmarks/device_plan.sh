@@ -171,7 +171,7 @@ stage_tiles() {    # dot_rows decode tiles in a graph, weights from HBM (speed f
 }
 
 stage_tiles_early() {   # the same with MUSER_PDL=early's first K step before the wait
-  bench 400 . benchmarks/dot_tiles_graph.py 270m 1b --early --batches 1
+  bench 300 . benchmarks/dot_tiles_graph.py 270m --early --batches 1
 }
 
 stage_llama_build() {   # carry .peers
