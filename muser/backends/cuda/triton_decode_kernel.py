@@ -71,6 +71,21 @@ def _kernel():
         return M, L, A
 
     @triton.jit
+    def load_kv(kp, vp, kpos, lo, hi, slot, pos, capm, rs, hs, kvh, dm, cv, RING: tl.constexpr):
+        """The K and V rows of positions kpos in [lo, hi] (zeros elsewhere), read in place by
+        position: slot holds pos, a ring wraps at capm."""
+        phys = slot + (kpos - pos)
+        if RING:
+            phys = (phys + capm) % capm
+        lm = (kpos >= lo) & (kpos <= hi)
+        offs = phys[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
+        k = tl.load(kp + offs, mask=lm[:, None] & cv[None, :], other=0.0)
+        v = tl.load(vp + offs, mask=lm[:, None] & cv[None, :], other=0.0)
+        return k, v
+
+    globals()["_load_kv"] = load_kv
+
+    @triton.jit
     def decode_tile(kp, vp, start, slot, pos, lo_pos, capm, rs, hs, kvh, dm, cv, q, lo_v, hi_v,
                     m, l, acc, ones, scale, softcap, BLOCK_N: tl.constexpr,
                     SOFTCAP: tl.constexpr, RING: tl.constexpr, MASKED: tl.constexpr,
@@ -78,13 +93,7 @@ def _kernel():
         """The keys of positions start.. read in place by position (slot holds pos; a ring
         wraps at capm), folded into the row's running softmax."""
         kpos = start + tl.arange(0, BLOCK_N)
-        phys = slot + (kpos - pos)
-        if RING:
-            phys = (phys + capm) % capm
-        lm = (kpos >= lo_pos) & (kpos <= pos)
-        offs = phys[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
-        k = tl.load(kp + offs, mask=lm[:, None] & cv[None, :], other=0.0)
-        v = tl.load(vp + offs, mask=lm[:, None] & cv[None, :], other=0.0)
+        k, v = _load_kv(kp, vp, kpos, lo_pos, pos, slot, pos, capm, rs, hs, kvh, dm, cv, RING)
         return _tile_step(q, k, v, kpos, lo_v, hi_v, m, l, acc, ones, scale, softcap, SOFTCAP,
                           MASKED, ACC_DOT)
 
@@ -97,13 +106,8 @@ def _kernel():
         lo_pos = pos - n + 1
         a = lo_pos // SPLIT + s
         kpos = tl.maximum(a * SPLIT, (lo_pos // BLOCK_N) * BLOCK_N) + tl.arange(0, BLOCK_N)
-        phys = slot + (kpos - pos)
-        if RING:
-            phys = (phys + capm) % capm
-        lm = (kpos >= lo_pos) & (kpos < pos)
-        offs = phys[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
-        k = tl.load(kp + offs, mask=lm[:, None] & cv[None, :], other=0.0)
-        v = tl.load(vp + offs, mask=lm[:, None] & cv[None, :], other=0.0)
+        k, v = _load_kv(kp, vp, kpos, lo_pos, pos - 1, slot, pos, capm, rs, hs, kvh, dm, cv,
+                        RING)
         return k, v, kpos
 
     @triton.jit
@@ -111,12 +115,7 @@ def _kernel():
         """Row p (stored after the wait) into a preloaded tile: a select, so the tile holds
         exactly what one load after the store would have read."""
         new = kpos == pos
-        phys = slot + (kpos - pos)
-        if RING:
-            phys = (phys + capm) % capm
-        offs = phys[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
-        kn = tl.load(kp + offs, mask=new[:, None] & cv[None, :], other=0.0)
-        vn = tl.load(vp + offs, mask=new[:, None] & cv[None, :], other=0.0)
+        kn, vn = _load_kv(kp, vp, kpos, pos, pos, slot, pos, capm, rs, hs, kvh, dm, cv, RING)
         return tl.where(new[:, None], kn, k), tl.where(new[:, None], vn, v)
 
     globals()["_early_tile"] = early_tile
