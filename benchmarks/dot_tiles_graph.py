@@ -24,24 +24,11 @@ SHAPES = {"270m": [(1536, 640, False), (640, 1024, False), (2048, 640, True), (6
 BYTES = 256 << 20
 
 
-def per_launch_us(fn, copies: int, replays: int = 10) -> float:
+def per_launch_us(fn, copies: int) -> float:
     """One graph of `copies` launches (fn(i) launches on copy i), replayed: us per launch."""
-    for i in range(copies):
-        fn(i)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(copies):
-            fn(i)
-    g.replay()
-    torch.cuda.synchronize()
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-    ev[0].record()
-    for _ in range(replays):
-        g.replay()
-    ev[1].record()
-    torch.cuda.synchronize()
-    return ev[0].elapsed_time(ev[1]) * 1e3 / replays / copies
+    from decode_attn_probe import graph_us
+    nxt = itertools.cycle(range(copies)).__next__      # each capture's launches: every copy once
+    return graph_us(lambda: fn(nxt()), reps=copies, replays=10)
 
 
 def candidates(piece: int, k: int = 0, early: bool = False):
