@@ -132,7 +132,7 @@ def part4():
     q, the plane row against prepare_rows' k, and the fused output against decode_attention
     (q given, keys from the plane) on the same plane."""
     from muser.backends.cuda import triton_decode as td
-    from muser.cache.plane import advance_lockstep
+    from muser.cache.many import advance_lockstep
     dev, dt = "cuda", torch.bfloat16
     heads, kv, d = 4, 1, 256
     for kind in ("ring", "growing"):

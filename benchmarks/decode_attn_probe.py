@@ -14,7 +14,8 @@ import torch
 
 from muser.backends.cuda import triton_decode as td
 from muser.backends.cuda.triton_attn import layout
-from muser.cache.plane import GrowingPlane, RingPlane, advance_lockstep
+from muser.cache.many import advance_lockstep
+from muser.cache.plane import GrowingPlane, RingPlane
 from muser.model import transformer as tf
 
 H, KV, D = 4, 1, 256

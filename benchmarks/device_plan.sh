@@ -22,11 +22,11 @@
 #   host         where a verification block's and a 16-session step's host time goes (cProfile)
 #   aligned      plane-table reads told their alignment (16-byte async copies), decode walks
 #   walk_ab      the A/B of both against the tree before (carry .prev)
-#   early        MUSER_PDL=early: a projection's first weights loaded before the PDL wait
 #   tiles        dot_rows' decode tiles timed in a graph with the weights coming from HBM
-#   tiles_early  the same with the early weights (K steps up to the whole K: all before the wait)
-#   llama_build  llama.cpp's CUDA build, in the background (~340 s on 10 cores)
-#   llama        waits for the build, then cuda_bench.py side by side (270M, 1B)
+#   llama_build  llama.cpp's CUDA build, in the background (~340-400 s on 10 cores)
+#   llama        waits for a build started on THIS machine, then cuda_bench.py side by side
+#   peer         the build on every core, then cuda_bench.py: one call (a later call may land
+#                on a fresh machine, where a background build is gone: thirteenth session)
 set -u
 OUT=${OUT:-/tmp/plan-out}
 mkdir -p "$OUT"
@@ -159,19 +159,8 @@ stage_settle() {   # the engine-level rows on the new decode binaries, then the 
   WALKS="" bench 300 . benchmarks/exact_ab.py --old .prev --models 270m,1b --trees old,exact
 }
 
-stage_early() {    # MUSER_PDL=early: bits (engine-level), then decode against on
-  tests 200 -x tests/cuda/test_pdl.py tests/cuda/test_triton_ops.py \
-    tests/cuda/test_triton_chunk.py -k "early or dependent"
-  bench 300 . benchmarks/exact_ab.py --models 270m,1b --trees exact --no-16k --long \
-    --rounds 2 --variants "PE:MUSER_PDL=early"
-}
-
 stage_tiles() {    # dot_rows decode tiles in a graph, weights from HBM (speed fields only)
   bench 300 . benchmarks/dot_tiles_graph.py 270m 1b
-}
-
-stage_tiles_early() {   # the same with MUSER_PDL=early's first K step before the wait
-  bench 300 . benchmarks/dot_tiles_graph.py 270m --early --batches 1
 }
 
 stage_llama_build() {   # carry .peers
@@ -181,11 +170,22 @@ stage_llama_build() {   # carry .peers
 
 stage_llama() {
   if [ -z "${DRY:-}" ]; then
+    # a machine that never started the build (a call after the last one released its machine)
+    # has no /tmp/llama-strip: say so at once rather than wait out the build's 450 s
+    [ -d /tmp/llama-strip ] || { echo "no llama.cpp build on this machine (fresh machine)" \
+      | tee -a "$OUT/plan.log"; return; }
     for _ in $(seq 90); do [ -f /tmp/lbuild.rc ] && break; sleep 5; done
     [ "$(cat /tmp/lbuild.rc 2>/dev/null)" = 0 ] || { echo "llama.cpp build failed"; tail "$OUT/build.log"; return; }
   fi
   bench 300 . benchmarks/cuda_bench.py --models 270m,1b --quick --llama-bin /tmp/lb/bin \
     --llama-src /tmp/llama-strip --llama-tokenizer .peers/tokenizer.model --out "$OUT"
+}
+
+stage_peer() {     # carry .peers: build (foreground, every core), then the side-by-side run
+  if [ -z "${DRY:-}" ]; then
+    tar xJf .peers/llama-strip.tar.xz -C /tmp && bash .peers/build.sh "$(nproc)" > "$OUT/build.log" 2>&1
+  fi
+  stage_llama
 }
 
 setup

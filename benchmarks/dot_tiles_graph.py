@@ -9,7 +9,7 @@ pays.  Only speed fields vary (block_n, K step, warps, stages): the split-K piec
 shape's (`dot_config`'s -- it is the arithmetic), and every tile's output is checked bitwise
 against the table's before it is timed.
 
-    PYTHONPATH=. python3 benchmarks/dot_tiles_graph.py [270m] [1b] [4b] [--top 3] [--early]
+    PYTHONPATH=. python3 benchmarks/dot_tiles_graph.py [270m] [1b] [4b] [--top 3]
 """
 import argparse
 import itertools
@@ -31,44 +31,39 @@ def per_launch_us(fn, copies: int) -> float:
     return graph_us(lambda: fn(nxt()), reps=copies, replays=10)
 
 
-def candidates(piece: int, k: int = 0, early: bool = False):
-    """Tiles to try.  With `early` also K steps up to the whole K (one step: the program's whole
-    weight slice is loaded before the PDL wait, and nothing is pipelined)."""
-    steps = (128, 256, 512) + ((1024, 2048) if early else ())
-    for bn, bk, nw, st in itertools.product((16, 32, 64), steps, (4, 8), (2, 3, 4)):
+def candidates(piece: int):
+    """Tiles to try: the speed fields only (the split-K piece is the arithmetic)."""
+    for bn, bk, nw, st in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (2, 3, 4)):
         if piece and piece % bk:
             continue
-        if bk > 512 and (bk // 2 >= (piece or k) or bn * bk > 32 * 1024):
-            continue                # a step past the whole K, or a slice too big for registers
         yield bn, bk, nw, st, piece
 
 
 def _compile(job) -> None:
     """Compile one (shape, tile) in a worker: the binaries land in Triton's disk cache."""
     from muser.backends.cuda.triton_dot import dot_rows
-    n, k, glu, cfg, early = job
+    n, k, glu, cfg = job
     w = torch.zeros(2 * n if glu else n, k, device="cuda", dtype=torch.bfloat16)
     x = torch.zeros(1, k, device="cuda", dtype=torch.bfloat16)
     for pdl in (False, True):
         try:
-            dot_rows(x, w, glu=glu, config=cfg, rows=16, pdl=pdl, early=early)
+            dot_rows(x, w, glu=glu, config=cfg, rows=16, pdl=pdl)
         except Exception:                               # noqa: BLE001 (the sweep skips it too)
             pass
     torch.cuda.synchronize()
 
 
-def precompile(shapes, jobs: int, early: bool) -> None:
+def precompile(shapes, jobs: int) -> None:
     import multiprocessing as mp
 
     from muser.backends.cuda.triton_dot_tiles import dot_config
-    work = [(n, k, glu, cfg, early) for n, k, glu in shapes
-            for cfg in candidates(dot_config(n, k, glu)[4], k, early)]
+    work = [(n, k, glu, cfg) for n, k, glu in shapes for cfg in candidates(dot_config(n, k, glu)[4])]
     with mp.get_context("spawn").Pool(jobs) as pool:
         pool.map(_compile, work, chunksize=1)
     print(f"precompiled {len(work)} tiles on {jobs} processes", flush=True)
 
 
-def sweep(n: int, k: int, glu: bool, B: int, top: int, early: bool = False) -> None:
+def sweep(n: int, k: int, glu: bool, B: int, top: int) -> None:
     from muser.backends.cuda.triton_dot import dot_rows
     from muser.backends.cuda.triton_dot_tiles import dot_config
     dev = "cuda"
@@ -81,9 +76,9 @@ def sweep(n: int, k: int, glu: bool, B: int, top: int, early: bool = False) -> N
     piece = table[4]
     want = dot_rows(x, ws[0], glu=glu, config=table, rows=16)
     results = []
-    for cfg in candidates(piece, k, early):
+    for cfg in candidates(piece):
         try:
-            got = dot_rows(x, ws[0], glu=glu, config=cfg, rows=16, early=early)
+            got = dot_rows(x, ws[0], glu=glu, config=cfg, rows=16)
             torch.cuda.synchronize()
         except Exception:                               # noqa: BLE001 (shared memory, etc.)
             continue
@@ -92,13 +87,13 @@ def sweep(n: int, k: int, glu: bool, B: int, top: int, early: bool = False) -> N
                   flush=True)
             continue
         t = per_launch_us(lambda i: dot_rows(x, ws[i], outs[i], glu=glu, config=cfg, rows=16,
-                                             pdl=True, early=early), copies)
+                                             pdl=True), copies)
         results.append((t, cfg))
     results.sort()
     t_table = next((t for t, c in results if c == table), float("nan"))
     floor = rows * k * 2 / 4.8e12 * 1e6
     best = ", ".join(f"{t:.2f} {c[:4]}" for t, c in results[:top])
-    print(f"{n}x{k}{' glu' if glu else ''} B{B}{' early' if early else ''}: table {table[:4]} {t_table:.2f} us | best {best} "
+    print(f"{n}x{k}{' glu' if glu else ''} B{B}: table {table[:4]} {t_table:.2f} us | best {best} "
           f"| HBM floor {floor:.2f} us ({copies} copies)", flush=True)
 
 
@@ -108,15 +103,13 @@ def main():
     ap.add_argument("--top", type=int, default=3)
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--jobs", type=int, default=12, help="processes compiling the tiles first")
-    ap.add_argument("--early", action="store_true",
-                    help="MUSER_PDL=early: each tile loads its first K step before the PDL wait")
     args = ap.parse_args()
     if args.jobs > 1:
-        precompile([s for m in args.models for s in SHAPES[m]], args.jobs, args.early)
+        precompile([s for m in args.models for s in SHAPES[m]], args.jobs)
     for m in args.models:
         for n, k, glu in SHAPES[m]:
             for B in (int(b) for b in args.batches.split(",")):
-                sweep(n, k, glu, B, args.top, args.early)
+                sweep(n, k, glu, B, args.top)
 
 
 if __name__ == "__main__":

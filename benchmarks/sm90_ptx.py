@@ -39,9 +39,9 @@ FOLD = dict(H=4, KV=1, G=4, D=256, HALF=128, BLOCK_H=128, INTERLEAVED=False, BM=
 DECODE = dict(H=4, KV=1, G=4, D=256, HALF=128, BLOCK_H=128, BLOCK_G=16, BLOCK_GC=4, BLOCK_N=32,
               NSPLIT=17, SPLIT=32, GS=4, DEPTH=4, FUSED=True, QK_NORM=True, ROPE=True,
               INTERLEAVED=False, SOFTCAP=False, SINKS=False, V_NORM=False, K_EQ_V=False,
-              RING=True, ACC_DOT=True, PDL=True, PREP=False, EARLY=False)
+              RING=True, ACC_DOT=True, PDL=True, PREP=False)
 DOWN = dict(K=6912, KS=1024, BLOCK_N=128, BLOCK_K=64, GLU=False, GELU=False, HAS_BIAS=False,
-            SPLIT=False, BM=128, PIECES_IN=7, WQ=False, PDL=True, FLATTEN=False, EARLY=False)
+            SPLIT=False, BM=128, PIECES_IN=7, WQ=False, PDL=True, FLATTEN=False)
 ADD_NORM = dict(N=1152, BLOCK=2048, HAS_D1=True, HAS_D2=False, POST=True, LAYERNORM=False,
                 NEXT=True, PDL=True)
 ADD_PIECES = dict(N=1152, BLOCK=2048, PIECES=7, WQ=False, POST=True, LAYERNORM=False, NEXT=True,
@@ -60,16 +60,10 @@ CONFIGS = [
     ("decode growing fused", "decode", dict(NSPLIT=257, SPLIT=128, GS=16, RING=False), 4),
     ("decode ring q-given", "decode", dict(FUSED=False, QK_NORM=False, ROPE=False), 4),
     ("decode ring prepare alone", "decode", dict(PREP=True), 4),
-    ("decode ring fused, tile early", "decode", dict(EARLY=True), 4),
-    ("decode growing fused, tile early", "decode", dict(NSPLIT=257, SPLIT=128, GS=16, RING=False,
-                                                         EARLY=True), 4),
     ("dot_rows down 128-row tile, 7 pieces in", "dot", {}, 8),
     ("dot_rows down, pieces flattened", "dot", dict(FLATTEN=True), 8),
     ("dot_rows qkv 16-row decode tile", "dot", dict(K=1152, KS=1152, BM=16, BLOCK_N=32,
                                                     BLOCK_K=256, PIECES_IN=1), 4),
-    ("dot_rows qkv decode tile, weights early", "dot", dict(K=1152, KS=1152, BM=16, BLOCK_N=32,
-                                                            BLOCK_K=256, PIECES_IN=1,
-                                                            EARLY=True), 4),
     ("add_norm sandwich", "add_norm", {}, 4),
     ("add_norm first layer", "add_norm", dict(HAS_D1=False, POST=False), 4),
     ("add_norm parallel", "add_norm", dict(HAS_D2=True, POST=False), 4),

@@ -171,20 +171,3 @@ def test_sinks_give_a_chunk_row_the_decode_bits(dev, kdtype):
     parts = [chunk_attention(q[a:a + 16], k, v, a, 0, 48, 0.2, None, False, lay, sinks=sinks,
                              block_m=block_m) for a in range(0, 100, 16)]
     assert lay["park"] >= 16 and torch.equal(torch.cat(parts), torch.cat(want))
-
-
-@pytest.mark.parametrize("kind", ["ring", "growing"])
-def test_an_early_first_tile_keeps_the_decode_bits(dev, kdtype, kind):
-    """MUSER_PDL=early: each decode program loads its split's first K/V tile before the dependent
-    launch's wait -- without the row it stores after the wait, which a select joins in -- and
-    the outputs and the plane are bitwise the plain launch's, through a ring's wraps and a
-    growing plane's splits (two tiles a split: the peeled tile, then the loop)."""
-    heads, kv, d = 4, 1, 64
-    lay = _layout(kind, d, 16)
-    ins = _inputs(heads, kv, d, kdtype, dev, True, seed=4)
-    want, wplane, _, _ = _decode(kind, heads, kv, d, kdtype, dev, lay, *ins, d ** -0.5, None)
-    got, gplane, _, _ = _decode(kind, heads, kv, d, kdtype, dev, {**lay, "early": True}, *ins,
-                                d ** -0.5, None)
-    assert torch.equal(got, want)
-    for a, b in zip(gplane.logical_rows(), wplane.logical_rows()):
-        assert torch.equal(a, b)

@@ -215,20 +215,3 @@ def test_int8_weights_through_dot_rows(dev, kdtype, glu, bias, piece):
         assert rel(big, ref) < 2e-2
     with pytest.raises(ValueError, match="float32 scale"):
         dot_rows(x, qd, glu=glu, config=cfg)
-
-
-@pytest.mark.parametrize("glu,config", [(False, (16, 128, 4, 3, 0)), (True, (32, 64, 4, 3, 0)),
-                                        (False, (16, 64, 4, 3, 128)), (False, (32, 512, 4, 1, 0))])
-def test_weights_loaded_early_give_the_same_bits(dev, kdtype, glu, config):
-    """MUSER_PDL=early: a decode tile's first K step of weights loaded before the dependent
-    launch's wait, the first dot peeled -- every output bitwise the plain kernel's (several K
-    steps, GLU, split-K pieces on the grid, a K step past K), 1 and 5 rows."""
-    from muser.backends.cuda.triton_dot import dot_rows
-    n, k = 72, 320
-    g = torch.Generator().manual_seed(7)
-    w = (torch.randn(2 * n if glu else n, k, generator=g) / k ** 0.5).to(dev, kdtype)
-    for rows in (1, 5):
-        x = torch.randn(rows, k, generator=g).to(dev, kdtype)
-        want = dot_rows(x, w, glu=glu, config=config, rows=16)
-        got = dot_rows(x, w, glu=glu, config=config, rows=16, early=True)
-        assert torch.equal(got, want)

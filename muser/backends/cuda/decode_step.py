@@ -150,10 +150,8 @@ class DecodeStep:
         self.flatten = env.flatten in ("dot", "on")   # dot_rows' in-kernel pieces: one loop
         self.fuse_sum = env.fuse_sum == "on"    # the down projection's pieces summed in add_norm
         # programmatic dependent launch for the step's own kernels (MUSER_PDL; sm_90 and up)
-        self.pdl = (env.pdl in ("on", "early") and dev.type == "cuda"
+        self.pdl = (env.pdl == "on" and dev.type == "cuda"
                     and torch.cuda.get_device_capability(dev)[0] >= 9)
-        # MUSER_PDL=early: dot_rows' first weights and attention's first K/V tile before the wait
-        self.early = self.pdl and env.pdl == "early"
         # a chunk through this step's layer loop has a decode step's bits only with the default
         # kernels: dot_rows for every row count, and the fused attention launch (whose first
         # half prepares a chunk's q/k/v); the experiment switches give that up
@@ -175,10 +173,9 @@ class DecodeStep:
         add_norm that consumes them (MUSER_FUSE_SUM); gemv sums its own."""
         if isinstance(w, RowInt8):
             return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, flatten=self.flatten,
-                            defer=defer, early=self.early, **kw)
+                            defer=defer, **kw)
         if self.gemv is dot_rows:
-            return dot_rows(x, w, pdl=self.pdl, flatten=self.flatten, defer=defer,
-                            early=self.early, **kw)
+            return dot_rows(x, w, pdl=self.pdl, flatten=self.flatten, defer=defer, **kw)
         return self.gemv(x, w, **kw)
 
     def _linear(self, what, x, w, b=None, defer: bool = False):
@@ -243,7 +240,7 @@ class DecodeStep:
                                               spec.layer_scale(ls), spec.attn_logit_softcap,
                                               spec.rope_interleaved, ws, sinks=lw.sinks,
                                               v_norm=spec.v_norm, k_eq_v=lw.wv is None,
-                                              pdl=self.pdl, early=self.early, **lay)
+                                              pdl=self.pdl, **lay)
             q = qk_rope_store(qkv, pos, cos, sin, qn, kn, spec.norm_eps, table, meta,
                               spec.num_heads, KV, D, spec.rope_interleaved)
             return decode_attention(q, pos, table, meta, KV, self.splits[i], spec.layer_scale(ls),

@@ -99,7 +99,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
             nsplit, scale, softcap, interleaved, ws, out, split, group, block_n, warps,
             depth=1, chunk_loop=None, dsplit=1, interior=True, acc_dot=False, first_tile=False,
             park=0, prep="decode", flatten="off", capacity=0, sinks=None, v_norm=False,
-            k_eq_v=False, qout=None, grid_splits=None, pdl=False, early=False):
+            k_eq_v=False, qout=None, grid_splits=None, pdl=False):
     kern = _kernel()  # (chunk_loop, dsplit, interior, first_tile, park: the chunk kernel's keys)
     prepare = qout is not None and grid_splits == 1   # prepare_rows (prep "alone": PREP binary)
     B = table.shape[0]
@@ -127,7 +127,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         QK_NORM=q_norm is not None, ROPE=rope, INTERLEAVED=bool(interleaved),
         SOFTCAP=softcap is not None, SINKS=sinks is not None, V_NORM=bool(v_norm),
         K_EQ_V=bool(k_eq_v), RING=capacity > 0, ACC_DOT=bool(acc_dot),
-        PREP=prepare and prep == "alone", EARLY=bool(early) and not prepare,
+        PREP=prepare and prep == "alone",
         num_warps=warps, enable_fp_fusion=False,
         **pdl_launch(pdl))
     return out
@@ -141,7 +141,7 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
                            ws: DecodeWorkspace | None = None, out: torch.Tensor | None = None,
                            sinks: torch.Tensor | None = None, v_norm: bool = False,
                            k_eq_v: bool = False, capacity: int = 0, pdl: bool = False,
-                           early: bool = False, **lay) -> torch.Tensor:
+                           **lay) -> torch.Tensor:
     """qkv [B, (H + 2KV) * D] -> attention output [B, H, D], one launch.
 
     Per batch row: qk-norm (if given) and RoPE (if cos/sin) of q and k in float32, each
@@ -151,9 +151,7 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
     group / block_n / warps (defaults: a growing plane's).
     `sinks` float32 [H] (gpt-oss): each head's sink logit joins its softmax denominator.
     Gemma 4: `v_norm` (the new v row RMS-normed, no weight) and `k_eq_v` (qkv holds q | k only,
-    and V is the raw K projection, before k-norm and RoPE).  `early` (MUSER_PDL=early, with
-    `pdl`): each program loads its first key tile before waiting for the kernel before (all
-    but the new row, which it stores after the wait: the same values).
+    and V is the raw K projection, before k-norm and RoPE).
     Graph-capturable: no host reads, static grid.
     """
     B = qkv.shape[0]
@@ -162,7 +160,7 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
     lay = {**layout(capacity == 0, head_dim), **lay}
     return _launch(qkv, None, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads,
                    head_dim, nsplit, scale, softcap, interleaved, ws, out, capacity=capacity,
-                   sinks=sinks, v_norm=v_norm, k_eq_v=k_eq_v, pdl=pdl, early=early, **lay)
+                   sinks=sinks, v_norm=v_norm, k_eq_v=k_eq_v, pdl=pdl, **lay)
 
 
 def prepare_rows(qkv: torch.Tensor, pos: torch.Tensor, cos, sin, q_norm, k_norm, eps: float,

@@ -97,29 +97,6 @@ def _kernel():
         return _tile_step(q, k, v, kpos, lo_v, hi_v, m, l, acc, ones, scale, softcap, SOFTCAP,
                           MASKED, ACC_DOT)
 
-    @triton.jit
-    def early_tile(kp, vp, slot, pos, n, s, capm, rs, hs, kvh, dm, cv, SPLIT: tl.constexpr,
-                   BLOCK_N: tl.constexpr, RING: tl.constexpr):
-        """Program s's first key tile (the one its split loop starts with) without row p:
-        what `decode_tile` would load there, with row p's lanes zero.  Past the row's last
-        split (s >= the splits it spans) every lane is masked."""
-        lo_pos = pos - n + 1
-        a = lo_pos // SPLIT + s
-        kpos = tl.maximum(a * SPLIT, (lo_pos // BLOCK_N) * BLOCK_N) + tl.arange(0, BLOCK_N)
-        k, v = _load_kv(kp, vp, kpos, lo_pos, pos - 1, slot, pos, capm, rs, hs, kvh, dm, cv,
-                        RING)
-        return k, v, kpos
-
-    @triton.jit
-    def join_new(k, v, kpos, kp, vp, slot, pos, capm, rs, hs, kvh, dm, cv, RING: tl.constexpr):
-        """Row p (stored after the wait) into a preloaded tile: a select, so the tile holds
-        exactly what one load after the store would have read."""
-        new = kpos == pos
-        kn, vn = _load_kv(kp, vp, kpos, pos, pos, slot, pos, capm, rs, hs, kvh, dm, cv, RING)
-        return tl.where(new[:, None], kn, k), tl.where(new[:, None], vn, v)
-
-    globals()["_early_tile"] = early_tile
-    globals()["_join_new"] = join_new
     globals()["_load_parked"] = load_parked
     globals()["_fold"] = fold
     globals()["_decode_tile"] = decode_tile
@@ -136,10 +113,8 @@ def _kernel():
                     FUSED: tl.constexpr, QK_NORM: tl.constexpr, ROPE: tl.constexpr,
                     INTERLEAVED: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
                     V_NORM: tl.constexpr, K_EQ_V: tl.constexpr, RING: tl.constexpr,
-                    ACC_DOT: tl.constexpr, PDL: tl.constexpr, PREP: tl.constexpr = False,
-                    EARLY: tl.constexpr = False):
-        if not EARLY:
-            _pdl_begin(PDL)                 # PDL: wait for the kernel before, first
+                    ACC_DOT: tl.constexpr, PDL: tl.constexpr, PREP: tl.constexpr = False):
+        _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         pid = tl.program_id(0)                    # b * KV + kvh
         s = tl.program_id(1)                      # split, counted from the row's first
         b = pid // KV
@@ -152,15 +127,6 @@ def _kernel():
         # Columns of the [*, 2 * BLOCK_H] tiles: the two rotation halves joined.  `dm` is the
         # memory dim of column c, `cv` whether it is a real dim (D need not be a power of 2).
         dm, cv = _columns(tl.arange(0, 2 * BLOCK_H), D, HALF, BLOCK_H, INTERLEAVED)
-        if EARLY:
-            # MUSER_PDL=early: this split's first K/V tile before waiting for the kernel before.
-            # The plane's rows up to p - 1 were stored by earlier steps (complete: this launch
-            # started after the one before it passed its own wait), and the table, slot and
-            # position come from the step's upload (complete too); row p is this launch's own,
-            # stored after the wait -- left out here, joined below.
-            k_pre, v_pre, kpos_pre = _early_tile(kp, vp, slot, pos, n, s, capm, rs, hs, kvh, dm,
-                                                 cv, SPLIT, BLOCK_N, RING)
-            _pdl_begin(PDL)
         g = tl.arange(0, BLOCK_G)
         gm = g < G
         if FUSED:
@@ -256,14 +222,7 @@ def _kernel():
                 # every tile masked: skipping the masks on the tiles the row sees whole gives the
                 # same values and a faster kernel alone, but the three-loop binary cost 0.35 ms per
                 # 1B decode step in the engine (H200, benchmarks/NOTES.md, eighth session)
-                first = t_lo
-                if EARLY:                 # the first tile, preloaded, with row p joined to it
-                    k, v = _join_new(k_pre, v_pre, kpos_pre, kp, vp, slot, pos, capm, rs, hs,
-                                     kvh, dm, cv, RING)
-                    m, l, acc = _tile_step(q, k, v, kpos_pre, lo_v, hi_v, m, l, acc, ones, scale,
-                                           softcap, SOFTCAP, True, ACC_DOT)
-                    first = t_lo + BLOCK_N
-                for start in range(first, t_hi, BLOCK_N):
+                for start in range(t_lo, t_hi, BLOCK_N):
                     m, l, acc = _decode_tile(kp, vp, start, slot, pos, lo_pos, capm, rs, hs, kvh,
                                              dm, cv, q, lo_v, hi_v, m, l, acc, ones, scale,
                                              softcap, BLOCK_N, SOFTCAP, RING, True, ACC_DOT)

@@ -59,36 +59,14 @@ def _kernels():
     @triton.jit
     def piece_dot(X, W, rm, rmask, cols, cmask, piece, N, K: tl.constexpr, KS: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
-                  BM: tl.constexpr, EARLY: tl.constexpr = False, PDL: tl.constexpr = False):
+                  BM: tl.constexpr):
         """One split-K piece [piece * KS, (piece + 1) * KS) of a [BM, BLOCK_N] tile (and its up
         half), from zero.  Each tl.dot chains its k16 MMA steps onto the accumulator, so an
         output element's sum is the k16 steps in order -- whatever BLOCK_K and BM are (the
-        H200 agrees: benchmarks/dot_chunk_sweep.py).  EARLY (MUSER_PDL=early, the caller has
-        not waited yet): the first K step's weights are loaded BEFORE the wait for the kernel
-        before -- weights never depend on it, so their HBM latency overlaps its tail -- then
-        the wait, then that step's dot: the loop's first pass, peeled (the same dots in the
-        same order)."""
+        H200 agrees: benchmarks/dot_chunk_sweep.py)."""
         acc = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
         accu = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
-        k_first = 0
-        if EARLY:
-            kin = tl.arange(0, BLOCK_K)
-            ks = piece * KS + kin
-            kmask = (ks < K) & (kin < KS)
-            wp = W + cols[:, None].to(tl.int64) * K + ks[None, :]
-            m2 = cmask[:, None] & kmask[None, :]
-            w0 = tl.load(wp, mask=m2, other=0)
-            wu0 = w0
-            if GLU:
-                wu0 = tl.load(wp + N * K, mask=m2, other=0)
-            _pdl_begin(PDL)
-            x = tl.load(X + rm[:, None].to(tl.int64) * K + ks[None, :],
-                        mask=rmask[:, None] & kmask[None, :], other=0.0)
-            acc = tl.dot(x, tl.trans(w0.to(x.dtype)), acc)
-            if GLU:
-                accu = tl.dot(x, tl.trans(wu0.to(x.dtype)), accu)
-            k_first = BLOCK_K
-        for k0 in range(k_first, KS, BLOCK_K):
+        for k0 in range(0, KS, BLOCK_K):
             kin = k0 + tl.arange(0, BLOCK_K)
             ks = piece * KS + kin
             kmask = (ks < K) & (kin < KS)
@@ -125,10 +103,8 @@ def _kernels():
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
                         GELU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                         BM: tl.constexpr, PIECES_IN: tl.constexpr, WQ: tl.constexpr,
-                        PDL: tl.constexpr, FLATTEN: tl.constexpr = False,
-                        EARLY: tl.constexpr = False):
-        if not EARLY:
-            _pdl_begin(PDL)                 # PDL: wait for the kernel before, first
+                        PDL: tl.constexpr, FLATTEN: tl.constexpr = False):
+        _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         # Rows in tiles of BM (padded with zeros) through the tensor cores; K cut into pieces of
         # KS (program axis 2) walked in fixed BLOCK_K steps.  An output element's sum is the same
         # instruction sequence whatever B (and BM) is, and the other rows of a tile never enter
@@ -139,10 +115,7 @@ def _kernels():
         piece = tl.program_id(2)
         cmask = cols < N
         rmask = rm < B
-        if EARLY:
-            acc, accu = _piece(X, W, rm, rmask, cols, cmask, piece, N, K, KS, BLOCK_N, BLOCK_K,
-                               GLU, BM, True, PDL)
-        elif PIECES_IN > 1:
+        if PIECES_IN > 1:
             # the split-K pieces summed here, in order from zero: split_sum_kernel's float32
             # adds, without the round trip through P (a chunk's tiles: enough programs already)
             acc = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
@@ -223,8 +196,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
              rows: int | None = None,
              tile: tuple[int, int, int, int, int] | None = None,
              scale: torch.Tensor | None = None, pdl: bool = False,
-             flatten: bool = False, defer: bool = False,
-             early: bool = False) -> "torch.Tensor | Pieces":
+             flatten: bool = False, defer: bool = False) -> "torch.Tensor | Pieces":
     """The same function as `gemv`, for rows in tiles of 16 on the tensor cores (K in fixed
     steps, optionally in fixed split-K pieces summed in order): batch-invariant too, and far
     cheaper per extra row than `gemv`'s loop.  `config` = (block_n, block_k, warps, stages,
@@ -236,8 +208,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     mode (weights_int8.py).  `flatten` (MUSER_FLATTEN): pieces summed in the kernel run as one
     loop fused by Triton (the same dots and adds in the same order).  `defer`: where the pieces
     would be summed by split_sum_kernel (no act*up, no bias), return them unsummed as `Pieces`
-    for triton_ops.add_norm to sum (MUSER_FUSE_SUM).  `early` (MUSER_PDL=early, with `pdl`): a
-    decode tile loads its first K step's weights before waiting for the kernel before."""
+    for triton_ops.add_norm to sum (MUSER_FUSE_SUM)."""
     import triton
     kern, ssum = _kernels()
     n, k = w.shape
@@ -268,7 +239,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     kern[(triton.cdiv(n, bn), triton.cdiv(B, bm), pieces)](
         x, w, s_arg, b_arg, out, part, B, n, K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu,
         GELU=gelu, HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, WQ=wq,
-        FLATTEN=bool(flatten) and inside > 1, EARLY=bool(early) and bm == 16,
+        FLATTEN=bool(flatten) and inside > 1,
         num_warps=nw, num_stages=st, **fuse,
         **pdl_launch(pdl))
     if split and defer and not glu and bias is None:
