@@ -167,6 +167,25 @@ def muser_batch(engine, batch, context, steps, vocab, prof=False):
     return batch * steps / dt, dt / steps, bare, profile_step(engine, batch) if prof else None
 
 
+def muser_greedy(engine, batch, context, steps, vocab):
+    """`engine.decode_greedy` (on CUDA pipelined by default, MUSER_PIPELINE): `batch` sessions
+    at `context`, `steps` greedy tokens each with no stop id -> (tokens/s, ms a step).  The same
+    steps as `muser_batch`'s loop, with the host's share hidden behind the GPU."""
+    sessions = []
+    for i in range(batch):
+        s = engine.new_session()
+        reserve(s, context + steps + 32)
+        s.prefill(rand_ids(context, vocab, 100 + i), chunk_size=4096)
+        sessions.append(s)
+    out = engine.decode_greedy(sessions, [5] * batch, 8, stop_ids=())       # capture + warm
+    toks = [t[-1] for t in out.tokens]
+    sync()
+    t0 = time.perf_counter()
+    engine.decode_greedy(sessions, toks, steps, stop_ids=())
+    dt = time.perf_counter() - t0
+    return batch * steps / dt, dt / steps * 1e3
+
+
 def prefill_profile(engine, n, vocab):
     """Kernel time of one n-token prefill with the engine's default chunk: total ms, wall ms,
     top kernels [(name, launches, ms)]."""

@@ -23,6 +23,8 @@
 #   aligned      plane-table reads told their alignment (16-byte async copies), decode walks
 #   walk_ab      the A/B of both against the tree before (carry .prev)
 #   tiles        dot_rows' decode tiles timed in a graph with the weights coming from HBM
+#   greedy       Engine.decode_greedy pipelined (cuda/greedy.py): its GPU test, then the A/B
+#                against MUSER_PIPELINE=off (16 sessions: issue 17 item 3)
 #   llama_build  llama.cpp's CUDA build, in the background (~340-400 s on 10 cores)
 #   llama        waits for a build started on THIS machine, then cuda_bench.py side by side
 #   peer         the build on every core, then cuda_bench.py: one call (a later call may land
@@ -161,6 +163,12 @@ stage_settle() {   # the engine-level rows on the new decode binaries, then the 
 
 stage_tiles() {    # dot_rows decode tiles in a graph, weights from HBM (speed fields only)
   bench 300 . benchmarks/dot_tiles_graph.py 270m 1b
+}
+
+stage_greedy() {
+  tests 200 -x tests/cuda/test_cuda_greedy.py tests/cuda/test_cuda_engine.py -k "greedy or batch"
+  bench 300 . benchmarks/exact_ab.py --models 270m,1b --trees exact --no-16k --rounds 2 \
+    --steps 128 --variants "P0:MUSER_PIPELINE=off"
 }
 
 stage_llama_build() {   # carry .peers

@@ -9,7 +9,8 @@ another, each importing muser from its own tree:
     fast       this tree, MUSER_CHUNKS=fast (cuBLAS + FlashAttention chunks)
 
 Each child measures batch-1 decode at 2k (and 32k) context (API ms/token and bare replay),
-16 sessions at 2k (tokens/s), and prefill of 512 and 16k tokens (tokens/s, default chunk).
+16 sessions at 2k (tokens/s), the same as greedy runs (`Engine.decode_greedy`: pipelined on
+CUDA; 1 session ms a step, 16 tokens/s), and prefill of 512 and 16k tokens (tokens/s).
 
     PYTHONPATH=. python3 benchmarks/exact_ab.py --old .old [--models 1b,4b] [--rounds 1]
 """
@@ -42,6 +43,10 @@ def child(args):
     if args.shape in ("1b", "270m"):
         tps, _, bare = muser_batch(eng, 16, 2048, 16, vocab)[:3]
         out["batch16_2k"], out["batch16_bare_ms"] = tps, bare * 1e3
+    if args.shape in ("1b", "270m") and hasattr(eng, "decode_greedy"):
+        from cuda_measure import muser_greedy
+        out["greedy_1_ms"] = muser_greedy(eng, 1, 2048, args.steps, vocab)[1]
+        out["greedy_16"] = muser_greedy(eng, 16, 2048, args.steps, vocab)[0]
     out["prefill_512"] = max(muser_prefill(eng, 512, vocab, None, reps=3) for _ in range(2))
     out["prefill_16k"] = muser_prefill(eng, 16384, vocab, None) if not args.no_16k else 0.0
     if args.profile:                        # kernel time: a decode step at 2k, a 16k prefill
@@ -90,14 +95,15 @@ def parent(args):
                 r.update(model=name, round=rnd, wall=round(time.perf_counter() - t, 1))
                 rows.append(r)
                 print(json.dumps(r), flush=True)
-    print("\n| model | tree | decode 2k ms (bare) | 32k ms | B16 tok/s (bare step ms) | prefill 512 tok/s "
-          "| prefill 16k tok/s | exact rows |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| model | tree | decode 2k ms (bare) | 32k ms | B16 tok/s (bare step ms) | greedy runs: "
+          "B1 ms, B16 tok/s | prefill 512 tok/s | prefill 16k tok/s | exact rows |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         d2, d32, b = r["decode_2k"], r.get("decode_32k"), r.get("batch16_2k")
         b16 = f"{b:,.0f} ({r.get('batch16_bare_ms', 0):.3f})" if b else "-"
+        gr = (f"{r['greedy_1_ms']:.3f}, {r['greedy_16']:,.0f}" if "greedy_16" in r else "-")
         print(f"| {r['model']} | {r['tree']} | {d2[0] * 1e3:.3f} ({d2[1] * 1e3:.3f}) | "
-              f"{f'{d32[0] * 1e3:.3f}' if d32 else '-'} | {b16} | "
+              f"{f'{d32[0] * 1e3:.3f}' if d32 else '-'} | {b16} | {gr} | "
               f"{r['prefill_512']:,.0f} | {r['prefill_16k']:,.0f} | {r['exact_rows']} |")
     if args.json:
         with open(args.json, "w") as f:

@@ -107,13 +107,15 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                            "of rows -- the same bits as the eager pass, without its host "
                            "overhead (H200, 1B: a 512-token prefill 1.74x, a verification "
                            "block 16.8 -> 6.6 ms); off: eager chunks"),
-    "MUSER_PDL": ("off|on|early", "on", "backends/cuda (decode step)",
+    "MUSER_PDL": ("off|on", "on", "backends/cuda (decode step)",
                   "on: the decode step's kernels launch as programmatic dependents (sm_90): "
                   "each may launch while the one before finishes, and waits for it on the "
                   "device before anything else -- the same bits, the launch gaps hidden (H200, "
-                  "1B at 2k: decode 9% faster, 16 sessions 18%); early: and a projection's "
-                  "decode tile loads its first weights, an attention program its first K/V "
-                  "tile, before that wait (the same bits); off: plain launches"),
+                  "1B at 2k: decode 9% faster, 16 sessions 18%); off: plain launches"),
+    "MUSER_PIPELINE": ("off|on", "on", "backends/cuda (greedy runs)",
+                       "on: `Engine.decode_greedy` launches step N+1 before it reads step N's "
+                       "picks back (cuda/greedy.py: the host's bookkeeping hidden behind the "
+                       "GPU; the same tokens); off: one step at a time"),
     "MUSER_ATTN_TILES": ("masked|interior", "interior", "backends/cuda (attention)",
                          "interior: key tiles every row sees whole skip the masks (the same "
                          "bits); masked: every tile masked (experiments)"),
@@ -157,6 +159,7 @@ class Env:
     fuse_sum: str = "on"
     chunk_graphs: str = "on"
     pdl: str = "on"
+    pipeline: str = "on"
     attn_acc: str = "dot"
     growing_group: int = 16
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)
@@ -245,7 +248,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_CHUNK_GRAPHS", "chunk_graphs"), ("MUSER_PDL", "pdl"),
                         ("MUSER_CHUNK_FIRST", "chunk_first"), ("MUSER_CHUNK_PARK", "chunk_park"),
                         ("MUSER_CHUNK_PREP", "chunk_prep"), ("MUSER_FLATTEN", "flatten"),
-                        ("MUSER_FUSE_SUM", "fuse_sum")):
+                        ("MUSER_FUSE_SUM", "fuse_sum"), ("MUSER_PIPELINE", "pipeline")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

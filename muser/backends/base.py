@@ -66,6 +66,12 @@ class Backend:
         """The captured decode-step runner, or None (only CUDA has one)."""
         return None
 
+    def greedy(self, engine, sessions, run):
+        """A checked greedy run (backends/greedy.py: `Budget`) -> `Greedy`; by default one
+        step at a time through `forward`."""
+        from .greedy import decode_loop
+        return decode_loop(engine, sessions, run)
+
     def forward(self, engine, sessions, chunks, all_logits: bool, pad: bool,
                 logits: bool = True) -> torch.Tensor:
         """The step driver: `chunks[b]` (validated token ids) through every layer for

@@ -136,6 +136,21 @@ class Engine:
             return torch.empty((0, self.spec.vocab_size))
         return self.forward(sessions, [[t] for t in tokens], all_logits=False, pad=False)
 
+    def decode_greedy(self, sessions: list[Session], tokens: list[int],
+                      max_tokens: int | list[int], stop_ids: Iterable[int] | None = None):
+        """Greedy decoding of several sessions together, up to `max_tokens` steps each (an int
+        for all, or one per session): session b consumes tokens[b], then each token it returns
+        but the last; a token in `stop_ids` (default: the model's end-of-sequence ids) ends it
+        and is not returned.  -> backends.greedy.Greedy (tokens, finish: "stop" | "length" |
+        "nonfinite").  The tokens are what `decode_batch` and an argmax give step by step (NaN
+        read as -inf, +inf as the largest float, as the server picks); on CUDA the steps are
+        pipelined: step N+1 launched before step N is read back (MUSER_PIPELINE).  Everything is
+        checked first; a failure leaves each session consistent (its lineage is what it consumed)."""
+        from ..backends.greedy import Budget
+        stops = self.spec.eos_token_ids if stop_ids is None else stop_ids
+        run = Budget.check(self, sessions, tokens, max_tokens, stops)
+        return self.backend.greedy(self, list(sessions), run)
+
     @property
     def exact_rows(self) -> bool:
         """Whether every op of a forward computes each row the same way whatever else shares the

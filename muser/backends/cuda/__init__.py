@@ -91,6 +91,14 @@ class CudaBackend(Backend):
         self._runner_env = env if env is not None else self.env
         self.exact_rows, self.invariant_rows = False, 0
 
+    def greedy(self, engine, sessions, run):
+        """Through the graph runner with the host one step ahead (cuda/greedy.py,
+        MUSER_PIPELINE), else one step at a time."""
+        runner = self.runner(engine)
+        if runner is not None and self._runner_env.pipeline == "on":
+            return runner.greedy(sessions, run)
+        return super().greedy(engine, sessions, run)
+
     def forward(self, engine, sessions, chunks, all_logits, pad, logits=True):
         runner = self.runner(engine)
         if runner is not None:

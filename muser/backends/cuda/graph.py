@@ -145,6 +145,12 @@ class GraphRunner:
         return chunk_pass(self.step, engine, sessions, chunks, all_logits, pad, logits,
                           self.graphs)
 
+    def greedy(self, sessions, run):
+        """A greedy run (backends/greedy.py) with step N+1 launched before step N is read back
+        (cuda/greedy.py).  Inputs come checked (`Budget.check`)."""
+        from .greedy import pipelined
+        return pipelined(self, sessions, run)
+
     def decode(self, sessions, tokens: list[int]) -> torch.Tensor:
         """One decode step for every session: float32 logits [B, vocab] (a fresh tensor).
         Inputs come validated (`Engine.forward`: distinct sessions, one id each, in range)."""
@@ -162,12 +168,30 @@ class GraphRunner:
             s.tokens.append(t)
         return logits
 
-    def _run(self, views, tokens, positions, metas) -> torch.Tensor:
-        B = len(views)
+    def _entry(self, B: int) -> _Entry:
         entry = self.entries.get(B)
         if entry is None:
             entry = self.entries[B] = _Entry(self.step, B, len(self.layer_group),
                                              len(self.group_kinds), self.engine.device)
+        return entry
+
+    def _upload_tables(self, entry: _Entry, views) -> None:
+        """The sessions' plane-table rows into the entry, when they are not there already."""
+        rows = [v.table_rows() for v in views]
+        # The entry keeps the row tensors it uploaded (strong references), so identity
+        # cannot be faked by a freed-and-reused address.
+        if entry.table_key is None or any(a is not b for a, b in zip(rows, entry.table_key)):
+            entry.tables.copy_(torch.stack(rows, dim=1))
+            entry.table_key = rows
+            self.stats["table_uploads"] += 1
+
+    def _pool(self):
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        return self.pool
+
+    def _run(self, views, tokens, positions, metas) -> torch.Tensor:
+        entry = self._entry(len(views))
         # ids | positions | per group: (slot, n) for each row
         flat = list(tokens) + list(positions)
         for g in range(len(self.group_kinds)):
@@ -176,13 +200,7 @@ class GraphRunner:
         if entry.done is not None:
             entry.done.synchronize()          # the last replay has read the pinned buffer
         entry.host_np[:] = flat
-        rows = [v.table_rows() for v in views]
-        # The entry keeps the row tensors it uploaded (strong references), so identity
-        # cannot be faked by a freed-and-reused address.
-        if entry.table_key is None or any(a is not b for a, b in zip(rows, entry.table_key)):
-            entry.tables.copy_(torch.stack(rows, dim=1))
-            entry.table_key = rows
-            self.stats["table_uploads"] += 1
+        self._upload_tables(entry, views)
         if not self.capture:
             self.stats["eager"] += 1
             out = self._step(entry)
@@ -205,9 +223,7 @@ class GraphRunner:
     def _capture(self, entry: _Entry) -> None:
         """Warm up eagerly (compiles kernels; writes this step's rows, which the replay
         rewrites identically), then capture.  The caller replays for the real result."""
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        entry.graph, entry.logits = capture(lambda: self._step(entry), self.pool)
+        entry.graph, entry.logits = capture(lambda: self._step(entry), self._pool())
         self.stats["captures"] += 1
 
 

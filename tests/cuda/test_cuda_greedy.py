@@ -1,0 +1,52 @@
+"""`Engine.decode_greedy` on CUDA (bfloat16): the pipelined run (cuda/greedy.py: step N+1
+launched before step N is read back, a session that a pick ends taken back one step) gives the
+tokens, finishes and lineages of the one-step-at-a-time run (MUSER_PIPELINE=off), and every
+session then decodes the next tokens to the same logits bitwise -- through ring wraps, a batch
+that shrinks as sessions stop, and batch sizes captured on first use."""
+import pytest
+import torch
+
+from cudautil import needs_gpu
+
+from muser.env import Env
+from muser.testing import tiny_model
+
+pytestmark = needs_gpu
+
+
+@pytest.fixture(scope="module", params=["gemma3", "cohere2"])
+def engine(request):
+    return tiny_model(request.param, device="cuda", dtype="bfloat16", window=4, tokenizer=False)
+
+
+def prefilled(engine, lengths):
+    out = []
+    for i, n in enumerate(lengths):
+        s = engine.new_session()
+        s.prefill([(5 * i + 7 * j) % 300 + 3 for j in range(n)])
+        out.append(s)
+    return out
+
+
+def run(engine, pipeline, lengths, budgets, stops):
+    engine.backend.reset_runner(Env(pipeline=pipeline))
+    ss = prefilled(engine, lengths)
+    got = engine.decode_greedy(ss, [11 + i for i in range(len(ss))], budgets, stop_ids=stops)
+    after = [s.decode(17) for s in ss]                         # a taken-back ring carries on
+    return got, ss, after, engine.backend.runner(engine).stats
+
+
+@pytest.mark.parametrize("lengths,budgets", [((3, 9, 20, 33), (12, 5, 12, 9)),
+                                             ((1, 2), (16, 16))])
+def test_the_pipelined_run_is_the_stepwise_run(engine, lengths, budgets):
+    plain, _, _, _ = run(engine, "off", lengths, budgets, ())
+    # a stop id that ends one session mid-run (the batch shrinks), taken from the plain run
+    stop = (plain.tokens[0][len(plain.tokens[0]) // 2],)
+    want, ws, wafter, _ = run(engine, "off", lengths, budgets, stop)
+    got, gs, gafter, stats = run(engine, "on", lengths, budgets, stop)
+    assert got == want and "stop" in got.finish
+    assert stats["captures"] >= 1 and stats["replays"] >= max(budgets)
+    for a, b, la, lb in zip(gs, ws, gafter, wafter):
+        assert a.tokens == b.tokens and a.position == b.position
+        a.check_invariants()
+        assert torch.equal(la, lb)
