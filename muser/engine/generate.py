@@ -1,14 +1,18 @@
 """The generation loop: prompt -> token ids -> text, with stop strings.
 
 Owns: `generate_ids` (prefill, then decode or speculate until EOS /
-max_tokens) and `stream_text` (incremental detokenisation that never emits
-a stop string or half a UTF-8 character).  Does not own: sampling rules
-(sampling.py) or drafting (speculative.py).
+max_tokens), `generate_many` (several prompts decoded together, each answer
+what `generate_ids` gives it alone) and `stream_text` (incremental
+detokenisation that never emits a stop string or half a UTF-8 character).
+Does not own: sampling rules (sampling.py), drafting (speculative.py) or the
+batched greedy loop (backends/greedy.py, pipelined on CUDA).
 """
 from __future__ import annotations
 
 from typing import Iterable, Iterator
 
+from ..errors import ModelError
+from ..backends.greedy import greedy_rows
 from .picker import TokenPicker
 from .sampling import SamplingParams
 
@@ -38,6 +42,59 @@ def generate_ids(engine, session, ids: list[int], max_tokens: int, params: Sampl
             return
         if i + 1 < max_tokens:
             logits = session.decode(tok)
+
+
+def generate_many(engine, prompts: list[list[int]], max_tokens: int,
+                  params: list[SamplingParams]) -> list[list[int]]:
+    """Each prompt's generated ids (`generate_ids` without speculation or a grammar), every
+    prompt's decode steps batched together: greedy prompts through `Engine.decode_greedy`,
+    sampled ones a batched step a token, each with its own seeded picker.  The same steps as
+    `generate_ids` per prompt, so the same tokens wherever a batched row is the row alone."""
+    eos = tuple(engine.spec.eos_token_ids)
+    out: list[list[int]] = [[] for _ in prompts]
+    if max_tokens == 0:
+        return out
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    sampled = [i for i, p in enumerate(params) if not p.greedy]
+    if greedy:
+        # as generate_ids: the first token from the prompt's prefill, the rest decoded together
+        sessions, first = [], []
+        for i in greedy:
+            s = engine.new_session()
+            best, ok = greedy_rows(s.prefill(prompts[i])[None])
+            if not bool(ok[0]):
+                raise ModelError(f"prompt {i}: the model produced no finite logit for its next "
+                                 "token (NaN or -inf everywhere)")
+            if int(best[0]) in eos:
+                continue
+            out[i].append(int(best[0]))
+            sessions.append(s)
+            first.append(i)
+        run = engine.decode_greedy(sessions, [out[i][0] for i in first], max_tokens - 1, eos)
+        for i, toks, why in zip(first, run.tokens, run.finish):
+            if why == "nonfinite":
+                raise ModelError(f"prompt {i}: the model produced no finite logit for its next "
+                                 "token (NaN or -inf everywhere)")
+            out[i] += toks
+    if sampled:
+        pickers = {i: TokenPicker(params[i]) for i in sampled}
+        sessions = {i: engine.new_session() for i in sampled}
+        logits = {i: sessions[i].prefill(prompts[i]) for i in sampled}
+        live = list(sampled)
+        while live:
+            nxt = []
+            for i in live:
+                tok = pickers[i].pick(logits[i]).token
+                if tok in eos:
+                    continue
+                out[i].append(tok)
+                if len(out[i]) < max_tokens:
+                    nxt.append(i)
+            if nxt:
+                rows = engine.decode_batch([sessions[i] for i in nxt], [out[i][-1] for i in nxt])
+                logits = {i: rows[j] for j, i in enumerate(nxt)}
+            live = nxt
+    return out
 
 
 def stream_text(engine, token_ids: Iterable[int], stop: Iterable[str] | str | None = None) -> Iterator[str]:
