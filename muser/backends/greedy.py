@@ -3,9 +3,12 @@
 Owns: `greedy_rows` (each row's greedy token as the server's picker takes it -- NaN as -inf,
 +inf as the largest float32, server/sampler.finite_logits -- and whether the row had a logit
 left to choose), `Greedy` (what a run returns), `Budget` (the checked request) and
-`decode_loop` -- one `Engine._forward` step at a time, every backend's way.  Does not own:
-the CUDA pipeline that launches step N+1 before reading step N back (cuda/greedy.py), picking
-with samplers or grammars (engine/picker.py), text (engine/generate.py).
+`decode_loop` -- one `Engine._forward` step at a time, every backend's way --, and the steps
+interface a pipeline offers (`Step`; launch / collect / take_back): `run_steps`, a run whose
+next step is launched before the last is read back, and `SyncSteps`, the same interface one
+forward at a time (any engine: the server's pipelined rounds on the CPU, tests).  Does not own:
+the CUDA pipeline (cuda/greedy.py: `GreedySteps`), picking with samplers or grammars
+(engine/picker.py), text (engine/generate.py).
 
 What a run means, for session b with first token tokens[b] and budget m_b:
 
@@ -20,7 +23,8 @@ so a session ends having consumed tokens[b] and every returned token but the las
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -111,3 +115,78 @@ def decode_loop(engine, sessions, run: Budget) -> Greedy:
                 nxt.append(b)
         live = nxt
     return out
+
+
+@dataclass(frozen=True)
+class FromLast:
+    """A feed that is the pick of row `row` of the step launched last (still on the device)."""
+    row: int
+
+
+@dataclass(eq=False)
+class Step:
+    """A launched greedy step: its sessions (row i = sessions[i]), the launcher's handle, and
+    the sessions that consumed row i's pick in a later step (filled by that launch)."""
+    sessions: list
+    handle: Any
+    consumers: dict = field(default_factory=dict)
+
+
+def run_steps(steps, sessions, run: Budget) -> Greedy:
+    """A run through `steps` (launch / collect / take_back) with the next step launched before
+    the last one's picks are read: a session that a pick ends was in the next step already, and
+    gives it back.  The same tokens, finishes and lineages as `decode_loop`."""
+    out = Greedy([[] for _ in sessions], ["length"] * len(sessions))
+    live = [b for b, m in enumerate(run.budgets) if m > 0]
+    launched_for = dict.fromkeys(live, 0)
+    feeds = {b: run.tokens[b] for b in live}          # an id, or a row of the step in flight
+    pending, done = None, set()
+    while live or pending:
+        launched = None
+        if live:
+            step = steps.launch([sessions[b] for b in live], [feeds[b] for b in live])
+            launched = (step, list(live))
+            for b in live:
+                launched_for[b] += 1
+        if pending is not None:
+            best, ok = steps.collect(pending[0])
+            for j, b in enumerate(pending[1]):
+                if b in done:
+                    continue
+                if not settle(b, best[j], ok[j], run, out):
+                    done.add(b)
+                    if launched is not None and b in launched[1]:
+                        steps.take_back(sessions[b])
+        pending = launched
+        if launched is None:
+            break
+        live = [b for b in launched[1] if b not in done and launched_for[b] < run.budgets[b]]
+        feeds = {b: FromLast(launched[1].index(b)) for b in live}
+    return out
+
+
+class SyncSteps:
+    """launch / collect / take_back one forward at a time (any engine): the picks are read at
+    launch, so a pipelined caller runs unchanged where no pipeline pays."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.last: Step | None = None
+
+    def launch(self, sessions, feeds) -> Step:
+        ids = [self.last.handle[0][f.row] if isinstance(f, FromLast) else int(f) for f in feeds]
+        logits = self.engine._forward(list(sessions), [[i] for i in ids], False, False)
+        best, ok = greedy_rows(logits)
+        best, ok = torch.stack([best, ok.long()]).tolist()
+        self.last = Step(list(sessions), (best, [bool(o) for o in ok]))
+        return self.last
+
+    def collect(self, step: Step) -> tuple[list[int], list[bool]]:
+        return step.handle
+
+    def take_back(self, session) -> None:
+        """Undo the session's last step: every plane one row back (metadata; cuda/greedy.py's
+        module doc says why nothing a later query reads is lost), the token off its lineage."""
+        for p in session.planes:
+            p.rewind((p.len - 1, p.origin_logical, p.origin_physical))
+        session.tokens.pop()

@@ -72,3 +72,26 @@ def test_zero_budgets_run_nothing(tiny):
     a = filled(tiny, 5)
     got = tiny.decode_greedy([a], [1], 0)
     assert got.tokens == [[]] and got.finish == ["length"] and a.position == 5
+
+
+def test_a_run_one_step_ahead_gives_the_plain_runs_tokens_and_next_logits():
+    """run_steps over SyncSteps -- the next step launched before the last is settled, a stopped
+    session taken back one step -- against decode_loop, on the bf16 + int8 CPU path: the same
+    tokens, finishes and lineages, and then the same next logits bitwise (a taken-back ring,
+    which wrapped, lost nothing a later query reads)."""
+    import torch
+
+    from muser.backends.greedy import Budget, SyncSteps, decode_loop, run_steps
+    eng = tiny_model("gemma3", window=4, tokenizer=False, dtype="bfloat16", quant="int8")
+    lengths, budgets = (2, 6, 13), [9, 3, 9]
+    probe = [filled(eng, n) for n in lengths]
+    plain = decode_loop(eng, probe, Budget.check(eng, probe, [5, 6, 7], budgets, ()))
+    stops = (plain.tokens[0][4], plain.tokens[2][2])           # two sessions stop mid-run
+    a, b = [filled(eng, n) for n in lengths], [filled(eng, n) for n in lengths]
+    got = run_steps(SyncSteps(eng), a, Budget.check(eng, a, [5, 6, 7], budgets, stops))
+    want = decode_loop(eng, b, Budget.check(eng, b, [5, 6, 7], budgets, stops))
+    assert got == want and got.finish.count("stop") >= 1
+    for x, y in zip(a, b):
+        assert x.tokens == y.tokens
+        x.check_invariants()
+        assert torch.equal(x.decode(9), y.decode(9))
