@@ -72,6 +72,10 @@ class Backend:
         from .greedy import decode_loop
         return decode_loop(engine, sessions, run)
 
+    def greedy_steps(self, engine):
+        """A pipeline of greedy steps (launch / collect / take_back), or None: none pays here."""
+        return None
+
     def forward(self, engine, sessions, chunks, all_logits: bool, pad: bool,
                 logits: bool = True) -> torch.Tensor:
         """The step driver: `chunks[b]` (validated token ids) through every layer for

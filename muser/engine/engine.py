@@ -151,6 +151,16 @@ class Engine:
         run = Budget.check(self, sessions, tokens, max_tokens, stops)
         return self.backend.greedy(self, list(sessions), run)
 
+    def greedy_steps(self, force: bool = False):
+        """Greedy steps that can run one ahead of their reading (launch / collect / take_back,
+        backends/greedy.py): the backend's pipeline where it has one (CUDA, MUSER_PIPELINE);
+        with `force`, one step at a time underneath elsewhere; else None."""
+        steps = self.backend.greedy_steps(self)
+        if steps is None and force:
+            from ..backends.greedy import SyncSteps
+            steps = SyncSteps(self)
+        return steps
+
     @property
     def exact_rows(self) -> bool:
         """Whether every op of a forward computes each row the same way whatever else shares the

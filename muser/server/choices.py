@@ -57,7 +57,9 @@ class Choice:
     picker: TokenPicker
     text: Any                            # server.text.TextStream
     forked: bool = False                 # the session is the scheduler's, not the slot's
-    pending: int | None = None           # sampled, fed at the next decode step
+    pending: int | None = None           # sampled, fed at the next decode step (pipeline.py:
+                                         # FromLast, the pick of the step in flight)
+    ahead: int = 0                       # steps the session took past the pick being settled
     generated: int = 0
     done: bool = False
     finish: str | None = None

@@ -3,7 +3,8 @@
 Owns: taking a token from a row of logits (the picker, non-finite rows refused), what a token
 does to its choice (text deltas, reasoning, stop strings, end of sequence, length), and the
 decode round (one batched step or a speculative verification block for every decoding choice).
-Does not own: the loop and failure policy (scheduler.py), prefill (prefill_rounds.py).
+Does not own: the loop and failure policy (scheduler.py), prefill (prefill_rounds.py), rounds
+one step ahead (pipeline.py).
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ class DecodeRounds:
             return self._end(job, c, "stop_string")
         if c.picker.stopped:                  # the grammar is complete
             return self._end(job, c, "stop")
-        if c.generated >= job.max_new or c.session.position >= self.max_context:
+        if c.generated >= job.max_new or c.session.position - c.ahead >= self.max_context:
             return self._end(job, c, "length")
         c.pending = tok
 
@@ -79,6 +80,11 @@ class DecodeRounds:
         work = [(j, c) for j in self._active if not j.done and j.feed is None
                 for c in j.choices if not c.done and c.pending is not None]
         t_round = self.clock()
+        if work and self._pipelines(work):
+            return self._pipelined_round(work, t_round)
+        if self._flight is not None:             # another kind of round: land the step in flight
+            self._land()
+            work = [(j, c) for j, c in work if not j.done and not c.done and c.pending is not None]
         if self.spec is not None and work and len(work) <= self.spec_max_batch:
             work = self._speculate(work)
         if not work:

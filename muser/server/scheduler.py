@@ -3,7 +3,7 @@
 Owns: the worker thread and its loop (the time share between prefill and decode rounds),
 submitting and waking, ending a choice or a job, the line between a request's failure and the
 pool's, and latching the pool unhealthy when a model step fails.  The rounds themselves live in
-prefill_rounds.py and decode_rounds.py (methods of this class); a request's fields and events
+prefill_rounds.py, decode_rounds.py and pipeline.py (methods of this class); a request's fields and events
 in job.py.  Does not own: placement or the queue (slots.py), HTTP (app.py), the prefix cache
 (prefix.py).
 
@@ -26,6 +26,7 @@ from .choices import Choice
 from .decode_rounds import DecodeRounds
 from .http_errors import Internal, ServerError, Unavailable, to_http
 from .job import SAFE_ERRORS, Job
+from .pipeline import PipelinedRounds
 from .prefill_rounds import PrefillRounds
 from .sampler import NonFiniteLogits
 from .slots import SlotPool
@@ -34,7 +35,7 @@ log = logging.getLogger("muser.server")
 __all__ = ["Job", "Scheduler", "SAFE_ERRORS"]
 
 
-class Scheduler(PrefillRounds, DecodeRounds):
+class Scheduler(PrefillRounds, DecodeRounds, PipelinedRounds):
     def __init__(self, engine, pool: SlotPool, metrics, max_context: int,
                  batch_decode: bool = True, tokenizer=None, prefill_budget: int | None = None,
                  prefill_share: float = 0.5, prefix=None):
@@ -58,6 +59,8 @@ class Scheduler(PrefillRounds, DecodeRounds):
         self._spare: list = []             # sessions for choices 1..n-1, reused across requests
         self.spec = None                   # SpecStep when the server speculates
         self.spec_max_batch = sys.maxsize  # ... in rounds with at most this many decoding choices
+        self.steps = None                  # Engine.greedy_steps when greedy rounds pipeline
+        self._flight = None                # pipeline.Flight: the step launched and not collected
         self._inbox: list[Job] = []
         self._active: list[Job] = []
         self._cond = threading.Condition()
@@ -154,6 +157,7 @@ class Scheduler(PrefillRounds, DecodeRounds):
 
     def _end(self, job: Job, c: Choice, finish: str | None, quiet: bool = False) -> None:
         """End one choice; the job ends when its last choice does."""
+        self._leave_flight(c)                 # a step taken past its end goes back first
         c.done = True
         c.finish = "stop" if finish == "stop_string" else finish
         if quiet:
@@ -199,6 +203,7 @@ class Scheduler(PrefillRounds, DecodeRounds):
 
     def _fail_all(self, reason: str, exc: BaseException) -> None:
         log.error("model step failed, pool latched unhealthy: %s", reason)
+        self._flight = None                   # its sessions are in doubt with the rest
         self.pool.latch_unhealthy(reason)
         self.metrics.inc("model_failures_total")
         for job in self._active:

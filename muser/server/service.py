@@ -74,6 +74,8 @@ class ServerState:
                                    prefill_share=config.prefill_share, prefix=self.prefix)
         if self.prefix is not None:
             self.metrics.collector(self.prefix.metric_lines)
+        if config.pipeline != "off" and config.batch_decode:
+            self.scheduler.steps = engine.greedy_steps(force=config.pipeline == "on")
         if config.speculative:
             from .speculation import SpecStep
             self.scheduler.spec = SpecStep(config.spec_block, engine.verify_cost)

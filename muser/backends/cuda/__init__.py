@@ -99,6 +99,14 @@ class CudaBackend(Backend):
             return runner.greedy(sessions, run)
         return super().greedy(engine, sessions, run)
 
+    def greedy_steps(self, engine):
+        """The graph runner's greedy steps (cuda/greedy.py), where it runs and MUSER_PIPELINE."""
+        runner = self.runner(engine)
+        if runner is None or self._runner_env.pipeline != "on":
+            return None
+        from .greedy import GreedySteps
+        return GreedySteps(runner)
+
     def forward(self, engine, sessions, chunks, all_logits, pad, logits=True):
         runner = self.runner(engine)
         if runner is not None:
