@@ -6,6 +6,8 @@ connection per client) and reads back /metrics.  Prints a markdown table.
 
     python benchmarks/server_load.py                      # embedded gemma3-270m, 4 slots
     python benchmarks/server_load.py --model tiny --tokens 16   # a tiny random model (smoke)
+    python benchmarks/server_load.py --device cuda --slots 16 --levels 16 --tokens 128 \
+        --pipeline off                                # the H200: greedy rounds not pipelined
 
 Per concurrency level C, C clients each send one greedy chat request of
 --tokens new tokens (distinct prompts); TTFT is request -> first content chunk
@@ -45,6 +47,7 @@ def start_server(args) -> tuple[subprocess.Popen, str, str]:
            "--queue-size", "64", "--queue-timeout", "600"]
     if args.max_context:
         cmd += ["--max-context", str(args.max_context)]
+    cmd += ["--device", args.device, "--pipeline", args.pipeline]
     base = f"http://127.0.0.1:{port}"
     return launch(cmd, base), base, name
 
@@ -108,6 +111,9 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32, help="new tokens per request")
     ap.add_argument("--levels", default="1,4,16")
     ap.add_argument("--max-context", type=int, default=None)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--pipeline", default="auto", choices=["auto", "on", "off"],
+                    help="the server's greedy rounds one step ahead (server/pipeline.py)")
     args = ap.parse_args()
     proc, base, name = start_server(args)
     try:
@@ -117,8 +123,8 @@ def main() -> int:
         metrics = httpx.get(base + "/metrics").text
     finally:
         stop(proc, 30)
-    print(f"model {name}, {args.slots} slots, {args.tokens} new tokens per request, greedy, "
-          f"{os.cpu_count()} CPUs\n")
+    print(f"model {name} on {args.device}, {args.slots} slots, {args.tokens} new tokens per "
+          f"request, greedy, pipeline {args.pipeline}, {os.cpu_count()} CPUs\n")
     print("| clients | TTFT median (s) | TTFT max (s) | aggregate tok/s | per-stream tok/s | wall (s) |")
     print("|---:|---:|---:|---:|---:|---:|")
     for r in rows:

@@ -61,3 +61,21 @@ def test_a_second_turn_reuses_the_gpu_cache(served):
                                   temperature=0)
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert second.usage.prompt_tokens_details.cached_tokens == 51
+
+
+def test_rounds_one_step_ahead_answer_as_the_plain_rounds_on_the_gpu():
+    """`--pipeline auto` takes the graph runner's GreedySteps (cuda/greedy.py) on CUDA: a burst
+    of clients, stop strings, later turns and a sampled neighbour get the plain rounds'
+    answers, and every slot's session is consistent after (tests/server/test_server_pipeline.py
+    runs the same on the CPU)."""
+    from test_server_pipeline import consistent, run_all
+
+    from muser.testing import tiny_model
+    engine = tiny_model(device="cuda", dtype="bfloat16", window=4)
+    got = {}
+    for mode in ("off", "auto"):
+        with serve(engine, model_id="tiny", slots=4, output_reserve=32, pipeline=mode) as srv:
+            assert (srv.state.scheduler.steps is not None) == (mode == "auto")
+            got[mode] = run_all(srv)
+            consistent(srv)
+    assert got["auto"] == got["off"]
