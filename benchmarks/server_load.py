@@ -7,7 +7,7 @@ connection per client) and reads back /metrics.  Prints a markdown table.
     python benchmarks/server_load.py                      # embedded gemma3-270m, 4 slots
     python benchmarks/server_load.py --model tiny --tokens 16   # a tiny random model (smoke)
     python benchmarks/server_load.py --device cuda --slots 16 --levels 16 --tokens 128 \
-        --pipeline off                                # the H200: greedy rounds not pipelined
+        --pipeline auto                               # the H200: greedy rounds one step ahead
 
 Per concurrency level C, C clients each send one greedy chat request of
 --tokens new tokens (distinct prompts); TTFT is request -> first content chunk
@@ -112,7 +112,7 @@ def main() -> int:
     ap.add_argument("--levels", default="1,4,16")
     ap.add_argument("--max-context", type=int, default=None)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--pipeline", default="auto", choices=["auto", "on", "off"],
+    ap.add_argument("--pipeline", default="off", choices=["auto", "on", "off"],
                     help="the server's greedy rounds one step ahead (server/pipeline.py)")
     args = ap.parse_args()
     proc, base, name = start_server(args)

@@ -41,9 +41,10 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
                    help="HMAC key file for session packs, read as `muser pack` reads it (or MUSER_PACK_KEY)")
     p.add_argument("--no-batch-decode", action="store_true",
                    help="decode active slots one by one instead of one batched step")
-    p.add_argument("--pipeline", choices=["auto", "on", "off"], default="auto",
+    p.add_argument("--pipeline", choices=["auto", "on", "off"], default="off",
                    help="greedy decode rounds launch the next step before reading the last: auto "
-                        "where the backend pipelines (CUDA), on everywhere, off never")
+                        "where the backend pipelines (CUDA), on everywhere, off never (default, "
+                        "until measured on a GPU)")
     p.add_argument("--shift-keep", type=float, default=0.7,
                    help="a context shift keeps at most this fraction of the prompt budget, so the "
                         "next turns extend the cache instead of shifting again (default 0.7)")
