@@ -173,3 +173,25 @@ def test_a_captured_batch_size_replays_the_ids_its_warm_up_consumed(engine, monk
     assert got == want and r.stats["captures"] == 2                 # batch sizes 3, then 2
     for a, b in zip(piped_s, ref_s):
         same_live_rows(a, b)
+
+
+def test_a_step_fed_partly_from_the_last_picks_and_partly_from_the_host(engine):
+    """The server's case: a choice just prefilled (a host id) joins choices fed their picks on
+    the device, in another order and batch size: each row consumes what it was given."""
+    from muser.backends.cuda.greedy import GreedySteps
+    from muser.backends.greedy import FromLast
+    a, ref = twins(engine, (2, 5, 9))
+    r, rr = runner_for(engine), runner_for(engine)
+    steps = GreedySteps(r)
+    first = steps.launch([a[0], a[1]], [4, 6])
+    second = steps.launch([a[1], a[2], a[0]], [FromLast(1), 8, FromLast(0)])
+    best1, _ = steps.collect(first)
+    best2, ok2 = steps.collect(second)
+    w1, _ = greedy_rows(rr.decode([ref[0], ref[1]], [4, 6]))
+    w2, _ = greedy_rows(rr.decode([ref[1], ref[2], ref[0]], [int(w1[1]), 8, int(w1[0])]))
+    assert best1 == w1.tolist() and best2 == w2.tolist() and all(ok2)
+    for x, y in zip(a, ref):
+        same_live_rows(x, y)
+    steps.take_back(a[2])                          # and the last step goes back on its own
+    rr_twin = twins(engine, (9,))[1][0]
+    same_live_rows(a[2], rr_twin)

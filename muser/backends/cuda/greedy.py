@@ -41,6 +41,9 @@ class _Graphs:
         pin = (lambda t: t.pin_memory()) if cuda else (lambda t: t)
         self.up = [pin(torch.zeros(entry.packed.shape, dtype=torch.int64)) for _ in range(2)]
         self.down = [pin(torch.zeros((2, B), dtype=torch.int64)) for _ in range(2)]
+        # a step fed partly from the last step's picks: their rows there | their rows here
+        self.sel = [pin(torch.zeros(2 * B, dtype=torch.int64)) for _ in range(2)]
+        self.sel_dev = torch.zeros(2 * B, dtype=torch.int64, device=device)
         self.events = [torch.cuda.Event() if cuda else None for _ in range(2)]
         self.turn = 0
         self.graph = None
@@ -132,17 +135,20 @@ class GreedySteps:
 
     def _ids(self, g: _Graphs, k: int, B: int, feeds) -> None:
         """This step's ids into g.res[0], which the graph reads: host ints from up[k], device
-        picks gathered from the last step's res (first, in case it is this very buffer)."""
+        picks gathered from the last step's res (first, in case it is this very buffer).  Every
+        copy comes from pinned memory, so none waits for the step in flight."""
         dev = [(i, f.row) for i, f in enumerate(feeds) if isinstance(f, FromLast)]
         if len(dev) == B and self.last.handle[0] is g and [f for _, f in dev] == list(range(B)):
             return                                 # the graph's own picks, in order: in place
+        n = len(dev)
         picks = None
-        if dev:
-            src = self.last.handle[0].res[0]
-            picks = src[torch.tensor([f for _, f in dev], device=src.device)]
+        if n:
+            g.sel[k].numpy()[:2 * n] = [f for _, f in dev] + [i for i, _ in dev]
+            g.sel_dev[:2 * n].copy_(g.sel[k][:2 * n], non_blocking=True)
+            picks = self.last.handle[0].res[0].index_select(0, g.sel_dev[:n])
         g.res[0].copy_(g.up[k][:B], non_blocking=True)
-        if dev:
-            g.res[0][torch.tensor([i for i, _ in dev], device=picks.device)] = picks
+        if n:
+            g.res[0].index_copy_(0, g.sel_dev[n:2 * n], picks)
 
 
 def _graph_body(runner, entry, g: _Graphs) -> torch.Tensor:
