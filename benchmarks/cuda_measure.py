@@ -141,13 +141,19 @@ def muser_decode(engine, context, steps, vocab, seed=1, prof=False):
     return api, ev[0].elapsed_time(ev[1]) / 1e3 / steps, profile_step(engine, 1) if prof else None
 
 
-def muser_batch(engine, batch, context, steps, vocab, prof=False):
+def prefilled(engine, batch, context, room, vocab):
+    """`batch` sessions, each prefilled with `context` random ids and room for `room` more."""
     sessions = []
     for i in range(batch):
         s = engine.new_session()
-        reserve(s, context + steps + 16)
+        reserve(s, context + room)
         s.prefill(rand_ids(context, vocab, 100 + i), chunk_size=4096)
         sessions.append(s)
+    return sessions
+
+
+def muser_batch(engine, batch, context, steps, vocab, prof=False):
+    sessions = prefilled(engine, batch, context, steps + 16, vocab)
     toks = [5] * batch
     for _ in range(3):
         toks = engine.decode_batch(sessions, toks).argmax(-1).tolist()
@@ -171,12 +177,7 @@ def muser_greedy(engine, batch, context, steps, vocab):
     """`engine.decode_greedy` (on CUDA pipelined by default, MUSER_PIPELINE): `batch` sessions
     at `context`, `steps` greedy tokens each with no stop id -> (tokens/s, ms a step).  The same
     steps as `muser_batch`'s loop, with the host's share hidden behind the GPU."""
-    sessions = []
-    for i in range(batch):
-        s = engine.new_session()
-        reserve(s, context + steps + 32)
-        s.prefill(rand_ids(context, vocab, 100 + i), chunk_size=4096)
-        sessions.append(s)
+    sessions = prefilled(engine, batch, context, steps + 32, vocab)
     out = engine.decode_greedy(sessions, [5] * batch, 8, stop_ids=())       # capture + warm
     toks = [t[-1] for t in out.tokens]
     sync()
