@@ -47,6 +47,7 @@ class _Graphs:
         self.events = [torch.cuda.Event() if cuda else None for _ in range(2)]
         self.turn = 0
         self.graph = None
+        self.pick_ws = None                    # triton_pick's workspace (on the GPU)
 
 
 class GreedySteps:
@@ -152,10 +153,16 @@ class GreedySteps:
 
 
 def _graph_body(runner, entry, g: _Graphs) -> torch.Tensor:
-    """What the greedy graph holds: this step's ids from res, the step, its picks into res."""
+    """What the greedy graph holds: this step's ids from res, the step, its picks into res (on
+    the GPU in one launch, triton_pick.py; elsewhere -- the host tests -- through torch)."""
     B = entry.batch
     entry.packed[:B].copy_(g.res[0])
     logits = runner.step.run(entry.packed, entry.tables, entry.ws)      # [B, vocab] float32
+    if logits.is_cuda:
+        from .triton_pick import PickWorkspace, pick_rows
+        if g.pick_ws is None:
+            g.pick_ws = PickWorkspace(B, logits.shape[1], logits.device)
+        return pick_rows(logits, g.res, g.pick_ws, pdl=runner.step.pdl)
     best, ok = greedy_rows(logits)
     g.res.copy_(torch.stack([best, ok.long()]))
     return g.res
