@@ -166,8 +166,9 @@ stage_tiles() {    # dot_rows decode tiles in a graph, weights from HBM (speed f
 }
 
 stage_greedy() {
-  tests 240 -x tests/cuda/test_cuda_greedy.py tests/cuda/test_cuda_server.py \
-    tests/cuda/test_cuda_engine.py -k "greedy or batch or server or step_ahead"
+  tests 240 -x tests/cuda/test_triton_pick.py tests/cuda/test_cuda_greedy.py \
+    tests/cuda/test_cuda_server.py tests/cuda/test_cuda_engine.py \
+    -k "pick or greedy or batch or server or step_ahead"
   bench 300 . benchmarks/exact_ab.py --models 270m,1b --trees exact --no-16k --rounds 2 \
     --steps 128 --variants "P0:MUSER_PIPELINE=off"
   for p in auto off; do    # 16 greedy clients, 64 tokens each, on the tiny model (a server's
