@@ -23,7 +23,7 @@
 #   aligned      plane-table reads told their alignment (16-byte async copies), decode walks
 #   walk_ab      the A/B of both against the tree before (carry .prev)
 #   tiles        dot_rows' decode tiles timed in a graph with the weights coming from HBM
-#   greedy       Engine.decode_greedy pipelined (cuda/greedy.py): its GPU test, then the A/B
+#   greedy       Engine.decode_greedy pipelined (cuda/greedy.py): its GPU test, then the A/B (carry .peers)
 #                against MUSER_PIPELINE=off (16 sessions: issue 17 item 3)
 #   llama_build  llama.cpp's CUDA build, in the background (~340-400 s on 10 cores)
 #   llama        waits for a build started on THIS machine, then cuda_bench.py side by side
@@ -171,9 +171,12 @@ stage_greedy() {
     -k "pick or greedy or batch or server or step_ahead"
   bench 300 . benchmarks/exact_ab.py --models 270m,1b --trees exact --no-16k --rounds 2 \
     --steps 128 --variants "P0:MUSER_PIPELINE=off"
-  for p in auto off; do    # 16 greedy clients, 64 tokens each, on the tiny model (a server's
-    # host share at its largest; the embedded 270M is not on the device: NOTES.md, 13th session)
-    bench 150 . benchmarks/server_load.py --model tiny --device cuda --slots 16 --levels 16 \
+  for p in auto off; do    # 16 greedy clients: the random 270M shape with Gemma 3's tokenizer
+    # (carry .peers; the embedded GGUF is not on the device), and the tiny model (the host's
+    # share at its largest)
+    bench 150 . benchmarks/server_load.py --model 270m --device cuda --slots 16 --levels 16 \
+      --tokens 128 --pipeline $p
+    bench 100 . benchmarks/server_load.py --model tiny --device cuda --slots 16 --levels 16 \
       --tokens 64 --pipeline $p
   done
 }

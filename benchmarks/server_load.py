@@ -6,8 +6,8 @@ connection per client) and reads back /metrics.  Prints a markdown table.
 
     python benchmarks/server_load.py                      # embedded gemma3-270m, 4 slots
     python benchmarks/server_load.py --model tiny --tokens 16   # a tiny random model (smoke)
-    python benchmarks/server_load.py --device cuda --slots 16 --levels 16 --tokens 128 \
-        --pipeline auto                               # the H200: greedy rounds one step ahead
+    python benchmarks/server_load.py --model 270m --device cuda --slots 16 --levels 16 \
+        --tokens 128 --pipeline auto     # the H200: cuda_bench's random 270M shape, rounds ahead
 
 Per concurrency level C, C clients each send one greedy chat request of
 --tokens new tokens (distinct prompts); TTFT is request -> first content chunk
@@ -41,6 +41,8 @@ def start_server(args) -> tuple[subprocess.Popen, str, str]:
     if model == "tiny":
         from muser.testing import tiny_model_dir
         model, name = str(tiny_model_dir()), "tiny"
+    elif model in ("270m", "1b"):           # a random-weight shape (GPU), with Gemma 3's tokenizer
+        model = random_model_dir(model, args.tokenizer_archive, args.max_context or 8192)
     port = free_port()
     cmd = [sys.executable, "-m", "muser.cli", "serve", "--model", model, "--port", str(port),
            "--slots", str(args.slots), "--served-name", name, "--log-level", "warning",
@@ -50,6 +52,38 @@ def start_server(args) -> tuple[subprocess.Popen, str, str]:
     cmd += ["--device", args.device, "--pipeline", args.pipeline]
     base = f"http://127.0.0.1:{port}"
     return launch(cmd, base), base, name
+
+
+def write_tokenizer_archive(out: str) -> None:
+    """The archive `random_model_dir` reads, from the embedded Gemma 3 270M GGUF (here, before a
+    device call: the GGUF is not on the device)."""
+    import tarfile
+    import tempfile
+
+    from muser.engine.loader import _embedded_gemma3_270m
+    from muser.model.tokenizer import load_tokenizer
+    tok = load_tokenizer(_embedded_gemma3_270m())
+    with tempfile.TemporaryDirectory() as d:
+        tok.hf.save_pretrained(d)
+        with tarfile.open(out, "w:xz") as tar:
+            for f in sorted(os.listdir(d)):
+                tar.add(os.path.join(d, f), arcname=f)
+
+
+def random_model_dir(shape: str, archive: str, max_context: int) -> str:
+    """cuda_bench's random-weight shape saved as safetensors, with the tokenizer files of
+    `archive` (a tar.xz of Gemma 3's tokenizer.json, tokenizer_config.json and chat template:
+    the embedded GGUF's, `Tokenizer.hf.save_pretrained`) beside it, so that the server can
+    take chats; the ids decode to text, the text is noise."""
+    import tarfile
+
+    from cuda_bench import SHAPES
+    from cuda_measure import build
+    model, path = build(SHAPES[shape], max_context)
+    del model
+    with tarfile.open(archive) as tar:
+        tar.extractall(path, filter="data")
+    return path
 
 
 async def one_chat(client: httpx.AsyncClient, name: str, messages, tokens: int) -> dict:
@@ -112,9 +146,16 @@ def main() -> int:
     ap.add_argument("--levels", default="1,4,16")
     ap.add_argument("--max-context", type=int, default=None)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--tokenizer-archive", default=".peers/gemma3-tokenizer.tar.xz",
+                    help="with --model 270m / 1b: Gemma 3's tokenizer files (tar.xz)")
     ap.add_argument("--pipeline", default="off", choices=["auto", "on", "off"],
                     help="the server's greedy rounds one step ahead (server/pipeline.py)")
+    ap.add_argument("--write-tokenizer-archive", metavar="PATH",
+                    help="write --tokenizer-archive's file from the embedded GGUF, and exit")
     args = ap.parse_args()
+    if args.write_tokenizer_archive:
+        write_tokenizer_archive(args.write_tokenizer_archive)
+        return 0
     proc, base, name = start_server(args)
     try:
         asyncio.run(level(base, name, 1, 4))                     # warm-up
