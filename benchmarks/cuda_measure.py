@@ -174,7 +174,7 @@ def muser_batch(engine, batch, context, steps, vocab, prof=False):
 
 
 def muser_greedy(engine, batch, context, steps, vocab):
-    """`engine.decode_greedy` (on CUDA pipelined by default, MUSER_PIPELINE): `batch` sessions
+    """`engine.decode_greedy` (pipelined with MUSER_PIPELINE=on): `batch` sessions
     at `context`, `steps` greedy tokens each with no stop id -> (tokens/s, ms a step).  The same
     steps as `muser_batch`'s loop, with the host's share hidden behind the GPU."""
     sessions = prefilled(engine, batch, context, steps + 32, vocab)

@@ -24,7 +24,7 @@
 #   walk_ab      the A/B of both against the tree before (carry .prev)
 #   tiles        dot_rows' decode tiles timed in a graph with the weights coming from HBM
 #   greedy       Engine.decode_greedy pipelined (cuda/greedy.py): its GPU test, then the A/B (carry .peers)
-#                against MUSER_PIPELINE=off (16 sessions: issue 17 item 3)
+#                with MUSER_PIPELINE=on against off, the default (16 sessions: issue 17 item 3)
 #   llama_build  llama.cpp's CUDA build, in the background (~340-400 s on 10 cores)
 #   llama        waits for a build started on THIS machine, then cuda_bench.py side by side
 #   peer         the build on every core, then cuda_bench.py: one call (a later call may land
@@ -170,7 +170,7 @@ stage_greedy() {
     tests/cuda/test_cuda_server.py tests/cuda/test_cuda_engine.py \
     -k "pick or greedy or batch or server or step_ahead"
   bench 300 . benchmarks/exact_ab.py --models 270m,1b --trees exact --no-16k --rounds 2 \
-    --steps 128 --variants "P0:MUSER_PIPELINE=off"
+    --steps 128 --variants "P1:MUSER_PIPELINE=on"
   for p in auto off; do    # 16 greedy clients: the random 270M shape with Gemma 3's tokenizer
     # (carry .peers; the embedded GGUF is not on the device), and the tiny model (the host's
     # share at its largest)

@@ -9,8 +9,8 @@ another, each importing muser from its own tree:
     fast       this tree, MUSER_CHUNKS=fast (cuBLAS + FlashAttention chunks)
 
 Each child measures batch-1 decode at 2k (and 32k) context (API ms/token and bare replay),
-16 sessions at 2k (tokens/s), the same as greedy runs (`Engine.decode_greedy`: pipelined on
-CUDA; 1 session ms a step, 16 tokens/s), and prefill of 512 and 16k tokens (tokens/s).
+16 sessions at 2k (tokens/s), the same as greedy runs (`Engine.decode_greedy`: pipelined with
+MUSER_PIPELINE=on; 1 session ms a step, 16 tokens/s), and prefill of 512 and 16k tokens (tokens/s).
 
     PYTHONPATH=. python3 benchmarks/exact_ab.py --old .old [--models 1b,4b] [--rounds 1]
 """

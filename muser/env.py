@@ -112,10 +112,12 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                   "each may launch while the one before finishes, and waits for it on the "
                   "device before anything else -- the same bits, the launch gaps hidden (H200, "
                   "1B at 2k: decode 9% faster, 16 sessions 18%); off: plain launches"),
-    "MUSER_PIPELINE": ("off|on", "on", "backends/cuda (greedy runs)",
-                       "on: `Engine.decode_greedy` launches step N+1 before it reads step N's "
-                       "picks back (cuda/greedy.py: the host's bookkeeping hidden behind the "
-                       "GPU; the same tokens); off: one step at a time"),
+    "MUSER_PIPELINE": ("off|on", "off", "backends/cuda (greedy runs)",
+                       "on: `Engine.decode_greedy` and greedy `engine.stream` / `generate` "
+                       "launch step N+1 before they read step N's pick back (cuda/greedy.py: "
+                       "the host's share hidden behind the GPU; the same tokens); off: one step "
+                       "at a time (the default until the H200 has measured it; the server's "
+                       "own switch is `--pipeline`)"),
     "MUSER_ATTN_TILES": ("masked|interior", "interior", "backends/cuda (attention)",
                          "interior: key tiles every row sees whole skip the masks (the same "
                          "bits); masked: every tile masked (experiments)"),
@@ -159,7 +161,7 @@ class Env:
     fuse_sum: str = "on"
     chunk_graphs: str = "on"
     pdl: str = "on"
-    pipeline: str = "on"
+    pipeline: str = "off"
     attn_acc: str = "dot"
     growing_group: int = 16
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)

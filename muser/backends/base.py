@@ -76,6 +76,9 @@ class Backend:
         """A pipeline of greedy steps (launch / collect / take_back), or None: none pays here."""
         return None
 
+    # whether the engine's own greedy loops (decode_greedy, stream) take `greedy_steps`
+    pipeline_default = False
+
     def forward(self, engine, sessions, chunks, all_logits: bool, pad: bool,
                 logits: bool = True) -> torch.Tensor:
         """The step driver: `chunks[b]` (validated token ids) through every layer for

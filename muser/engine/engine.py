@@ -143,8 +143,8 @@ class Engine:
         but the last; a token in `stop_ids` (default: the model's end-of-sequence ids) ends it
         and is not returned.  -> backends.greedy.Greedy (tokens, finish: "stop" | "length" |
         "nonfinite").  The tokens are what `decode_batch` and an argmax give step by step (NaN
-        read as -inf, +inf as the largest float, as the server picks); on CUDA the steps are
-        pipelined: step N+1 launched before step N is read back (MUSER_PIPELINE).  Everything is
+        read as -inf, +inf as the largest float, as the server picks); on CUDA with
+        MUSER_PIPELINE=on the steps are pipelined: step N+1 launched before step N is read back.  Everything is
         checked first; a failure leaves each session consistent (its lineage is what it consumed)."""
         from ..backends.greedy import Budget
         stops = self.spec.eos_token_ids if stop_ids is None else stop_ids
@@ -160,6 +160,11 @@ class Engine:
             from ..backends.greedy import SyncSteps
             steps = SyncSteps(self)
         return steps
+
+    def stream_steps(self):
+        """`greedy_steps` where the engine's own greedy loops take them (MUSER_PIPELINE on a
+        backend with a pipeline), else None: what `stream` runs one step ahead with."""
+        return self.greedy_steps() if self.backend.pipeline_default else None
 
     @property
     def exact_rows(self) -> bool:

@@ -33,6 +33,7 @@ def generate_ids(engine, session, ids: list[int], max_tokens: int, params: Sampl
         return
     eos = set(engine.spec.eos_token_ids) | picker.end_ids
     logits = session.prefill(ids)
+    steps = engine.stream_steps() if picker.greedy_only and max_tokens > 1 else None
     for i in range(max_tokens):
         tok = picker.pick(logits).token
         if tok in eos:
@@ -40,8 +41,39 @@ def generate_ids(engine, session, ids: list[int], max_tokens: int, params: Sampl
         yield tok
         if picker.stopped:
             return
+        if steps is not None:                 # the rest one step ahead (CUDA: MUSER_PIPELINE)
+            yield from greedy_ahead(session, tok, max_tokens, eos, steps)
+            return
         if i + 1 < max_tokens:
             logits = session.decode(tok)
+
+
+def greedy_ahead(session, first: int, max_tokens: int, eos, steps) -> Iterator[int]:
+    """Greedy tokens after `first` (already yielded, token 1 of max_tokens), each step launched
+    before the last one's pick is read (backends/greedy.py's steps).  The session ends holding
+    what the step-by-step loop leaves: a step taken past an end of sequence, past max_tokens or
+    past the token the caller stopped at is taken back.  A step with no finite logit raises
+    ModelError (the step-by-step loop would take argmax of NaN)."""
+    from ..backends.greedy import FromLast
+    ahead = steps.launch([session], [first])             # consumes token 1, picks token 2
+    made = 1
+    try:
+        while True:
+            behind = ahead
+            # the pick of `behind` is token made + 1; the step after it only if one more is due
+            ahead = steps.launch([session], [FromLast(0)]) if made + 1 < max_tokens else None
+            best, ok = steps.collect(behind)
+            if not ok[0]:
+                raise ModelError("the model produced no finite logit for the next token")
+            if best[0] in eos:
+                return
+            made += 1
+            yield best[0]
+            if ahead is None:
+                return
+    finally:
+        if ahead is not None:                            # a step past what the caller took
+            steps.take_back(session)
 
 
 def generate_many(engine, prompts: list[list[int]], max_tokens: int,

@@ -100,12 +100,16 @@ class CudaBackend(Backend):
         return super().greedy(engine, sessions, run)
 
     def greedy_steps(self, engine):
-        """The graph runner's greedy steps (cuda/greedy.py), where it runs and MUSER_PIPELINE."""
+        """The graph runner's greedy steps (cuda/greedy.py), where it runs."""
         runner = self.runner(engine)
-        if runner is None or self._runner_env.pipeline != "on":
+        if runner is None:
             return None
         from .greedy import GreedySteps
         return GreedySteps(runner)
+
+    @property
+    def pipeline_default(self) -> bool:
+        return self._runner_env.pipeline == "on"
 
     def forward(self, engine, sessions, chunks, all_logits, pad, logits=True):
         runner = self.runner(engine)
