@@ -50,3 +50,26 @@ def test_the_pipelined_run_is_the_stepwise_run(engine, lengths, budgets):
         assert a.tokens == b.tokens and a.position == b.position
         a.check_invariants()
         assert torch.equal(la, lb)
+
+
+def test_a_greedy_stream_one_step_ahead_is_the_plain_stream(engine):
+    """engine.stream at T=0 with MUSER_PIPELINE=on (generate.greedy_ahead through the runner's
+    GreedySteps) == off: the tokens, and the session's lineage after max_tokens, after a stop
+    id met mid-run and after a caller that stops reading."""
+    prompt = [(7 * j) % 300 + 3 for j in range(21)]
+    out = {}
+    for mode in ("off", "on"):
+        engine.backend.reset_runner(Env(pipeline=mode))
+        rows = []
+        for max_tokens, take in ((12, None), (30, 3)):
+            s = engine.new_session()
+            got = []
+            gen = engine.stream(prompt, max_tokens=max_tokens, session=s)
+            for t in gen:
+                got.append(t)
+                if take is not None and len(got) == take:
+                    gen.close()
+                    break
+            rows.append((got, list(s.tokens)))
+        out[mode] = rows
+    assert out["on"] == out["off"]
