@@ -54,8 +54,8 @@ def test_the_pipelined_run_is_the_stepwise_run(engine, lengths, budgets):
 
 def test_a_greedy_stream_one_step_ahead_is_the_plain_stream(engine):
     """engine.stream at T=0 with MUSER_PIPELINE=on (generate.greedy_ahead through the runner's
-    GreedySteps) == off: the tokens, and the session's lineage after max_tokens, after a stop
-    id met mid-run and after a caller that stops reading."""
+    GreedySteps) == off: the tokens, and the session's lineage after max_tokens and after a
+    caller that stops reading (a stop id mid-run: the pipelined run's test above)."""
     prompt = [(7 * j) % 300 + 3 for j in range(21)]
     out = {}
     for mode in ("off", "on"):
