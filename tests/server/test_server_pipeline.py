@@ -120,3 +120,24 @@ def test_a_choice_that_ends_leaves_its_session_holding_what_the_plain_round_leav
             consistent(srv)
             lineages[mode] = [list(s.session.tokens) for s in srv.state.pool.slots]
     assert lineages["on"] == lineages["off"]
+
+
+def test_several_choices_and_the_context_end_answer_as_the_plain_rounds(tiny):
+    """n = 3 choices of one request (forked sessions, reset when the request ends) and an answer
+    cut by the context's end (the step in flight must not run past it): the plain rounds'
+    answers, finish reasons and slot lineages."""
+    got = {}
+    for mode in ("off", "on"):
+        with serve(tiny, model_id="tiny", slots=2, max_context=48, output_reserve=8,
+                   context_policy="error", pipeline=mode) as srv:
+            c = srv.client()
+            r = c.completions.create(model="tiny", prompt="the quick brown fox", max_tokens=9,
+                                     temperature=0, n=3, stop=["y"])
+            many = [(x.text, x.finish_reason) for x in r.choices]
+            long = c.completions.create(model="tiny", prompt=" ".join(WORDS[:6]), max_tokens=40,
+                                        temperature=0)
+            edge = (long.choices[0].text, long.choices[0].finish_reason, long.usage.completion_tokens)
+            consistent(srv)
+            got[mode] = (many, edge, [list(s.session.tokens) for s in srv.state.pool.slots])
+    assert got["on"] == got["off"]
+    assert got["on"][1][1] == "length" and got["on"][1][2] < 40      # the context's end
