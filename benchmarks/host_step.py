@@ -7,7 +7,11 @@ script runs exactly that code -- `Session._validate` and `GraphRunner.decode` wi
 -- over a tiny model of the 1B's depth (26 layers, window 512, 16 sessions at 2,048 tokens),
 with the kernels replaced by a step that returns a logits buffer.  Best of several rounds.
 
-    PYTHONPATH=. python3 benchmarks/host_step.py [--batch 16] [--layers 26] [--prof]
+    PYTHONPATH=. python3 benchmarks/host_step.py [--batch 16] [--layers 26] [--prof] [--greedy]
+
+`--greedy`: the host's share of a pipelined greedy step instead (`Engine.decode_greedy`'s
+`GreedySteps`, backends/cuda/greedy.py: launch, collect, the run's bookkeeping) -- the time the
+host needs per step, which must stay under the GPU's step for the pipeline to hide it.
 
 Before / after a change, in one run: `git archive OLD muser | tar x -C .prev` and run it with
 PYTHONPATH=.prev, then with PYTHONPATH=. (benchmarks/RESULTS.md).
@@ -44,6 +48,8 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--prof", action="store_true", help="also print a cProfile of 100 steps")
+    ap.add_argument("--greedy", action="store_true",
+                    help="a pipelined greedy run's host share per step (GreedySteps)")
     args = ap.parse_args()
     eng = tiny_model("gemma3", layers=args.layers, window=512, tokenizer=False,
                      max_context=args.context + args.rounds * args.steps + 512,
@@ -61,17 +67,30 @@ def main():
         return runner.decode(sessions, [c[0] for c in chunks])
 
     toks = [7] * args.batch
-    for _ in range(5):
+    if args.greedy:
+        from muser.backends.cuda.greedy import GreedySteps
+        from muser.backends.greedy import Budget, run_steps
+
+        def steps_of(n):                 # a greedy run of n steps, the host one step ahead
+            run_steps(GreedySteps(runner), sessions, Budget.check(eng, sessions, toks, n, ()))
+
+        def step(toks, n=args.steps):    # noqa: F811 -- timed per run of n steps, below
+            steps_of(n)
+        args.steps, per_call = 1, args.steps
+    else:
+        per_call = 1
+    for _ in range(5 if not args.greedy else 1):
         step(toks)
     best = None
     for _ in range(args.rounds):
         t0 = time.perf_counter()
         for _ in range(args.steps):
             step(toks)
-        dt = (time.perf_counter() - t0) / args.steps
+        dt = (time.perf_counter() - t0) / (args.steps * per_call)
         best = dt if best is None else min(best, dt)
-    print(f"host step: {args.batch} sessions x {args.layers} layers: {best * 1e6:.1f} us "
-          f"(best of {args.rounds} x {args.steps} steps)")
+    what = "pipelined greedy step" if args.greedy else "host step"
+    print(f"{what}: {args.batch} sessions x {args.layers} layers: {best * 1e6:.1f} us "
+          f"(best of {args.rounds} x {args.steps * per_call} steps)")
     if args.prof:
         pr = cProfile.Profile()
         pr.enable()
