@@ -49,6 +49,14 @@ class _Entry:
         if torch.device(device).type == "cuda":
             self.host = self.host.pin_memory()
         self.tables = torch.zeros((n_layers, batch, 4), dtype=torch.int64, device=device)
+        # plane tables go up from two pinned buffers in turn, each freed by an event: a pageable
+        # copy would make the host wait for the step in flight (a pipelined run's, greedy.py)
+        cuda = torch.device(device).type == "cuda"
+        self.tables_host = [torch.zeros(self.tables.shape, dtype=torch.int64) for _ in range(2)]
+        if cuda:
+            self.tables_host = [t.pin_memory() for t in self.tables_host]
+        self.tables_done = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        self.tables_turn = 0
         self.ws = step.workspace(batch)
         self.graph = None
         self.logits = None
@@ -181,7 +189,14 @@ class GraphRunner:
         # The entry keeps the row tensors it uploaded (strong references), so identity
         # cannot be faked by a freed-and-reused address.
         if entry.table_key is None or any(a is not b for a, b in zip(rows, entry.table_key)):
-            entry.tables.copy_(torch.stack(rows, dim=1))
+            k = entry.tables_turn
+            entry.tables_turn ^= 1
+            if entry.tables_done[k] is not None:
+                entry.tables_done[k].synchronize()       # its last upload has run
+            torch.stack(rows, dim=1, out=entry.tables_host[k])
+            entry.tables.copy_(entry.tables_host[k], non_blocking=True)
+            if entry.tables_done[k] is not None:
+                entry.tables_done[k].record()
             entry.table_key = rows
             self.stats["table_uploads"] += 1
 
