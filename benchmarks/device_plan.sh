@@ -25,6 +25,7 @@
 #   tiles        dot_rows' decode tiles timed in a graph with the weights coming from HBM
 #   greedy       Engine.decode_greedy pipelined (cuda/greedy.py): its GPU test, then the A/B (carry .peers)
 #                with MUSER_PIPELINE=on against off, the default (16 sessions: issue 17 item 3)
+#   profile16    the top kernels of a 1-session and a 16-session decode step (item 3's 1B gap)
 #   llama_build  llama.cpp's CUDA build, in the background (~340-400 s on 10 cores)
 #   llama        waits for a build started on THIS machine, then cuda_bench.py side by side
 #   peer         the build on every core, then cuda_bench.py: one call (a later call may land
@@ -179,6 +180,10 @@ stage_greedy() {
     bench 100 . benchmarks/server_load.py --model tiny --device cuda --slots 16 --levels 16 \
       --tokens 64 --pipeline $p
   done
+}
+
+stage_profile16() {  # kernel time of a decode step alone and of a 16-session step (1B, 270M)
+  bench 300 . benchmarks/exact_ab.py --models 1b,270m --trees exact --no-16k --profile
 }
 
 stage_llama_build() {   # carry .peers

@@ -51,6 +51,8 @@ def child(args):
     out["prefill_16k"] = muser_prefill(eng, 16384, vocab, None) if not args.no_16k else 0.0
     if args.profile:                        # kernel time: a decode step at 2k, a 16k prefill
         out["profile_decode"] = muser_decode(eng, 2048, 8, vocab, prof=True)[2]
+        if args.shape in ("1b", "270m"):    # where a 16-session step's time above one goes
+            out["profile_b16"] = muser_batch(eng, 16, 2048, 8, vocab, prof=True)[3]
         out["profile_16k"] = prefill_profile(eng, 16384, vocab)     # (kernel ms, wall ms, top)
     out["exact_rows"] = bool(getattr(eng, "exact_rows", False))
     out["seconds"] = round(time.perf_counter() - t, 1)
