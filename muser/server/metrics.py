@@ -23,6 +23,8 @@ HELP = {
     "request_failures_total": ("counter", "requests failed alone (their own sampling / text), pool kept"),
     "model_failures_total": ("counter", "model steps that raised (each latches the pool)"),
     "prefix_cache_waits_total": ("counter", "requests that waited for a peer's cut (single flight)"),
+    "steps_ahead_total": ("counter", "decode steps launched before the last was read (--pipeline)"),
+    "steps_taken_back_total": ("counter", "steps a choice that ended had taken ahead, given back"),
     "queue_wait_seconds": ("summary", "time a request waited for a slot"),
     "prefill_seconds": ("summary", "time of one admission prefill"),
     "decode_seconds": ("summary", "time of one decode round (all active slots)"),

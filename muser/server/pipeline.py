@@ -61,6 +61,7 @@ class PipelinedRounds:
                                f"{type(e).__name__}: {e}", e)
                 return self.clock() - t_round
             self._flight = Flight(step, nxt)
+            self.metrics.inc("steps_ahead_total")
             for row, (_, c) in enumerate(nxt):
                 c.pending = FromLast(row)
         if old is not None:
@@ -120,3 +121,4 @@ class PipelinedRounds:
             return
         f.gone.add(c)
         self.steps.take_back(c.session)
+        self.metrics.inc("steps_taken_back_total")

@@ -96,6 +96,8 @@ def test_rounds_one_step_ahead_answer_as_the_plain_rounds(tiny):
             consistent(srv)
     assert results["on"] == results["off"]
     assert n["launch"] > 20 and n["take_back"] > 0
+    assert (srv.state.metrics.value("steps_ahead_total"), srv.state.metrics.value(
+        "steps_taken_back_total")) == (n["launch"], n["take_back"])
 
 
 def test_a_choice_that_ends_leaves_its_session_holding_what_the_plain_round_leaves(tiny):
