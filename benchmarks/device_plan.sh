@@ -26,6 +26,7 @@
 #   greedy       Engine.decode_greedy pipelined (cuda/greedy.py): its GPU test, then the A/B (carry .peers)
 #                with MUSER_PIPELINE=on against off, the default (16 sessions: issue 17 item 3)
 #   profile16    the top kernels of a 1-session and a 16-session decode step (item 3's 1B gap)
+#   mega         one persistent launch for a layer's MLP half against its four launches (bits, us)
 #   llama_build  llama.cpp's CUDA build, in the background (~340-400 s on 10 cores)
 #   llama        waits for a build started on THIS machine, then cuda_bench.py side by side
 #   peer         the build on every core, then cuda_bench.py: one call (a later call may land
@@ -184,6 +185,11 @@ stage_greedy() {
 
 stage_profile16() {  # kernel time of a decode step alone and of a 16-session step (1B, 270M)
   bench 300 . benchmarks/exact_ab.py --models 1b,270m --trees exact --no-16k --profile
+}
+
+stage_mega() {     # item 6's first experiment: a layer's MLP half as one persistent launch
+  tests 150 -x tests/cuda/test_triton_mega.py
+  bench 120 . benchmarks/mega_probe.py 270m --batches 1,16
 }
 
 stage_llama_build() {   # carry .peers

@@ -47,6 +47,8 @@ ADD_NORM = dict(N=1152, BLOCK=2048, HAS_D1=True, HAS_D2=False, POST=True, LAYERN
 ADD_PIECES = dict(N=1152, BLOCK=2048, PIECES=7, WQ=False, POST=True, LAYERNORM=False, NEXT=True,
                   PDL=True)
 PICK = dict(CHUNK=8192, BLOCK=1024, NBP=32, BIG=3.4028234663852886e38, PDL=True)
+MEGA = dict(N=640, F=2048, BLOCK=1024, BN1=32, BK1=128, KS1=640, BN2=32, BK2=512, KS2=2048,
+            POST=True, LAYERNORM=False, NEXT=True, GELU=True, NPROG=132, T1=64, T2=20)
 # (name, kernel, constexprs, warps): the 1B's shapes on the routes the engine takes
 CONFIGS = [
     ("chunk ring flat captured", "chunk", {}, 8),
@@ -70,6 +72,7 @@ CONFIGS = [
     ("add_norm parallel", "add_norm", dict(HAS_D2=True, POST=False), 4),
     ("add_norm over 7 pieces", "add_pieces", {}, 4),
     ("greedy pick, 262k columns", "pick", {}, 4),
+    ("mlp half, one persistent launch, 270M", "mega", {}, 4),
     ("fold growing captured", "fold", {}, 4),
     ("fold ring eager sinks", "fold", dict(SINKS=True, DEV=False, BM=16, ROWS=4, SPLIT=32, GS=4),
      4),
@@ -102,6 +105,10 @@ TYPES = {  # argument types as the engine passes them (others are i32)
     "H_OUT": "*bf16", "X_OUT": "*bf16",
     # the greedy pick (triton_pick.py)
     "L": "*fp32", "VALS": "*fp32", "IDX": "*i64", "RES": "*i64",
+    # the persistent MLP half (triton_mega.py)
+    "GU": "*bf16", "DW": "*bf16", "W_PA": "*fp32", "W_PF": "*fp32", "W_PD": "*fp32",
+    "W_NX": "*fp32", "H1": "*bf16", "X1": "*bf16", "A": "*bf16", "D": "*bf16", "H2": "*bf16",
+    "X2": "*bf16",
 }
 CHUNK["FLATTEN"] = False
 DIVISIBLE = set(TYPES) - {"scale", "softcap", "eps"} | {"rs", "hs"}
@@ -179,6 +186,7 @@ def main():
     from muser.backends.cuda.triton_decode_kernel import _kernel as _decode_kernel
     from muser.backends.cuda.triton_dot import _kernels as _dot_kernels
     from muser.backends.cuda.triton_ops import _kernels as _ops_kernels
+    from muser.backends.cuda.triton_mega import _kernel as _mega_kernel
     from muser.backends.cuda.triton_pick import _kernel as _pick_kernel
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="write each configuration's stripped PTX here")
@@ -189,7 +197,8 @@ def main():
     kernels = {"chunk": (_kernel(), CHUNK), "fold": (_fold_kernel(), FOLD),
                "decode": (_decode_kernel(), DECODE), "dot": (_dot_kernels()[0], DOWN),
                "add_norm": (_ops_kernels()[0], ADD_NORM),
-               "add_pieces": (_ops_kernels()[3], ADD_PIECES), "pick": (_pick_kernel(), PICK)}
+               "add_pieces": (_ops_kernels()[3], ADD_PIECES), "pick": (_pick_kernel(), PICK),
+               "mega": (_mega_kernel(), MEGA)}
     print(f"triton {triton.__version__}, sm_90")
     for name, which, over, warps in CONFIGS + (TILES if args.tiles else []):
         kern, base = kernels[which]

@@ -1,0 +1,153 @@
+"""One layer's MLP half as one persistent launch (Triton): issue 17 item 6's first experiment.
+
+Owns: `mlp_block` -- add+norm (h + norm(o), then the MLP's input norm), the gate|up
+projection with act * up, the down projection, add+norm again (h + norm(down), then the next
+layer's input norm): the decode step's four launches for that half, as tasks of one launch
+whose programs loop over a static task list, waiting on counters in global memory for the
+tasks they depend on.  Each task is the code its kernel runs today -- `_add_norm_tail`,
+`_piece` / `_finish` (triton_ops.py, triton_dot.py) with the same tiles -- so each output is
+meant to be the four launches' bitwise (`tests/cuda/test_triton_mega.py`).  Not wired into the
+decode step: `benchmarks/mega_probe.py` measures it against the four launches first
+(benchmarks/NOTES.md, "Item 6").  Does not own: the tiles (triton_dot_tiles.py), the step.
+
+The task list, in order (a program takes tasks pid, pid + P, ...; every task's producers come
+before it, and each program finishes its earlier tasks before it waits, so with all P
+programs resident there is no deadlock):
+
+    [ B add+norm rows | F / BN1 gate|up tiles | N / BN2 down tiles | B add+norm rows ]
+      counter 0 += 1    waits c0 == B, c1 += 1  waits c1 == tiles1,  waits c2 == tiles2,
+                                                 c2 += 1             c3 += 1; the last resets
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .triton_dot import _kernels as _dot_kernels
+from .triton_dot import act_pieces
+from .triton_dot_tiles import dot_config
+from .triton_ops import _kernels as _ops_kernels
+from .triton_ops import _pow2
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    _dot_kernels()                       # defines _piece / _finish in triton_dot's globals
+    _ops_kernels()                       # ... and _add_norm_tail in triton_ops'
+    from . import triton_dot, triton_ops
+    globals()["tl"] = tl
+    globals().update(act_pieces())
+    for name in ("_piece", "_finish"):
+        globals()[name] = getattr(triton_dot, name)
+    globals()["_add_norm_tail"] = triton_ops._add_norm_tail
+
+    @triton.jit
+    def wait_for(cnt, n):
+        """Spin until the counter reaches n (acquire: the producers' stores are visible)."""
+        while tl.atomic_add(cnt, 0, sem="acquire", scope="gpu") < n:
+            pass
+
+    globals()["_wait_for"] = wait_for
+
+    @triton.jit
+    def mlp_block_kernel(H, O, W_PA, W_PF, GU, DW, W_PD, W_NX, H1, X1, A, D, H2, X2, CNT, B, eps,
+                         N: tl.constexpr, F: tl.constexpr, BLOCK: tl.constexpr,
+                         BN1: tl.constexpr, BK1: tl.constexpr, KS1: tl.constexpr,
+                         BN2: tl.constexpr, BK2: tl.constexpr, KS2: tl.constexpr,
+                         POST: tl.constexpr, LAYERNORM: tl.constexpr, NEXT: tl.constexpr,
+                         GELU: tl.constexpr, NPROG: tl.constexpr, T1: tl.constexpr,
+                         T2: tl.constexpr):
+        pid = tl.program_id(0)
+        total = 2 * B + T1 + T2
+        i = tl.arange(0, BLOCK)
+        mask = i < N
+        rm = tl.arange(0, 16)
+        for t in range(pid, total, NPROG):
+            if t < B:                                   # h1 = h + norm(o); x1 = norm(h1)
+                row = t
+                h = tl.load(H + row * N + i, mask=mask, other=0.0)
+                d1 = tl.load(O + row * N + i, mask=mask, other=0.0).to(tl.float32)
+                _add_norm_tail(h, d1, row, i, mask, H, W_PA, W_PF, H1, X1, eps, N, True, False,
+                               POST, LAYERNORM, True)
+                tl.debug_barrier()
+                tl.atomic_add(CNT + 0, 1, sem="release", scope="gpu")
+            elif t < B + T1:                            # a = act(x1 @ gate) * (x1 @ up)
+                _wait_for(CNT + 0, B)
+                cols = (t - B) * BN1 + tl.arange(0, BN1)
+                cm = cols < F
+                acc, accu = _piece(X1, GU, rm, rm < B, cols, cm, 0, F, N, KS1, BN1, BK1, True,
+                                   16)
+                y = _finish(acc, accu, 1.0, 1.0, 0.0, False, False, True, GELU,
+                            X1.dtype.element_ty)
+                tl.store(A + rm[:, None].to(tl.int64) * F + cols[None, :],
+                         y.to(A.dtype.element_ty), mask=(rm < B)[:, None] & cm[None, :])
+                tl.debug_barrier()
+                tl.atomic_add(CNT + 1, 1, sem="release", scope="gpu")
+            elif t < B + T1 + T2:                       # d = a @ down
+                _wait_for(CNT + 1, T1)
+                cols = (t - B - T1) * BN2 + tl.arange(0, BN2)
+                cm = cols < N
+                acc, accu = _piece(A, DW, rm, rm < B, cols, cm, 0, N, F, KS2, BN2, BK2, False,
+                                   16)
+                y = _finish(acc, acc, 1.0, 1.0, 0.0, False, False, False, False,
+                            A.dtype.element_ty)
+                tl.store(D + rm[:, None].to(tl.int64) * N + cols[None, :],
+                         y.to(D.dtype.element_ty), mask=(rm < B)[:, None] & cm[None, :])
+                tl.debug_barrier()
+                tl.atomic_add(CNT + 2, 1, sem="release", scope="gpu")
+            else:                                       # h2 = h1 + norm(d); x2 = norm(h2)
+                _wait_for(CNT + 2, T2)
+                row = t - B - T1 - T2
+                h = tl.load(H1 + row * N + i, mask=mask, other=0.0)
+                d1 = tl.load(D + row * N + i, mask=mask, other=0.0).to(tl.float32)
+                _add_norm_tail(h, d1, row, i, mask, H1, W_PD, W_NX, H2, X2, eps, N, True, False,
+                               POST, LAYERNORM, NEXT)
+                tl.debug_barrier()
+                done = tl.atomic_add(CNT + 3, 1, sem="acq_rel", scope="gpu")
+                if done == B - 1:                       # the last task: counters back to zero
+                    for c in range(4):
+                        tl.store(CNT + c, 0)
+
+    return mlp_block_kernel
+
+
+def mlp_block(h, o, w_post_attn, w_pre_ffn, gate_up, down, w_post_ffn, w_next, eps: float,
+              layernorm: bool = False, gelu: bool = True, programs: int | None = None,
+              out: dict | None = None):
+    """The MLP half of a decode layer in one launch: returns (h2, x2) as
+    `add_norm(h1, w_next, d1=down(act(gate_up(x1))), w_post=w_post_ffn)` after
+    `h1, x1 = add_norm(h, w_pre_ffn, d1=o, w_post=w_post_attn)` -- B <= 16 rows, bf16 weights
+    whose decode tiles have no split-K pieces.  `programs`: the persistent grid (default: the
+    GPU's multiprocessors; 1 under the interpreter, whose programs run one after another)."""
+    B, N = h.shape
+    F = down.shape[1]
+    if B > 16:
+        raise ValueError(f"mlp_block takes up to 16 rows, got {B}")
+    bn1, bk1, _, _, p1 = dot_config(F, N, True)
+    bn2, bk2, _, _, p2 = dot_config(N, F, False)
+    if p1 or p2:
+        raise ValueError(f"mlp_block needs tiles without split-K pieces, got {p1} and {p2}")
+    o_ = out if out is not None else {}
+    buf = {k: o_.get(k) if o_.get(k) is not None else torch.empty(shape, dtype=h.dtype, device=h.device)
+           for k, shape in (("h1", (B, N)), ("x1", (B, N)), ("a", (B, F)), ("d", (B, N)),
+                            ("h2", (B, N)), ("x2", (B, N)))}
+    cnt = o_.get("cnt")
+    if cnt is None:
+        cnt = torch.zeros(4, dtype=torch.int32, device=h.device)
+    if programs is None:
+        programs = (torch.cuda.get_device_properties(h.device).multi_processor_count
+                    if h.is_cuda else 1)
+    ks1 = -(-N // bk1) * bk1
+    ks2 = -(-F // bk2) * bk2
+    _kernel()[(programs,)](
+        h, o, w_post_attn, w_pre_ffn, gate_up, down, w_post_ffn,
+        w_next if w_next is not None else w_post_ffn,
+        buf["h1"], buf["x1"], buf["a"], buf["d"], buf["h2"], buf["x2"], cnt, B, float(eps),
+        N=N, F=F, BLOCK=_pow2(N), BN1=bn1, BK1=bk1, KS1=ks1, BN2=bn2, BK2=bk2, KS2=ks2,
+        POST=w_post_attn is not None, LAYERNORM=layernorm, NEXT=w_next is not None, GELU=gelu,
+        NPROG=programs, T1=-(-F // bn1), T2=-(-N // bn2), num_warps=4)
+    return buf["h2"], buf["x2"] if w_next is not None else None

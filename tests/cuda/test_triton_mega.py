@@ -1,0 +1,38 @@
+"""`triton_mega.mlp_block` (a decode layer's MLP half as one persistent launch) against the four
+launches the decode step runs for it -- add_norm, dot_rows (gate|up, act * up), dot_rows (down),
+add_norm -- bitwise, at the 270M's shapes and a small one, 1 to 16 rows, twice (the counters
+reset themselves).  Under the interpreter the persistent grid is one program (its programs run
+one after another, so a wait on another program would never end); on a GPU, one per SM."""
+import pytest
+import torch
+
+from cudautil import HAS_CUDA, needs_kernels
+
+pytestmark = needs_kernels
+
+
+def four_launches(h, o, wpa, wpf, gu, dw, wpd, wnx, eps):
+    from muser.backends.cuda.triton_dot import dot_rows
+    from muser.backends.cuda.triton_ops import add_norm
+    h1, x1 = add_norm(h, wpf, eps, False, d1=o, w_post=wpa)
+    a = dot_rows(x1, gu, glu=True, gelu=True, rows=16)
+    d = dot_rows(a, dw, rows=16)
+    return add_norm(h1, wnx, eps, False, d1=d, w_post=wpd)
+
+
+@pytest.mark.parametrize("n,f", [(640, 2048), (128, 256)])
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_one_persistent_launch_gives_the_four_launches_bits(dev, kdtype, n, f, rows):
+    from muser.backends.cuda.triton_mega import mlp_block
+    g = torch.Generator().manual_seed(n + rows)
+    h, o = (torch.randn(rows, n, generator=g).to(dev, kdtype) for _ in range(2))
+    gu = (torch.randn(2 * f, n, generator=g) / n ** 0.5).to(dev, kdtype)
+    dw = (torch.randn(n, f, generator=g) / f ** 0.5).to(dev, kdtype)
+    wpa, wpf, wpd, wnx = ((torch.rand(n, generator=g) + 0.5).to(dev) for _ in range(4))
+    want = four_launches(h, o, wpa, wpf, gu, dw, wpd, wnx, 1e-6)
+    cnt = torch.zeros(4, dtype=torch.int32, device=dev)
+    for _ in range(2):
+        got = mlp_block(h, o, wpa, wpf, gu, dw, wpd, wnx, 1e-6, out={"cnt": cnt},
+                        programs=None if HAS_CUDA else 1)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert int(cnt.abs().sum()) == 0
