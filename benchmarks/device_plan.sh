@@ -189,7 +189,7 @@ stage_profile16() {  # kernel time of a decode step alone and of a 16-session st
 
 stage_mega() {     # item 6's first experiment: a layer's MLP half as one persistent launch
   tests 150 -x tests/cuda/test_triton_mega.py
-  bench 120 . benchmarks/mega_probe.py 270m --batches 1,16
+  bench 150 . benchmarks/mega_probe.py 270m 1b --batches 1,16
 }
 
 stage_llama_build() {   # carry .peers

@@ -48,7 +48,9 @@ ADD_PIECES = dict(N=1152, BLOCK=2048, PIECES=7, WQ=False, POST=True, LAYERNORM=F
                   PDL=True)
 PICK = dict(CHUNK=8192, BLOCK=1024, NBP=32, BIG=3.4028234663852886e38, PDL=True)
 MEGA = dict(N=640, F=2048, BLOCK=1024, BN1=32, BK1=128, KS1=640, BN2=32, BK2=512, KS2=2048,
-            POST=True, LAYERNORM=False, NEXT=True, GELU=True, NPROG=132, T1=64, T2=20)
+            POST=True, LAYERNORM=False, NEXT=True, GELU=True, NPROG=132, T1=64, T2=20, PIECES=1)
+MEGA_1B = dict(N=1152, F=6912, BLOCK=2048, BN1=32, BK1=128, KS1=1152, BN2=64, BK2=256, KS2=1024,
+               T1=216, T2=126, PIECES=7)
 # (name, kernel, constexprs, warps): the 1B's shapes on the routes the engine takes
 CONFIGS = [
     ("chunk ring flat captured", "chunk", {}, 8),
@@ -73,6 +75,7 @@ CONFIGS = [
     ("add_norm over 7 pieces", "add_pieces", {}, 4),
     ("greedy pick, 262k columns", "pick", {}, 4),
     ("mlp half, one persistent launch, 270M", "mega", {}, 4),
+    ("mlp half, one persistent launch, 1B", "mega", MEGA_1B, 4),
     ("fold growing captured", "fold", {}, 4),
     ("fold ring eager sinks", "fold", dict(SINKS=True, DEV=False, BM=16, ROWS=4, SPLIT=32, GS=4),
      4),

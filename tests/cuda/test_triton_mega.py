@@ -1,7 +1,8 @@
 """`triton_mega.mlp_block` (a decode layer's MLP half as one persistent launch) against the four
-launches the decode step runs for it -- add_norm, dot_rows (gate|up, act * up), dot_rows (down),
-add_norm -- bitwise, at the 270M's shapes and a small one, 1 to 16 rows, twice (the counters
-reset themselves).  Under the interpreter the persistent grid is one program (its programs run
+launches the decode step runs for it -- add_norm, dot_rows (gate|up, act * up), dot_rows (down;
+where it has split-K pieces, left for the add_norm to sum: MUSER_FUSE_SUM), add_norm -- bitwise,
+at the 270M's shapes, a small one and one with pieces, 1 to 16 rows, twice (the counters reset
+themselves).  Under the interpreter the persistent grid is one program (its programs run
 one after another, so a wait on another program would never end); on a GPU, one per SM."""
 import pytest
 import torch
@@ -16,11 +17,11 @@ def four_launches(h, o, wpa, wpf, gu, dw, wpd, wnx, eps):
     from muser.backends.cuda.triton_ops import add_norm
     h1, x1 = add_norm(h, wpf, eps, False, d1=o, w_post=wpa)
     a = dot_rows(x1, gu, glu=True, gelu=True, rows=16)
-    d = dot_rows(a, dw, rows=16)
+    d = dot_rows(a, dw, rows=16, defer=True)          # split-K pieces: summed by the add_norm
     return add_norm(h1, wnx, eps, False, d1=d, w_post=wpd)
 
 
-@pytest.mark.parametrize("n,f", [(640, 2048), (128, 256)])
+@pytest.mark.parametrize("n,f", [(640, 2048), (128, 256), (128, 4096)])   # the last: 4 pieces
 @pytest.mark.parametrize("rows", [1, 5, 16])
 def test_one_persistent_launch_gives_the_four_launches_bits(dev, kdtype, n, f, rows):
     from muser.backends.cuda.triton_mega import mlp_block

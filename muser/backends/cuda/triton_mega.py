@@ -5,7 +5,8 @@ projection with act * up, the down projection, add+norm again (h + norm(down), t
 layer's input norm): the decode step's four launches for that half, as tasks of one launch
 whose programs loop over a static task list, waiting on counters in global memory for the
 tasks they depend on.  Each task is the code its kernel runs today -- `_add_norm_tail`,
-`_piece` / `_finish` (triton_ops.py, triton_dot.py) with the same tiles -- so each output is
+`_piece` / `_finish` (triton_ops.py, triton_dot.py) with the same tiles, and the down
+projection's split-K pieces summed in order as `add_pieces_norm_kernel` sums them -- so each output is
 meant to be the four launches' bitwise (`tests/cuda/test_triton_mega.py`).  Not wired into the
 decode step: `benchmarks/mega_probe.py` measures it against the four launches first
 (benchmarks/NOTES.md, "Item 6").  Does not own: the tiles (triton_dot_tiles.py), the step.
@@ -54,13 +55,14 @@ def _kernel():
     globals()["_wait_for"] = wait_for
 
     @triton.jit
-    def mlp_block_kernel(H, O, W_PA, W_PF, GU, DW, W_PD, W_NX, H1, X1, A, D, H2, X2, CNT, B, eps,
+    def mlp_block_kernel(H, O, W_PA, W_PF, GU, DW, W_PD, W_NX, H1, X1, A, D, P, H2, X2, CNT, B,
+                         eps,
                          N: tl.constexpr, F: tl.constexpr, BLOCK: tl.constexpr,
                          BN1: tl.constexpr, BK1: tl.constexpr, KS1: tl.constexpr,
                          BN2: tl.constexpr, BK2: tl.constexpr, KS2: tl.constexpr,
                          POST: tl.constexpr, LAYERNORM: tl.constexpr, NEXT: tl.constexpr,
                          GELU: tl.constexpr, NPROG: tl.constexpr, T1: tl.constexpr,
-                         T2: tl.constexpr):
+                         T2: tl.constexpr, PIECES: tl.constexpr):
         pid = tl.program_id(0)
         total = 2 * B + T1 + T2
         i = tl.arange(0, BLOCK)
@@ -87,23 +89,35 @@ def _kernel():
                          y.to(A.dtype.element_ty), mask=(rm < B)[:, None] & cm[None, :])
                 tl.debug_barrier()
                 tl.atomic_add(CNT + 1, 1, sem="release", scope="gpu")
-            elif t < B + T1 + T2:                       # d = a @ down
+            elif t < B + T1 + T2:                       # d = a @ down (a tile, or a piece)
                 _wait_for(CNT + 1, T1)
-                cols = (t - B - T1) * BN2 + tl.arange(0, BN2)
+                u = t - B - T1
+                cols = (u // PIECES) * BN2 + tl.arange(0, BN2)
                 cm = cols < N
-                acc, accu = _piece(A, DW, rm, rm < B, cols, cm, 0, N, F, KS2, BN2, BK2, False,
-                                   16)
-                y = _finish(acc, acc, 1.0, 1.0, 0.0, False, False, False, False,
-                            A.dtype.element_ty)
-                tl.store(D + rm[:, None].to(tl.int64) * N + cols[None, :],
-                         y.to(D.dtype.element_ty), mask=(rm < B)[:, None] & cm[None, :])
+                om = (rm < B)[:, None] & cm[None, :]
+                acc, accu = _piece(A, DW, rm, rm < B, cols, cm, u % PIECES, N, F, KS2, BN2, BK2,
+                                   False, 16)
+                if PIECES > 1:                          # split-K: the piece's float32 sums
+                    tl.store(P + ((u % PIECES) * B + rm[:, None]).to(tl.int64) * N + cols[None, :],
+                             acc, mask=om)
+                else:
+                    y = _finish(acc, acc, 1.0, 1.0, 0.0, False, False, False, False,
+                                A.dtype.element_ty)
+                    tl.store(D + rm[:, None].to(tl.int64) * N + cols[None, :],
+                             y.to(D.dtype.element_ty), mask=om)
                 tl.debug_barrier()
                 tl.atomic_add(CNT + 2, 1, sem="release", scope="gpu")
             else:                                       # h2 = h1 + norm(d); x2 = norm(h2)
                 _wait_for(CNT + 2, T2)
                 row = t - B - T1 - T2
                 h = tl.load(H1 + row * N + i, mask=mask, other=0.0)
-                d1 = tl.load(D + row * N + i, mask=mask, other=0.0).to(tl.float32)
+                if PIECES > 1:                          # add_pieces_norm's sum: in order, then
+                    y = tl.zeros((BLOCK,), dtype=tl.float32)       # rounded to the dtype
+                    for pc in range(PIECES):
+                        y += tl.load(P + (pc * B + row) * N + i, mask=mask, other=0.0)
+                    d1 = y.to(h.dtype).to(tl.float32)
+                else:
+                    d1 = tl.load(D + row * N + i, mask=mask, other=0.0).to(tl.float32)
                 _add_norm_tail(h, d1, row, i, mask, H1, W_PD, W_NX, H2, X2, eps, N, True, False,
                                POST, LAYERNORM, NEXT)
                 tl.debug_barrier()
@@ -120,8 +134,9 @@ def mlp_block(h, o, w_post_attn, w_pre_ffn, gate_up, down, w_post_ffn, w_next, e
               out: dict | None = None):
     """The MLP half of a decode layer in one launch: returns (h2, x2) as
     `add_norm(h1, w_next, d1=down(act(gate_up(x1))), w_post=w_post_ffn)` after
-    `h1, x1 = add_norm(h, w_pre_ffn, d1=o, w_post=w_post_attn)` -- B <= 16 rows, bf16 weights
-    whose decode tiles have no split-K pieces.  `programs`: the persistent grid (default: the
+    `h1, x1 = add_norm(h, w_pre_ffn, d1=o, w_post=w_post_attn)` -- B <= 16 rows, bf16 weights;
+    a down projection with split-K pieces leaves them for the last add+norm to sum in order, as
+    MUSER_FUSE_SUM's `add_norm(d1=Pieces)` does (the gate|up tile must have none).  `programs`: the persistent grid (default: the
     GPU's multiprocessors; 1 under the interpreter, whose programs run one after another)."""
     B, N = h.shape
     F = down.shape[1]
@@ -129,8 +144,9 @@ def mlp_block(h, o, w_post_attn, w_pre_ffn, gate_up, down, w_post_ffn, w_next, e
         raise ValueError(f"mlp_block takes up to 16 rows, got {B}")
     bn1, bk1, _, _, p1 = dot_config(F, N, True)
     bn2, bk2, _, _, p2 = dot_config(N, F, False)
-    if p1 or p2:
-        raise ValueError(f"mlp_block needs tiles without split-K pieces, got {p1} and {p2}")
+    if p1:
+        raise ValueError(f"mlp_block needs a gate|up tile without split-K pieces, got {p1}")
+    pieces = -(-F // p2) if p2 else 1
     o_ = out if out is not None else {}
     buf = {k: o_.get(k) if o_.get(k) is not None else torch.empty(shape, dtype=h.dtype, device=h.device)
            for k, shape in (("h1", (B, N)), ("x1", (B, N)), ("a", (B, F)), ("d", (B, N)),
@@ -142,12 +158,14 @@ def mlp_block(h, o, w_post_attn, w_pre_ffn, gate_up, down, w_post_ffn, w_next, e
         programs = (torch.cuda.get_device_properties(h.device).multi_processor_count
                     if h.is_cuda else 1)
     ks1 = -(-N // bk1) * bk1
-    ks2 = -(-F // bk2) * bk2
+    ks2 = p2 if pieces > 1 else -(-F // bk2) * bk2
+    part = (torch.empty((pieces, B, N), dtype=torch.float32, device=h.device) if pieces > 1
+            else buf["d"])
     _kernel()[(programs,)](
         h, o, w_post_attn, w_pre_ffn, gate_up, down, w_post_ffn,
         w_next if w_next is not None else w_post_ffn,
-        buf["h1"], buf["x1"], buf["a"], buf["d"], buf["h2"], buf["x2"], cnt, B, float(eps),
+        buf["h1"], buf["x1"], buf["a"], buf["d"], part, buf["h2"], buf["x2"], cnt, B, float(eps),
         N=N, F=F, BLOCK=_pow2(N), BN1=bn1, BK1=bk1, KS1=ks1, BN2=bn2, BK2=bk2, KS2=ks2,
         POST=w_post_attn is not None, LAYERNORM=layernorm, NEXT=w_next is not None, GELU=gelu,
-        NPROG=programs, T1=-(-F // bn1), T2=-(-N // bn2), num_warps=4)
+        NPROG=programs, T1=-(-F // bn1), T2=-(-N // bn2) * pieces, PIECES=pieces, num_warps=4)
     return buf["h2"], buf["x2"] if w_next is not None else None
