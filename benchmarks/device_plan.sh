@@ -190,6 +190,8 @@ stage_profile16() {  # kernel time of a decode step alone and of a 16-session st
 stage_mega() {     # item 6's first experiment: a layer's MLP half as one persistent launch
   tests 150 -x tests/cuda/test_triton_mega.py
   bench 150 . benchmarks/mega_probe.py 270m 1b --batches 1,16
+  bench 200 . benchmarks/exact_ab.py --models 270m,1b --trees exact --no-16k \
+    --variants "M1:MUSER_MEGA=mlp"
 }
 
 stage_llama_build() {   # carry .peers

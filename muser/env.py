@@ -112,6 +112,11 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                   "each may launch while the one before finishes, and waits for it on the "
                   "device before anything else -- the same bits, the launch gaps hidden (H200, "
                   "1B at 2k: decode 9% faster, 16 sessions 18%); off: plain launches"),
+    "MUSER_MEGA": ("off|mlp", "off", "backends/cuda (decode step)",
+                   "mlp: each layer's MLP half (add+norm, gate|up, down, add+norm) as one "
+                   "persistent launch whose programs wait on counters (triton_mega.py: issue "
+                   "17 item 6's first experiment; meant to give the same bits; not yet measured); "
+                   "off: four launches"),
     "MUSER_PIPELINE": ("off|on", "off", "backends/cuda (greedy runs)",
                        "on: `Engine.decode_greedy` and greedy `engine.stream` / `generate` "
                        "launch step N+1 before they read step N's pick back (cuda/greedy.py: "
@@ -162,6 +167,7 @@ class Env:
     chunk_graphs: str = "on"
     pdl: str = "on"
     pipeline: str = "off"
+    mega: str = "off"
     attn_acc: str = "dot"
     growing_group: int = 16
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)
@@ -250,7 +256,8 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_CHUNK_GRAPHS", "chunk_graphs"), ("MUSER_PDL", "pdl"),
                         ("MUSER_CHUNK_FIRST", "chunk_first"), ("MUSER_CHUNK_PARK", "chunk_park"),
                         ("MUSER_CHUNK_PREP", "chunk_prep"), ("MUSER_FLATTEN", "flatten"),
-                        ("MUSER_FUSE_SUM", "fuse_sum"), ("MUSER_PIPELINE", "pipeline")):
+                        ("MUSER_FUSE_SUM", "fuse_sum"), ("MUSER_PIPELINE", "pipeline"),
+                        ("MUSER_MEGA", "mega")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

@@ -37,3 +37,23 @@ def test_one_persistent_launch_gives_the_four_launches_bits(dev, kdtype, n, f, r
                         programs=None if HAS_CUDA else 1)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         assert int(cnt.abs().sum()) == 0
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (graphs)")
+@pytest.mark.parametrize("arch", ["gemma3", "cohere2"])
+def test_the_step_with_one_launch_mlp_halves_gives_the_default_bits(arch):
+    """MUSER_MEGA=mlp in the decode step (graph replays, a prefill, a 12-row verification block
+    and a 40-row chunk through the same layer loop): the logits of the default launches,
+    bitwise.  Cohere2 (a parallel block) keeps its own launches: the switch must not touch it."""
+    from cudautil import prefill_then_decode as run
+
+    from muser.env import Env
+    from muser.testing import tiny_model
+    eng = tiny_model(arch, device="cuda", dtype="bfloat16", window=4, tokenizer=False)
+    block = [(7 * i) % 200 + 3 for i in range(12)]
+    eng.backend.reset_runner(Env(mega="off"))
+    plain = (run(eng, extend=block), run(eng, extend=block * 3))
+    eng.backend.reset_runner(Env(mega="mlp"))
+    assert (eng.backend.runner(eng).step.mega_cnt is not None)
+    got = (run(eng, extend=block), run(eng, extend=block * 3))
+    assert torch.equal(got[0], plain[0]) and torch.equal(got[1], plain[1])

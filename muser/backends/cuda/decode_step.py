@@ -39,6 +39,7 @@ from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_atten
 from .triton_moe import experts_rows, route_rows, stack_experts
 from .triton_moe import supported as moe_supported
 from .triton_dot import dot_rows
+from .triton_mega import mega_half
 from .triton_gemv import gemv
 from .weights_int8 import RowInt8
 from .triton_ops import act_mul, add_norm, qk_rope_store
@@ -149,6 +150,9 @@ class DecodeStep:
         self.fused_attn = env.attn != "separate" or spec.v_norm or any(l.k_eq_v for l in spec.layers)
         self.flatten = env.flatten in ("dot", "on")   # dot_rows' in-kernel pieces: one loop
         self.fuse_sum = env.fuse_sum == "on"    # the down projection's pieces summed in add_norm
+        # MUSER_MEGA=mlp: each layer's MLP half as one persistent launch (triton_mega.py)
+        self.mega_cnt = (torch.zeros(4, dtype=torch.int32, device=dev) if env.mega == "mlp"
+                         else None)
         # programmatic dependent launch for the step's own kernels (MUSER_PDL; sm_90 and up)
         self.pdl = (env.pdl == "on" and dev.type == "cuda"
                     and torch.cuda.get_device_capability(dev)[0] >= 9)
@@ -275,6 +279,11 @@ class DecodeStep:
                 h, x = add_norm(h, nxt, eps, self.layernorm, d1=o, d2=self._mlp(lw, fz, x),
                                 pdl=self.pdl)
                 continue
+            if self.mega_cnt is not None:
+                hx = mega_half(self, lw, fz, h, o, nxt, self.mega_cnt)
+                if hx is not None:
+                    h, x = hx
+                    continue
             post = spec.sandwich_norm or not spec.pre_norm     # transformer.layer_forward's rule
             post_attn = lw.post_attn_norm if post else None
             h, x = add_norm(h, lw.pre_ffn_norm if spec.pre_norm else None, eps, self.layernorm,

@@ -161,11 +161,32 @@ def mlp_block(h, o, w_post_attn, w_pre_ffn, gate_up, down, w_post_ffn, w_next, e
     ks2 = p2 if pieces > 1 else -(-F // bk2) * bk2
     part = (torch.empty((pieces, B, N), dtype=torch.float32, device=h.device) if pieces > 1
             else buf["d"])
+    post = w_post_attn is not None
     _kernel()[(programs,)](
-        h, o, w_post_attn, w_pre_ffn, gate_up, down, w_post_ffn,
-        w_next if w_next is not None else w_post_ffn,
+        h, o, w_post_attn if post else w_pre_ffn, w_pre_ffn, gate_up, down,
+        w_post_ffn if post else w_pre_ffn, w_next if w_next is not None else w_pre_ffn,
         buf["h1"], buf["x1"], buf["a"], buf["d"], part, buf["h2"], buf["x2"], cnt, B, float(eps),
         N=N, F=F, BLOCK=_pow2(N), BN1=bn1, BK1=bk1, KS1=ks1, BN2=bn2, BK2=bk2, KS2=ks2,
-        POST=w_post_attn is not None, LAYERNORM=layernorm, NEXT=w_next is not None, GELU=gelu,
+        POST=post, LAYERNORM=layernorm, NEXT=w_next is not None, GELU=gelu,
         NPROG=programs, T1=-(-F // bn1), T2=-(-N // bn2) * pieces, PIECES=pieces, num_warps=4)
     return buf["h2"], buf["x2"] if w_next is not None else None
+
+
+def mega_half(step, lw, fz, h, o, w_next, cnt):
+    """The decode step's MLP half through `mlp_block` (MUSER_MEGA=mlp): (h', x') where it
+    applies, None where the step's own launches must run -- more than 16 rows, a parallel block,
+    Gemma 4's layer scale, experts, int8 weights, a gate|up tile with split-K pieces, or the
+    older GEMV (MUSER_GEMV=fast).  `o`: the attention's output projection."""
+    from .weights_int8 import RowInt8
+    spec = step.spec
+    wgu, wd = fz["wgu"], lw.w_down
+    if (h.shape[0] > 16 or spec.parallel_block or not spec.pre_norm or lw.layer_scale is not None
+            or lw.moe is not None or isinstance(wgu, RowInt8) or isinstance(wd, RowInt8)
+            or wgu is None or not wgu.is_contiguous() or not wd.is_contiguous()
+            or "gu" not in step.gemv_for or "down" not in step.gemv_for or step.batch1_only
+            or dot_config(wd.shape[1], wd.shape[0], True)[4]):
+        return None
+    post = spec.sandwich_norm
+    return mlp_block(h, o, lw.post_attn_norm if post else None, lw.pre_ffn_norm, wgu, wd,
+                     lw.post_ffn_norm if post else None, w_next, spec.norm_eps, step.layernorm,
+                     step.gelu, out={"cnt": cnt})
