@@ -48,9 +48,16 @@ def _kernel():
 
     @triton.jit
     def wait_for(cnt, n):
-        """Spin until the counter reaches n (acquire: the producers' stores are visible)."""
-        while tl.atomic_add(cnt, 0, sem="acquire", scope="gpu") < n:
+        """Spin until the counter reaches n, then acquire (the producers' stores are visible).
+        The spin reads with volatile loads, not atomics: a hundred programs waiting must not
+        queue read-modify-writes on one L2 line beside the tasks they wait for."""
+        while tl.load(cnt, volatile=True) < n:
             pass
+        # the acquire: a compare-and-swap that never swaps (counts are >= 0) -- Triton drops an
+        # atomic add of 0 (sm_90 PTX: it did, acquire and all); its value is used as well
+        seen = tl.atomic_cas(cnt, -1, -1, sem="acquire", scope="gpu")
+        while seen < n:
+            seen = tl.atomic_cas(cnt, -1, -1, sem="acquire", scope="gpu")
 
     globals()["_wait_for"] = wait_for
 
