@@ -12,29 +12,36 @@ from cudautil import HAS_CUDA, needs_kernels
 pytestmark = needs_kernels
 
 
-def four_launches(h, o, wpa, wpf, gu, dw, wpd, wnx, eps):
+def four_launches(h, o, wpa, wpf, gu, dw, wpd, wnx, eps, att=None, wo=None):
     from muser.backends.cuda.triton_dot import dot_rows
     from muser.backends.cuda.triton_ops import add_norm
+    if att is not None:                                # the o projection first (five launches)
+        o = dot_rows(att, wo, rows=16)
     h1, x1 = add_norm(h, wpf, eps, False, d1=o, w_post=wpa)
     a = dot_rows(x1, gu, glu=True, gelu=True, rows=16)
     d = dot_rows(a, dw, rows=16, defer=True)          # split-K pieces: summed by the add_norm
     return add_norm(h1, wnx, eps, False, d1=d, w_post=wpd)
 
 
-@pytest.mark.parametrize("n,f", [(640, 2048), (128, 256), (128, 4096)])   # the last: 4 pieces
+@pytest.mark.parametrize("with_o", [False, True])
+@pytest.mark.parametrize("n,f,hd", [(640, 2048, 1024), (128, 256, 64), (128, 4096, 64)])
 @pytest.mark.parametrize("rows", [1, 5, 16])
-def test_one_persistent_launch_gives_the_four_launches_bits(dev, kdtype, n, f, rows):
+def test_one_persistent_launch_gives_the_four_launches_bits(dev, kdtype, n, f, hd, rows, with_o):
+    """(The last shape: a down projection with 4 split-K pieces.  with_o: the attention's output
+    projection folded in as well -- five launches against one.)"""
     from muser.backends.cuda.triton_mega import mlp_block
     g = torch.Generator().manual_seed(n + rows)
     h, o = (torch.randn(rows, n, generator=g).to(dev, kdtype) for _ in range(2))
     gu = (torch.randn(2 * f, n, generator=g) / n ** 0.5).to(dev, kdtype)
     dw = (torch.randn(n, f, generator=g) / f ** 0.5).to(dev, kdtype)
     wpa, wpf, wpd, wnx = ((torch.rand(n, generator=g) + 0.5).to(dev) for _ in range(4))
-    want = four_launches(h, o, wpa, wpf, gu, dw, wpd, wnx, 1e-6)
-    cnt = torch.zeros(4, dtype=torch.int32, device=dev)
+    att = torch.randn(rows, hd, generator=g).to(dev, kdtype) if with_o else None
+    wo = (torch.randn(n, hd, generator=g) / hd ** 0.5).to(dev, kdtype) if with_o else None
+    want = four_launches(h, o, wpa, wpf, gu, dw, wpd, wnx, 1e-6, att, wo)
+    cnt = torch.zeros(5, dtype=torch.int32, device=dev)
     for _ in range(2):
-        got = mlp_block(h, o, wpa, wpf, gu, dw, wpd, wnx, 1e-6, out={"cnt": cnt},
-                        programs=None if HAS_CUDA else 1)
+        got = mlp_block(h, None if with_o else o, wpa, wpf, gu, dw, wpd, wnx, 1e-6,
+                        out={"cnt": cnt}, programs=None if HAS_CUDA else 1, att=att, wo=wo)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         assert int(cnt.abs().sum()) == 0
 

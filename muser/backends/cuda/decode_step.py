@@ -151,7 +151,7 @@ class DecodeStep:
         self.flatten = env.flatten in ("dot", "on")   # dot_rows' in-kernel pieces: one loop
         self.fuse_sum = env.fuse_sum == "on"    # the down projection's pieces summed in add_norm
         # MUSER_MEGA=mlp: each layer's MLP half as one persistent launch (triton_mega.py)
-        self.mega_cnt = (torch.zeros(4, dtype=torch.int32, device=dev) if env.mega == "mlp"
+        self.mega_cnt = (torch.zeros(5, dtype=torch.int32, device=dev) if env.mega == "mlp"
                          else None)
         # programmatic dependent launch for the step's own kernels (MUSER_PDL; sm_90 and up)
         self.pdl = (env.pdl == "on" and dev.type == "cuda"
@@ -273,17 +273,17 @@ class DecodeStep:
             if qn is not None and spec.qk_norm_span == "all":
                 qkv, qn, kn = self._norm_all(qkv, lw, H * D, KV * D), None, None
             a = attend(i, lw, ls, qkv, qn, kn)
-            o = self._linear("o", a.view(R, H * D), lw.wo, lw.bo)
             nxt = layers[i + 1].attn_norm if i + 1 < len(layers) else w.final_norm
+            if self.mega_cnt is not None:          # MUSER_MEGA: o and the MLP half, one launch
+                hx = mega_half(self, lw, fz, h, a.view(R, H * D), nxt, self.mega_cnt)
+                if hx is not None:
+                    h, x = hx
+                    continue
+            o = self._linear("o", a.view(R, H * D), lw.wo, lw.bo)
             if spec.parallel_block:
                 h, x = add_norm(h, nxt, eps, self.layernorm, d1=o, d2=self._mlp(lw, fz, x),
                                 pdl=self.pdl)
                 continue
-            if self.mega_cnt is not None:
-                hx = mega_half(self, lw, fz, h, o, nxt, self.mega_cnt)
-                if hx is not None:
-                    h, x = hx
-                    continue
             post = spec.sandwich_norm or not spec.pre_norm     # transformer.layer_forward's rule
             post_attn = lw.post_attn_norm if post else None
             h, x = add_norm(h, lw.pre_ffn_norm if spec.pre_norm else None, eps, self.layernorm,

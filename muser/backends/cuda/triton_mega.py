@@ -1,6 +1,7 @@
-"""One layer's MLP half as one persistent launch (Triton): issue 17 item 6's first experiment.
+"""A layer's output projection and MLP half as one persistent launch (Triton): issue 17 item 6.
 
-Owns: `mlp_block` -- add+norm (h + norm(o), then the MLP's input norm), the gate|up
+Owns: `mlp_block` -- optionally the attention's output projection o (its tiles first), then
+add+norm (h + norm(o), then the MLP's input norm), the gate|up
 projection with act * up, the down projection, add+norm again (h + norm(down), then the next
 layer's input norm): the decode step's four launches for that half, as tasks of one launch
 whose programs loop over a static task list, waiting on counters in global memory for the
@@ -15,9 +16,9 @@ The task list, in order (a program takes tasks pid, pid + P, ...; every task's p
 before it, and each program finishes its earlier tasks before it waits, so with all P
 programs resident there is no deadlock):
 
-    [ B add+norm rows | F / BN1 gate|up tiles | N / BN2 down tiles | B add+norm rows ]
-      counter 0 += 1    waits c0 == B, c1 += 1  waits c1 == tiles1,  waits c2 == tiles2,
-                                                 c2 += 1             c3 += 1; the last resets
+    [ o tiles | B add+norm rows | F / BN1 gate|up tiles | N / BN2 down tiles x pieces | B add+norm rows ]
+      c4 += 1   waits c4, c0 += 1  waits c0 == B, c1 += 1  waits c1, c2 += 1   waits c2, c3 += 1;
+                                                                             the last resets all
 """
 from __future__ import annotations
 
@@ -63,20 +64,36 @@ def _kernel():
 
     @triton.jit
     def mlp_block_kernel(H, O, W_PA, W_PF, GU, DW, W_PD, W_NX, H1, X1, A, D, P, H2, X2, CNT, B,
-                         eps,
+                         eps, AT, WO,
                          N: tl.constexpr, F: tl.constexpr, BLOCK: tl.constexpr,
+                         HD: tl.constexpr, BN0: tl.constexpr, BK0: tl.constexpr,
+                         KS0: tl.constexpr, T0: tl.constexpr,
                          BN1: tl.constexpr, BK1: tl.constexpr, KS1: tl.constexpr,
                          BN2: tl.constexpr, BK2: tl.constexpr, KS2: tl.constexpr,
                          POST: tl.constexpr, LAYERNORM: tl.constexpr, NEXT: tl.constexpr,
                          GELU: tl.constexpr, NPROG: tl.constexpr, T1: tl.constexpr,
                          T2: tl.constexpr, PIECES: tl.constexpr):
         pid = tl.program_id(0)
-        total = 2 * B + T1 + T2
+        total = T0 + 2 * B + T1 + T2
         i = tl.arange(0, BLOCK)
         mask = i < N
         rm = tl.arange(0, 16)
-        for t in range(pid, total, NPROG):
-            if t < B:                                   # h1 = h + norm(o); x1 = norm(h1)
+        for tt in range(pid, total, NPROG):
+            t = tt - T0                                 # T0 > 0: the o projection's tiles first
+            if tt < T0:                                 # o = att @ wo (a tile)
+                cols = tt * BN0 + tl.arange(0, BN0)
+                cm = cols < N
+                acc, accu = _piece(AT, WO, rm, rm < B, cols, cm, 0, N, HD, KS0, BN0, BK0, False,
+                                   16)
+                y = _finish(acc, acc, 1.0, 1.0, 0.0, False, False, False, False,
+                            AT.dtype.element_ty)
+                tl.store(O + rm[:, None].to(tl.int64) * N + cols[None, :],
+                         y.to(O.dtype.element_ty), mask=(rm < B)[:, None] & cm[None, :])
+                tl.debug_barrier()
+                tl.atomic_add(CNT + 4, 1, sem="release", scope="gpu")
+            elif t < B:                                 # h1 = h + norm(o); x1 = norm(h1)
+                if T0 > 0:
+                    _wait_for(CNT + 4, T0)
                 row = t
                 h = tl.load(H + row * N + i, mask=mask, other=0.0)
                 d1 = tl.load(O + row * N + i, mask=mask, other=0.0).to(tl.float32)
@@ -130,7 +147,7 @@ def _kernel():
                 tl.debug_barrier()
                 done = tl.atomic_add(CNT + 3, 1, sem="acq_rel", scope="gpu")
                 if done == B - 1:                       # the last task: counters back to zero
-                    for c in range(4):
+                    for c in range(5):
                         tl.store(CNT + c, 0)
 
     return mlp_block_kernel
@@ -138,12 +155,14 @@ def _kernel():
 
 def mlp_block(h, o, w_post_attn, w_pre_ffn, gate_up, down, w_post_ffn, w_next, eps: float,
               layernorm: bool = False, gelu: bool = True, programs: int | None = None,
-              out: dict | None = None):
+              out: dict | None = None, att=None, wo=None):
     """The MLP half of a decode layer in one launch: returns (h2, x2) as
     `add_norm(h1, w_next, d1=down(act(gate_up(x1))), w_post=w_post_ffn)` after
     `h1, x1 = add_norm(h, w_pre_ffn, d1=o, w_post=w_post_attn)` -- B <= 16 rows, bf16 weights;
     a down projection with split-K pieces leaves them for the last add+norm to sum in order, as
-    MUSER_FUSE_SUM's `add_norm(d1=Pieces)` does (the gate|up tile must have none).  `programs`: the persistent grid (default: the
+    MUSER_FUSE_SUM's `add_norm(d1=Pieces)` does (the gate|up tile must have none).  With `att`
+    (the attention's rows [B, H * D]) and `wo`, o is their product, as `dot_rows(att, wo)`,
+    computed in the same launch (pass o=None).  `programs`: the persistent grid (default: the
     GPU's multiprocessors; 1 under the interpreter, whose programs run one after another)."""
     B, N = h.shape
     F = down.shape[1]
@@ -160,7 +179,15 @@ def mlp_block(h, o, w_post_attn, w_pre_ffn, gate_up, down, w_post_ffn, w_next, e
                             ("h2", (B, N)), ("x2", (B, N)))}
     cnt = o_.get("cnt")
     if cnt is None:
-        cnt = torch.zeros(4, dtype=torch.int32, device=h.device)
+        cnt = torch.zeros(5, dtype=torch.int32, device=h.device)
+    t0, hd, bn0, bk0, ks0 = 0, 16, 16, 16, 16            # no o tiles (placeholders)
+    if att is not None:
+        hd = att.shape[1]
+        bn0, bk0, _, _, p0 = dot_config(N, hd, False)
+        if p0:
+            raise ValueError(f"mlp_block needs an o tile without split-K pieces, got {p0}")
+        t0, ks0 = -(-N // bn0), -(-hd // bk0) * bk0
+        o = torch.empty((B, N), dtype=h.dtype, device=h.device)
     if programs is None:
         programs = (torch.cuda.get_device_properties(h.device).multi_processor_count
                     if h.is_cuda else 1)
@@ -173,27 +200,31 @@ def mlp_block(h, o, w_post_attn, w_pre_ffn, gate_up, down, w_post_ffn, w_next, e
         h, o, w_post_attn if post else w_pre_ffn, w_pre_ffn, gate_up, down,
         w_post_ffn if post else w_pre_ffn, w_next if w_next is not None else w_pre_ffn,
         buf["h1"], buf["x1"], buf["a"], buf["d"], part, buf["h2"], buf["x2"], cnt, B, float(eps),
-        N=N, F=F, BLOCK=_pow2(N), BN1=bn1, BK1=bk1, KS1=ks1, BN2=bn2, BK2=bk2, KS2=ks2,
+        att if att is not None else h, wo if wo is not None else gate_up,
+        N=N, F=F, BLOCK=_pow2(N), HD=hd, BN0=bn0, BK0=bk0, KS0=ks0, T0=t0, BN1=bn1, BK1=bk1, KS1=ks1, BN2=bn2, BK2=bk2, KS2=ks2,
         POST=post, LAYERNORM=layernorm, NEXT=w_next is not None, GELU=gelu,
         NPROG=programs, T1=-(-F // bn1), T2=-(-N // bn2) * pieces, PIECES=pieces, num_warps=4)
     return buf["h2"], buf["x2"] if w_next is not None else None
 
 
-def mega_half(step, lw, fz, h, o, w_next, cnt):
-    """The decode step's MLP half through `mlp_block` (MUSER_MEGA=mlp): (h', x') where it
-    applies, None where the step's own launches must run -- more than 16 rows, a parallel block,
-    Gemma 4's layer scale, experts, int8 weights, a gate|up tile with split-K pieces, or the
-    older GEMV (MUSER_GEMV=fast).  `o`: the attention's output projection."""
+def mega_half(step, lw, fz, h, att, w_next, cnt):
+    """The decode step's output projection and MLP half through `mlp_block` (MUSER_MEGA=mlp):
+    (h', x') where it applies, None where the step's own launches must run -- more than 16
+    rows, a parallel block, Gemma 4's layer scale, experts, int8 weights, an o bias, a gate|up
+    or o tile with split-K pieces, or the older GEMV (MUSER_GEMV=fast).  `att`: the attention's
+    rows [R, H * D]."""
     from .weights_int8 import RowInt8
     spec = step.spec
-    wgu, wd = fz["wgu"], lw.w_down
+    wgu, wd, wo = fz["wgu"], lw.w_down, lw.wo
     if (h.shape[0] > 16 or spec.parallel_block or not spec.pre_norm or lw.layer_scale is not None
-            or lw.moe is not None or isinstance(wgu, RowInt8) or isinstance(wd, RowInt8)
-            or wgu is None or not wgu.is_contiguous() or not wd.is_contiguous()
-            or "gu" not in step.gemv_for or "down" not in step.gemv_for or step.batch1_only
-            or dot_config(wd.shape[1], wd.shape[0], True)[4]):
+            or lw.moe is not None or lw.bo is not None
+            or any(isinstance(w, RowInt8) or w is None or not w.is_contiguous()
+                   for w in (wgu, wd, wo))
+            or any(k not in step.gemv_for for k in ("gu", "down", "o")) or step.batch1_only
+            or dot_config(wd.shape[1], wd.shape[0], True)[4]
+            or dot_config(wo.shape[0], wo.shape[1], False)[4]):
         return None
     post = spec.sandwich_norm
-    return mlp_block(h, o, lw.post_attn_norm if post else None, lw.pre_ffn_norm, wgu, wd,
+    return mlp_block(h, None, lw.post_attn_norm if post else None, lw.pre_ffn_norm, wgu, wd,
                      lw.post_ffn_norm if post else None, w_next, spec.norm_eps, step.layernorm,
-                     step.gelu, out={"cnt": cnt})
+                     step.gelu, out={"cnt": cnt}, att=att.contiguous(), wo=wo)
