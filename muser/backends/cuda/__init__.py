@@ -39,7 +39,10 @@ def arithmetic_tag(env) -> str:
             for growing in (False, True) for d in (64, 256)]
     pieces = sorted([list(k), v[4]] for k, v in DOT_TILES.items())
     blob = json.dumps([ARITHMETIC, lays, pieces, env.gemv, env.attn])
-    return "+cuda-" + hashlib.sha256(blob.encode()).hexdigest()[:6]
+    tag = "+cuda-" + hashlib.sha256(blob.encode()).hexdigest()[:6]
+    # MUSER_MEGA is meant to give the same bits; until the H200 has shown it, its cuts are
+    # their own encoding (a restore across the switch is refused, not silently inexact)
+    return tag + ("+mega-" + env.mega if env.mega != "off" else "")
 
 
 class CudaBackend(Backend):
