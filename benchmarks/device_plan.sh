@@ -23,8 +23,9 @@
 #   aligned      plane-table reads told their alignment (16-byte async copies), decode walks
 #   walk_ab      the A/B of both against the tree before (carry .prev)
 #   tiles        dot_rows' decode tiles timed in a graph with the weights coming from HBM
-#   greedy       Engine.decode_greedy pipelined (cuda/greedy.py): its GPU test, then the A/B (carry .peers)
+#   greedy       Engine.decode_greedy pipelined (cuda/greedy.py): its GPU test, then the A/B
 #                with MUSER_PIPELINE=on against off, the default (16 sessions: issue 17 item 3)
+#   serve16      16 greedy clients on the server (random 270M + Gemma's tokenizer; tiny), --pipeline
 #   profile16    the top kernels of a 1-session and a 16-session decode step (item 3's 1B gap)
 #   mega         one persistent launch for a layer's MLP half against its four launches (bits, us)
 #   llama_build  llama.cpp's CUDA build, in the background (~340-400 s on 10 cores)
@@ -173,6 +174,9 @@ stage_greedy() {
     -k "pick or greedy or batch or server or step_ahead"
   bench 300 . benchmarks/exact_ab.py --models 270m,1b --trees exact --no-16k --rounds 2 \
     --steps 128 --variants "P1:MUSER_PIPELINE=on"
+}
+
+stage_serve16() {  # carry .peers: 16 greedy clients on the server, pipeline auto against off
   for p in auto off; do    # 16 greedy clients: the random 270M shape with Gemma 3's tokenizer
     # (carry .peers; the embedded GGUF is not on the device), and the tiny model (the host's
     # share at its largest)
