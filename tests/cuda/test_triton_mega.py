@@ -1,5 +1,6 @@
-"""`triton_mega.mlp_block` (a decode layer's MLP half as one persistent launch) against the four
-launches the decode step runs for it -- add_norm, dot_rows (gate|up, act * up), dot_rows (down;
+"""`triton_mega.mlp_block` (a decode layer's MLP half, and optionally its output projection, as
+one persistent launch) against the launches the decode step runs for them -- dot_rows (o),
+add_norm, dot_rows (gate|up, act * up), dot_rows (down;
 where it has split-K pieces, left for the add_norm to sum: MUSER_FUSE_SUM), add_norm -- bitwise,
 at the 270M's shapes, a small one and one with pieces, 1 to 16 rows, twice (the counters reset
 themselves).  Under the interpreter the persistent grid is one program (its programs run
