@@ -49,9 +49,9 @@ ADD_PIECES = dict(N=1152, BLOCK=2048, PIECES=7, WQ=False, POST=True, LAYERNORM=F
 PICK = dict(CHUNK=8192, BLOCK=1024, NBP=32, BIG=3.4028234663852886e38, PDL=True)
 MEGA = dict(N=640, F=2048, BLOCK=1024, BN1=32, BK1=128, KS1=640, BN2=32, BK2=512, KS2=2048,
             POST=True, LAYERNORM=False, NEXT=True, GELU=True, NPROG=132, T1=64, T2=20, PIECES=1,
-            HD=1024, BN0=16, BK0=512, KS0=1024, T0=40)
+            HD=1024, BN0=16, BK0=512, KS0=1024, T0=40, NQ=1536, BNQ=16, BKQ=128, KSQ=640, T5=96)
 MEGA_1B = dict(N=1152, F=6912, BLOCK=2048, BN1=32, BK1=128, KS1=1152, BN2=64, BK2=256, KS2=1024,
-               T1=216, T2=126, PIECES=7, T0=72)
+               T1=216, T2=126, PIECES=7, T0=72, BKQ=256, KSQ=1280)
 # (name, kernel, constexprs, warps): the 1B's shapes on the routes the engine takes
 CONFIGS = [
     ("chunk ring flat captured", "chunk", {}, 8),
@@ -112,7 +112,7 @@ TYPES = {  # argument types as the engine passes them (others are i32)
     # the persistent MLP half (triton_mega.py)
     "GU": "*bf16", "DW": "*bf16", "W_PA": "*fp32", "W_PF": "*fp32", "W_PD": "*fp32",
     "W_NX": "*fp32", "H1": "*bf16", "X1": "*bf16", "A": "*bf16", "D": "*bf16", "H2": "*bf16",
-    "X2": "*bf16", "AT": "*bf16", "WO": "*bf16",
+    "X2": "*bf16", "AT": "*bf16", "WO": "*bf16", "WQ": "*bf16",
 }
 CHUNK["FLATTEN"] = False
 DIVISIBLE = set(TYPES) - {"scale", "softcap", "eps"} | {"rs", "hs"}

@@ -113,8 +113,9 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                   "device before anything else -- the same bits, the launch gaps hidden (H200, "
                   "1B at 2k: decode 9% faster, 16 sessions 18%); off: plain launches"),
     "MUSER_MEGA": ("off|mlp", "off", "backends/cuda (decode step)",
-                   "mlp: each layer's output projection and MLP half (o, add+norm, gate|up, "
-                   "down, add+norm) as one persistent launch whose programs wait on counters "
+                   "mlp: each layer's output projection, MLP half and the next layer's qkv (o, "
+                   "add+norm, gate|up, down, add+norm, qkv) as one persistent launch whose "
+                   "programs wait on counters "
                    "(triton_mega.py: issue "
                    "17 item 6's first experiment; meant to give the same bits; not yet measured); "
                    "off: four launches"),

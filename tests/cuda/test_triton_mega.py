@@ -13,7 +13,7 @@ from cudautil import HAS_CUDA, needs_kernels
 pytestmark = needs_kernels
 
 
-def four_launches(h, o, wpa, wpf, gu, dw, wpd, wnx, eps, att=None, wo=None):
+def four_launches(h, o, wpa, wpf, gu, dw, wpd, wnx, eps, att=None, wo=None, wq=None):
     from muser.backends.cuda.triton_dot import dot_rows
     from muser.backends.cuda.triton_ops import add_norm
     if att is not None:                                # the o projection first (five launches)
@@ -21,10 +21,11 @@ def four_launches(h, o, wpa, wpf, gu, dw, wpd, wnx, eps, att=None, wo=None):
     h1, x1 = add_norm(h, wpf, eps, False, d1=o, w_post=wpa)
     a = dot_rows(x1, gu, glu=True, gelu=True, rows=16)
     d = dot_rows(a, dw, rows=16, defer=True)          # split-K pieces: summed by the add_norm
-    return add_norm(h1, wnx, eps, False, d1=d, w_post=wpd)
+    h2, x2 = add_norm(h1, wnx, eps, False, d1=d, w_post=wpd)
+    return h2, x2, (dot_rows(x2, wq, rows=16) if wq is not None else None)
 
 
-@pytest.mark.parametrize("with_o", [False, True])
+@pytest.mark.parametrize("with_o", [False, True, "and qkv"])
 @pytest.mark.parametrize("n,f,hd", [(640, 2048, 1024), (128, 256, 64), (128, 4096, 64)])
 @pytest.mark.parametrize("rows", [1, 5, 16])
 def test_one_persistent_launch_gives_the_four_launches_bits(dev, kdtype, n, f, hd, rows, with_o):
@@ -38,12 +39,16 @@ def test_one_persistent_launch_gives_the_four_launches_bits(dev, kdtype, n, f, h
     wpa, wpf, wpd, wnx = ((torch.rand(n, generator=g) + 0.5).to(dev) for _ in range(4))
     att = torch.randn(rows, hd, generator=g).to(dev, kdtype) if with_o else None
     wo = (torch.randn(n, hd, generator=g) / hd ** 0.5).to(dev, kdtype) if with_o else None
-    want = four_launches(h, o, wpa, wpf, gu, dw, wpd, wnx, 1e-6, att, wo)
-    cnt = torch.zeros(5, dtype=torch.int32, device=dev)
+    wq = (torch.randn(3 * n // 2, n, generator=g) / n ** 0.5).to(dev, kdtype) \
+        if with_o == "and qkv" else None
+    want = four_launches(h, o, wpa, wpf, gu, dw, wpd, wnx, 1e-6, att, wo, wq)
+    cnt = torch.zeros(6, dtype=torch.int32, device=dev)
     for _ in range(2):
         got = mlp_block(h, None if with_o else o, wpa, wpf, gu, dw, wpd, wnx, 1e-6,
-                        out={"cnt": cnt}, programs=None if HAS_CUDA else 1, att=att, wo=wo)
+                        out={"cnt": cnt}, programs=None if HAS_CUDA else 1, att=att, wo=wo,
+                        wqkv=wq)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert (got[2] is None and wq is None) or torch.equal(got[2], want[2])
         assert int(cnt.abs().sum()) == 0
 
 

@@ -151,7 +151,7 @@ class DecodeStep:
         self.flatten = env.flatten in ("dot", "on")   # dot_rows' in-kernel pieces: one loop
         self.fuse_sum = env.fuse_sum == "on"    # the down projection's pieces summed in add_norm
         # MUSER_MEGA=mlp: each layer's MLP half as one persistent launch (triton_mega.py)
-        self.mega_cnt = (torch.zeros(5, dtype=torch.int32, device=dev) if env.mega == "mlp"
+        self.mega_cnt = (torch.zeros(6, dtype=torch.int32, device=dev) if env.mega == "mlp"
                          else None)
         # programmatic dependent launch for the step's own kernels (MUSER_PDL; sm_90 and up)
         self.pdl = (env.pdl == "on" and dev.type == "cuda"
@@ -265,19 +265,22 @@ class DecodeStep:
         # post-norm families (OLMo 3, EXAONE 4) read the residual stream itself: no attn_norm
         x = (add_norm(h, layers[0].attn_norm, eps, self.layernorm, pdl=self.pdl)[1]
              if spec.pre_norm else h)
+        ahead = None                       # MUSER_MEGA: this layer's qkv, from the launch before
         for i, (lw, ls, fz) in enumerate(zip(layers, spec.layers, self.fused)):
             R = x.shape[0]
             KV, D = ls.kv_heads, ls.head_dim
-            qkv = self._linear("qkv", x, fz["wqkv"], fz["bqkv"])
+            qkv = ahead if ahead is not None else self._linear("qkv", x, fz["wqkv"], fz["bqkv"])
+            ahead = None
             qn, kn = (lw.q_norm, lw.k_norm) if spec.qk_norm else (None, None)
             if qn is not None and spec.qk_norm_span == "all":
                 qkv, qn, kn = self._norm_all(qkv, lw, H * D, KV * D), None, None
             a = attend(i, lw, ls, qkv, qn, kn)
             nxt = layers[i + 1].attn_norm if i + 1 < len(layers) else w.final_norm
             if self.mega_cnt is not None:          # MUSER_MEGA: o and the MLP half, one launch
-                hx = mega_half(self, lw, fz, h, a.view(R, H * D), nxt, self.mega_cnt)
+                hx = mega_half(self, lw, fz, h, a.view(R, H * D), nxt, self.mega_cnt,
+                               self.fused[i + 1] if i + 1 < len(layers) else None)
                 if hx is not None:
-                    h, x = hx
+                    h, x, ahead = hx
                     continue
             o = self._linear("o", a.view(R, H * D), lw.wo, lw.bo)
             if spec.parallel_block:

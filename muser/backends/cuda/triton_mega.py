@@ -7,7 +7,8 @@ layer's input norm): the decode step's four launches for that half, as tasks of 
 whose programs loop over a static task list, waiting on counters in global memory for the
 tasks they depend on.  Each task is the code its kernel runs today -- `_add_norm_tail`,
 `_piece` / `_finish` (triton_ops.py, triton_dot.py) with the same tiles, and the down
-projection's split-K pieces summed in order as `add_pieces_norm_kernel` sums them -- so each output is
+projection's split-K pieces summed in order as `add_pieces_norm_kernel` sums them -- so each
+output is
 meant to be the four launches' bitwise (`tests/cuda/test_triton_mega.py`).  Not wired into the
 decode step: `benchmarks/mega_probe.py` measures it against the four launches first
 (benchmarks/NOTES.md, "Item 6").  Does not own: the tiles (triton_dot_tiles.py), the step.
@@ -16,9 +17,10 @@ The task list, in order (a program takes tasks pid, pid + P, ...; every task's p
 before it, and each program finishes its earlier tasks before it waits, so with all P
 programs resident there is no deadlock):
 
-    [ o tiles | B add+norm rows | F / BN1 gate|up tiles | N / BN2 down tiles x pieces | B add+norm rows ]
-      c4 += 1   waits c4, c0 += 1  waits c0 == B, c1 += 1  waits c1, c2 += 1   waits c2, c3 += 1;
-                                                                             the last resets all
+    [ o tiles | B add+norm | gate|up tiles | down tiles x pieces | B add+norm | next qkv tiles ]
+      c4 += 1   waits c4,    waits c0,        waits c1,            waits c2,    waits c3,
+                c0 += 1      c1 += 1          c2 += 1              c3 += 1      c5 += 1
+    (o and the next layer's qkv optional); the very last task sets every counter back to 0
 """
 from __future__ import annotations
 
@@ -64,90 +66,108 @@ def _kernel():
 
     @triton.jit
     def mlp_block_kernel(H, O, W_PA, W_PF, GU, DW, W_PD, W_NX, H1, X1, A, D, P, H2, X2, CNT, B,
-                         eps, AT, WO,
+                         eps, AT, WO, WQ, QKV,
                          N: tl.constexpr, F: tl.constexpr, BLOCK: tl.constexpr,
                          HD: tl.constexpr, BN0: tl.constexpr, BK0: tl.constexpr,
-                         KS0: tl.constexpr, T0: tl.constexpr,
+                         KS0: tl.constexpr, T0: tl.constexpr, NQ: tl.constexpr,
+                         BNQ: tl.constexpr, BKQ: tl.constexpr, KSQ: tl.constexpr,
+                         T5: tl.constexpr,
                          BN1: tl.constexpr, BK1: tl.constexpr, KS1: tl.constexpr,
                          BN2: tl.constexpr, BK2: tl.constexpr, KS2: tl.constexpr,
                          POST: tl.constexpr, LAYERNORM: tl.constexpr, NEXT: tl.constexpr,
                          GELU: tl.constexpr, NPROG: tl.constexpr, T1: tl.constexpr,
                          T2: tl.constexpr, PIECES: tl.constexpr):
         pid = tl.program_id(0)
-        total = T0 + 2 * B + T1 + T2
+        total = T0 + 2 * B + T1 + T2 + T5
         i = tl.arange(0, BLOCK)
         mask = i < N
         rm = tl.arange(0, 16)
         for tt in range(pid, total, NPROG):
             t = tt - T0                                 # T0 > 0: the o projection's tiles first
             if tt < T0:                                 # o = att @ wo (a tile)
-                cols = tt * BN0 + tl.arange(0, BN0)
-                cm = cols < N
-                acc, accu = _piece(AT, WO, rm, rm < B, cols, cm, 0, N, HD, KS0, BN0, BK0, False,
-                                   16)
-                y = _finish(acc, acc, 1.0, 1.0, 0.0, False, False, False, False,
-                            AT.dtype.element_ty)
-                tl.store(O + rm[:, None].to(tl.int64) * N + cols[None, :],
-                         y.to(O.dtype.element_ty), mask=(rm < B)[:, None] & cm[None, :])
+                cols_o = tt * BN0 + tl.arange(0, BN0)
+                cm_o = cols_o < N
+                acc_o, accu_o = _piece(AT, WO, rm, rm < B, cols_o, cm_o, 0, N, HD, KS0, BN0, BK0,
+                                       False, 16)
+                y_o = _finish(acc_o, acc_o, 1.0, 1.0, 0.0, False, False, False, False,
+                              AT.dtype.element_ty)
+                tl.store(O + rm[:, None].to(tl.int64) * N + cols_o[None, :],
+                         y_o.to(O.dtype.element_ty), mask=(rm < B)[:, None] & cm_o[None, :])
                 tl.debug_barrier()
                 tl.atomic_add(CNT + 4, 1, sem="release", scope="gpu")
             elif t < B:                                 # h1 = h + norm(o); x1 = norm(h1)
                 if T0 > 0:
                     _wait_for(CNT + 4, T0)
-                row = t
-                h = tl.load(H + row * N + i, mask=mask, other=0.0)
-                d1 = tl.load(O + row * N + i, mask=mask, other=0.0).to(tl.float32)
-                _add_norm_tail(h, d1, row, i, mask, H, W_PA, W_PF, H1, X1, eps, N, True, False,
-                               POST, LAYERNORM, True)
+                row_n1 = t
+                h_n1 = tl.load(H + row_n1 * N + i, mask=mask, other=0.0)
+                d1_n1 = tl.load(O + row_n1 * N + i, mask=mask, other=0.0).to(tl.float32)
+                _add_norm_tail(h_n1, d1_n1, row_n1, i, mask, H, W_PA, W_PF, H1, X1, eps, N,
+                                   True, False, POST, LAYERNORM, True)
                 tl.debug_barrier()
                 tl.atomic_add(CNT + 0, 1, sem="release", scope="gpu")
             elif t < B + T1:                            # a = act(x1 @ gate) * (x1 @ up)
                 _wait_for(CNT + 0, B)
-                cols = (t - B) * BN1 + tl.arange(0, BN1)
-                cm = cols < F
-                acc, accu = _piece(X1, GU, rm, rm < B, cols, cm, 0, F, N, KS1, BN1, BK1, True,
-                                   16)
-                y = _finish(acc, accu, 1.0, 1.0, 0.0, False, False, True, GELU,
-                            X1.dtype.element_ty)
-                tl.store(A + rm[:, None].to(tl.int64) * F + cols[None, :],
-                         y.to(A.dtype.element_ty), mask=(rm < B)[:, None] & cm[None, :])
+                cols_gu = (t - B) * BN1 + tl.arange(0, BN1)
+                cm_gu = cols_gu < F
+                acc_gu, accu_gu = _piece(X1, GU, rm, rm < B, cols_gu, cm_gu, 0, F, N, KS1, BN1,
+                                         BK1, True, 16)
+                y_gu = _finish(acc_gu, accu_gu, 1.0, 1.0, 0.0, False, False, True, GELU,
+                               X1.dtype.element_ty)
+                tl.store(A + rm[:, None].to(tl.int64) * F + cols_gu[None, :],
+                         y_gu.to(A.dtype.element_ty), mask=(rm < B)[:, None] & cm_gu[None, :])
                 tl.debug_barrier()
                 tl.atomic_add(CNT + 1, 1, sem="release", scope="gpu")
             elif t < B + T1 + T2:                       # d = a @ down (a tile, or a piece)
                 _wait_for(CNT + 1, T1)
-                u = t - B - T1
-                cols = (u // PIECES) * BN2 + tl.arange(0, BN2)
-                cm = cols < N
-                om = (rm < B)[:, None] & cm[None, :]
-                acc, accu = _piece(A, DW, rm, rm < B, cols, cm, u % PIECES, N, F, KS2, BN2, BK2,
-                                   False, 16)
+                u_dn = t - B - T1
+                cols_dn = (u_dn // PIECES) * BN2 + tl.arange(0, BN2)
+                cm_dn = cols_dn < N
+                om_dn = (rm < B)[:, None] & cm_dn[None, :]
+                acc_dn, accu_dn = _piece(A, DW, rm, rm < B, cols_dn, cm_dn, u_dn % PIECES, N, F,
+                                         KS2, BN2, BK2, False, 16)
                 if PIECES > 1:                          # split-K: the piece's float32 sums
-                    tl.store(P + ((u % PIECES) * B + rm[:, None]).to(tl.int64) * N + cols[None, :],
-                             acc, mask=om)
+                    prow = ((u_dn % PIECES) * B + rm[:, None]).to(tl.int64)
+                    tl.store(P + prow * N + cols_dn[None, :], acc_dn, mask=om_dn)
                 else:
-                    y = _finish(acc, acc, 1.0, 1.0, 0.0, False, False, False, False,
-                                A.dtype.element_ty)
-                    tl.store(D + rm[:, None].to(tl.int64) * N + cols[None, :],
-                             y.to(D.dtype.element_ty), mask=om)
+                    y_dn = _finish(acc_dn, acc_dn, 1.0, 1.0, 0.0, False, False, False, False,
+                                   A.dtype.element_ty)
+                    tl.store(D + rm[:, None].to(tl.int64) * N + cols_dn[None, :],
+                             y_dn.to(D.dtype.element_ty), mask=om_dn)
                 tl.debug_barrier()
                 tl.atomic_add(CNT + 2, 1, sem="release", scope="gpu")
-            else:                                       # h2 = h1 + norm(d); x2 = norm(h2)
+            elif t < 2 * B + T1 + T2:                   # h2 = h1 + norm(d); x2 = norm(h2)
                 _wait_for(CNT + 2, T2)
-                row = t - B - T1 - T2
-                h = tl.load(H1 + row * N + i, mask=mask, other=0.0)
+                row_n2 = t - B - T1 - T2
+                h_n2 = tl.load(H1 + row_n2 * N + i, mask=mask, other=0.0)
                 if PIECES > 1:                          # add_pieces_norm's sum: in order, then
-                    y = tl.zeros((BLOCK,), dtype=tl.float32)       # rounded to the dtype
+                    ysum_n2 = tl.zeros((BLOCK,), dtype=tl.float32)    # rounded to the dtype
                     for pc in range(PIECES):
-                        y += tl.load(P + (pc * B + row) * N + i, mask=mask, other=0.0)
-                    d1 = y.to(h.dtype).to(tl.float32)
+                        ysum_n2 += tl.load(P + (pc * B + row_n2) * N + i, mask=mask, other=0.0)
+                    d1_n2 = ysum_n2.to(h_n2.dtype).to(tl.float32)
                 else:
-                    d1 = tl.load(D + row * N + i, mask=mask, other=0.0).to(tl.float32)
-                _add_norm_tail(h, d1, row, i, mask, H1, W_PD, W_NX, H2, X2, eps, N, True, False,
-                               POST, LAYERNORM, NEXT)
+                    d1_n2 = tl.load(D + row_n2 * N + i, mask=mask, other=0.0).to(tl.float32)
+                _add_norm_tail(h_n2, d1_n2, row_n2, i, mask, H1, W_PD, W_NX, H2, X2, eps, N,
+                                   True, False, POST, LAYERNORM, NEXT)
                 tl.debug_barrier()
-                done = tl.atomic_add(CNT + 3, 1, sem="acq_rel", scope="gpu")
-                if done == B - 1:                       # the last task: counters back to zero
-                    for c in range(5):
+                done_n2 = tl.atomic_add(CNT + 3, 1, sem="acq_rel", scope="gpu")
+                if T5 == 0:
+                    if done_n2 == B - 1:                   # the last task: counters back to zero
+                        for c in range(6):
+                            tl.store(CNT + c, 0)
+            else:                                       # the next layer's qkv = x2 @ wqkv
+                _wait_for(CNT + 3, B)
+                cols_q = (t - 2 * B - T1 - T2) * BNQ + tl.arange(0, BNQ)
+                cm_q = cols_q < NQ
+                acc_q, accu_q = _piece(X2, WQ, rm, rm < B, cols_q, cm_q, 0, NQ, N, KSQ, BNQ, BKQ,
+                                       False, 16)
+                y_q = _finish(acc_q, acc_q, 1.0, 1.0, 0.0, False, False, False, False,
+                              X2.dtype.element_ty)
+                tl.store(QKV + rm[:, None].to(tl.int64) * NQ + cols_q[None, :],
+                         y_q.to(QKV.dtype.element_ty), mask=(rm < B)[:, None] & cm_q[None, :])
+                tl.debug_barrier()
+                done_q = tl.atomic_add(CNT + 5, 1, sem="acq_rel", scope="gpu")
+                if done_q == T5 - 1:                      # the last task: counters back to zero
+                    for c in range(6):
                         tl.store(CNT + c, 0)
 
     return mlp_block_kernel
@@ -155,15 +175,17 @@ def _kernel():
 
 def mlp_block(h, o, w_post_attn, w_pre_ffn, gate_up, down, w_post_ffn, w_next, eps: float,
               layernorm: bool = False, gelu: bool = True, programs: int | None = None,
-              out: dict | None = None, att=None, wo=None):
+              out: dict | None = None, att=None, wo=None, wqkv=None):
     """The MLP half of a decode layer in one launch: returns (h2, x2) as
     `add_norm(h1, w_next, d1=down(act(gate_up(x1))), w_post=w_post_ffn)` after
     `h1, x1 = add_norm(h, w_pre_ffn, d1=o, w_post=w_post_attn)` -- B <= 16 rows, bf16 weights;
     a down projection with split-K pieces leaves them for the last add+norm to sum in order, as
     MUSER_FUSE_SUM's `add_norm(d1=Pieces)` does (the gate|up tile must have none).  With `att`
     (the attention's rows [B, H * D]) and `wo`, o is their product, as `dot_rows(att, wo)`,
-    computed in the same launch (pass o=None).  `programs`: the persistent grid (default: the
-    GPU's multiprocessors; 1 under the interpreter, whose programs run one after another)."""
+    computed in the same launch (pass o=None).  With `wqkv` (the next layer's fused q|k|v rows,
+    no bias), its projection of x2 comes last and is returned third.  `programs`: the
+    persistent grid (default: the GPU's multiprocessors; 1 under the interpreter, whose
+    programs run one after another)."""
     B, N = h.shape
     F = down.shape[1]
     if B > 16:
@@ -174,12 +196,13 @@ def mlp_block(h, o, w_post_attn, w_pre_ffn, gate_up, down, w_post_ffn, w_next, e
         raise ValueError(f"mlp_block needs a gate|up tile without split-K pieces, got {p1}")
     pieces = -(-F // p2) if p2 else 1
     o_ = out if out is not None else {}
-    buf = {k: o_.get(k) if o_.get(k) is not None else torch.empty(shape, dtype=h.dtype, device=h.device)
+    buf = {k: o_[k] if o_.get(k) is not None
+           else torch.empty(shape, dtype=h.dtype, device=h.device)
            for k, shape in (("h1", (B, N)), ("x1", (B, N)), ("a", (B, F)), ("d", (B, N)),
                             ("h2", (B, N)), ("x2", (B, N)))}
     cnt = o_.get("cnt")
     if cnt is None:
-        cnt = torch.zeros(5, dtype=torch.int32, device=h.device)
+        cnt = torch.zeros(6, dtype=torch.int32, device=h.device)
     t0, hd, bn0, bk0, ks0 = 0, 16, 16, 16, 16            # no o tiles (placeholders)
     if att is not None:
         hd = att.shape[1]
@@ -188,6 +211,16 @@ def mlp_block(h, o, w_post_attn, w_pre_ffn, gate_up, down, w_post_ffn, w_next, e
             raise ValueError(f"mlp_block needs an o tile without split-K pieces, got {p0}")
         t0, ks0 = -(-N // bn0), -(-hd // bk0) * bk0
         o = torch.empty((B, N), dtype=h.dtype, device=h.device)
+    t5, nq, bnq, bkq, ksq, qkv = 0, 16, 16, 16, 16, None  # no qkv tiles (placeholders)
+    if wqkv is not None:
+        if w_next is None:
+            raise ValueError("mlp_block: the next layer's qkv needs x2 (w_next)")
+        nq = wqkv.shape[0]
+        bnq, bkq, _, _, pq = dot_config(nq, N, False)
+        if pq:
+            raise ValueError(f"mlp_block needs a qkv tile without split-K pieces, got {pq}")
+        t5, ksq = -(-nq // bnq), -(-N // bkq) * bkq
+        qkv = torch.empty((B, nq), dtype=h.dtype, device=h.device)
     if programs is None:
         programs = (torch.cuda.get_device_properties(h.device).multi_processor_count
                     if h.is_cuda else 1)
@@ -201,18 +234,22 @@ def mlp_block(h, o, w_post_attn, w_pre_ffn, gate_up, down, w_post_ffn, w_next, e
         w_post_ffn if post else w_pre_ffn, w_next if w_next is not None else w_pre_ffn,
         buf["h1"], buf["x1"], buf["a"], buf["d"], part, buf["h2"], buf["x2"], cnt, B, float(eps),
         att if att is not None else h, wo if wo is not None else gate_up,
-        N=N, F=F, BLOCK=_pow2(N), HD=hd, BN0=bn0, BK0=bk0, KS0=ks0, T0=t0, BN1=bn1, BK1=bk1, KS1=ks1, BN2=bn2, BK2=bk2, KS2=ks2,
+        wqkv if wqkv is not None else gate_up, qkv if qkv is not None else h,
+        N=N, F=F, BLOCK=_pow2(N), HD=hd, BN0=bn0, BK0=bk0, KS0=ks0, T0=t0,
+        NQ=nq, BNQ=bnq, BKQ=bkq, KSQ=ksq, T5=t5, BN1=bn1, BK1=bk1, KS1=ks1, BN2=bn2, BK2=bk2,
+        KS2=ks2,
         POST=post, LAYERNORM=layernorm, NEXT=w_next is not None, GELU=gelu,
         NPROG=programs, T1=-(-F // bn1), T2=-(-N // bn2) * pieces, PIECES=pieces, num_warps=4)
-    return buf["h2"], buf["x2"] if w_next is not None else None
+    return buf["h2"], buf["x2"] if w_next is not None else None, qkv
 
 
-def mega_half(step, lw, fz, h, att, w_next, cnt):
+def mega_half(step, lw, fz, h, att, w_next, cnt, next_fz=None):
     """The decode step's output projection and MLP half through `mlp_block` (MUSER_MEGA=mlp):
     (h', x') where it applies, None where the step's own launches must run -- more than 16
     rows, a parallel block, Gemma 4's layer scale, experts, int8 weights, an o bias, a gate|up
     or o tile with split-K pieces, or the older GEMV (MUSER_GEMV=fast).  `att`: the attention's
-    rows [R, H * D]."""
+    rows [R, H * D].  `next_fz`: the next layer's fused weights -- its qkv projection comes
+    last in the launch where it can (returned third; else None and the step runs it)."""
     from .weights_int8 import RowInt8
     spec = step.spec
     wgu, wd, wo = fz["wgu"], lw.w_down, lw.wo
@@ -224,7 +261,12 @@ def mega_half(step, lw, fz, h, att, w_next, cnt):
             or dot_config(wd.shape[1], wd.shape[0], True)[4]
             or dot_config(wo.shape[0], wo.shape[1], False)[4]):
         return None
+    wq = next_fz["wqkv"] if next_fz is not None else None
+    if (wq is None or next_fz["bqkv"] is not None or isinstance(wq, RowInt8)
+            or not wq.is_contiguous() or "qkv" not in step.gemv_for
+            or dot_config(wq.shape[0], wq.shape[1], False)[4]):
+        wq = None
     post = spec.sandwich_norm
     return mlp_block(h, None, lw.post_attn_norm if post else None, lw.pre_ffn_norm, wgu, wd,
                      lw.post_ffn_norm if post else None, w_next, spec.norm_eps, step.layernorm,
-                     step.gelu, out={"cnt": cnt}, att=att.contiguous(), wo=wo)
+                     step.gelu, out={"cnt": cnt}, att=att.contiguous(), wo=wo, wqkv=wq)
