@@ -65,6 +65,20 @@ def _kernel():
     globals()["_wait_for"] = wait_for
 
     @triton.jit
+    def tile_rows(X, W, Y, rm, B, tile, NOUT: tl.constexpr, K: tl.constexpr, KS: tl.constexpr,
+                  BN: tl.constexpr, BK: tl.constexpr, GLU: tl.constexpr, GELU: tl.constexpr):
+        """Output tile `tile` of rows X [B, K] through W, stored to Y [B, NOUT]: dot_rows'
+        decode tile without split-K pieces, as its kernel computes it."""
+        cols = tile * BN + tl.arange(0, BN)
+        cm = cols < NOUT
+        acc, accu = _piece(X, W, rm, rm < B, cols, cm, 0, NOUT, K, KS, BN, BK, GLU, 16)
+        y = _finish(acc, accu, 1.0, 1.0, 0.0, False, False, GLU, GELU, X.dtype.element_ty)
+        tl.store(Y + rm[:, None].to(tl.int64) * NOUT + cols[None, :], y.to(Y.dtype.element_ty),
+                 mask=(rm < B)[:, None] & cm[None, :])
+
+    globals()["_tile_rows"] = tile_rows
+
+    @triton.jit
     def mlp_block_kernel(H, O, W_PA, W_PF, GU, DW, W_PD, W_NX, H1, X1, A, D, P, H2, X2, CNT, B,
                          eps, AT, WO, WQ, QKV,
                          N: tl.constexpr, F: tl.constexpr, BLOCK: tl.constexpr,
@@ -85,14 +99,7 @@ def _kernel():
         for tt in range(pid, total, NPROG):
             t = tt - T0                                 # T0 > 0: the o projection's tiles first
             if tt < T0:                                 # o = att @ wo (a tile)
-                cols_o = tt * BN0 + tl.arange(0, BN0)
-                cm_o = cols_o < N
-                acc_o, accu_o = _piece(AT, WO, rm, rm < B, cols_o, cm_o, 0, N, HD, KS0, BN0, BK0,
-                                       False, 16)
-                y_o = _finish(acc_o, acc_o, 1.0, 1.0, 0.0, False, False, False, False,
-                              AT.dtype.element_ty)
-                tl.store(O + rm[:, None].to(tl.int64) * N + cols_o[None, :],
-                         y_o.to(O.dtype.element_ty), mask=(rm < B)[:, None] & cm_o[None, :])
+                _tile_rows(AT, WO, O, rm, B, tt, N, HD, KS0, BN0, BK0, False, False)
                 tl.debug_barrier()
                 tl.atomic_add(CNT + 4, 1, sem="release", scope="gpu")
             elif t < B:                                 # h1 = h + norm(o); x1 = norm(h1)
@@ -107,14 +114,7 @@ def _kernel():
                 tl.atomic_add(CNT + 0, 1, sem="release", scope="gpu")
             elif t < B + T1:                            # a = act(x1 @ gate) * (x1 @ up)
                 _wait_for(CNT + 0, B)
-                cols_gu = (t - B) * BN1 + tl.arange(0, BN1)
-                cm_gu = cols_gu < F
-                acc_gu, accu_gu = _piece(X1, GU, rm, rm < B, cols_gu, cm_gu, 0, F, N, KS1, BN1,
-                                         BK1, True, 16)
-                y_gu = _finish(acc_gu, accu_gu, 1.0, 1.0, 0.0, False, False, True, GELU,
-                               X1.dtype.element_ty)
-                tl.store(A + rm[:, None].to(tl.int64) * F + cols_gu[None, :],
-                         y_gu.to(A.dtype.element_ty), mask=(rm < B)[:, None] & cm_gu[None, :])
+                _tile_rows(X1, GU, A, rm, B, t - B, F, N, KS1, BN1, BK1, True, GELU)
                 tl.debug_barrier()
                 tl.atomic_add(CNT + 1, 1, sem="release", scope="gpu")
             elif t < B + T1 + T2:                       # d = a @ down (a tile, or a piece)
@@ -156,14 +156,8 @@ def _kernel():
                             tl.store(CNT + c, 0)
             else:                                       # the next layer's qkv = x2 @ wqkv
                 _wait_for(CNT + 3, B)
-                cols_q = (t - 2 * B - T1 - T2) * BNQ + tl.arange(0, BNQ)
-                cm_q = cols_q < NQ
-                acc_q, accu_q = _piece(X2, WQ, rm, rm < B, cols_q, cm_q, 0, NQ, N, KSQ, BNQ, BKQ,
-                                       False, 16)
-                y_q = _finish(acc_q, acc_q, 1.0, 1.0, 0.0, False, False, False, False,
-                              X2.dtype.element_ty)
-                tl.store(QKV + rm[:, None].to(tl.int64) * NQ + cols_q[None, :],
-                         y_q.to(QKV.dtype.element_ty), mask=(rm < B)[:, None] & cm_q[None, :])
+                _tile_rows(X2, WQ, QKV, rm, B, t - 2 * B - T1 - T2, NQ, N, KSQ, BNQ, BKQ, False,
+                           False)
                 tl.debug_barrier()
                 done_q = tl.atomic_add(CNT + 5, 1, sem="acq_rel", scope="gpu")
                 if done_q == T5 - 1:                      # the last task: counters back to zero
