@@ -167,6 +167,15 @@ def _kernel():
     return mlp_block_kernel
 
 
+def _tile(n: int, k: int, glu: bool, what: str) -> tuple[int, int, int, int]:
+    """(block_n, block_k, keys, tiles) of a decode tile without split-K pieces (dot_config's);
+    mlp_block refuses a tile with pieces where it does not sum them."""
+    bn, bk, _, _, piece = dot_config(n, k, glu)
+    if piece:
+        raise ValueError(f"mlp_block needs a {what} tile without split-K pieces, got {piece}")
+    return bn, bk, -(-k // bk) * bk, -(-n // bn)
+
+
 def mlp_block(h, o, w_post_attn, w_pre_ffn, gate_up, down, w_post_ffn, w_next, eps: float,
               layernorm: bool = False, gelu: bool = True, programs: int | None = None,
               out: dict | None = None, att=None, wo=None, wqkv=None):
@@ -184,10 +193,8 @@ def mlp_block(h, o, w_post_attn, w_pre_ffn, gate_up, down, w_post_ffn, w_next, e
     F = down.shape[1]
     if B > 16:
         raise ValueError(f"mlp_block takes up to 16 rows, got {B}")
-    bn1, bk1, _, _, p1 = dot_config(F, N, True)
+    bn1, bk1, ks1, t1 = _tile(F, N, True, "gate|up")
     bn2, bk2, _, _, p2 = dot_config(N, F, False)
-    if p1:
-        raise ValueError(f"mlp_block needs a gate|up tile without split-K pieces, got {p1}")
     pieces = -(-F // p2) if p2 else 1
     o_ = out if out is not None else {}
     buf = {k: o_[k] if o_.get(k) is not None
@@ -200,25 +207,18 @@ def mlp_block(h, o, w_post_attn, w_pre_ffn, gate_up, down, w_post_ffn, w_next, e
     t0, hd, bn0, bk0, ks0 = 0, 16, 16, 16, 16            # no o tiles (placeholders)
     if att is not None:
         hd = att.shape[1]
-        bn0, bk0, _, _, p0 = dot_config(N, hd, False)
-        if p0:
-            raise ValueError(f"mlp_block needs an o tile without split-K pieces, got {p0}")
-        t0, ks0 = -(-N // bn0), -(-hd // bk0) * bk0
+        bn0, bk0, ks0, t0 = _tile(N, hd, False, "o")
         o = torch.empty((B, N), dtype=h.dtype, device=h.device)
     t5, nq, bnq, bkq, ksq, qkv = 0, 16, 16, 16, 16, None  # no qkv tiles (placeholders)
     if wqkv is not None:
         if w_next is None:
             raise ValueError("mlp_block: the next layer's qkv needs x2 (w_next)")
         nq = wqkv.shape[0]
-        bnq, bkq, _, _, pq = dot_config(nq, N, False)
-        if pq:
-            raise ValueError(f"mlp_block needs a qkv tile without split-K pieces, got {pq}")
-        t5, ksq = -(-nq // bnq), -(-N // bkq) * bkq
+        bnq, bkq, ksq, t5 = _tile(nq, N, False, "qkv")
         qkv = torch.empty((B, nq), dtype=h.dtype, device=h.device)
     if programs is None:
         programs = (torch.cuda.get_device_properties(h.device).multi_processor_count
                     if h.is_cuda else 1)
-    ks1 = -(-N // bk1) * bk1
     ks2 = p2 if pieces > 1 else -(-F // bk2) * bk2
     part = (torch.empty((pieces, B, N), dtype=torch.float32, device=h.device) if pieces > 1
             else buf["d"])
@@ -233,7 +233,7 @@ def mlp_block(h, o, w_post_attn, w_pre_ffn, gate_up, down, w_post_ffn, w_next, e
         NQ=nq, BNQ=bnq, BKQ=bkq, KSQ=ksq, T5=t5, BN1=bn1, BK1=bk1, KS1=ks1, BN2=bn2, BK2=bk2,
         KS2=ks2,
         POST=post, LAYERNORM=layernorm, NEXT=w_next is not None, GELU=gelu,
-        NPROG=programs, T1=-(-F // bn1), T2=-(-N // bn2) * pieces, PIECES=pieces, num_warps=4)
+        NPROG=programs, T1=t1, T2=-(-N // bn2) * pieces, PIECES=pieces, num_warps=4)
     return buf["h2"], buf["x2"] if w_next is not None else None, qkv
 
 
