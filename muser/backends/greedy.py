@@ -185,8 +185,13 @@ class SyncSteps:
         return step.handle
 
     def take_back(self, session) -> None:
-        """Undo the session's last step: every plane one row back (metadata; cuda/greedy.py's
-        module doc says why nothing a later query reads is lost), the token off its lineage."""
-        for p in session.planes:
-            p.rewind((p.len - 1, p.origin_logical, p.origin_physical))
-        session.tokens.pop()
+        take_back(session)
+
+
+def take_back(session) -> None:
+    """Undo a session's last step, which a pipeline took past the run's end: every plane one row
+    back (metadata; cuda/greedy.py's module doc says why nothing a later query reads is lost),
+    the token it consumed off its lineage.  Every `steps` implementation's `take_back`."""
+    for p in session.planes:
+        p.rewind((p.len - 1, p.origin_logical, p.origin_physical))
+    session.tokens.pop()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from ..greedy import Budget, FromLast, Greedy, Step, greedy_rows, run_steps
+from ..greedy import Budget, FromLast, Greedy, Step, greedy_rows, run_steps, take_back
 
 
 class _Graphs:
@@ -93,11 +93,7 @@ class GreedySteps:
         return best, [bool(o) for o in ok]
 
     def take_back(self, session) -> None:
-        """Undo the session's last step (module doc); its lineage loses the token it consumed."""
-        for group in self.runner._view(session).groups:
-            for p in group:
-                p.rewind((p.len - 1, p.origin_logical, p.origin_physical))
-        session.tokens.pop()
+        take_back(session)
 
     def _replay(self, views, positions, metas, feeds):
         r = self.runner
