@@ -187,6 +187,18 @@ stage_serve16() {  # carry .peers: 16 greedy clients on the server, pipeline aut
   done
 }
 
+stage_serve_warm() {  # carry .peers: two bursts of 16 clients, pipeline auto against off (capture cost)
+  for p in auto off; do
+    bench 200 . benchmarks/server_load.py --model 270m --device cuda --slots 16 --levels 16,16 \
+      --tokens 256 --pipeline $p
+  done
+}
+
+stage_pipeline_on() {  # the engine's greedy runs one step ahead by default (MUSER_PIPELINE=on)
+  tests 200 -x tests/cuda/test_cuda_greedy.py tests/cuda/test_cuda_engine.py \
+    tests/cuda/test_cuda_server.py tests/cuda/test_cuda_prefill.py
+}
+
 stage_profile16() {  # kernel time of a decode step alone and of a 16-session step (1B, 270M)
   bench 300 . benchmarks/exact_ab.py --models 1b,270m --trees exact --no-16k --profile
 }

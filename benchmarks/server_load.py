@@ -174,7 +174,8 @@ def main() -> int:
     print(f"\nmulti-turn: turn 1 TTFT {mt['turn1_ttft']:.2f} s (cached_tokens {mt['turn1_cached']}), "
           f"turn 2 TTFT {mt['turn2_ttft']:.2f} s (cached_tokens {mt['turn2_cached']})")
     keep = ("muser_cache_hits_total", "muser_cached_tokens_total", "muser_prefill_tokens_total",
-            "muser_prompt_tokens_total", "muser_decode_seconds", "muser_prefill_seconds")
+            "muser_prompt_tokens_total", "muser_decode_seconds", "muser_prefill_seconds",
+            "muser_graph_", "muser_steps_")
     print("\n" + "\n".join(l for l in metrics.splitlines() if l.startswith(keep)))
     return 0
 

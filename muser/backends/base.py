@@ -66,6 +66,11 @@ class Backend:
         """The captured decode-step runner, or None (only CUDA has one)."""
         return None
 
+    def runner_stats(self) -> dict:
+        """The decode runner's counters (captures, capture_seconds, replays, eager, ...) once it
+        is built; {} before, and on backends without one.  Never builds it."""
+        return {}
+
     def greedy(self, engine, sessions, run):
         """A checked greedy run (backends/greedy.py: `Budget`) -> `Greedy`; by default one
         step at a time through `forward`."""

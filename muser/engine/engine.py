@@ -185,6 +185,10 @@ class Engine:
         `forward` than one each, every row bitwise what it is alone (the backend's word)."""
         return self.exact_rows and self.backend.shared_chunks
 
+    def runner_stats(self) -> dict:
+        """The decode runner's counters once it is built (backend's `runner_stats`)."""
+        return self.backend.runner_stats()
+
     def decode_runner(self):
         """The CUDA graph runner for decode steps, or None (other backends, oracle, unsupported)."""
         return self.backend.runner(self)

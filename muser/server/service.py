@@ -92,6 +92,11 @@ class ServerState:
         m.gauge("slots_busy", "slots serving a request", lambda: self.pool.busy_count)
         m.gauge("queue_depth", "requests waiting for a slot", lambda: self.pool.queue_depth)
         m.gauge("healthy", "1 while the model pool is healthy", lambda: float(self.pool.healthy))
+        for key, help_ in (("captures", "CUDA graphs captured for decode steps"),
+                           ("capture_seconds", "seconds spent capturing them (warm-up included)"),
+                           ("replays", "decode steps replayed from a captured graph"),
+                           ("eager", "decode steps run eagerly (no graph)")):
+            m.gauge(f"graph_{key}", help_, lambda k=key: float(engine.runner_stats().get(k, 0)))
         self._token_text = None
         # The grammar engine's tokenizer reads the whole vocabulary once (~3 s for 262k tokens):
         # build it now, off the request path (its lock makes an early request wait for it).

@@ -88,6 +88,9 @@ class CudaBackend(Backend):
             self.invariant_rows = sys.maxsize if self.exact_rows else 0
         return self._runner or None
 
+    def runner_stats(self) -> dict:
+        return dict(self._runner.stats) if self._runner else {}
+
     def reset_runner(self, env=None) -> None:
         """Drop the runner; the next step builds one with `env` (default: the engine's)."""
         self._runner = None

@@ -20,6 +20,7 @@ planes always advance together, so one representative per group decides.
 """
 from __future__ import annotations
 
+import time
 import weakref
 from operator import attrgetter, is_not
 
@@ -120,7 +121,8 @@ class GraphRunner:
         self.entries: dict[int, _Entry] = {}
         self.pool = None
         self._views = weakref.WeakKeyDictionary()    # session -> _SessionView
-        self.stats = {"captures": 0, "replays": 0, "eager": 0, "table_uploads": 0}
+        self.stats = {"captures": 0, "capture_seconds": 0.0, "replays": 0, "eager": 0,
+                      "table_uploads": 0}
 
     # ------------------------------------------------------------------ bookkeeping
     def _view(self, s) -> "_SessionView":
@@ -238,8 +240,10 @@ class GraphRunner:
     def _capture(self, entry: _Entry) -> None:
         """Warm up eagerly (compiles kernels; writes this step's rows, which the replay
         rewrites identically), then capture.  The caller replays for the real result."""
+        t0 = time.perf_counter()
         entry.graph, entry.logits = capture(lambda: self._step(entry), self._pool())
         self.stats["captures"] += 1
+        self.stats["capture_seconds"] += time.perf_counter() - t0
 
 
 def make_runner(engine, env: Env | None = None):
