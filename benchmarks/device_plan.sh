@@ -190,7 +190,7 @@ stage_serve16() {  # carry .peers: 16 greedy clients on the server, pipeline aut
 stage_serve_warm() {  # carry .peers: two bursts of 16 clients, pipeline auto against off (capture cost)
   for p in auto off; do
     bench 200 . benchmarks/server_load.py --model 270m --device cuda --slots 16 --levels 16,16 \
-      --tokens 256 --pipeline $p
+      --tokens 256 --pipeline $p --spy "$OUT/spy_$p.txt"
   done
 }
 

@@ -54,6 +54,42 @@ def start_server(args) -> tuple[subprocess.Popen, str, str]:
     return launch(cmd, base), base, name
 
 
+def start_spy(pid: int, path: str) -> subprocess.Popen:
+    """py-spy recording `pid` (every thread, raw stacks) until stopped with SIGINT."""
+    import shutil
+    exe = shutil.which("py-spy") or next(
+        (os.path.join(d, "bin", "py-spy") for d in sys.path
+         if d and os.path.exists(os.path.join(d, "bin", "py-spy"))), "py-spy")
+    return subprocess.Popen([exe, "record", "--pid", str(pid), "--rate", "500", "--threads",
+                             "--nonblocking", "--format", "raw", "-o", path],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def spy_summary(path: str, top: int = 14) -> str:
+    """Per thread: its samples, and the frames it was in most (self time and inclusive)."""
+    from collections import Counter
+    threads, own, incl = Counter(), Counter(), Counter()
+    if not os.path.exists(path):
+        return f"py-spy wrote no {path}"
+    for line in open(path):
+        stack, _, n = line.rstrip().rpartition(" ")
+        if not stack:
+            continue
+        frames = stack.split(";")
+        t, n = frames[0].split(": ")[-1], int(n)
+        names = [f.split(" (")[0] + " " + f.rsplit("/", 1)[-1].rstrip(")") for f in frames[1:]]
+        threads[t] += n
+        if names:
+            own[(t, names[-1])] += n
+        for f in set(names):
+            incl[(t, f)] += n
+    out = ["", "py-spy: samples per thread " + ", ".join(f"{t} {n}" for t, n in threads.most_common(6))]
+    for title, c in (("self", own), ("inclusive", incl)):
+        out.append(f"top {title}:")
+        out += [f"  {n:6d}  {t}: {f}" for (t, f), n in c.most_common(top)]
+    return "\n".join(out)
+
+
 def write_tokenizer_archive(out: str) -> None:
     """The archive `random_model_dir` reads, from the embedded Gemma 3 270M GGUF (here, before a
     device call: the GGUF is not on the device)."""
@@ -150,6 +186,9 @@ def main() -> int:
                     help="with --model 270m / 1b: Gemma 3's tokenizer files (tar.xz)")
     ap.add_argument("--pipeline", default="off", choices=["auto", "on", "off"],
                     help="the server's greedy rounds one step ahead (server/pipeline.py)")
+    ap.add_argument("--spy", metavar="PATH",
+                    help="record the server with py-spy over the levels (raw stacks to PATH) and "
+                         "print each thread's top frames")
     ap.add_argument("--write-tokenizer-archive", metavar="PATH",
                     help="write --tokenizer-archive's file from the embedded GGUF, and exit")
     args = ap.parse_args()
@@ -159,7 +198,10 @@ def main() -> int:
     proc, base, name = start_server(args)
     try:
         asyncio.run(level(base, name, 1, 4))                     # warm-up
+        spy = start_spy(proc.pid, args.spy) if args.spy else None
         rows = [asyncio.run(level(base, name, int(c), args.tokens)) for c in args.levels.split(",")]
+        if spy is not None:
+            stop(spy, 30)
         mt = asyncio.run(multi_turn(base, name, args.tokens))
         metrics = httpx.get(base + "/metrics").text
     finally:
@@ -177,6 +219,8 @@ def main() -> int:
             "muser_prompt_tokens_total", "muser_decode_seconds", "muser_prefill_seconds",
             "muser_graph_", "muser_steps_")
     print("\n" + "\n".join(l for l in metrics.splitlines() if l.startswith(keep)))
+    if args.spy:
+        print(spy_summary(args.spy))
     return 0
 
 

@@ -40,7 +40,10 @@ class Decoding:
     def generator(self, index: int) -> torch.Generator:
         g = torch.Generator()
         seed = self.sampling.seed
-        g.manual_seed(torch.seed() if seed is None else (seed + index) % (1 << 64))
+        if seed is None:
+            g.seed()           # this generator's own entropy: torch.seed() would reseed every
+        else:                  # device's global generator too (and format a stack on each call)
+            g.manual_seed((seed + index) % (1 << 64))
         return g
 
     def picker(self, engine, index: int, prompt: list[int], constraint=None) -> TokenPicker:
