@@ -194,6 +194,12 @@ stage_serve_warm() {  # carry .peers: two bursts of 16 clients, pipeline auto ag
   done
 }
 
+stage_warm_check() {  # carry .peers: the server's start-up warm-up on a fresh machine, then its tests
+  bench 200 . benchmarks/server_load.py --model 270m --device cuda --slots 16 --levels 16,16 \
+    --tokens 256 --pipeline auto
+  tests 150 -x tests/cuda/test_cuda_server.py
+}
+
 stage_pipeline_on() {  # the engine's greedy runs one step ahead by default (MUSER_PIPELINE=on)
   tests 200 -x tests/cuda/test_cuda_greedy.py tests/cuda/test_cuda_engine.py \
     tests/cuda/test_cuda_server.py tests/cuda/test_cuda_prefill.py

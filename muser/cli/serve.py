@@ -41,10 +41,12 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
                    help="HMAC key file for session packs, read as `muser pack` reads it (or MUSER_PACK_KEY)")
     p.add_argument("--no-batch-decode", action="store_true",
                    help="decode active slots one by one instead of one batched step")
-    p.add_argument("--pipeline", choices=["auto", "on", "off"], default="off",
+    p.add_argument("--pipeline", choices=["auto", "on", "off"], default="auto",
                    help="greedy decode rounds launch the next step before reading the last: auto "
-                        "where the backend pipelines (CUDA), on everywhere, off never (default, "
-                        "until measured on a GPU)")
+                        "where the backend pipelines (CUDA; the default), on everywhere, off never")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip the start-up warm-up (CUDA: every decode batch size's first step, "
+                        "its kernels compiled and graph captured, before the port opens)")
     p.add_argument("--shift-keep", type=float, default=0.7,
                    help="a context shift keeps at most this fraction of the prompt budget, so the "
                         "next turns extend the cache instead of shifting again (default 0.7)")
@@ -132,7 +134,8 @@ def config_from_args(args) -> ServerConfig:
         model_id=args.served_name, slots=args.slots, max_context=args.max_context,
         context_policy=args.context_policy, output_reserve=args.output_reserve, keep=args.keep,
         queue_size=args.queue_size, queue_timeout=args.queue_timeout, session_dir=args.session_dir,
-        pack_key=_pack_key(args, env), batch_decode=not args.no_batch_decode, pipeline=args.pipeline, shift_keep=args.shift_keep,
+        pack_key=_pack_key(args, env), batch_decode=not args.no_batch_decode, pipeline=args.pipeline,
+        warmup=not args.no_warmup, shift_keep=args.shift_keep,
         prefill_share=args.prefill_share, prefill_budget=args.prefill_budget,
         header_timeout=args.header_timeout, speculative=args.speculative,
         max_connections=args.max_connections,

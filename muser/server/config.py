@@ -32,10 +32,11 @@ class ServerConfig:
     max_header_bytes: int = 64 << 10        # request line + headers before the close
     max_connections: int = 1024             # open connections (or requests) before 503s
     batch_decode: bool = True               # one engine.decode_batch step for all active slots
-    pipeline: Literal["auto", "on", "off"] = "off"    # greedy rounds one step ahead (pipeline.py):
+    pipeline: Literal["auto", "on", "off"] = "auto"   # greedy rounds one step ahead (pipeline.py):
                                             # auto where the backend pipelines (CUDA), on also
                                             # elsewhere (one step at a time underneath), off never
-                                            # (the default until the H200 has measured it)
+    warmup: bool = True                     # every batch size's first step before the port
+                                            # opens (engine/warmup.py; CUDA only)
     shift_keep: float = 0.7                 # a shift keeps at most this fraction of the budget
     prefill_share: float = 0.5              # worker time prefill may take while streams decode
     prefill_budget: int | None = None       # prompt tokens per prefill round (None: chunk_size)

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..engine.constrained import Grammar
+from ..engine.warmup import warm_up
 from ..backends.host import on_short_thread
 from ..engine.logits_processors import Controls
 from ..engine.sampling import SamplingParams
@@ -76,6 +77,12 @@ class ServerState:
             self.metrics.collector(self.prefix.metric_lines)
         if config.pipeline != "off" and config.batch_decode:
             self.scheduler.steps = engine.greedy_steps(force=config.pipeline == "on")
+        if config.warmup:
+            warm = warm_up(engine, sessions[:-1] if config.batch_decode else sessions[:1],
+                           self.scheduler.steps)
+            if warm:
+                log.info("warmed up %d decode batch size(s) in %.1f s (%d graphs captured)",
+                         warm["batches"], warm["seconds"], warm["captures"])
         if config.speculative:
             from .speculation import SpecStep
             self.scheduler.spec = SpecStep(config.spec_block, engine.verify_cost)

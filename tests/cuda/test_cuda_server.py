@@ -79,3 +79,20 @@ def test_rounds_one_step_ahead_answer_as_the_plain_rounds_on_the_gpu():
             got[mode] = run_all(srv)
             consistent(srv)
     assert got["auto"] == got["off"]
+
+
+def test_the_warm_up_captures_every_batch_size_before_the_first_request():
+    """engine/warmup.py at start: batch sizes 1..slots captured (the greedy graphs of
+    `--pipeline auto`) before the port opens, the slots' sessions empty; `warmup=False` leaves
+    the first step of each batch size to the first requests."""
+    from muser.testing import tiny_model
+    for warm in (False, True):
+        engine = tiny_model(device="cuda", dtype="bfloat16", window=4)
+        with serve(engine, model_id="tiny", slots=4, output_reserve=32, warmup=warm) as srv:
+            stats = engine.runner_stats()
+            assert (stats.get("captures", 0) >= 4) == warm, stats
+            assert all(s.session.position == 0 for s in srv.state.pool.slots)
+            r = srv.client().chat.completions.create(model="tiny", messages=ask(2), max_tokens=8,
+                                                     temperature=0)
+            ids = engine.tokenizer.apply_chat_template(ask(2))
+            assert r.choices[0].message.content == engine.generate(ids, max_tokens=8)
