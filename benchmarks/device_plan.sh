@@ -205,6 +205,12 @@ stage_pipeline_on() {  # the engine's greedy runs one step ahead by default (MUS
     tests/cuda/test_cuda_server.py tests/cuda/test_cuda_prefill.py
 }
 
+stage_attn_ab() {  # the attention's fixed shape against the 16-session step and the 16k prefill
+  # (each variant is a different arithmetic, so the same everywhere: decode, chunks, batches)
+  bench 420 . benchmarks/exact_ab.py --models 1b,270m --trees exact --long \
+    --variants "G64:MUSER_ATTN_GROWING=64,8;GR256:MUSER_GROWING_ROWS=256;R64:MUSER_RING_ROWS=64"
+}
+
 stage_profile16() {  # kernel time of a decode step alone and of a 16-session step (1B, 270M)
   bench 300 . benchmarks/exact_ab.py --models 1b,270m --trees exact --no-16k --profile
 }
