@@ -32,6 +32,11 @@
 #   llama        waits for a build started on THIS machine, then cuda_bench.py side by side
 #   peer         the build on every core, then cuda_bench.py: one call (a later call may land
 #                on a fresh machine, where a background build is gone: thirteenth session)
+#   serve_warm   two bursts of 16 server clients, pipeline auto against off (--spy: py-spy)
+#   warm_check   the server's start-up warm-up on a fresh machine, then test_cuda_server
+#   pipeline_on  the engine/server CUDA tests with MUSER_PIPELINE=on the default
+#   idle_ab      idle attention splits leave at once (carry .prev = d788570): bits, then the A/B
+#   attn_ab      three attention shapes (tiles, split rows) against decode, batches, prefill
 set -u
 OUT=${OUT:-/tmp/plan-out}
 mkdir -p "$OUT"
@@ -203,6 +208,13 @@ stage_warm_check() {  # carry .peers: the server's start-up warm-up on a fresh m
 stage_pipeline_on() {  # the engine's greedy runs one step ahead by default (MUSER_PIPELINE=on)
   tests 200 -x tests/cuda/test_cuda_greedy.py tests/cuda/test_cuda_engine.py \
     tests/cuda/test_cuda_server.py tests/cuda/test_cuda_prefill.py
+}
+
+stage_idle_ab() {  # carry .prev (git archive d788570 muser): idle splits leave at once, bits and speed
+  tests 200 -x tests/cuda/test_triton_decode.py tests/cuda/test_triton_chunk.py \
+    tests/cuda/test_cuda_engine.py -k "decode or chunk or batch or verify"
+  bench 360 . benchmarks/exact_ab.py --old .prev --models 1b,270m --trees old,exact --no-16k \
+    --long --rounds 2
 }
 
 stage_attn_ab() {  # the attention's fixed shape against the 16-session step and the 16k prefill

@@ -124,151 +124,157 @@ def _kernel():
         slot = tl.load(META + b * 2)
         n = tl.load(META + b * 2 + 1)
         pos = tl.load(POS + b)
-        # Columns of the [*, 2 * BLOCK_H] tiles: the two rotation halves joined.  `dm` is the
-        # memory dim of column c, `cv` whether it is a real dim (D need not be a power of 2).
-        dm, cv = _columns(tl.arange(0, 2 * BLOCK_H), D, HALF, BLOCK_H, INTERLEAVED)
-        g = tl.arange(0, BLOCK_G)
-        gm = g < G
-        if FUSED:
-            j = tl.arange(0, BLOCK_H)
-            jm = j < HALF
-            if INTERLEAVED:
-                i0 = 2 * j
-                i1 = 2 * j + 1
+        lo_pos = pos - n + 1                      # n = 0 (prepare_rows): no split is live
+        a0 = lo_pos // SPLIT
+        a_last = pos // SPLIT
+        nact = tl.where(n > 0, a_last - a0 + 1, 0)
+        # The grid is as wide as the most splits a row can span (a growing plane: its capacity
+        # over SPLIT, ~264 at 32k); a split past the row's last would only repeat the live
+        # splits' prologue and stores.  It leaves at once; split 0 always works (prepare_rows:
+        # no split is live, split 0 stores the rows).  The live splits run the same
+        # instructions as before: the same bits.
+        if (s < nact) | (s == 0):
+            # Columns of the [*, 2 * BLOCK_H] tiles: the two rotation halves joined.  `dm` is the
+            # memory dim of column c, `cv` whether it is a real dim (D need not be a power of 2).
+            dm, cv = _columns(tl.arange(0, 2 * BLOCK_H), D, HALF, BLOCK_H, INTERLEAVED)
+            g = tl.arange(0, BLOCK_G)
+            gm = g < G
+            if FUSED:
+                j = tl.arange(0, BLOCK_H)
+                jm = j < HALF
+                if INTERLEAVED:
+                    i0 = 2 * j
+                    i1 = 2 * j + 1
+                else:
+                    i0 = j
+                    i1 = j + HALF
+                if K_EQ_V:                            # Gemma 4 global layers: q | k, V = raw K
+                    row = QKV + b * (H + KV) * D
+                    vsrc = row + (H + kvh) * D
+                else:
+                    row = QKV + b * (H + 2 * KV) * D
+                    vsrc = row + (H + KV + kvh) * D
+                qsrc = row + (kvh * G + g)[:, None] * D
+                qm = gm[:, None] & jm[None, :]
+                q0 = tl.load(qsrc + i0[None, :], mask=qm, other=0.0)
+                q1 = tl.load(qsrc + i1[None, :], mask=qm, other=0.0)
+                ksrc = row + (H + kvh) * D
+                k0 = tl.load(ksrc + i0, mask=jm, other=0.0)
+                k1 = tl.load(ksrc + i1, mask=jm, other=0.0)
+                v_new = tl.load(vsrc + dm, mask=cv, other=0.0)
+                dt = q0.dtype
+                if V_NORM:                            # Gemma 4: RMS norm of v, no weight, rounded
+                    vf = v_new.to(tl.float32)
+                    v_new = (vf * tl.rsqrt(tl.sum(vf * vf, 0) / D + eps)).to(dt)
+                q0 = q0.to(tl.float32)
+                q1 = q1.to(tl.float32)
+                k0 = k0.to(tl.float32)
+                k1 = k1.to(tl.float32)
+                if QK_NORM:                       # rounded to the activation dtype, as torch does
+                    wq0 = tl.load(QN + i0, mask=jm, other=0.0)
+                    wq1 = tl.load(QN + i1, mask=jm, other=0.0)
+                    wk0 = tl.load(KN + i0, mask=jm, other=0.0)
+                    wk1 = tl.load(KN + i1, mask=jm, other=0.0)
+                    rq = tl.rsqrt((tl.sum(q0 * q0, 1) + tl.sum(q1 * q1, 1)) / D + eps)
+                    q0 = (q0 * rq[:, None] * wq0[None, :]).to(dt).to(tl.float32)
+                    q1 = (q1 * rq[:, None] * wq1[None, :]).to(dt).to(tl.float32)
+                    rk = tl.rsqrt((tl.sum(k0 * k0, 0) + tl.sum(k1 * k1, 0)) / D + eps)
+                    k0 = (k0 * rk * wk0).to(dt).to(tl.float32)
+                    k1 = (k1 * rk * wk1).to(dt).to(tl.float32)
+                if ROPE:
+                    cs = tl.load(COS + pos * HALF + j, mask=jm, other=0.0)
+                    sn = tl.load(SIN + pos * HALF + j, mask=jm, other=0.0)
+                    q0, q1 = q0 * cs[None, :] - q1 * sn[None, :], q1 * cs[None, :] + q0 * sn[None, :]
+                    k0, k1 = k0 * cs - k1 * sn, k1 * cs + k0 * sn
+                qj = tl.join(q0.to(dt), q1.to(dt))                  # [BLOCK_G, BLOCK_H, 2]
+                kj = tl.join(k0.to(dt), k1.to(dt))                  # [BLOCK_H, 2]
+                if INTERLEAVED:
+                    q = tl.reshape(qj, (BLOCK_G, 2 * BLOCK_H))
+                    k_new = tl.reshape(kj, (2 * BLOCK_H,))
+                else:
+                    q = tl.reshape(tl.permute(qj, (0, 2, 1)), (BLOCK_G, 2 * BLOCK_H))
+                    k_new = tl.reshape(tl.permute(kj, (1, 0)), (2 * BLOCK_H,))
+                # Every split stores the new row (the same bits to the same slot) and q (to QOUT),
+                # then reads both back like any other row: the attention below is the q-given
+                # form's, instruction for instruction -- and so a chunk's (triton_chunk.py).  (With
+                # q and the new row taken from registers instead, 10 of 150 rows came out one bf16
+                # step from the q-given form on the H200: the compiled dots differ.)  A split reads
+                # the slot after its own store and a CTA barrier, so it sees its own bits or the
+                # same bits another split stored; nobody reads the row the slot held before (on a
+                # ring, position p - capacity: not visible).
+                off = slot.to(tl.int64) * rs + kvh * hs
+                tl.store(kp + off + dm, k_new, mask=cv)
+                tl.store(vp + off + dm, v_new, mask=cv)
+                qp = QOUT + (b * H + kvh * G + g)[:, None] * D + dm[None, :]
+                tl.store(qp, q, mask=gm[:, None] & cv[None, :])
+                if not PREP:
+                    tl.debug_barrier()
+                    q = tl.load(qp, mask=gm[:, None] & cv[None, :], other=0.0)
             else:
-                i0 = j
-                i1 = j + HALF
-            if K_EQ_V:                            # Gemma 4 global layers: q | k, V = raw K
-                row = QKV + b * (H + KV) * D
-                vsrc = row + (H + kvh) * D
-            else:
-                row = QKV + b * (H + 2 * KV) * D
-                vsrc = row + (H + KV + kvh) * D
-            qsrc = row + (kvh * G + g)[:, None] * D
-            qm = gm[:, None] & jm[None, :]
-            q0 = tl.load(qsrc + i0[None, :], mask=qm, other=0.0)
-            q1 = tl.load(qsrc + i1[None, :], mask=qm, other=0.0)
-            ksrc = row + (H + kvh) * D
-            k0 = tl.load(ksrc + i0, mask=jm, other=0.0)
-            k1 = tl.load(ksrc + i1, mask=jm, other=0.0)
-            v_new = tl.load(vsrc + dm, mask=cv, other=0.0)
-            dt = q0.dtype
-            if V_NORM:                            # Gemma 4: RMS norm of v, no weight, rounded
-                vf = v_new.to(tl.float32)
-                v_new = (vf * tl.rsqrt(tl.sum(vf * vf, 0) / D + eps)).to(dt)
-            q0 = q0.to(tl.float32)
-            q1 = q1.to(tl.float32)
-            k0 = k0.to(tl.float32)
-            k1 = k1.to(tl.float32)
-            if QK_NORM:                       # rounded to the activation dtype, as torch does
-                wq0 = tl.load(QN + i0, mask=jm, other=0.0)
-                wq1 = tl.load(QN + i1, mask=jm, other=0.0)
-                wk0 = tl.load(KN + i0, mask=jm, other=0.0)
-                wk1 = tl.load(KN + i1, mask=jm, other=0.0)
-                rq = tl.rsqrt((tl.sum(q0 * q0, 1) + tl.sum(q1 * q1, 1)) / D + eps)
-                q0 = (q0 * rq[:, None] * wq0[None, :]).to(dt).to(tl.float32)
-                q1 = (q1 * rq[:, None] * wq1[None, :]).to(dt).to(tl.float32)
-                rk = tl.rsqrt((tl.sum(k0 * k0, 0) + tl.sum(k1 * k1, 0)) / D + eps)
-                k0 = (k0 * rk * wk0).to(dt).to(tl.float32)
-                k1 = (k1 * rk * wk1).to(dt).to(tl.float32)
-            if ROPE:
-                cs = tl.load(COS + pos * HALF + j, mask=jm, other=0.0)
-                sn = tl.load(SIN + pos * HALF + j, mask=jm, other=0.0)
-                q0, q1 = q0 * cs[None, :] - q1 * sn[None, :], q1 * cs[None, :] + q0 * sn[None, :]
-                k0, k1 = k0 * cs - k1 * sn, k1 * cs + k0 * sn
-            qj = tl.join(q0.to(dt), q1.to(dt))                  # [BLOCK_G, BLOCK_H, 2]
-            kj = tl.join(k0.to(dt), k1.to(dt))                  # [BLOCK_H, 2]
-            if INTERLEAVED:
-                q = tl.reshape(qj, (BLOCK_G, 2 * BLOCK_H))
-                k_new = tl.reshape(kj, (2 * BLOCK_H,))
-            else:
-                q = tl.reshape(tl.permute(qj, (0, 2, 1)), (BLOCK_G, 2 * BLOCK_H))
-                k_new = tl.reshape(tl.permute(kj, (1, 0)), (2 * BLOCK_H,))
-            # Every split stores the new row (the same bits to the same slot) and q (to QOUT),
-            # then reads both back like any other row: the attention below is the q-given
-            # form's, instruction for instruction -- and so a chunk's (triton_chunk.py).  (With
-            # q and the new row taken from registers instead, 10 of 150 rows came out one bf16
-            # step from the q-given form on the H200: the compiled dots differ.)  A split reads
-            # the slot after its own store and a CTA barrier, so it sees its own bits or the
-            # same bits another split stored; nobody reads the row the slot held before (on a
-            # ring, position p - capacity: not visible).
-            off = slot.to(tl.int64) * rs + kvh * hs
-            tl.store(kp + off + dm, k_new, mask=cv)
-            tl.store(vp + off + dm, v_new, mask=cv)
-            qp = QOUT + (b * H + kvh * G + g)[:, None] * D + dm[None, :]
-            tl.store(qp, q, mask=gm[:, None] & cv[None, :])
+                q = tl.load(Q + (b * H + kvh * G + g)[:, None] * D + dm[None, :],
+                            mask=gm[:, None] & cv[None, :], other=0.0)
+            # PREP (prepare_rows with MUSER_CHUNK_PREP=alone): the rows are stored; nothing attends
             if not PREP:
-                tl.debug_barrier()
-                q = tl.load(qp, mask=gm[:, None] & cv[None, :], other=0.0)
-        else:
-            q = tl.load(Q + (b * H + kvh * G + g)[:, None] * D + dm[None, :],
-                        mask=gm[:, None] & cv[None, :], other=0.0)
-        # PREP (prepare_rows with MUSER_CHUNK_PREP=alone): the rows are stored; nothing attends
-        if not PREP:
-            lo_pos = pos - n + 1                      # n = 0 (prepare_rows): no split is live
-            a0 = lo_pos // SPLIT
-            a_last = pos // SPLIT
-            nact = tl.where(n > 0, a_last - a0 + 1, 0)
-            if s < nact:
-                a = a0 + s
-                t_lo = tl.maximum(a * SPLIT, (lo_pos // BLOCK_N) * BLOCK_N)
-                t_hi = tl.minimum(a * SPLIT + SPLIT, pos + 1)
-                lo_v = tl.zeros([BLOCK_G], tl.int64) + lo_pos
-                hi_v = tl.zeros([BLOCK_G], tl.int64) + pos + 1
-                ones = tl.full([BLOCK_N, 16], 1.0, O.dtype.element_ty)
-                m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-                l = tl.zeros([BLOCK_G], tl.float32)
-                acc = tl.zeros([BLOCK_G, 2 * BLOCK_H], tl.float32)
-                # every tile masked: skipping the masks on the tiles the row sees whole gives the
-                # same values and a faster kernel alone, but the three-loop binary cost 0.35 ms per
-                # 1B decode step in the engine (H200, benchmarks/NOTES.md, eighth session)
-                for start in range(t_lo, t_hi, BLOCK_N):
-                    m, l, acc = _decode_tile(kp, vp, start, slot, pos, lo_pos, capm, rs, hs, kvh,
-                                             dm, cv, q, lo_v, hi_v, m, l, acc, ones, scale,
-                                             softcap, BLOCK_N, SOFTCAP, RING, True, ACC_DOT)
-                base = pid * NSPLIT + s
-                tl.store(MS + base * G + g, m, mask=gm)
-                tl.store(LS + base * G + g, l, mask=gm)
-                tl.store(ACC + (base * G + g)[:, None] * D + dm[None, :], acc,
-                         mask=gm[:, None] & cv[None, :])
-                # tickets: the group of absolute split a, counted from the row's first group
-                gc = tl.arange(0, BLOCK_GC)
-                gcm = gc < G
-                grp = a // GS
-                g_first = tl.maximum(grp * GS, a0)
-                g_last = tl.minimum(grp * GS + GS - 1, a_last)
-                ngrp = a_last // GS - a0 // GS + 1
-                gcnt = CNT + NROWS + pid * NGG + (grp - a0 // GS)
-                tl.debug_barrier()
-                ticket = tl.atomic_add(gcnt, 1, sem="acq_rel", scope="gpu")
-                if ticket == g_last - g_first:
-                    tl.store(gcnt, 0)
-                    M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, g_first - a0,
-                                    g_last - g_first + 1, a0,
-                                    gc, gcm, dm, cv, G, D, GS, False, DEPTH, BLOCK_GC, 2 * BLOCK_H)
-                    if ngrp > 1:                      # park the group's total in its first slot
-                        gb = (pid * NSPLIT + g_first - a0) * G + gc
-                        tl.store(MS + gb, M, mask=gcm)
-                        tl.store(LS + gb, L, mask=gcm)
-                        tl.store(ACC + gb[:, None] * D + dm[None, :], A,
-                                 mask=gcm[:, None] & cv[None, :])
-                        tl.debug_barrier()
-                        top = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
-                        if top == ngrp - 1:
-                            tl.store(CNT + pid, 0)
-                            # (a chunk folds one group's total into an empty total too: exact)
-                            M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, 0, ngrp, a0, gc, gcm, dm, cv,
-                                            G, D, GS, True, DEPTH, BLOCK_GC, 2 * BLOCK_H)
+                if s < nact:
+                    a = a0 + s
+                    t_lo = tl.maximum(a * SPLIT, (lo_pos // BLOCK_N) * BLOCK_N)
+                    t_hi = tl.minimum(a * SPLIT + SPLIT, pos + 1)
+                    lo_v = tl.zeros([BLOCK_G], tl.int64) + lo_pos
+                    hi_v = tl.zeros([BLOCK_G], tl.int64) + pos + 1
+                    ones = tl.full([BLOCK_N, 16], 1.0, O.dtype.element_ty)
+                    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+                    l = tl.zeros([BLOCK_G], tl.float32)
+                    acc = tl.zeros([BLOCK_G, 2 * BLOCK_H], tl.float32)
+                    # every tile masked: skipping the masks on the tiles the row sees whole gives the
+                    # same values and a faster kernel alone, but the three-loop binary cost 0.35 ms per
+                    # 1B decode step in the engine (H200, benchmarks/NOTES.md, eighth session)
+                    for start in range(t_lo, t_hi, BLOCK_N):
+                        m, l, acc = _decode_tile(kp, vp, start, slot, pos, lo_pos, capm, rs, hs, kvh,
+                                                 dm, cv, q, lo_v, hi_v, m, l, acc, ones, scale,
+                                                 softcap, BLOCK_N, SOFTCAP, RING, True, ACC_DOT)
+                    base = pid * NSPLIT + s
+                    tl.store(MS + base * G + g, m, mask=gm)
+                    tl.store(LS + base * G + g, l, mask=gm)
+                    tl.store(ACC + (base * G + g)[:, None] * D + dm[None, :], acc,
+                             mask=gm[:, None] & cv[None, :])
+                    # tickets: the group of absolute split a, counted from the row's first group
+                    gc = tl.arange(0, BLOCK_GC)
+                    gcm = gc < G
+                    grp = a // GS
+                    g_first = tl.maximum(grp * GS, a0)
+                    g_last = tl.minimum(grp * GS + GS - 1, a_last)
+                    ngrp = a_last // GS - a0 // GS + 1
+                    gcnt = CNT + NROWS + pid * NGG + (grp - a0 // GS)
+                    tl.debug_barrier()
+                    ticket = tl.atomic_add(gcnt, 1, sem="acq_rel", scope="gpu")
+                    if ticket == g_last - g_first:
+                        tl.store(gcnt, 0)
+                        M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, g_first - a0,
+                                        g_last - g_first + 1, a0,
+                                        gc, gcm, dm, cv, G, D, GS, False, DEPTH, BLOCK_GC, 2 * BLOCK_H)
+                        if ngrp > 1:                      # park the group's total in its first slot
+                            gb = (pid * NSPLIT + g_first - a0) * G + gc
+                            tl.store(MS + gb, M, mask=gcm)
+                            tl.store(LS + gb, L, mask=gcm)
+                            tl.store(ACC + gb[:, None] * D + dm[None, :], A,
+                                     mask=gcm[:, None] & cv[None, :])
+                            tl.debug_barrier()
+                            top = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
+                            if top == ngrp - 1:
+                                tl.store(CNT + pid, 0)
+                                # (a chunk folds one group's total into an empty total too: exact)
+                                M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, 0, ngrp, a0, gc, gcm, dm, cv,
+                                                G, D, GS, True, DEPTH, BLOCK_GC, 2 * BLOCK_H)
+                                if SINKS:
+                                    M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
+                                tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
+                                         (A / L[:, None]).to(O.dtype.element_ty),
+                                         mask=gcm[:, None] & cv[None, :])
+                        else:
                             if SINKS:
                                 M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
                             tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
                                      (A / L[:, None]).to(O.dtype.element_ty),
                                      mask=gcm[:, None] & cv[None, :])
-                    else:
-                        if SINKS:
-                            M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
-                        tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
-                                 (A / L[:, None]).to(O.dtype.element_ty),
-                                 mask=gcm[:, None] & cv[None, :])
 
     return attn_kernel
