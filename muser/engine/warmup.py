@@ -38,11 +38,17 @@ def warm_up(engine, sessions: list, steps=None) -> dict:
         return {}
     t0, before = time.perf_counter(), stats().get("captures", 0)
     tok = engine.spec.bos_token_id if engine.spec.bos_token_id is not None else 0
+    per = 1 if steps is None else 2              # positions a batch size's steps take
+    room = max(1, engine.max_context - per)
     try:
         for i, s in enumerate(sessions):
-            s.prefill([tok] * PROMPTS[i % len(PROMPTS)], logits=False)
+            s.prefill([tok] * min(PROMPTS[i % len(PROMPTS)], room), logits=False)
         for b in range(1, len(sessions) + 1):
             group = sessions[:b]
+            for s in group:                      # session 0 steps in every batch size: a short
+                if s.position + per > engine.max_context:         # context starts it over
+                    s.reset()
+                    s.prefill([tok], logits=False)
             if steps is not None:              # as a pipelined round: a host id, then the
                 first = steps.launch(group, [tok] * b)         # step's own picks, launched
                 second = steps.launch(group, [FromLast(i) for i in range(b)])  # before reading

@@ -78,8 +78,13 @@ class ServerState:
         if config.pipeline != "off" and config.batch_decode:
             self.scheduler.steps = engine.greedy_steps(force=config.pipeline == "on")
         if config.warmup:
-            warm = warm_up(engine, sessions[:-1] if config.batch_decode else sessions[:1],
-                           self.scheduler.steps)
+            try:
+                warm = warm_up(engine, sessions[:-1] if config.batch_decode else sessions[:1],
+                               self.scheduler.steps)
+            except Exception as e:             # noqa: BLE001 -- a speed-up: serve without it
+                warm = {}
+                log.warning("start-up warm-up failed (%s: %s); the first requests will compile "
+                            "and capture instead", type(e).__name__, e)
             if warm:
                 log.info("warmed up %d decode batch size(s) in %.1f s (%d graphs captured)",
                          warm["batches"], warm["seconds"], warm["captures"])

@@ -71,3 +71,31 @@ def test_a_warmed_session_computes_what_a_fresh_one_does(engine, monkeypatch):
         s.prefill(prompt, logits=False)
     for t in (11, 12, 13, 14, 15):            # through the ring wrap (window 4)
         assert torch.equal(warmed[-1].decode(t), fresh.decode(t))
+
+
+def test_warm_up_fits_its_prompts_into_a_short_context(monkeypatch):
+    """A model served with a short --max-context: the prompts are cut to fit, nothing raises."""
+    small = tiny_model("gemma3", window=4, tokenizer=False, max_context=12)
+    r = host_runner(small, monkeypatch)
+    sessions = [small.new_session() for _ in range(len(PROMPTS))]
+    assert warm_up(small, sessions, GreedySteps(r))["batches"] == len(PROMPTS)
+    assert all(s.position == 0 for s in sessions)
+
+
+def test_a_failed_warm_up_is_logged_and_the_server_still_serves(monkeypatch, caplog):
+    """The warm-up only saves the first requests their compiles: if it raises, the server warns
+    and starts anyway, its slots empty."""
+    pytest.importorskip("fastapi")
+    from muser.server import service
+    from muser.server.config import ServerConfig
+
+    def broken(engine, sessions, steps=None):
+        sessions[0].prefill([1, 2, 3], logits=False)
+        raise RuntimeError("no graphs today")
+
+    monkeypatch.setattr(service, "warm_up", broken)
+    engine = tiny_model("gemma3", window=4)
+    with caplog.at_level("WARNING", logger="muser.server"):
+        state = service.ServerState(engine, ServerConfig(slots=2))
+    assert "warm-up failed (RuntimeError: no graphs today)" in caplog.text
+    assert len(state.pool.slots) == 2
