@@ -166,6 +166,8 @@ class EnvError(MuserError, ValueError):
     def __init__(self, name: str, expected: str, got: str):
         self.name, self.expected, self.got = name, expected, got
         super().__init__(f"environment variable {name} expected {expected}, got {got!r}")
+
+
 class ParameterError(RequestError):
     """One named request field is invalid: an unusable schema or grammar, a logit_bias key
     outside the vocabulary, ...  `param` is the field's path as a client spells it."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 
 from ..backends.greedy import FromLast
+from ..errors import RequestError
 
 PROMPTS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -32,7 +33,8 @@ def warm_up(engine, sessions: list, steps=None) -> dict:
     {"batches", "seconds", "captures"}.  `sessions` must be empty; they are empty after."""
     for s in sessions:
         if s.position:
-            raise ValueError(f"warm_up takes empty sessions; one is at position {s.position}")
+            raise RequestError(f"warm_up expected empty sessions; found one at position "
+                               f"{s.position}")
     stats = engine.runner_stats
     if not sessions or engine.decode_runner() is None:
         return {}

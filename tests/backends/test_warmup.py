@@ -11,6 +11,7 @@ from test_graph_runner_host import PlainStep
 from muser.backends.cuda.graph import GraphRunner
 from muser.backends.cuda.greedy import GreedySteps
 from muser.engine.warmup import PROMPTS, warm_up
+from muser.errors import RequestError
 from muser.testing import tiny_model
 
 
@@ -38,7 +39,7 @@ def test_warm_up_is_a_no_op_without_a_runner(engine):
 def test_warm_up_refuses_a_session_in_use_and_changes_nothing(engine):
     sessions = [engine.new_session() for _ in range(2)]
     sessions[1].prefill([5, 6, 7], logits=False)
-    with pytest.raises(ValueError, match="empty sessions.*position 3"):
+    with pytest.raises(RequestError, match="expected empty sessions; found one at position 3"):
         warm_up(engine, sessions)
     assert sessions[1].tokens == [5, 6, 7] and sessions[0].position == 0
 
