@@ -32,7 +32,8 @@
 #   llama        waits for a build started on THIS machine, then cuda_bench.py side by side
 #   peer         the build on every core, then cuda_bench.py: one call (a later call may land
 #                on a fresh machine, where a background build is gone: thirteenth session)
-#   serve_warm   two bursts of 16 server clients, pipeline auto against off (--spy: py-spy)
+#   serve_warm   two bursts of 16 server clients, pipeline auto against off (warmed up)
+#   serve_spy    the same under py-spy (traces, not timings)
 #   warm_check   the server's start-up warm-up on a fresh machine, then test_cuda_server
 #   pipeline_on  the engine/server CUDA tests with MUSER_PIPELINE=on the default
 #   idle_ab      idle attention splits leave at once (carry .prev = d788570): bits, then the A/B
@@ -192,7 +193,14 @@ stage_serve16() {  # carry .peers: 16 greedy clients on the server, pipeline aut
   done
 }
 
-stage_serve_warm() {  # carry .peers: two bursts of 16 clients, pipeline auto against off (capture cost)
+stage_serve_warm() {  # carry .peers: two bursts of 16 clients, pipeline auto against off (both
+  for p in auto off; do  # warmed up at start: a clean server-level A/B)
+    bench 200 . benchmarks/server_load.py --model 270m --device cuda --slots 16 --levels 16,16 \
+      --tokens 256 --pipeline $p
+  done
+}
+
+stage_serve_spy() {  # carry .peers: the same under py-spy (500 Hz: ~30% slower; for traces only)
   for p in auto off; do
     bench 200 . benchmarks/server_load.py --model 270m --device cuda --slots 16 --levels 16,16 \
       --tokens 256 --pipeline $p --spy "$OUT/spy_$p.txt"
