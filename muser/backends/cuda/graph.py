@@ -29,7 +29,7 @@ import torch
 from ...cache.many import advance_lockstep
 from ...env import Env
 from ...errors import CacheError, RequestError
-from .capture import capture
+from . import capture as cuda_capture
 from .chunk_step import chunk_pass
 from .decode_step import DecodeStep, unsupported, unsupported_weights
 from .chunk_graph import ChunkGraphs
@@ -240,10 +240,17 @@ class GraphRunner:
     def _capture(self, entry: _Entry) -> None:
         """Warm up eagerly (compiles kernels; writes this step's rows, which the replay
         rewrites identically), then capture.  The caller replays for the real result."""
+        entry.graph, entry.logits = self.captured(lambda: self._step(entry))
+
+    def captured(self, fn):
+        """capture.capture(fn) into the runner's pool, counted and timed in `stats`: every
+        graph of its steps (this file's, cuda/greedy.py's) is captured through here."""
         t0 = time.perf_counter()
-        entry.graph, entry.logits = capture(lambda: self._step(entry), self._pool())
+        out = cuda_capture.capture(fn, self._pool())   # looked up at call time: a stand-in
+        # (tests/backends/test_greedy_pipeline_host.py) serves both kinds of step
         self.stats["captures"] += 1
         self.stats["capture_seconds"] += time.perf_counter() - t0
+        return out
 
 
 def make_runner(engine, env: Env | None = None):

@@ -24,8 +24,6 @@ be taken back (a second would lose a row the next query reads).
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
 from ..greedy import Budget, FromLast, Greedy, Step, greedy_rows, run_steps, take_back
@@ -120,13 +118,9 @@ class GreedySteps:
             if g.graph is None:
                 # capture's warm-up runs the step once (rows the replay rewrites identically)
                 # and leaves its picks in res: this step's ids go back before the replay
-                from .capture import capture
-                t0 = time.perf_counter()
                 ids = g.res[0].clone()
-                g.graph, _ = capture(lambda: _graph_body(r, entry, g), r._pool())
+                g.graph, _ = r.captured(lambda: _graph_body(r, entry, g))
                 g.res[0].copy_(ids)
-                r.stats["captures"] += 1
-                r.stats["capture_seconds"] += time.perf_counter() - t0
             g.graph.replay()
         r.stats["replays"] += 1
         g.down[k].copy_(g.res, non_blocking=True)
