@@ -38,6 +38,7 @@
 #   pipeline_on  the engine/server CUDA tests with MUSER_PIPELINE=on the default
 #   idle_ab      idle attention splits leave at once (carry .prev = d788570): bits, then the A/B
 #   attn_ab      three attention shapes (tiles, split rows) against decode, batches, prefill
+#   per_ab       splits a decode-attention program (MUSER_ATTN_PER, a launch shape): bits, A/B
 set -u
 OUT=${OUT:-/tmp/plan-out}
 mkdir -p "$OUT"
@@ -229,6 +230,13 @@ stage_attn_ab() {  # the attention's fixed shape against the 16-session step and
   # (each variant is a different arithmetic, so the same everywhere: decode, chunks, batches)
   bench 420 . benchmarks/exact_ab.py --models 1b,270m --trees exact --long \
     --variants "G64:MUSER_ATTN_GROWING=64,8;GR256:MUSER_GROWING_ROWS=256;R64:MUSER_RING_ROWS=64"
+}
+
+stage_per_ab() {   # MUSER_ATTN_PER: 2 splits a program on rings at >= 8 sessions (auto) against 1
+  tests 120 -x tests/cuda/test_triton_decode.py -k "per or fused_equals"
+  tests 120 -x tests/engine/test_invariance.py -k "cuda and batched"
+  bench 330 . benchmarks/exact_ab.py --models 1b,270m --trees exact --no-16k \
+    --variants "P1:MUSER_ATTN_PER=1;P2:MUSER_ATTN_PER=2;P4:MUSER_ATTN_PER=4"
 }
 
 stage_profile16() {  # kernel time of a decode step alone and of a 16-session step (1B, 270M)

@@ -39,7 +39,7 @@ FOLD = dict(H=4, KV=1, G=4, D=256, HALF=128, BLOCK_H=128, INTERLEAVED=False, BM=
 DECODE = dict(H=4, KV=1, G=4, D=256, HALF=128, BLOCK_H=128, BLOCK_G=16, BLOCK_GC=4, BLOCK_N=32,
               NSPLIT=17, SPLIT=32, GS=4, DEPTH=4, FUSED=True, QK_NORM=True, ROPE=True,
               INTERLEAVED=False, SOFTCAP=False, SINKS=False, V_NORM=False, K_EQ_V=False,
-              RING=True, ACC_DOT=True, PDL=True, PREP=False)
+              RING=True, ACC_DOT=True, PDL=True, PREP=False, PER=1)
 DOWN = dict(K=6912, KS=1024, BLOCK_N=128, BLOCK_K=64, GLU=False, GELU=False, HAS_BIAS=False,
             SPLIT=False, BM=128, PIECES_IN=7, WQ=False, PDL=True, FLATTEN=False)
 ADD_NORM = dict(N=1152, BLOCK=2048, HAS_D1=True, HAS_D2=False, POST=True, LAYERNORM=False,
@@ -65,6 +65,7 @@ CONFIGS = [
     ("decode ring fused", "decode", {}, 4),
     ("decode growing fused", "decode", dict(NSPLIT=257, SPLIT=128, GS=16, RING=False), 4),
     ("decode ring q-given", "decode", dict(FUSED=False, QK_NORM=False, ROPE=False), 4),
+    ("decode ring fused, 2 splits a program", "decode", dict(PER=2), 4),
     ("decode ring prepare alone", "decode", dict(PREP=True), 4),
     ("dot_rows down 128-row tile, 7 pieces in", "dot", {}, 8),
     ("dot_rows down, pieces flattened", "dot", dict(FLATTEN=True), 8),
@@ -209,7 +210,7 @@ def main():
         try:
             ptx = compile_ptx(kern, {**base, **over}, warps)
         except Exception as e:              # a compile failure is this tool's answer, not a crash
-            print(f"  {name:40s} FAILED: {str(e)[:120]}")
+            print(f"  {name:40s} FAILED: {str(e)[-900:]}")
             continue
         code = code_only(ptx)
         usage = f"  {ptxas_usage(ptx)}" if args.regs else ""

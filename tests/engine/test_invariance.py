@@ -126,7 +126,7 @@ def test_a_verification_block_equals_that_many_decode_steps_across_the_ring_wrap
     assert spec.snapshot().equal(steps.snapshot())
 
 
-@pytest.mark.parametrize("batch", [1, 2, 7, 16])
+@pytest.mark.parametrize("batch", [1, 2, 7, 8, 16])
 def test_batched_decode_equals_each_session_decoding_alone(engine, ids, cuts, batch):
     at = [CUTS[i % len(CUTS)] for i in range(batch)]          # positions 1 .. 600, mixed
     together = [engine.restore(cuts[p]) for p in at]
