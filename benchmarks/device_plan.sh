@@ -39,6 +39,8 @@
 #   idle_ab      idle attention splits leave at once (carry .prev = d788570): bits, then the A/B
 #   attn_ab      three attention shapes (tiles, split rows) against decode, batches, prefill
 #   per_ab       splits a decode-attention program (MUSER_ATTN_PER, a launch shape): bits, A/B
+#                (fifteenth session: slower; the code is gone, the stage is the record)
+#   regs_ab      the attention launch's register cap (MUSER_ATTN_REGS): bits, then the A/B
 set -u
 OUT=${OUT:-/tmp/plan-out}
 mkdir -p "$OUT"
@@ -237,6 +239,13 @@ stage_per_ab() {   # MUSER_ATTN_PER: 2 splits a program on rings at >= 8 session
   tests 120 -x tests/engine/test_invariance.py -k "cuda and batched"
   bench 330 . benchmarks/exact_ab.py --models 1b,270m --trees exact --no-16k \
     --variants "P1:MUSER_ATTN_PER=1;P2:MUSER_ATTN_PER=2;P4:MUSER_ATTN_PER=4"
+}
+
+stage_regs_ab() {  # MUSER_ATTN_REGS: 168 registers at >= 8 sessions (auto) against none (off)
+  tests 100 -x tests/cuda/test_triton_decode.py -k register_cap
+  tests 90 -x tests/engine/test_invariance.py -k "cuda and batched"
+  bench 300 . benchmarks/exact_ab.py --models 1b,270m --trees exact --no-16k \
+    --variants "OFF:MUSER_ATTN_REGS=off;C168:MUSER_ATTN_REGS=168;C128:MUSER_ATTN_REGS=128"
 }
 
 stage_profile16() {  # kernel time of a decode step alone and of a 16-session step (1B, 270M)

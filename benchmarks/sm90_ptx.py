@@ -39,7 +39,7 @@ FOLD = dict(H=4, KV=1, G=4, D=256, HALF=128, BLOCK_H=128, INTERLEAVED=False, BM=
 DECODE = dict(H=4, KV=1, G=4, D=256, HALF=128, BLOCK_H=128, BLOCK_G=16, BLOCK_GC=4, BLOCK_N=32,
               NSPLIT=17, SPLIT=32, GS=4, DEPTH=4, FUSED=True, QK_NORM=True, ROPE=True,
               INTERLEAVED=False, SOFTCAP=False, SINKS=False, V_NORM=False, K_EQ_V=False,
-              RING=True, ACC_DOT=True, PDL=True, PREP=False, PER=1)
+              RING=True, ACC_DOT=True, PDL=True, PREP=False)
 DOWN = dict(K=6912, KS=1024, BLOCK_N=128, BLOCK_K=64, GLU=False, GELU=False, HAS_BIAS=False,
             SPLIT=False, BM=128, PIECES_IN=7, WQ=False, PDL=True, FLATTEN=False)
 ADD_NORM = dict(N=1152, BLOCK=2048, HAS_D1=True, HAS_D2=False, POST=True, LAYERNORM=False,
@@ -65,8 +65,10 @@ CONFIGS = [
     ("decode ring fused", "decode", {}, 4),
     ("decode growing fused", "decode", dict(NSPLIT=257, SPLIT=128, GS=16, RING=False), 4),
     ("decode ring q-given", "decode", dict(FUSED=False, QK_NORM=False, ROPE=False), 4),
-    ("decode ring fused, 2 splits a program", "decode", dict(PER=2), 4),
     ("decode ring prepare alone", "decode", dict(PREP=True), 4),
+    ("decode ring fused, <= 168 registers", "decode", dict(maxnreg=168), 4),
+    ("decode growing fused, <= 168 registers", "decode", dict(NSPLIT=257, SPLIT=128, GS=16,
+                                                             RING=False, maxnreg=168), 4),
     ("dot_rows down 128-row tile, 7 pieces in", "dot", {}, 8),
     ("dot_rows down, pieces flattened", "dot", dict(FLATTEN=True), 8),
     ("dot_rows qkv 16-row decode tile", "dot", dict(K=1152, KS=1152, BM=16, BLOCK_N=32,
@@ -120,9 +122,12 @@ DIVISIBLE = set(TYPES) - {"scale", "softcap", "eps"} | {"rs", "hs"}
 
 
 def compile_ptx(kern, consts: dict, warps: int) -> str:
+    """`consts` may carry "maxnreg": a register cap (a launch option, not a kernel argument)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    consts = dict(consts)
+    cap = consts.pop("maxnreg", None)
     names = list(inspect.signature(kern.fn).parameters)
     sig = {n: "constexpr" if n in consts else TYPES.get(n, "i32") for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if n in DIVISIBLE}
@@ -133,7 +138,8 @@ def compile_ptx(kern, consts: dict, warps: int) -> str:
                          # add_norm with it (dot_rows' int8 epilogue turns it off), 3 stages
                          options={"num_warps": warps, "num_stages": 3,
                                   "enable_fp_fusion": ("K" in consts or "NEXT" in consts)
-                                  and not consts.get("WQ")})
+                                  and not consts.get("WQ"),
+                                  **({"maxnreg": cap} if cap else {})})
     return out.asm["ptx"]
 
 

@@ -131,9 +131,10 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_ATTN_ACC": ("dot|add", "dot", "backends/cuda (attention)",
                        "dot: p @ V accumulates onto the rescaled accumulator inside the MMA; "
                        "add: a separate add (part of the arithmetic: experiments)"),
-    "MUSER_ATTN_PER": ("auto|1|2|4", "auto", "backends/cuda (decode attention)",
-                       "decode-attention splits one program computes (a launch shape: the same "
-                       "bits): auto = 2 for ring planes in steps of 8 or more sessions, else 1"),
+    "MUSER_ATTN_REGS": ("auto|off|168|128", "auto", "backends/cuda (decode attention)",
+                        "register cap of the decode-attention launch (register allocation only: "
+                        "the same bits); auto = 168 in steps of 8 or more sessions (three programs "
+                        "an SM instead of two), none below"),
     "MUSER_ATTN_RING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
                         "tile of the ring decode-attention kernel (experiments)"),
     "MUSER_ATTN_GROWING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
@@ -173,7 +174,7 @@ class Env:
     pdl: str = "on"
     pipeline: str = "on"
     mega: str = "off"
-    attn_per: str = "auto"
+    attn_regs: str = "auto"
     attn_acc: str = "dot"
     growing_group: int = 16
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)
@@ -263,7 +264,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_CHUNK_FIRST", "chunk_first"), ("MUSER_CHUNK_PARK", "chunk_park"),
                         ("MUSER_CHUNK_PREP", "chunk_prep"), ("MUSER_FLATTEN", "flatten"),
                         ("MUSER_FUSE_SUM", "fuse_sum"), ("MUSER_PIPELINE", "pipeline"),
-                        ("MUSER_MEGA", "mega"), ("MUSER_ATTN_PER", "attn_per")):
+                        ("MUSER_MEGA", "mega"), ("MUSER_ATTN_REGS", "attn_regs")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

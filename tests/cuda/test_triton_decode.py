@@ -111,9 +111,10 @@ def _torch_qk(qkv, pos, cos, sin, qn, kn, heads, kv, d, interleaved):
     return q, k, v
 
 
-def _fused_case(kind, lens, heads, kv, d, dtype, dev, cap, qk_norm, rope, interleaved, seed, per=1):
+def _fused_case(kind, lens, heads, kv, d, dtype, dev, cap, qk_norm, rope, interleaved, seed,
+                maxnreg=None):
     """Planes at `lens`, then one decode token per row: fused, separate, fused again
-    ([outputs], [planes after each], inputs); `per` splits a program in every launch."""
+    ([outputs], [planes after each], inputs); `maxnreg` caps every launch's registers."""
     from muser.backends.cuda.triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention
     from muser.backends.cuda.triton_ops import qk_rope_store
     g = torch.Generator().manual_seed(seed)
@@ -142,11 +143,11 @@ def _fused_case(kind, lens, heads, kv, d, dtype, dev, cap, qk_norm, rope, interl
         if fused:
             fused_decode_attention(qkv, pos, cos, sin, qn, kn, 1e-6, table, meta, heads, kv, d,
                                    nsplit, 0.0625, None, interleaved, ws=ws, out=out,
-                                   capacity=capacity, per=per, **lay)
+                                   capacity=capacity, maxnreg=maxnreg, **lay)
         else:
             q = qk_rope_store(qkv, pos, cos, sin, qn, kn, 1e-6, table, meta, heads, kv, d, interleaved)
             decode_attention(q, pos, table, meta, kv, nsplit, 0.0625, None, ws=ws, out=out,
-                             capacity=capacity, per=per, **lay)
+                             capacity=capacity, maxnreg=maxnreg, **lay)
         assert int(ws.cnt.abs().sum()) == 0
         outs.append(out)
         plane_sets.append(planes)
@@ -184,19 +185,16 @@ def test_fused_equals_separate_and_reference(dev, kdtype, kind, lens, cap, heads
 
 @pytest.mark.parametrize("kind,lens,cap", [("ring", (1, 37, 64, 100, 131), 64),
                                            ("growing", (0, 4, 300, 2049), None)])
-@pytest.mark.parametrize("heads,kv,d", [(4, 1, 256), (8, 4, 256)])
-@pytest.mark.parametrize("per", [2, 4])
-def test_splits_per_program_is_a_launch_shape_not_bits(dev, kdtype, kind, lens, cap, heads, kv, d,
-                                                       per):
-    """A program computing 2 or 4 splits (MUSER_ATTN_PER) gives every output and stored row
-    bitwise what one split a program gives -- fused and q-given forms, rings wrapped and growing
-    planes across 17 splits -- and leaves the election counters at 0 (`_fused_case` checks)."""
-    one = _fused_case(kind, lens, heads, kv, d, kdtype, dev, cap, True, True, False, seed=3)
-    many = _fused_case(kind, lens, heads, kv, d, kdtype, dev, cap, True, True, False, seed=3,
-                       per=per)
-    for a, b in zip(one[0], many[0]):
+@pytest.mark.parametrize("maxnreg", [168, 128])
+def test_a_register_cap_is_allocation_not_bits(dev, kdtype, kind, lens, cap, maxnreg):
+    """A capped launch (MUSER_ATTN_REGS: what a step of 8+ sessions runs) gives every output
+    and stored row bitwise what the uncapped one gives, fused and q-given."""
+    one = _fused_case(kind, lens, 4, 1, 256, kdtype, dev, cap, True, True, False, seed=3)
+    capped = _fused_case(kind, lens, 4, 1, 256, kdtype, dev, cap, True, True, False, seed=3,
+                         maxnreg=maxnreg)
+    for a, b in zip(one[0], capped[0]):
         assert not a.isnan().any() and torch.equal(a, b)
-    for pa, pb in zip(one[1], many[1]):
+    for pa, pb in zip(one[1], capped[1]):
         for a, b in zip(pa, pb):
             assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 

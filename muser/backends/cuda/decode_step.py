@@ -150,7 +150,7 @@ class DecodeStep:
         self.fused_attn = env.attn != "separate" or spec.v_norm or any(l.k_eq_v for l in spec.layers)
         self.flatten = env.flatten in ("dot", "on")   # dot_rows' in-kernel pieces: one loop
         self.fuse_sum = env.fuse_sum == "on"    # the down projection's pieces summed in add_norm
-        self.attn_per = env.attn_per            # decode-attention splits a program (`per_for`)
+        self.attn_regs = env.attn_regs          # the attention launch's register cap (`regs_for`)
         # MUSER_MEGA=mlp: each layer's MLP half as one persistent launch (triton_mega.py)
         self.mega_cnt = (torch.zeros(6, dtype=torch.int32, device=dev) if env.mega == "mlp"
                          else None)
@@ -162,13 +162,14 @@ class DecodeStep:
         # half prepares a chunk's q/k/v); the experiment switches give that up
         self.invariant = mode == "dot" and self.fused_attn
 
-    def per_for(self, batch: int, capacity: int) -> int:
-        """Splits one decode-attention program computes (a launch shape, not bits).  auto: 2
-        for a ring in a step of 8 or more sessions (H200, 16 sessions: a program's prologue is
-        what 17 programs a ring row repeat), else 1 (one session wants every program it can get)."""
-        if self.attn_per != "auto":
-            return int(self.attn_per)
-        return 2 if capacity > 0 and batch >= 8 else 1
+    def regs_for(self, batch: int) -> int | None:
+        """The decode-attention launch's register cap (register allocation only: the same
+        bits).  auto: 168 from 8 sessions on -- 16 sessions x 17 ring splits are 272 programs,
+        past the 264 that fit the H200's 132 SMs two at a time at 208 registers; at 168, three
+        fit (396) -- none below (one session's 17 programs have SMs to spare)."""
+        if self.attn_regs == "auto":
+            return 168 if batch >= 8 else None
+        return None if self.attn_regs == "off" else int(self.attn_regs)
 
     def workspace(self, batch: int) -> DecodeWorkspace:
         """One workspace for every layer: sized for the largest kv-head count, group, head dim,
@@ -246,7 +247,7 @@ class DecodeStep:
             meta, table = metas[self.groups[i]], tables[i]
             KV, D = ls.kv_heads, ls.head_dim
             cos, sin = self.rope[i]
-            lay = dict(capacity=self.caps[i], per=self.per_for(B, self.caps[i]), **self.lays[i])
+            lay = dict(capacity=self.caps[i], maxnreg=self.regs_for(B), **self.lays[i])
             if self.fused_attn:
                 return fused_decode_attention(qkv, pos, cos, sin, qn, kn, spec.norm_eps, table, meta,
                                               spec.num_heads, KV, D, self.splits[i],
