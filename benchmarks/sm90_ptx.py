@@ -78,6 +78,10 @@ CONFIGS = [
     ("add_norm parallel", "add_norm", dict(HAS_D2=True, POST=False), 4),
     ("add_norm over 7 pieces", "add_pieces", {}, 4),
     ("greedy pick, 262k columns", "pick", {}, 4),
+    ("qk-norm + RoPE + store (MUSER_ATTN=separate)", "qk_rope", {}, 4),
+    ("qk-norm + RoPE + store, interleaved", "qk_rope", dict(INTERLEAVED=True), 4),
+    ("chunk rows: norm + RoPE", "norm_rope", {}, 4),
+    ("chunk rows: RoPE interleaved", "norm_rope", dict(NORM=False, INTERLEAVED=True), 4),
     ("mlp half, one persistent launch, 270M", "mega", {}, 4),
     ("mlp half, one persistent launch, 1B", "mega", MEGA_1B, 4),
     ("fold growing captured", "fold", {}, 4),
@@ -116,7 +120,12 @@ TYPES = {  # argument types as the engine passes them (others are i32)
     "GU": "*bf16", "DW": "*bf16", "W_PA": "*fp32", "W_PF": "*fp32", "W_PD": "*fp32",
     "W_NX": "*fp32", "H1": "*bf16", "X1": "*bf16", "A": "*bf16", "D": "*bf16", "H2": "*bf16",
     "X2": "*bf16", "AT": "*bf16", "WO": "*bf16", "WQ": "*bf16",
+    # qk-norm + RoPE + store (triton_ops.py) and a chunk's rows (triton_rows.py)
+    "Q_OUT": "*bf16", "OUT": "*bf16",
 }
+QK_ROPE = dict(H=4, KV=1, D=256, HALF=128, BLOCK=128, QK_NORM=True, ROPE=True, INTERLEAVED=False)
+NORM_ROPE = dict(N=4, D=256, HALF=128, BN=4, BH=128, NORM=True, LAYERNORM=False, ROPE=True,
+                 INTERLEAVED=False)
 CHUNK["FLATTEN"] = False
 DIVISIBLE = set(TYPES) - {"scale", "softcap", "eps"} | {"rs", "hs"}
 
@@ -199,6 +208,7 @@ def main():
     from muser.backends.cuda.triton_ops import _kernels as _ops_kernels
     from muser.backends.cuda.triton_mega import _kernel as _mega_kernel
     from muser.backends.cuda.triton_pick import _kernel as _pick_kernel
+    from muser.backends.cuda.triton_rows import _kernels as _rows_kernels
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="write each configuration's stripped PTX here")
     ap.add_argument("--regs", action="store_true", help="ptxas -v: registers and spills")
@@ -209,7 +219,8 @@ def main():
                "decode": (_decode_kernel(), DECODE), "dot": (_dot_kernels()[0], DOWN),
                "add_norm": (_ops_kernels()[0], ADD_NORM),
                "add_pieces": (_ops_kernels()[3], ADD_PIECES), "pick": (_pick_kernel(), PICK),
-               "mega": (_mega_kernel(), MEGA)}
+               "mega": (_mega_kernel(), MEGA), "qk_rope": (_ops_kernels()[1], QK_ROPE),
+               "norm_rope": (_rows_kernels()[0], NORM_ROPE)}
     print(f"triton {triton.__version__}, sm_90")
     for name, which, over, warps in CONFIGS + (TILES if args.tiles else []):
         kern, base = kernels[which]

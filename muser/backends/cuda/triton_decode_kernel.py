@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 
 from .triton_attn import pieces
-from .triton_ops import pdl_pieces
+from .triton_ops import pdl_pieces, rope_pieces
 
 
 @functools.lru_cache(maxsize=None)
@@ -20,6 +20,7 @@ def _kernel():
 
     globals().update(pieces())          # module globals: the interpreter resolves names there
     globals().update(pdl_pieces())
+    globals().update(rope_pieces())
 
     @triton.jit
     def load_parked(MS, LS, ACC, prow, i, count, lo, a0, gc, gcm, dm, cv, G: tl.constexpr,
@@ -142,12 +143,7 @@ def _kernel():
             if FUSED:
                 j = tl.arange(0, BLOCK_H)
                 jm = j < HALF
-                if INTERLEAVED:
-                    i0 = 2 * j
-                    i1 = 2 * j + 1
-                else:
-                    i0 = j
-                    i1 = j + HALF
+                i0, i1 = _halves(j, HALF, INTERLEAVED)
                 if K_EQ_V:                            # Gemma 4 global layers: q | k, V = raw K
                     row = QKV + b * (H + KV) * D
                     vsrc = row + (H + kvh) * D
@@ -184,8 +180,10 @@ def _kernel():
                 if ROPE:
                     cs = tl.load(COS + pos * HALF + j, mask=jm, other=0.0)
                     sn = tl.load(SIN + pos * HALF + j, mask=jm, other=0.0)
+                    # q's rotation written out: through _rotate the same multiplies come out
+                    # in another order (the same values; a binary the device has not timed)
                     q0, q1 = q0 * cs[None, :] - q1 * sn[None, :], q1 * cs[None, :] + q0 * sn[None, :]
-                    k0, k1 = k0 * cs - k1 * sn, k1 * cs + k0 * sn
+                    k0, k1 = _rotate(k0, k1, cs, sn)
                 qj = tl.join(q0.to(dt), q1.to(dt))                  # [BLOCK_G, BLOCK_H, 2]
                 kj = tl.join(k0.to(dt), k1.to(dt))                  # [BLOCK_H, 2]
                 if INTERLEAVED:

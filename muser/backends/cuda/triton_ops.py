@@ -64,11 +64,42 @@ def pdl_pieces() -> dict:
 
 
 @functools.lru_cache(maxsize=None)
+def rope_pieces() -> dict:
+    """The rotation's two halves as every kernel that rotates reads them (the decode launch's
+    prologue, qk_rope_store, a chunk's norm_rope rows): `_halves(i, HALF, INTERLEAVED)` -> the
+    dims (i0, i1) of pair i -- (2i, 2i + 1) interleaved, (i, i + D/2) split -- and
+    `_rotate(a0, a1, c, s)` -> the pair rotated by (cos, sin), in float32 as given.
+    Inlined by Triton: a kernel calling them compiles to what it wrote out before
+    (benchmarks/sm90_ptx.py fingerprints)."""
+    import triton
+    import triton.language as tl
+
+    globals()["tl"] = tl
+
+    @triton.jit
+    def halves(i, HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
+        if INTERLEAVED:                            # pairs (2i, 2i + 1)
+            i0 = 2 * i
+            i1 = 2 * i + 1
+        else:                                      # pairs (i, i + D/2)
+            i0 = i
+            i1 = i + HALF
+        return i0, i1
+
+    @triton.jit
+    def rotate(a0, a1, c, s):
+        return a0 * c - a1 * s, a1 * c + a0 * s
+
+    return {"_halves": halves, "_rotate": rotate}
+
+
+@functools.lru_cache(maxsize=None)
 def _kernels():
     import triton
     import triton.language as tl
 
     globals().update(pdl_pieces())      # module globals: the interpreter resolves names there
+    globals().update(rope_pieces())
 
     @triton.jit
     def add_norm_tail(h, d1, row, i, mask, D2, W_POST, W_NEXT, H_OUT, X_OUT, eps, N: tl.constexpr,
@@ -148,12 +179,7 @@ def _kernels():
         j = tl.program_id(1)                       # q heads [0, H), then kv heads [H, H + KV)
         i = tl.arange(0, BLOCK)
         mask = i < HALF
-        if INTERLEAVED:
-            i0 = 2 * i
-            i1 = 2 * i + 1
-        else:
-            i0 = i
-            i1 = i + HALF
+        i0, i1 = _halves(i, HALF, INTERLEAVED)
         # Plane address and slot first: independent loads in flight together (latency-bound)
         kp = tl.load(TAB + b * 4).to(tl.pointer_type(QKV.dtype.element_ty))
         vp = tl.load(TAB + b * 4 + 1).to(tl.pointer_type(QKV.dtype.element_ty))
@@ -181,8 +207,7 @@ def _kernels():
             pos = tl.load(POS + b)
             c = tl.load(COS + pos * HALF + i, mask=mask, other=0.0)
             s = tl.load(SIN + pos * HALF + i, mask=mask, other=0.0)
-            o0 = a0 * c - a1 * s
-            o1 = a1 * c + a0 * s
+            o0, o1 = _rotate(a0, a1, c, s)
         else:
             o0 = a0
             o1 = a1

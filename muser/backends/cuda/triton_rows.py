@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from .triton_ops import _pow2, add_norm
+from .triton_ops import _pow2, add_norm, rope_pieces
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -41,6 +41,8 @@ def _kernels():
     import triton
     import triton.language as tl
 
+    globals().update(rope_pieces())     # module globals: the interpreter resolves names there
+
     @triton.jit
     def norm_rope_kernel(X, W, COS, SIN, OUT, stride_x, eps, N: tl.constexpr, D: tl.constexpr,
                          HALF: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr,
@@ -51,12 +53,7 @@ def _kernels():
         i = tl.arange(0, BH)[None, :]
         im = i < HALF
         mask = (n < N) & im
-        if INTERLEAVED:                            # pairs (2i, 2i + 1)
-            i0 = 2 * i
-            i1 = 2 * i + 1
-        else:                                      # pairs (i, i + D/2)
-            i0 = i
-            i1 = i + HALF
+        i0, i1 = _halves(i, HALF, INTERLEAVED)
         src = X + t * stride_x + n * D
         x0 = tl.load(src + i0, mask=mask, other=0.0)
         x1 = tl.load(src + i1, mask=mask, other=0.0)
@@ -76,8 +73,7 @@ def _kernels():
         if ROPE:
             c = tl.load(COS + t * HALF + i, mask=im, other=0.0)
             s = tl.load(SIN + t * HALF + i, mask=im, other=0.0)
-            o0 = a0 * c - a1 * s
-            o1 = a1 * c + a0 * s
+            o0, o1 = _rotate(a0, a1, c, s)
         else:
             o0 = a0
             o1 = a1
