@@ -10,13 +10,16 @@ another, each importing muser from its own tree:
 
 Each child measures batch-1 decode at 2k (and 32k) context (API ms/token and bare replay),
 16 sessions at 2k (tokens/s), the same as greedy runs (`Engine.decode_greedy`: pipelined with
-MUSER_PIPELINE=on; 1 session ms a step, 16 tokens/s), and prefill of 512 and 16k tokens (tokens/s).
+MUSER_PIPELINE=on; 1 session ms a step, 16 tokens/s), and prefill of 512 and 16k tokens (tokens/s); `--chunks 2048,4096` adds the 16k prompt in
+chunks of those sizes (the same rows: a chunk of <= 2,048 rows is one graph replay), and
+`--cpu-load N` the 16k prefill again with N processes spinning on the host's cores.
 
     PYTHONPATH=. python3 benchmarks/exact_ab.py --old .old [--models 1b,4b] [--rounds 1]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -25,6 +28,19 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@contextlib.contextmanager
+def busy(n: int):
+    """n processes spinning on the host's cores while the block runs."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]
+    time.sleep(0.5)
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def child(args):
@@ -49,6 +65,13 @@ def child(args):
         out["greedy_16"] = muser_greedy(eng, 16, 2048, args.steps, vocab)[0]
     out["prefill_512"] = max(muser_prefill(eng, 512, vocab, None, reps=3) for _ in range(2))
     out["prefill_16k"] = muser_prefill(eng, 16384, vocab, None) if not args.no_16k else 0.0
+    for c in filter(None, args.chunks.split(",")):   # the same rows in chunks of c (graphs <= 2k)
+        out[f"prefill_16k_c{c}"] = muser_prefill(eng, 16384, vocab, int(c))
+    if args.cpu_load:                       # the host busy on N more processes (a build beside)
+        with busy(args.cpu_load):
+            out["prefill_16k_load"] = muser_prefill(eng, 16384, vocab, None)
+            for c in filter(None, args.chunks.split(",")):
+                out[f"prefill_16k_load_c{c}"] = muser_prefill(eng, 16384, vocab, int(c))
     if args.profile:                        # kernel time: a decode step at 2k, a 16k prefill
         out["profile_decode"] = muser_decode(eng, 2048, 8, vocab, prof=True)[2]
         if args.shape in ("1b", "270m"):    # where a 16-session step's time above one goes
@@ -86,6 +109,7 @@ def parent(args):
                 cmd = [sys.executable, __file__, "--child", "--tree", tree, "--path", path,
                        "--shape", name, "--steps", str(args.steps)] + (["--long"] if args.long else []) \
                     + (["--profile"] if args.profile else []) \
+                    + ["--chunks", args.chunks, "--cpu-load", str(args.cpu_load)] \
                     + (["--no-16k"] if args.no_16k and tree not in ("old", "exact", "fast") else [])
                 t = time.perf_counter()
                 p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=args.timeout)
@@ -129,6 +153,9 @@ def main():
     ap.add_argument("--variants", default="", help="more runs of this tree: NAME:VAR=V,VAR=V;...")
     ap.add_argument("--profile", action="store_true", help="also print each run's top kernels")
     ap.add_argument("--no-16k", action="store_true", help="variants skip the 16k prefill")
+    ap.add_argument("--chunks", default="", help="also the 16k prefill in chunks of these sizes")
+    ap.add_argument("--cpu-load", type=int, default=0,
+                    help="also the 16k prefill (and --chunks) with N busy processes on the host")
     args = ap.parse_args()
     child(args) if args.child else parent(args)
 

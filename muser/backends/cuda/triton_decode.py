@@ -186,12 +186,15 @@ def prepare_rows(qkv: torch.Tensor, pos: torch.Tensor, cos, sin, q_norm, k_norm,
 
 def prepare_tables(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The (table, meta) a prepare-only launch takes for buffers k / v [R, KV, D] (contiguous):
-    every row's plane is the buffer, row r stores at slot r and attends over nothing.  The table
-    goes up without a wait (once a layer: a plain upload kept the host from running ahead of
-    the GPU for a whole chunk pass); the meta is cached per row count (read-only, shared)."""
+    every row's plane is the buffer, row r stores at slot r and attends over nothing.  The one
+    row goes up without a wait (once a layer: a plain upload kept the host from running ahead of
+    the GPU for a whole chunk pass) and is repeated R times on the device: built on the host,
+    a 16k-row pass copied and pinned 512 KB a layer (~1 ms of host time a layer, more when the
+    CPU is busy -- the fourteenth session's 16k prefill under a CPU load).  The meta is cached
+    per row count (read-only, shared)."""
     R, KV, D = k.shape
     row = torch.tensor([[k.data_ptr(), v.data_ptr(), KV * D, D]], dtype=torch.int64)
-    return upload(row.expand(R, 4).contiguous(), k.device), _prepare_meta(R, k.device)
+    return upload(row, k.device).expand(R, 4).contiguous(), _prepare_meta(R, k.device)
 
 
 @functools.lru_cache(maxsize=64)
