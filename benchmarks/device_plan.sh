@@ -41,6 +41,8 @@
 #   per_ab       splits a decode-attention program (MUSER_ATTN_PER, a launch shape): bits, A/B
 #                (fifteenth session: slower; the code is gone, the stage is the record)
 #   regs_ab      the attention launch's register cap (MUSER_ATTN_REGS): bits, then the A/B
+#   grid_ab      the growing planes' decode grid (capacity / split rows) at max_context 4k / 8k
+#                against 32k: what the idle programs of a 16-session step cost
 #   host16k      the 16k prefill with the host loaded (carry .prev = the tree before the prepare
 #                tables moved to the device): old against this tree, whole and in 2k / 4k chunks
 set -u
@@ -254,6 +256,11 @@ stage_host16k() {  # carry .prev (git archive 2c5e03e muser): the 16k prefill be
   tests 150 -x tests/cuda/test_chunk_graph.py tests/engine/test_invariance.py -k "cuda and chunk"
   bench 400 . benchmarks/exact_ab.py --old .prev --models 1b,270m --trees old,exact --no-16k \
     --chunks 2048,4096 --cpu-load 10
+}
+
+stage_grid_ab() {  # the same 2k sessions with growing planes of 4k / 8k capacity against 33k
+  bench 300 . benchmarks/exact_ab.py --models 1b,270m --trees exact --no-16k \
+    --variants "C4K:MAX_CONTEXT=4096;C8K:MAX_CONTEXT=8192"
 }
 
 stage_profile16() {  # kernel time of a decode step alone and of a 16-session step (1B, 270M)

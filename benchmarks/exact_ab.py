@@ -49,12 +49,13 @@ def child(args):
     from cuda_measure import muser_batch, muser_decode, muser_prefill, prefill_profile
     from cuda_bench import SHAPES
     shape = SHAPES[args.shape]
-    eng = muser.load(args.path, device="cuda", dtype="bfloat16", progress=False)
+    eng = muser.load(args.path, device="cuda", dtype="bfloat16", progress=False,
+                     max_context=args.max_context)
     vocab = shape["vocab"]
     out = {"tree": args.tree}
     t = time.perf_counter()
     out["decode_2k"] = muser_decode(eng, 2048, args.steps, vocab)[:2]
-    if args.long:
+    if args.long and not (args.max_context and args.max_context < 32768 + 64):
         out["decode_32k"] = muser_decode(eng, 32768, args.steps, vocab)[:2]
     if args.shape in ("1b", "270m"):
         tps, _, bare = muser_batch(eng, 16, 2048, 16, vocab)[:3]
@@ -64,7 +65,8 @@ def child(args):
         out["greedy_1_ms"] = muser_greedy(eng, 1, 2048, args.steps, vocab)[1]
         out["greedy_16"] = muser_greedy(eng, 16, 2048, args.steps, vocab)[0]
     out["prefill_512"] = max(muser_prefill(eng, 512, vocab, None, reps=3) for _ in range(2))
-    out["prefill_16k"] = muser_prefill(eng, 16384, vocab, None) if not args.no_16k else 0.0
+    no_16k = args.no_16k or bool(args.max_context and args.max_context < 16384 + 64)
+    out["prefill_16k"] = muser_prefill(eng, 16384, vocab, None) if not no_16k else 0.0
     for c in filter(None, args.chunks.split(",")):   # the same rows in chunks of c (graphs <= 2k)
         out[f"prefill_16k_c{c}"] = muser_prefill(eng, 16384, vocab, int(c))
     if args.cpu_load:                       # the host busy on N more processes (a build beside)
@@ -110,6 +112,7 @@ def parent(args):
                        "--shape", name, "--steps", str(args.steps)] + (["--long"] if args.long else []) \
                     + (["--profile"] if args.profile else []) \
                     + ["--chunks", args.chunks, "--cpu-load", str(args.cpu_load)] \
+                    + (["--max-context", env["MAX_CONTEXT"]] if "MAX_CONTEXT" in env else []) \
                     + (["--no-16k"] if args.no_16k and tree not in ("old", "exact", "fast") else [])
                 t = time.perf_counter()
                 p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=args.timeout)
@@ -153,6 +156,9 @@ def main():
     ap.add_argument("--variants", default="", help="more runs of this tree: NAME:VAR=V,VAR=V;...")
     ap.add_argument("--profile", action="store_true", help="also print each run's top kernels")
     ap.add_argument("--no-16k", action="store_true", help="variants skip the 16k prefill")
+    ap.add_argument("--max-context", type=int, default=None,
+                    help="the engine's max_context (a variant sets it with MAX_CONTEXT=N): a "
+                         "growing plane's decode grid is its capacity over the split rows")
     ap.add_argument("--chunks", default="", help="also the 16k prefill in chunks of these sizes")
     ap.add_argument("--cpu-load", type=int, default=0,
                     help="also the 16k prefill (and --chunks) with N busy processes on the host")
