@@ -134,6 +134,13 @@ def parent(args):
         print(f"| {r['model']} | {r['tree']} | {d2[0] * 1e3:.3f} ({d2[1] * 1e3:.3f}) | "
               f"{f'{d32[0] * 1e3:.3f}' if d32 else '-'} | {b16} | {gr} | "
               f"{r['prefill_512']:,.0f} | {r['prefill_16k']:,.0f} | {r['exact_rows']} |")
+    extra = sorted({k for r in rows for k in r if k.startswith("prefill_16k_")})
+    if extra:                                   # --chunks / --cpu-load: the 16k prefill, tok/s
+        print("\n| model | tree | " + " | ".join(extra) + " |")
+        print("|---|---|" + "---|" * len(extra))
+        for r in rows:
+            print(f"| {r['model']} | {r['tree']} | "
+                  + " | ".join(f"{r[k]:,.0f}" if k in r else "-" for k in extra) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
