@@ -10,8 +10,8 @@ another, each importing muser from its own tree:
 
 Each child measures batch-1 decode at 2k (and 32k) context (API ms/token and bare replay),
 16 sessions at 2k (tokens/s), the same as greedy runs (`Engine.decode_greedy`: pipelined with
-MUSER_PIPELINE=on; 1 session ms a step, 16 tokens/s), and prefill of 512 and 16k tokens (tokens/s); `--chunks 2048,4096` adds the 16k prompt in
-chunks of those sizes (the same rows: a chunk of <= 2,048 rows is one graph replay), and
+MUSER_PIPELINE=on; 1 session ms a step, 16 tokens/s), and prefill of 512 and 16k tokens
+(tokens/s); `--chunks 2048,4096` adds the 16k prompt in chunks of those sizes (the same rows: a chunk of <= 2,048 rows is one graph replay), and
 `--cpu-load N` the 16k prefill again with N processes spinning on the host's cores.
 
     PYTHONPATH=. python3 benchmarks/exact_ab.py --old .old [--models 1b,4b] [--rounds 1]
@@ -67,13 +67,14 @@ def child(args):
     out["prefill_512"] = max(muser_prefill(eng, 512, vocab, None, reps=3) for _ in range(2))
     no_16k = args.no_16k or bool(args.max_context and args.max_context < 16384 + 64)
     out["prefill_16k"] = muser_prefill(eng, 16384, vocab, None) if not no_16k else 0.0
-    for c in filter(None, args.chunks.split(",")):   # the same rows in chunks of c (graphs <= 2k)
-        out[f"prefill_16k_c{c}"] = muser_prefill(eng, 16384, vocab, int(c))
+    chunks = [int(c) for c in args.chunks.split(",") if c]   # the same rows (graphs <= 2k)
+    for c in chunks:
+        out[f"prefill_16k_c{c}"] = muser_prefill(eng, 16384, vocab, c)
     if args.cpu_load:                       # the host busy on N more processes (a build beside)
         with busy(args.cpu_load):
             out["prefill_16k_load"] = muser_prefill(eng, 16384, vocab, None)
-            for c in filter(None, args.chunks.split(",")):
-                out[f"prefill_16k_load_c{c}"] = muser_prefill(eng, 16384, vocab, int(c))
+            for c in chunks:
+                out[f"prefill_16k_load_c{c}"] = muser_prefill(eng, 16384, vocab, c)
     if args.profile:                        # kernel time: a decode step at 2k, a 16k prefill
         out["profile_decode"] = muser_decode(eng, 2048, 8, vocab, prof=True)[2]
         if args.shape in ("1b", "270m"):    # where a 16-session step's time above one goes

@@ -242,12 +242,13 @@ class DecodeStep:
         B = tables.shape[1]
         ids, pos = packed[:B], packed[B:2 * B]
         metas = [packed[2 * B + 2 * B * g: 2 * B + 2 * B * (g + 1)] for g in range(self.n_groups)]
+        maxnreg = self.regs_for(B)            # one batch size, one cap for every layer
 
         def attend(i, lw, ls, qkv, qn, kn):
             meta, table = metas[self.groups[i]], tables[i]
             KV, D = ls.kv_heads, ls.head_dim
             cos, sin = self.rope[i]
-            lay = dict(capacity=self.caps[i], maxnreg=self.regs_for(B), **self.lays[i])
+            lay = dict(capacity=self.caps[i], maxnreg=maxnreg, **self.lays[i])
             if self.fused_attn:
                 return fused_decode_attention(qkv, pos, cos, sin, qn, kn, spec.norm_eps, table, meta,
                                               spec.num_heads, KV, D, self.splits[i],
