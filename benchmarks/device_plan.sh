@@ -43,6 +43,8 @@
 #   regs_ab      the attention launch's register cap (MUSER_ATTN_REGS): bits, then the A/B
 #   grid_ab      the growing planes' decode grid (capacity / split rows) at max_context 4k / 8k
 #                against 32k: what the idle programs of a 16-session step cost
+#   head_ab      embed_norm (embedding + scale + first norm, one launch) and the head's widened
+#                store (no .float() copy) against ed093c6 (carry .prev): bits, A/B, profile
 #   host16k      the 16k prefill with the host loaded (carry .prev = the tree before the prepare
 #                tables moved to the device): old against this tree, whole and in 2k / 4k chunks
 set -u
@@ -261,6 +263,16 @@ stage_host16k() {  # carry .prev (git archive 2c5e03e muser): the 16k prefill be
 stage_grid_ab() {  # the same 2k sessions with growing planes of 4k / 8k capacity against 33k
   bench 300 . benchmarks/exact_ab.py --models 1b,270m --trees exact --no-16k \
     --variants "C4K:MAX_CONTEXT=4096;C8K:MAX_CONTEXT=8192"
+}
+
+stage_head_ab() {  # carry .prev (git archive ed093c6 muser): the embedding, its scale and the first
+  # norm in one launch; the head's .float() in its own store -- bits, the A/B, then wider bits
+  tests 150 -x tests/cuda/test_triton_ops.py -k "embed_norm or widened or add_norm"
+  bench 300 . benchmarks/exact_ab.py --old .prev --models 1b,270m --trees old,exact --rounds 2
+  bench 60 . benchmarks/exact_ab.py --models 1b --trees exact --no-16k --profile
+  tests 200 -x tests/engine/test_invariance.py tests/cuda/test_cuda_greedy.py -k cuda
+  tests 120 -x tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_engine.py \
+    -k "decode or chunk or batch or verify or graph"
 }
 
 stage_profile16() {  # kernel time of a decode step alone and of a 16-session step (1B, 270M)

@@ -41,9 +41,11 @@ DECODE = dict(H=4, KV=1, G=4, D=256, HALF=128, BLOCK_H=128, BLOCK_G=16, BLOCK_GC
               INTERLEAVED=False, SOFTCAP=False, SINKS=False, V_NORM=False, K_EQ_V=False,
               RING=True, ACC_DOT=True, PDL=True, PREP=False)
 DOWN = dict(K=6912, KS=1024, BLOCK_N=128, BLOCK_K=64, GLU=False, GELU=False, HAS_BIAS=False,
-            SPLIT=False, BM=128, PIECES_IN=7, WQ=False, PDL=True, FLATTEN=False)
+            SPLIT=False, BM=128, PIECES_IN=7, WQ=False, PDL=True, FLATTEN=False,
+            WIDEN=False)
 ADD_NORM = dict(N=1152, BLOCK=2048, HAS_D1=True, HAS_D2=False, POST=True, LAYERNORM=False,
                 NEXT=True, PDL=True)
+EMBED_NORM = dict(N=1152, BLOCK=2048, SCALED=True, LAYERNORM=False, NEXT=True, PDL=True)
 ADD_PIECES = dict(N=1152, BLOCK=2048, PIECES=7, WQ=False, POST=True, LAYERNORM=False, NEXT=True,
                   PDL=True)
 PICK = dict(CHUNK=8192, BLOCK=1024, NBP=32, BIG=3.4028234663852886e38, PDL=True)
@@ -73,6 +75,9 @@ CONFIGS = [
     ("dot_rows down, pieces flattened", "dot", dict(FLATTEN=True), 8),
     ("dot_rows qkv 16-row decode tile", "dot", dict(K=1152, KS=1152, BM=16, BLOCK_N=32,
                                                     BLOCK_K=256, PIECES_IN=1), 4),
+    ("dot_rows head, 16-row tile, widened", "dot", dict(K=1152, KS=1152, BM=16, BLOCK_N=64,
+                                                        BLOCK_K=128, PIECES_IN=1, WIDEN=True), 4),
+    ("embed + first norm", "embed_norm", {}, 4),
     ("add_norm sandwich", "add_norm", {}, 4),
     ("add_norm first layer", "add_norm", dict(HAS_D1=False, POST=False), 4),
     ("add_norm parallel", "add_norm", dict(HAS_D2=True, POST=False), 4),
@@ -113,7 +118,7 @@ TYPES = {  # argument types as the engine passes them (others are i32)
     # dot_rows (S: the weights again for bf16) and add_norm (P: split-K pieces, float32)
     "X": "*bf16", "W": "*bf16", "S": "*bf16", "BIAS": "*bf16", "Y": "*bf16", "P": "*fp32",
     "H": "*bf16", "D1": "*bf16", "D2": "*bf16", "W_POST": "*fp32", "W_NEXT": "*fp32",
-    "H_OUT": "*bf16", "X_OUT": "*bf16",
+    "H_OUT": "*bf16", "X_OUT": "*bf16", "IDS": "*i64", "E": "*bf16", "SCALE": "*bf16",
     # the greedy pick (triton_pick.py)
     "L": "*fp32", "VALS": "*fp32", "IDX": "*i64", "RES": "*i64",
     # the persistent MLP half (triton_mega.py)
@@ -218,7 +223,8 @@ def main():
     kernels = {"chunk": (_kernel(), CHUNK), "fold": (_fold_kernel(), FOLD),
                "decode": (_decode_kernel(), DECODE), "dot": (_dot_kernels()[0], DOWN),
                "add_norm": (_ops_kernels()[0], ADD_NORM),
-               "add_pieces": (_ops_kernels()[3], ADD_PIECES), "pick": (_pick_kernel(), PICK),
+               "add_pieces": (_ops_kernels()[3], ADD_PIECES),
+               "embed_norm": (_ops_kernels()[4], EMBED_NORM), "pick": (_pick_kernel(), PICK),
                "mega": (_mega_kernel(), MEGA), "qk_rope": (_ops_kernels()[1], QK_ROPE),
                "norm_rope": (_rows_kernels()[0], NORM_ROPE)}
     print(f"triton {triton.__version__}, sm_90")

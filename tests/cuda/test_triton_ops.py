@@ -36,6 +36,56 @@ def test_add_norm(dev, kdtype, layernorm, mode):
     assert rel(ho, rh) < 1e-2 and rel(xo, tf.norm(rh, wn, spec)) < 1e-2
 
 
+@pytest.mark.parametrize("layernorm", [False, True])
+@pytest.mark.parametrize("scaled,first_norm", [(True, True), (False, True), (True, False)])
+def test_embed_norm_gives_the_embedding_its_scale_and_the_first_norm_bitwise(dev, kdtype,
+                                                                            layernorm, scaled,
+                                                                            first_norm):
+    """One launch == F.embedding, `transformer.embed`'s rounded multiply and add_norm(h, w):
+    torch.equal on h and x, int32 and int64 ids, a repeated id; a bad scale is refused."""
+    from muser.backends.cuda.triton_ops import add_norm, embed_norm
+    V, N = 50, 1152
+    g = torch.Generator().manual_seed(3)
+    table = torch.randn(V, N, generator=g).to(dev, kdtype)
+    ids = torch.tensor([3, 0, 49, 3, 17], device=dev)
+    scale = torch.tensor(640 ** 0.5, dtype=kdtype, device=dev) if scaled else None
+    wn = torch.randn(N, generator=g).to(dev) if first_norm else None
+    rh = F.embedding(ids, table)
+    if scaled:
+        rh = rh * scale
+    for i in (ids, ids.to(torch.int32)):
+        h, x = embed_norm(i, table, scale, wn, 1e-6, layernorm)
+        assert torch.equal(h, rh)
+        if first_norm:
+            assert torch.equal(x, add_norm(rh, wn, 1e-6, layernorm)[1])
+        else:
+            assert x is None
+    with pytest.raises(ValueError, match="0-dim"):
+        embed_norm(ids, table, torch.ones(1, device=dev), wn, 1e-6, layernorm)
+
+
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("rows,piece", [(1, 0), (16, 0), (70, 0), (5, 32)])
+def test_a_widened_dot_holds_the_float_of_the_rounded_dot(dev, kdtype, int8, rows, piece):
+    """dot_rows(widen=True) -> float32 == dot_rows(...).float(), torch.equal: the head's
+    `.float()` fused into its store (decode tiles, 64-row chunk tiles, and split-K pieces,
+    which fall back to the copy)."""
+    from muser.backends.cuda.triton_dot import dot_rows
+    n, k = 300, 96
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(rows, k, generator=g).to(dev, kdtype)
+    w = torch.randn(n, k, generator=g)
+    kw = {"config": (32, 32, 4, 1, piece)}
+    if int8:
+        s = w.abs().amax(1) / 127
+        w = (w / s[:, None]).round().clamp(-127, 127).to(torch.int8)
+        kw["scale"] = s.to(dev)
+    w = w.to(dev) if int8 else w.to(dev, kdtype)
+    wide = dot_rows(x, w, widen=True, **kw)
+    assert wide.dtype == torch.float32 and wide.shape == (rows, n)
+    assert torch.equal(wide, dot_rows(x, w, **kw).float())
+
+
 @pytest.mark.parametrize("layernorm,post", [(False, True), (False, False), (True, True)])
 @pytest.mark.parametrize("int8", [False, True])
 def test_an_add_norm_over_unsummed_pieces_gives_the_summed_bits(dev, kdtype, layernorm, post,

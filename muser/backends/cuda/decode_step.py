@@ -2,7 +2,8 @@
 
 Owns: `fuse_weights` (q/k/v and gate/up concatenated once; the engine's
 per-matrix tensors become views of the fused ones, so nothing is held twice)
-and `DecodeStep`, the maths of one token for B sessions: 1 embedding, then
+and `DecodeStep`, the maths of one token for B sessions: 1 embedding (with the
+first norm, `triton_ops.embed_norm`), then
 per layer 1 qkv GEMM, 1 attention (qk-norm, RoPE, the store of the new row and
 the attention itself, triton_decode.fused_decode_attention), 1 o GEMM, 1
 add+norm, 1 gate/up GEMM (+ 1 act*mul when it is not fused into the GEMV), 1
@@ -42,7 +43,7 @@ from .triton_dot import dot_rows
 from .triton_mega import mega_half
 from .triton_gemv import gemv
 from .weights_int8 import RowInt8
-from .triton_ops import act_mul, add_norm, qk_rope_store
+from .triton_ops import act_mul, add_norm, embed_norm, qk_rope_store
 
 
 def _fuse(parts: list) -> tuple:
@@ -181,16 +182,19 @@ class DecodeStep:
         return DecodeWorkspace(batch, kv, group, max(l.head_dim for l in s.layers),
                                max(self.splits), self.engine.device, ngroups)
 
-    def _dot(self, x, w, defer: bool = False, **kw):
+    def _dot(self, x, w, defer: bool = False, widen: bool = False, **kw):
         """dot_rows (with PDL when on; int8 rows with their scales) or, in MUSER_GEMV=fast, the
         older gemv.  `defer`: dot_rows may return its split-K pieces unsummed (Pieces) for the
-        add_norm that consumes them (MUSER_FUSE_SUM); gemv sums its own."""
+        add_norm that consumes them (MUSER_FUSE_SUM); gemv sums its own.  `widen`: the result
+        as float32 (the activation-dtype values: `.float()`'s bits, in dot_rows' own store)."""
         if isinstance(w, RowInt8):
             return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, flatten=self.flatten,
-                            defer=defer, **kw)
+                            defer=defer, widen=widen, **kw)
         if self.gemv is dot_rows:
-            return dot_rows(x, w, pdl=self.pdl, flatten=self.flatten, defer=defer, **kw)
-        return self.gemv(x, w, **kw)
+            return dot_rows(x, w, pdl=self.pdl, flatten=self.flatten, defer=defer, widen=widen,
+                            **kw)
+        y = self.gemv(x, w, **kw)
+        return y.float() if widen else y
 
     def _linear(self, what, x, w, b=None, defer: bool = False):
         """x @ w.T (+ b); `defer` as `_dot`'s."""
@@ -269,13 +273,12 @@ class DecodeStep:
         planes (a decode step's launch, or a chunk's: chunk_step.py)."""
         spec, w = self.spec, self.w
         H, eps = spec.num_heads, spec.norm_eps
-        h = F.embedding(ids, w.embed)
-        if self.embed_scale is not None:
-            h = h * self.embed_scale
         layers = w.layers
         # post-norm families (OLMo 3, EXAONE 4) read the residual stream itself: no attn_norm
-        x = (add_norm(h, layers[0].attn_norm, eps, self.layernorm, pdl=self.pdl)[1]
-             if spec.pre_norm else h)
+        h, x = embed_norm(ids, w.embed, self.embed_scale,
+                          layers[0].attn_norm if spec.pre_norm else None, eps, self.layernorm,
+                          pdl=self.pdl)
+        x = h if x is None else x
         ahead = None                       # MUSER_MEGA: this layer's qkv, from the launch before
         for i, (lw, ls, fz) in enumerate(zip(layers, spec.layers, self.fused)):
             R = x.shape[0]
@@ -319,5 +322,5 @@ class DecodeStep:
         w = self.w
         if isinstance(w.output, RowInt8) or ("head" in self.gemv_for
                                              and w.output.is_contiguous()):
-            return tf.finish_logits(self._dot(x, w.output), self.spec)
+            return tf.finish_logits(self._dot(x, w.output, widen=True), self.spec)
         return tf.logits(w, self.spec, x)

@@ -103,7 +103,8 @@ def _kernels():
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
                         GELU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                         BM: tl.constexpr, PIECES_IN: tl.constexpr, WQ: tl.constexpr,
-                        PDL: tl.constexpr, FLATTEN: tl.constexpr = False):
+                        PDL: tl.constexpr, FLATTEN: tl.constexpr = False,
+                        WIDEN: tl.constexpr = False):
         _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         # Rows in tiles of BM (padded with zeros) through the tensor cores; K cut into pieces of
         # KS (program axis 2) walked in fixed BLOCK_K steps.  An output element's sum is the same
@@ -150,6 +151,8 @@ def _kernels():
             if HAS_BIAS:
                 b = tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
             y = _finish(acc, accu, sy, su, b, WQ, HAS_BIAS, GLU, GELU, X.dtype.element_ty)
+            if WIDEN:       # float32 Y holding the activation-dtype values (`.float()` fused)
+                y = y.to(X.dtype.element_ty).to(tl.float32)
             tl.store(Y + rm[:, None].to(tl.int64) * N + cols[None, :], y.to(Y.dtype.element_ty),
                      mask=om)
 
@@ -196,7 +199,8 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
              rows: int | None = None,
              tile: tuple[int, int, int, int, int] | None = None,
              scale: torch.Tensor | None = None, pdl: bool = False,
-             flatten: bool = False, defer: bool = False) -> "torch.Tensor | Pieces":
+             flatten: bool = False, defer: bool = False,
+             widen: bool = False) -> "torch.Tensor | Pieces":
     """The same function as `gemv`, for rows in tiles of 16 on the tensor cores (K in fixed
     steps, optionally in fixed split-K pieces summed in order): batch-invariant too, and far
     cheaper per extra row than `gemv`'s loop.  `config` = (block_n, block_k, warps, stages,
@@ -208,7 +212,9 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     mode (weights_int8.py).  `flatten` (MUSER_FLATTEN): pieces summed in the kernel run as one
     loop fused by Triton (the same dots and adds in the same order).  `defer`: where the pieces
     would be summed by split_sum_kernel (no act*up, no bias), return them unsummed as `Pieces`
-    for triton_ops.add_norm to sum (MUSER_FUSE_SUM)."""
+    for triton_ops.add_norm to sum (MUSER_FUSE_SUM).  `widen`: a float32 result holding the
+    activation-dtype values -- `dot_rows(...).float()` bit for bit, without the copy launch (the
+    LM head: 16 rows x 262,144 logits cost a 12.6 us copy on the H200)."""
     import triton
     kern, ssum = _kernels()
     n, k = w.shape
@@ -227,8 +233,10 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
         bm, bn, bk, nw, st = tile or chunk_tile(B, CHUNK_K.get((n, k, glu), bk), glu)
         if bm >= 128:            # enough programs without the pieces on the grid (512 rows: not)
             inside, pieces = pieces, 1
-    out = out if out is not None else x.new_empty(B, n)
     split = pieces > 1
+    if widen and (split or out is not None or x.dtype == torch.float32):
+        return dot_rows(x, w, out, glu, gelu, bias, config, rows, tile, scale, pdl, flatten).float()
+    out = out if out is not None else x.new_empty(B, n, dtype=torch.float32 if widen else None)
     ks = piece if pieces * inside > 1 else triton.cdiv(k, bk) * bk    # keys per piece
     part = (torch.empty((pieces, B, 2 * n if glu else n), dtype=torch.float32, device=x.device)
             if split else out)
@@ -239,7 +247,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     kern[(triton.cdiv(n, bn), triton.cdiv(B, bm), pieces)](
         x, w, s_arg, b_arg, out, part, B, n, K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu,
         GELU=gelu, HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, WQ=wq,
-        FLATTEN=bool(flatten) and inside > 1,
+        FLATTEN=bool(flatten) and inside > 1, WIDEN=widen,
         num_warps=nw, num_stages=st, **fuse,
         **pdl_launch(pdl))
     if split and defer and not glu and bias is None:

@@ -2,7 +2,7 @@
 
 Owns: `add_norm` (residual add(s), optional sandwich norm of the delta, the
 next norm; rows of any count, so prefill chunks use it too, via
-`triton_rows.py`), `qk_rope_store` (qk-norm + RoPE of q and k, and the store of the
+`triton_rows.py`), `embed_norm` (the embedding rows, their scale and the first norm), `qk_rope_store` (qk-norm + RoPE of q and k, and the store of the
 new k/v row straight into each batch row's plane through a plane table) and
 `act_mul` (gelu-tanh / silu gate times up).  Does not own: the projections
 (triton_dot.py), attention (triton_decode.py) or plane bookkeeping.
@@ -240,7 +240,26 @@ def _kernels():
         out = a.to(g.dtype).to(tl.float32) * u.to(tl.float32)
         tl.store(OUT + b * I + i, out.to(g.dtype), mask=mask)
 
-    return add_norm_kernel, qk_rope_store_kernel, act_mul_kernel, add_pieces_norm_kernel
+    @triton.jit
+    def embed_norm_kernel(IDS, E, SCALE, W_NEXT, H_OUT, X_OUT, eps, N: tl.constexpr,
+                          BLOCK: tl.constexpr, SCALED: tl.constexpr, LAYERNORM: tl.constexpr,
+                          NEXT: tl.constexpr, PDL: tl.constexpr):
+        """h = E[ids] (* SCALE, rounded once: transformer.embed) stored, then add_norm's x =
+        norm(h) from the same tail -- the embedding, its scale and the first norm in one launch."""
+        _pdl_begin(PDL)                     # PDL: the ids are the step's upload
+        row = tl.program_id(0).to(tl.int64)
+        i = tl.arange(0, BLOCK)
+        mask = i < N
+        tok = tl.load(IDS + row).to(tl.int64)
+        h = tl.load(E + tok * N + i, mask=mask, other=0.0)
+        if SCALED:          # bf16 x bf16 is exact in float32: one rounding, torch's
+            h = (h.to(tl.float32) * tl.load(SCALE).to(tl.float32)).to(h.dtype)
+        tl.store(H_OUT + row * N + i, h, mask=mask)
+        _add_norm_tail(h, h, row, i, mask, H_OUT, W_NEXT, W_NEXT, H_OUT, X_OUT, eps, N, False,
+                       False, False, LAYERNORM, NEXT)
+
+    return (add_norm_kernel, qk_rope_store_kernel, act_mul_kernel, add_pieces_norm_kernel,
+            embed_norm_kernel)
 
 
 def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm: bool,
@@ -281,6 +300,30 @@ def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm
                POST=w_post is not None, LAYERNORM=layernorm, NEXT=w_next is not None,
                num_warps=8 if N >= 2048 else 4, **pdl_launch(pdl))
     return h_out, (x_out if w_next is not None else None)
+
+
+def embed_norm(ids: torch.Tensor, table: torch.Tensor, scale: torch.Tensor | None,
+               w_next: torch.Tensor | None, eps: float, layernorm: bool, pdl: bool = False):
+    """ids [B] (ints < table rows) -> (h, x): h = table[ids] (* scale, a 0-dim tensor of the
+    table's dtype, as `transformer.embed` multiplies), x = norm(h, w_next) or None -- the
+    bits of F.embedding, the multiply and add_norm(h, w_next), in one launch."""
+    if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64) or table.dim() != 2:
+        raise ValueError(f"embed_norm needs int ids [B] and a table [V, N], got {ids.dtype} "
+                         f"{tuple(ids.shape)} and {tuple(table.shape)}")
+    if scale is not None and (scale.dim() != 0 or scale.dtype != table.dtype):
+        raise ValueError(f"the embedding scale must be a 0-dim {table.dtype} tensor, got "
+                         f"{scale.dtype} {tuple(scale.shape)}")
+    B, N = ids.shape[0], table.shape[1]
+    ids, table = ids.contiguous(), table.contiguous()
+    h = table.new_empty(B, N)
+    x = torch.empty_like(h) if w_next is not None else None
+    if B:
+        _kernels()[4][(B,)](ids, table, scale if scale is not None else table,
+                            w_next if w_next is not None else table, h, x if x is not None else h,
+                            float(eps), N=N, BLOCK=_pow2(N), SCALED=scale is not None,
+                            LAYERNORM=layernorm, NEXT=w_next is not None,
+                            num_warps=8 if N >= 2048 else 4, **pdl_launch(pdl))
+    return h, x
 
 
 def qk_rope_store(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor | None,
