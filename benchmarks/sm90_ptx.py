@@ -42,7 +42,7 @@ DECODE = dict(H=4, KV=1, G=4, D=256, HALF=128, BLOCK_H=128, BLOCK_G=16, BLOCK_GC
               RING=True, ACC_DOT=True, PDL=True, PREP=False)
 DOWN = dict(K=6912, KS=1024, BLOCK_N=128, BLOCK_K=64, GLU=False, GELU=False, HAS_BIAS=False,
             SPLIT=False, BM=128, PIECES_IN=7, WQ=False, PDL=True, FLATTEN=False,
-            WIDEN=False)
+            WIDEN=False, PICK=False)
 ADD_NORM = dict(N=1152, BLOCK=2048, HAS_D1=True, HAS_D2=False, POST=True, LAYERNORM=False,
                 NEXT=True, PDL=True)
 EMBED_NORM = dict(N=1152, BLOCK=2048, SCALED=True, LAYERNORM=False, NEXT=True, PDL=True)
@@ -77,6 +77,10 @@ CONFIGS = [
                                                     BLOCK_K=256, PIECES_IN=1), 4),
     ("dot_rows head, 16-row tile, widened", "dot", dict(K=1152, KS=1152, BM=16, BLOCK_N=64,
                                                         BLOCK_K=128, PIECES_IN=1, WIDEN=True), 4),
+    ("dot_rows head, 16-row tile, picking", "dot", dict(K=1152, KS=1152, BM=16, BLOCK_N=64,
+                                                        BLOCK_K=128, PIECES_IN=1, WIDEN=True,
+                                                        PICK=True), 4),
+    ("greedy pick from a picking head", "fold_pick", {}, 4),
     ("embed + first norm", "embed_norm", {}, 4),
     ("add_norm sandwich", "add_norm", {}, 4),
     ("add_norm first layer", "add_norm", dict(HAS_D1=False, POST=False), 4),
@@ -224,7 +228,8 @@ def main():
                "decode": (_decode_kernel(), DECODE), "dot": (_dot_kernels()[0], DOWN),
                "add_norm": (_ops_kernels()[0], ADD_NORM),
                "add_pieces": (_ops_kernels()[3], ADD_PIECES),
-               "embed_norm": (_ops_kernels()[4], EMBED_NORM), "pick": (_pick_kernel(), PICK),
+               "embed_norm": (_ops_kernels()[4], EMBED_NORM), "pick": (_pick_kernel()[0], PICK),
+               "fold_pick": (_pick_kernel()[1], dict(BLOCK=1024, PDL=True)),
                "mega": (_mega_kernel(), MEGA), "qk_rope": (_ops_kernels()[1], QK_ROPE),
                "norm_rope": (_rows_kernels()[0], NORM_ROPE)}
     print(f"triton {triton.__version__}, sm_90")

@@ -22,6 +22,7 @@ def row(position: int, layer: int, kv: int, d: int) -> torch.Tensor:
 
 class PlainStep:
     """Stands in for DecodeStep: reads the packed inputs as the kernels do and stores each row."""
+    fused_pick = False                   # logits out; the greedy graph picks from them
 
     def __init__(self, runner):
         self.runner, self.seen, self.fail = runner, [], False

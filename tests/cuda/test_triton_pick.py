@@ -45,3 +45,62 @@ def test_one_launch_picks_what_greedy_rows_picks(dev, batch):
         assert res[0].tolist() == want_tok.tolist()
         assert res[1].tolist() == want_ok.long().tolist()
         assert int(ws.cnt.abs().sum()) == 0
+
+
+N_HEAD = 300                                      # 10 tiles of 32 columns, the last partial
+
+
+def crafted(dev, kdtype):
+    """Rows of head values as bf16 can hold them: ties inside a tile and across tiles, NaN,
+    +inf against the largest finite value, rows of -inf or NaN, a maximum in the last tile."""
+    g = torch.Generator().manual_seed(4)
+    r = torch.randn(8, N_HEAD, generator=g)
+    r[0, 3] = r[0, 20] = 9.0                       # a tie inside one tile
+    r[1, 250] = r[1, 40] = 9.0                     # a tie across tiles: column 40
+    r[2, 17] = math.nan
+    r[2, 290] = 9.0
+    r[3, 200] = math.inf
+    r[3, 100] = torch.finfo(kdtype).max
+    r[4] = -math.inf
+    r[5] = math.nan
+    r[6, N_HEAD - 1] = 50.0
+    r[7, :] = 1.0
+    return r.to(dev, kdtype)
+
+
+def test_a_picking_head_picks_what_greedy_rows_picks_from_its_logits(dev, kdtype):
+    """dot_rows(pick=True) + pick_partials == greedy_rows(dot_rows(widen=True)): one row at a
+    time through a one-hot x whose column holds the crafted values (so the logits are exactly
+    them), then random rows in batches of 1, 5, 16 and 70 (a chunk tile) -- int8 weights too."""
+    from muser.backends.cuda.triton_dot import dot_rows
+    from muser.backends.cuda.triton_pick import pick_partials
+    cfg = {"config": (32, 32, 4, 1, 0)}
+    res = torch.zeros((2, 1), dtype=torch.int64, device=dev)
+    x = torch.zeros(1, 32, dtype=kdtype, device=dev)
+    x[0, 0] = 1.0
+    for row in crafted(dev, kdtype):
+        w = torch.zeros(N_HEAD, 32, dtype=kdtype, device=dev)
+        w[:, 0] = row
+        want_tok, want_ok = greedy_rows(dot_rows(x, w, widen=True, **cfg))
+        pick_partials(*dot_rows(x, w, pick=True, **cfg), res)
+        assert res[:, 0].tolist() == [int(want_tok[0]), int(want_ok[0])]
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(N_HEAD, 64, generator=g)
+    s = w.abs().amax(1) / 127
+    q = (w / s[:, None]).round().clamp(-127, 127).to(torch.int8).to(dev)
+    for B in (1, 5, 16, 70):
+        x = torch.randn(B, 64, generator=g).to(dev, kdtype)
+        for wt, kw in ((w.to(dev, kdtype), cfg), (q, {**cfg, "scale": s.to(dev)})):
+            res = torch.zeros((2, B), dtype=torch.int64, device=dev)
+            want_tok, want_ok = greedy_rows(dot_rows(x, wt, widen=True, **kw))
+            pick_partials(*dot_rows(x, wt, pick=True, **kw), res)
+            assert res[0].tolist() == want_tok.tolist()
+            assert res[1].tolist() == want_ok.long().tolist()
+
+
+def test_a_picking_head_refuses_what_it_cannot_pick(dev, kdtype):
+    from muser.backends.cuda.triton_dot import dot_rows
+    x = torch.ones(2, 64, dtype=kdtype, device=dev)
+    w = torch.ones(40, 64, dtype=kdtype, device=dev)
+    with pytest.raises(ValueError, match="split-K pieces"):
+        dot_rows(x, w, pick=True, config=(16, 32, 4, 1, 32))

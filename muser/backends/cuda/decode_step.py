@@ -44,6 +44,7 @@ from .triton_mega import mega_half
 from .triton_gemv import gemv
 from .weights_int8 import RowInt8
 from .triton_ops import act_mul, add_norm, embed_norm, qk_rope_store
+from .triton_pick import pick_partials
 
 
 def _fuse(parts: list) -> tuple:
@@ -162,6 +163,13 @@ class DecodeStep:
         # kernels: dot_rows for every row count, and the fused attention launch (whose first
         # half prepares a chunk's q/k/v); the experiment switches give that up
         self.invariant = mode == "dot" and self.fused_attn
+        # the pipelined greedy step may pick in the head (`head_pick`): the head is dot_rows and
+        # the logits are its values (no logit scale, no soft-cap between them and the pick)
+        out = self.w.output
+        self.fused_pick = (dev.type == "cuda" and spec.logit_scale == 1.0
+                           and not spec.final_logit_softcap
+                           and (isinstance(out, RowInt8) or ("head" in self.gemv_for
+                                                             and out.is_contiguous())))
 
     def regs_for(self, batch: int) -> int | None:
         """The decode-attention launch's register cap (register allocation only: the same
@@ -240,11 +248,15 @@ class DecodeStep:
             a = act_mul(F.linear(x, wgu), self.gelu)
         return self._linear("down", a, lw.w_down, defer=defer)
 
-    def run(self, packed: torch.Tensor, tables: torch.Tensor, ws: DecodeWorkspace) -> torch.Tensor:
-        """One decode step: float32 logits [B, vocab] (see the module doc for the inputs)."""
+    def run(self, packed: torch.Tensor, tables: torch.Tensor, ws: DecodeWorkspace,
+            ids: torch.Tensor | None = None, pick: torch.Tensor | None = None) -> torch.Tensor:
+        """One decode step: float32 logits [B, vocab] (see the module doc for the inputs).
+        `ids` [B]: the step's ids from elsewhere than packed[:B] (the greedy graph: the last
+        picks, in place); `pick` res [2, B] int64: return it holding each row's greedy token
+        and ok flag instead of the logits (`head_pick`; fused_pick only)."""
         spec = self.spec
         B = tables.shape[1]
-        ids, pos = packed[:B], packed[B:2 * B]
+        ids, pos = (packed[:B] if ids is None else ids), packed[B:2 * B]
         metas = [packed[2 * B + 2 * B * g: 2 * B + 2 * B * (g + 1)] for g in range(self.n_groups)]
         maxnreg = self.regs_for(B)            # one batch size, one cap for every layer
 
@@ -265,7 +277,8 @@ class DecodeStep:
             return decode_attention(q, pos, table, meta, KV, self.splits[i], spec.layer_scale(ls),
                                     spec.attn_logit_softcap, ws, sinks=lw.sinks, **lay)
 
-        return self.head(self.layers(ids, attend))
+        x = self.layers(ids, attend)
+        return self.head(x) if pick is None else self.head_pick(x, pick)
 
     def layers(self, ids: torch.Tensor, attend) -> torch.Tensor:
         """Rows of token ids through every layer -> the final-normed hidden rows [R, hidden].
@@ -316,6 +329,16 @@ class DecodeStep:
                 h = add_norm(h, None, eps, self.layernorm, d1=m, w_post=post_ffn)[0] * lw.layer_scale
                 x = add_norm(h, nxt, eps, self.layernorm)[1]
         return x
+
+    def head_pick(self, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+        """Final-normed rows -> res [2, B] int64: `pick_rows(self.head(x))`'s tokens and ok
+        flags, the logits never stored -- each head tile's first maximum a row, folded in
+        column order (triton_pick.pick_partials)."""
+        if not self.fused_pick:
+            raise ValueError("this step's head cannot pick (not dot_rows, or a logit scale / "
+                             "soft-cap after it): pick_rows(run(...)) instead")
+        vals, idx = self._dot(x, self.w.output, pick=True)
+        return pick_partials(vals, idx, res, pdl=self.pdl)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden rows -> float32 logits [R, vocab]."""

@@ -148,10 +148,15 @@ class GreedySteps:
 
 def _graph_body(runner, entry, g: _Graphs) -> torch.Tensor:
     """What the greedy graph holds: this step's ids from res, the step, its picks into res (on
-    the GPU in one launch, triton_pick.py; elsewhere -- the host tests -- through torch)."""
+    the GPU in one launch, triton_pick.py; elsewhere -- the host tests -- through torch).
+    A step whose head can pick (DecodeStep.fused_pick) reads its ids in res and picks in the
+    head: no id copy, no logits stored and read again."""
     B = entry.batch
+    step = runner.step
+    if step.fused_pick:
+        return step.run(entry.packed, entry.tables, entry.ws, ids=g.res[0], pick=g.res)
     entry.packed[:B].copy_(g.res[0])
-    logits = runner.step.run(entry.packed, entry.tables, entry.ws)      # [B, vocab] float32
+    logits = step.run(entry.packed, entry.tables, entry.ws)             # [B, vocab] float32
     if logits.is_cuda:
         from .triton_pick import PickWorkspace, pick_rows
         if g.pick_ws is None:

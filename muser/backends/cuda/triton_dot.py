@@ -104,7 +104,7 @@ def _kernels():
                         GELU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                         BM: tl.constexpr, PIECES_IN: tl.constexpr, WQ: tl.constexpr,
                         PDL: tl.constexpr, FLATTEN: tl.constexpr = False,
-                        WIDEN: tl.constexpr = False):
+                        WIDEN: tl.constexpr = False, PICK: tl.constexpr = False):
         _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         # Rows in tiles of BM (padded with zeros) through the tensor cores; K cut into pieces of
         # KS (program axis 2) walked in fixed BLOCK_K steps.  An output element's sum is the same
@@ -153,8 +153,20 @@ def _kernels():
             y = _finish(acc, accu, sy, su, b, WQ, HAS_BIAS, GLU, GELU, X.dtype.element_ty)
             if WIDEN:       # float32 Y holding the activation-dtype values (`.float()` fused)
                 y = y.to(X.dtype.element_ty).to(tl.float32)
-            tl.store(Y + rm[:, None].to(tl.int64) * N + cols[None, :], y.to(Y.dtype.element_ty),
-                     mask=om)
+            if PICK:
+                # the greedy pick's first pass (triton_pick.py): each row's first maximum in
+                # this tile, NaN read as -inf and +inf as the largest float; Y = the values,
+                # P = their columns, [B, tiles]; no logits are stored
+                y = tl.where(y != y, float("-inf"), y)
+                y = tl.where(y == float("inf"), 3.4028234663852886e38, y)
+                y = tl.where(cmask[None, :], y, float("-inf"))
+                at = rm.to(tl.int64) * tl.num_programs(0) + tl.program_id(0)
+                tl.store(Y + at, tl.max(y, 1), mask=rmask)
+                first = tl.argmax(y, 1, tie_break_left=True)
+                tl.store(P + at, (tl.program_id(0) * BLOCK_N + first).to(tl.int64), mask=rmask)
+            else:
+                tl.store(Y + rm[:, None].to(tl.int64) * N + cols[None, :],
+                         y.to(Y.dtype.element_ty), mask=om)
 
     @triton.jit
     def split_sum_kernel(P, S, BIAS, Y, B, N, PIECES: tl.constexpr, BLOCK: tl.constexpr,
@@ -200,7 +212,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
              tile: tuple[int, int, int, int, int] | None = None,
              scale: torch.Tensor | None = None, pdl: bool = False,
              flatten: bool = False, defer: bool = False,
-             widen: bool = False) -> "torch.Tensor | Pieces":
+             widen: bool = False, pick: bool = False):
     """The same function as `gemv`, for rows in tiles of 16 on the tensor cores (K in fixed
     steps, optionally in fixed split-K pieces summed in order): batch-invariant too, and far
     cheaper per extra row than `gemv`'s loop.  `config` = (block_n, block_k, warps, stages,
@@ -214,7 +226,10 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     would be summed by split_sum_kernel (no act*up, no bias), return them unsummed as `Pieces`
     for triton_ops.add_norm to sum (MUSER_FUSE_SUM).  `widen`: a float32 result holding the
     activation-dtype values -- `dot_rows(...).float()` bit for bit, without the copy launch (the
-    LM head: 16 rows x 262,144 logits cost a 12.6 us copy on the H200)."""
+    LM head: 16 rows x 262,144 logits cost a 12.6 us copy on the H200).  `pick`: no output;
+    the widened values' first maximum a row and tile -> (values float32, columns int64), each
+    [B, tiles], for `triton_pick.pick_partials` (the pipelined greedy step's head; no pieces,
+    no act*up).  Returns the output, or `Pieces` (defer), or the (values, columns) pair (pick)."""
     import triton
     kern, ssum = _kernels()
     n, k = w.shape
@@ -234,12 +249,20 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
         if bm >= 128:            # enough programs without the pieces on the grid (512 rows: not)
             inside, pieces = pieces, 1
     split = pieces > 1
-    if widen and (split or out is not None or x.dtype == torch.float32):
+    if pick and (split or glu or out is not None):
+        raise ValueError(f"a picking dot_rows takes no split-K pieces, act*up or out tensor "
+                         f"(pieces {pieces}, glu {glu}, out given {out is not None})")
+    if pick:
+        tiles = (B, triton.cdiv(n, bn))
+        out = torch.empty(tiles, dtype=torch.float32, device=x.device)
+        part = torch.empty(tiles, dtype=torch.int64, device=x.device)
+    elif widen and (split or out is not None or x.dtype == torch.float32):
         return dot_rows(x, w, out, glu, gelu, bias, config, rows, tile, scale, pdl, flatten).float()
-    out = out if out is not None else x.new_empty(B, n, dtype=torch.float32 if widen else None)
+    else:
+        out = out if out is not None else x.new_empty(B, n, dtype=torch.float32 if widen else None)
+        part = (torch.empty((pieces, B, 2 * n if glu else n), dtype=torch.float32,
+                            device=x.device) if split else out)
     ks = piece if pieces * inside > 1 else triton.cdiv(k, bk) * bk    # keys per piece
-    part = (torch.empty((pieces, B, 2 * n if glu else n), dtype=torch.float32, device=x.device)
-            if split else out)
     b_arg = bias if bias is not None else w
     s_arg = scale if wq else w
     # int8: no FMA contraction, so `sum * scale + bias` rounds alike in both epilogues
@@ -247,9 +270,11 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     kern[(triton.cdiv(n, bn), triton.cdiv(B, bm), pieces)](
         x, w, s_arg, b_arg, out, part, B, n, K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu,
         GELU=gelu, HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, WQ=wq,
-        FLATTEN=bool(flatten) and inside > 1, WIDEN=widen,
+        FLATTEN=bool(flatten) and inside > 1, WIDEN=widen or pick, PICK=pick,
         num_warps=nw, num_stages=st, **fuse,
         **pdl_launch(pdl))
+    if pick:
+        return out, part
     if split and defer and not glu and bias is None:
         return Pieces(part, scale if wq else None)
     if split:

@@ -7,6 +7,11 @@ int64 (token | ok); and its workspace (`PickWorkspace`).  The pipelined greedy g
 six launches at ~2.5 us each on the step's critical path.  Does not own: what a greedy pick
 means (backends/greedy.py: `greedy_rows`, the reference this is tested against).
 
+`pick_partials(vals, idx, res)`: the same answer from a picking head (`dot_rows(pick=True)`:
+each output tile's first maximum a row, the logits never stored), folded in tile order -- the
+pipelined greedy step's tail when the head is dot_rows and the logits are the head's values
+(DecodeStep.fused_pick): 16 rows x 262,144 float32 logits are neither written nor read again.
+
 How: a row's columns are cut into NB chunks, one program each; a program folds its chunk in
 BLOCK-wide pieces (each piece's max and first index of it, kept when strictly greater: the
 first maximum), stores (value, index), takes a ticket, and the row's last program folds the NB
@@ -77,7 +82,27 @@ def _kernel():
             tl.store(RES + B + b, (top > float("-inf")).to(tl.int64))
             tl.store(CNT + b, 0)
 
-    return pick_kernel
+    @triton.jit
+    def fold_kernel(VALS, IDX, RES, B, NB, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        """One row's partials [NB] (a picking dot_rows' tiles, in column order) -> its token
+        and ok flag: the first partial holding the maximum holds the row's first maximum."""
+        _pdl_begin(PDL)
+        b = tl.program_id(0)
+        best_v = float("-inf")
+        best_i = tl.load(IDX + b.to(tl.int64) * NB)
+        for c0 in range(0, NB, BLOCK):
+            j = c0 + tl.arange(0, BLOCK)
+            v = tl.load(VALS + b.to(tl.int64) * NB + j, mask=j < NB, other=float("-inf"))
+            top = tl.max(v, 0)
+            take = top > best_v                                    # strictly: the first one
+            at = c0 + tl.argmax(v, 0, tie_break_left=True)
+            i = tl.load(IDX + b.to(tl.int64) * NB + at, mask=take, other=0)
+            best_i = tl.where(take, i, best_i)
+            best_v = tl.where(take, top, best_v)
+        tl.store(RES + b, best_i)
+        tl.store(RES + B + b, (best_v > float("-inf")).to(tl.int64))
+
+    return pick_kernel, fold_kernel
 
 
 def pick_rows(logits: torch.Tensor, res: torch.Tensor, ws: PickWorkspace,
@@ -87,8 +112,23 @@ def pick_rows(logits: torch.Tensor, res: torch.Tensor, ws: PickWorkspace,
     import triton
     B, V = logits.shape
     logits = logits.contiguous()
-    kern = _kernel()
+    kern = _kernel()[0]
     kern[(ws.nb, B)](logits, ws.vals, ws.idx, ws.cnt, res, V, B, ws.nb, CHUNK=CHUNK, BLOCK=BLOCK,
                      NBP=triton.next_power_of_2(ws.nb), BIG=torch.finfo(torch.float32).max,
                      num_warps=4, **pdl_launch(pdl))
+    return res
+
+
+def pick_partials(vals: torch.Tensor, idx: torch.Tensor, res: torch.Tensor,
+                  pdl: bool = False) -> torch.Tensor:
+    """A picking dot_rows' partials (vals float32, idx int64, each [B, tiles]) -> res [2, B]
+    int64, what `pick_rows` writes for the logits those tiles cover (one program a row).
+    Graph-capturable."""
+    B, nb = vals.shape
+    if idx.shape != (B, nb) or vals.dtype != torch.float32 or idx.dtype != torch.int64 \
+            or res.shape != (2, B):
+        raise ValueError(f"pick_partials needs float32 / int64 partials [B, tiles] and res "
+                         f"[2, B], got {vals.dtype} {tuple(vals.shape)}, {idx.dtype} "
+                         f"{tuple(idx.shape)}, res {tuple(res.shape)}")
+    _kernel()[1][(B,)](vals, idx, res, B, nb, BLOCK=1024, num_warps=4, **pdl_launch(pdl))
     return res
