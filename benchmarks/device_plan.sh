@@ -45,6 +45,8 @@
 #                against 32k: what the idle programs of a 16-session step cost
 #   head_ab      embed_norm (embedding + scale + first norm, one launch) and the head's widened
 #                store (no .float() copy) against ed093c6 (carry .prev): bits, A/B, profile
+#   pick_ab      the greedy graph's picking head (dot_rows pick=True + pick_partials) against
+#                282d09e (carry .prev): pick bits, greedy A/B at 128 steps, greedy/server tests
 #   host16k      the 16k prefill with the host loaded (carry .prev = the tree before the prepare
 #                tables moved to the device): old against this tree, whole and in 2k / 4k chunks
 set -u
@@ -273,6 +275,15 @@ stage_head_ab() {  # carry .prev (git archive ed093c6 muser): the embedding, its
   tests 200 -x tests/engine/test_invariance.py tests/cuda/test_cuda_greedy.py -k cuda
   tests 120 -x tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_engine.py \
     -k "decode or chunk or batch or verify or graph"
+}
+
+stage_pick_ab() {  # carry .prev (git archive 282d09e muser): the greedy graph's head picks (no
+  # logits stored, no pick over them, ids read in res) -- bits, then greedy runs old against new
+  tests 200 -x tests/cuda/test_triton_pick.py tests/cuda/test_triton_ops.py \
+    -k "pick or widened or embed_norm"
+  bench 300 . benchmarks/exact_ab.py --old .prev --models 1b,270m --trees old,exact --rounds 2 \
+    --steps 128
+  tests 240 -x tests/cuda/test_cuda_greedy.py tests/cuda/test_cuda_server.py
 }
 
 stage_profile16() {  # kernel time of a decode step alone and of a 16-session step (1B, 270M)

@@ -47,7 +47,7 @@ def test_one_launch_picks_what_greedy_rows_picks(dev, batch):
         assert int(ws.cnt.abs().sum()) == 0
 
 
-N_HEAD = 300                                      # 10 tiles of 32 columns, the last partial
+N_HEAD = 17000               # 1,063 tiles of 16 columns (the last partial): two fold blocks
 
 
 def crafted(dev, kdtype):
@@ -57,8 +57,8 @@ def crafted(dev, kdtype):
     r = torch.randn(8, N_HEAD, generator=g)
     r[0, 3] = r[0, 20] = 9.0                       # a tie inside one tile
     r[1, 250] = r[1, 40] = 9.0                     # a tie across tiles: column 40
+    r[2, 16 * 1050] = r[2, 16 * 7 + 3] = 20.0      # ... and across fold blocks: the first
     r[2, 17] = math.nan
-    r[2, 290] = 9.0
     r[3, 200] = math.inf
     r[3, 100] = torch.finfo(kdtype).max
     r[4] = -math.inf
@@ -74,18 +74,19 @@ def test_a_picking_head_picks_what_greedy_rows_picks_from_its_logits(dev, kdtype
     them), then random rows in batches of 1, 5, 16 and 70 (a chunk tile) -- int8 weights too."""
     from muser.backends.cuda.triton_dot import dot_rows
     from muser.backends.cuda.triton_pick import pick_partials
-    cfg = {"config": (32, 32, 4, 1, 0)}
+    cfg = {"config": (16, 16, 4, 1, 0)}
     res = torch.zeros((2, 1), dtype=torch.int64, device=dev)
-    x = torch.zeros(1, 32, dtype=kdtype, device=dev)
+    x = torch.zeros(1, 16, dtype=kdtype, device=dev)
     x[0, 0] = 1.0
     for row in crafted(dev, kdtype):
-        w = torch.zeros(N_HEAD, 32, dtype=kdtype, device=dev)
+        w = torch.zeros(N_HEAD, 16, dtype=kdtype, device=dev)
         w[:, 0] = row
         want_tok, want_ok = greedy_rows(dot_rows(x, w, widen=True, **cfg))
         pick_partials(*dot_rows(x, w, pick=True, **cfg), res)
         assert res[:, 0].tolist() == [int(want_tok[0]), int(want_ok[0])]
     g = torch.Generator().manual_seed(5)
-    w = torch.randn(N_HEAD, 64, generator=g)
+    cfg = {"config": (32, 32, 4, 1, 0)}
+    w = torch.randn(300, 64, generator=g)
     s = w.abs().amax(1) / 127
     q = (w / s[:, None]).round().clamp(-127, 127).to(torch.int8).to(dev)
     for B in (1, 5, 16, 70):
