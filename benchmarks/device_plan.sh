@@ -47,6 +47,8 @@
 #                store (no .float() copy) against ed093c6 (carry .prev): bits, A/B, profile
 #   pick_ab      the greedy graph's picking head (dot_rows pick=True + pick_partials) against
 #                282d09e (carry .prev): pick bits, greedy A/B at 128 steps, greedy/server tests
+#   tiles1b_ab   the 1B's gate/up (64,128,8,4) and down (32,128,4,4) decode tiles against the
+#                tree before (carry .prev): bits, then the A/B (1B, 128 greedy steps)
 #   host16k      the 16k prefill with the host loaded (carry .prev = the tree before the prepare
 #                tables moved to the device): old against this tree, whole and in 2k / 4k chunks
 set -u
@@ -284,6 +286,14 @@ stage_pick_ab() {  # carry .prev (git archive 282d09e muser): the greedy graph's
   bench 300 . benchmarks/exact_ab.py --old .prev --models 1b,270m --trees old,exact --rounds 2 \
     --steps 128
   tests 240 -x tests/cuda/test_cuda_greedy.py tests/cuda/test_cuda_server.py
+}
+
+stage_tiles1b_ab() {  # carry .prev (git archive HEAD~ muser): the 1B's gate/up and down decode
+  # tiles the graph sweep found best (RESULTS.md, tenth session) -- the speed fields only
+  tests 150 -x tests/cuda/test_triton_ops.py -k "chunk_tile or do_not_depend or int8_weights"
+  bench 200 . benchmarks/exact_ab.py --old .prev --models 1b --trees old,exact --rounds 2 \
+    --steps 128
+  tests 150 -x tests/engine/test_invariance.py -k cuda
 }
 
 stage_profile16() {  # kernel time of a decode step alone and of a 16-session step (1B, 270M)
