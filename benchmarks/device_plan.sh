@@ -47,7 +47,8 @@
 #                store (no .float() copy) against ed093c6 (carry .prev): bits, A/B, profile
 #   pick_ab      the greedy graph's picking head (dot_rows pick=True + pick_partials) against
 #                282d09e (carry .prev): pick bits, greedy A/B at 128 steps, greedy/server tests
-#   tiles1b_ab   the 1B's gate/up (64,128,8,4) and down (32,128,4,4) decode tiles against the
+#   tiles1b_ab   the 1B's gate/up (64,128,8,4) and down (32,128,4,4) decode tiles (sixteenth
+#                session: slower, reverted; the stage is the record) against the
 #                tree before (carry .prev): bits, then the A/B (1B, 128 greedy steps)
 #   host16k      the 16k prefill with the host loaded (carry .prev = the tree before the prepare
 #                tables moved to the device): old against this tree, whole and in 2k / 4k chunks

@@ -16,7 +16,7 @@ DOT_TILES = {
     (1536, 640, False): (16, 128, 4, 4, 0), (640, 1024, False): (16, 512, 4, 3, 0),
     (2048, 640, True): (32, 128, 4, 4, 0), (640, 2048, False): (32, 512, 4, 3, 0),
     (1536, 1152, False): (16, 256, 4, 4, 0), (1152, 1024, False): (16, 512, 4, 3, 0),
-    (6912, 1152, True): (64, 128, 8, 4, 0), (1152, 6912, False): (32, 128, 4, 4, 1024),
+    (6912, 1152, True): (32, 128, 4, 3, 0), (1152, 6912, False): (64, 256, 4, 3, 1024),
     (4096, 2560, False): (32, 256, 4, 4, 0), (10240, 2560, True): (32, 128, 4, 3, 0),
     (2560, 10240, False): (32, 512, 4, 4, 0),
 }
@@ -25,7 +25,7 @@ DOT_TILES = {
 # (n, k, glu) -> the K step a chunk tile keeps where the decode tile's moved after the chunk
 # tiles were measured (chunk_tile takes the decode tile's K step below WIDE_ROWS)
 CHUNK_K = {(1536, 640, False): 256, (640, 1024, False): 256, (2048, 640, True): 256,
-           (640, 2048, False): 256, (1152, 6912, False): 256}
+           (640, 2048, False): 256}
 
 
 def dot_config(n: int, k: int, glu: bool) -> tuple[int, int, int, int, int]:
