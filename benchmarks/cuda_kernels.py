@@ -126,7 +126,10 @@ def attention_sweep(rows_out):
 
 def main(argv=None):
     from muser.backends.cuda.triton_gemv import gemv, gemv_config
-    from muser.backends.cuda.triton_ops import act_mul
+    from muser.backends.cuda.triton_rows import act_mul as act_halves
+
+    def act_mul(gu, gelu):                                  # gate | up halves of one buffer
+        return act_halves(gu[:, :gu.shape[1] // 2], gu[:, gu.shape[1] // 2:], gelu)
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--what", default="gemv,attn")
@@ -151,7 +154,7 @@ def main(argv=None):
         out = torch.empty(1, n, device="cuda", dtype=dt)
         ref = (act_mul(F.linear(x, ws[0]), True) if glu else F.linear(x, ws[0])).float()
         if glu:
-            t = time_graph(lambda w: act_mul(F.linear(x, w), True, out=out), ws)
+            t = time_graph(lambda w: act_mul(F.linear(x, w), True), ws)
         else:
             t = time_graph(lambda w: torch.matmul(x, w.T, out=out), ws)
         res = {"cublas": t}

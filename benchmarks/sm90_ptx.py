@@ -227,8 +227,8 @@ def main():
     kernels = {"chunk": (_kernel(), CHUNK), "fold": (_fold_kernel(), FOLD),
                "decode": (_decode_kernel(), DECODE), "dot": (_dot_kernels()[0], DOWN),
                "add_norm": (_ops_kernels()[0], ADD_NORM),
-               "add_pieces": (_ops_kernels()[3], ADD_PIECES),
-               "embed_norm": (_ops_kernels()[4], EMBED_NORM), "pick": (_pick_kernel()[0], PICK),
+               "add_pieces": (_ops_kernels()[2], ADD_PIECES),
+               "embed_norm": (_ops_kernels()[3], EMBED_NORM), "pick": (_pick_kernel()[0], PICK),
                "fold_pick": (_pick_kernel()[1], dict(BLOCK=1024, PDL=True)),
                "mega": (_mega_kernel(), MEGA), "qk_rope": (_ops_kernels()[1], QK_ROPE),
                "norm_rope": (_rows_kernels()[0], NORM_ROPE)}

@@ -43,7 +43,8 @@ from .triton_dot import dot_rows
 from .triton_mega import mega_half
 from .triton_gemv import gemv
 from .weights_int8 import RowInt8
-from .triton_ops import act_mul, add_norm, embed_norm, qk_rope_store
+from .triton_ops import add_norm, embed_norm, qk_rope_store
+from .triton_rows import act_mul
 from .triton_pick import pick_partials
 
 
@@ -245,7 +246,9 @@ class DecodeStep:
                                          and (x.shape[0] == 1 or not self.batch1_only)):
             a = self._dot(x, wgu, glu=True, gelu=self.gelu)               # act*mul fused in
         else:
-            a = act_mul(F.linear(x, wgu), self.gelu)
+            gu = F.linear(x, wgu)                           # [B, 2I]: gate | up
+            half = gu.shape[1] // 2
+            a = act_mul(gu[:, :half], gu[:, half:], self.gelu)
         return self._linear("down", a, lw.w_down, defer=defer)
 
     def run(self, packed: torch.Tensor, tables: torch.Tensor, ws: DecodeWorkspace,

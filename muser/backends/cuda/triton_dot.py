@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 
 from .triton_dot_tiles import CHUNK_K, CHUNK_ROWS, chunk_tile, dot_config
-from .triton_ops import _pow2, pdl_launch, pdl_pieces
+from .triton_ops import pdl_launch, pdl_pieces
 
 
 @functools.lru_cache(maxsize=None)

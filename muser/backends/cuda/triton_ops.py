@@ -2,10 +2,11 @@
 
 Owns: `add_norm` (residual add(s), optional sandwich norm of the delta, the
 next norm; rows of any count, so prefill chunks use it too, via
-`triton_rows.py`), `embed_norm` (the embedding rows, their scale and the first norm), `qk_rope_store` (qk-norm + RoPE of q and k, and the store of the
-new k/v row straight into each batch row's plane through a plane table) and
-`act_mul` (gelu-tanh / silu gate times up).  Does not own: the projections
-(triton_dot.py), attention (triton_decode.py) or plane bookkeeping.
+`triton_rows.py`), `embed_norm` (the embedding rows, their scale and the
+first norm) and `qk_rope_store` (qk-norm + RoPE of q and k, and the store of
+the new k/v row straight into each batch row's plane through a plane table).
+Does not own: the projections (triton_dot.py), attention (triton_decode.py),
+act*up (triton_rows.act_mul) or plane bookkeeping.
 
 Every kernel rounds where `muser.model.transformer` rounds (norm and RoPE in
 float32, cast back to the activation dtype after each), so the decode step
@@ -225,22 +226,6 @@ def _kernels():
             tl.store(vp + off + i1, tl.load(vsrc + i1, mask=mask, other=0.0), mask=mask)
 
     @triton.jit
-    def act_mul_kernel(GU, OUT, I: tl.constexpr, BLOCK: tl.constexpr, GELU: tl.constexpr):
-        b = tl.program_id(0)
-        i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        mask = i < I
-        g = tl.load(GU + b * 2 * I + i, mask=mask, other=0.0)
-        u = tl.load(GU + b * 2 * I + I + i, mask=mask, other=0.0)
-        gf = g.to(tl.float32)
-        if GELU:
-            y = 0.7978845608028654 * (gf + 0.044715 * gf * gf * gf)
-            a = 0.5 * gf * (1.0 + (2.0 * tl.sigmoid(2.0 * y) - 1.0))
-        else:
-            a = gf * tl.sigmoid(gf)
-        out = a.to(g.dtype).to(tl.float32) * u.to(tl.float32)
-        tl.store(OUT + b * I + i, out.to(g.dtype), mask=mask)
-
-    @triton.jit
     def embed_norm_kernel(IDS, E, SCALE, W_NEXT, H_OUT, X_OUT, eps, N: tl.constexpr,
                           BLOCK: tl.constexpr, SCALED: tl.constexpr, LAYERNORM: tl.constexpr,
                           NEXT: tl.constexpr, PDL: tl.constexpr):
@@ -258,8 +243,7 @@ def _kernels():
         _add_norm_tail(h, h, row, i, mask, H_OUT, W_NEXT, W_NEXT, H_OUT, X_OUT, eps, N, False,
                        False, False, LAYERNORM, NEXT)
 
-    return (add_norm_kernel, qk_rope_store_kernel, act_mul_kernel, add_pieces_norm_kernel,
-            embed_norm_kernel)
+    return add_norm_kernel, qk_rope_store_kernel, add_pieces_norm_kernel, embed_norm_kernel
 
 
 def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm: bool,
@@ -280,7 +264,7 @@ def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm
         if w_next is not None:
             x_out = x_out if x_out is not None else torch.empty_like(h)
         w_any = w_next if w_next is not None else (w_post if w_post is not None else h)
-        _kernels()[3][(B,)](h, part, scale if scale is not None else part,
+        _kernels()[2][(B,)](h, part, scale if scale is not None else part,
                             w_post if w_post is not None else w_any, w_any, h_out,
                             x_out if w_next is not None else h_out, float(eps), B, N=N,
                             BLOCK=_pow2(N), PIECES=part.shape[0], WQ=scale is not None,
@@ -318,7 +302,7 @@ def embed_norm(ids: torch.Tensor, table: torch.Tensor, scale: torch.Tensor | Non
     h = table.new_empty(B, N)
     x = torch.empty_like(h) if w_next is not None else None
     if B:
-        _kernels()[4][(B,)](ids, table, scale if scale is not None else table,
+        _kernels()[3][(B,)](ids, table, scale if scale is not None else table,
                             w_next if w_next is not None else table, h, x if x is not None else h,
                             float(eps), N=N, BLOCK=_pow2(N), SCALED=scale is not None,
                             LAYERNORM=layernorm, NEXT=w_next is not None,
@@ -344,14 +328,3 @@ def qk_rope_store(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor | None
         BLOCK=_pow2(half), QK_NORM=q_norm is not None, ROPE=rope, INTERLEAVED=interleaved,
         num_warps=1 if head_dim <= 128 else 2)
     return q_out
-
-
-def act_mul(gate_up: torch.Tensor, gelu: bool, out: torch.Tensor | None = None) -> torch.Tensor:
-    """gate_up [B, 2I] -> act(gate) * up [B, I] (act rounded first, as torch does)."""
-    kern = _kernels()[2]
-    B, two_i = gate_up.shape
-    inter = two_i // 2
-    out = out if out is not None else gate_up.new_empty(B, inter)
-    block = 1024
-    kern[(B, -(-inter // block))](gate_up, out, I=inter, BLOCK=block, GELU=gelu, num_warps=4)
-    return out
