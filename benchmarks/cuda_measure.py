@@ -173,18 +173,30 @@ def muser_batch(engine, batch, context, steps, vocab, prof=False):
     return batch * steps / dt, dt / steps, bare, profile_step(engine, batch) if prof else None
 
 
-def muser_greedy(engine, batch, context, steps, vocab):
+def muser_greedy(engine, batch, context, steps, vocab, prof=False):
     """`engine.decode_greedy` (pipelined with MUSER_PIPELINE=on): `batch` sessions
-    at `context`, `steps` greedy tokens each with no stop id -> (tokens/s, ms a step).  The same
-    steps as `muser_batch`'s loop, with the host's share hidden behind the GPU."""
-    sessions = prefilled(engine, batch, context, steps + 32, vocab)
+    at `context`, `steps` greedy tokens each with no stop id -> (tokens/s, ms a step[, profile]).
+    The same steps as `muser_batch`'s loop, with the host's share hidden behind the GPU.
+    `prof`: 16 more steps under the profiler -- every kernel and copy a step (replayed graphs
+    included), us -- to find what a greedy step adds to the bare replay."""
+    sessions = prefilled(engine, batch, context, steps + 32 + 16 * prof, vocab)
     out = engine.decode_greedy(sessions, [5] * batch, 8, stop_ids=())       # capture + warm
     toks = [t[-1] for t in out.tokens]
     sync()
     t0 = time.perf_counter()
-    engine.decode_greedy(sessions, toks, steps, stop_ids=())
+    out = engine.decode_greedy(sessions, toks, steps, stop_ids=())
     dt = time.perf_counter() - t0
-    return batch * steps / dt, dt / steps * 1e3
+    if not prof:
+        return batch * steps / dt, dt / steps * 1e3
+    from torch.profiler import ProfilerActivity, profile
+    toks = [t[-1] for t in out.tokens]
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        engine.decode_greedy(sessions, toks, 16, stop_ids=())
+        sync()
+    total, rows = top_kernels(p, 16, 1.0, 70)
+    return batch * steps / dt, dt / steps * 1e3, (round(total, 1),
+                                                  [(n, c, round(t, 1)) for n, c, t in rows[:14]])
 
 
 def prefill_profile(engine, n, vocab):

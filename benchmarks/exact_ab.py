@@ -79,6 +79,8 @@ def child(args):
         out["profile_decode"] = muser_decode(eng, 2048, 8, vocab, prof=True)[2]
         if args.shape in ("1b", "270m"):    # where a 16-session step's time above one goes
             out["profile_b16"] = muser_batch(eng, 16, 2048, 8, vocab, prof=True)[3]
+            if hasattr(eng, "decode_greedy"):   # and what a greedy step adds to the bare replay
+                out["profile_greedy16"] = muser_greedy(eng, 16, 2048, 32, vocab, prof=True)[2]
         out["profile_16k"] = prefill_profile(eng, 16384, vocab)     # (kernel ms, wall ms, top)
     out["exact_rows"] = bool(getattr(eng, "exact_rows", False))
     out["seconds"] = round(time.perf_counter() - t, 1)
