@@ -27,7 +27,7 @@ def test_a_row_is_within_half_a_step_of_its_weights():
 
 
 def test_fused_int8_rows_are_views_of_one_matrix_with_their_scales():
-    from muser.backends.cuda.decode_step import fuse_weights
+    from muser.backends.cuda.step_weights import fuse_weights
     eng = tiny_model("gemma3", window=4, tokenizer=False)
     quantize_weights(eng.weights)
     lw = eng.weights.layers[0]

@@ -3,7 +3,7 @@ geometry, KV sharing, per-layer inputs, with and without experts), OLMo 3, EXAON
 
 gpt-oss, flat Gemma 4, OLMo 3 and EXAONE 4 take the fused decode step, chunks included
 (chunk_step.py); Gemma 4 with per-layer inputs or KV sharing runs the CUDA backend's eager path
-(`decode_step.unsupported`).  Against the float32 CPU oracle through ring wraps: float32
+(`step_weights.unsupported`).  Against the float32 CPU oracle through ring wraps: float32
 on the GPU agrees closely (TF32-level); bfloat16 -- the default -- is no worse than twice what
 bfloat16 does to the same tiny random model on the CPU (bf16 flips Gemma 4's expert routing
 there: worst row 0.43).  A restored session replays bitwise on the GPU."""

@@ -1,15 +1,14 @@
 """The decode step on CUDA as a fixed sequence of launches over static buffers.
 
-Owns: `fuse_weights` (q/k/v and gate/up concatenated once; the engine's
-per-matrix tensors become views of the fused ones, so nothing is held twice)
-and `DecodeStep`, the maths of one token for B sessions: 1 embedding (with the
+Owns: `DecodeStep`, the maths of one token for B sessions: 1 embedding (with the
 first norm, `triton_ops.embed_norm`), then
 per layer 1 qkv GEMM, 1 attention (qk-norm, RoPE, the store of the new row and
 the attention itself, triton_decode.fused_decode_attention), 1 o GEMM, 1
 add+norm, 1 gate/up GEMM (+ 1 act*mul when it is not fused into the GEMV), 1
 down GEMM, 1 add+norm; the head.
 Does not own: plane bookkeeping, plane tables or graph capture
-(graph.py), the kernels (triton_ops.py, triton_decode.py).
+(graph.py), the kernels (triton_ops.py, triton_decode.py), the fused weights and
+which models the step takes (step_weights.py).
 
 Every projection and the head, for any batch size, go through
 `triton_dot.dot_rows` (rows in tiles of 16 on the tensor cores, K in fixed
@@ -37,8 +36,8 @@ import torch.nn.functional as F
 from ...env import Env
 from ...model import transformer as tf
 from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention, merge_groups
-from .triton_moe import experts_rows, route_rows, stack_experts
-from .triton_moe import supported as moe_supported
+from .step_weights import fuse_weights
+from .triton_moe import experts_rows, route_rows
 from .triton_dot import dot_rows
 from .triton_mega import mega_half
 from .triton_gemv import gemv
@@ -46,77 +45,6 @@ from .weights_int8 import RowInt8
 from .triton_ops import add_norm, embed_norm, qk_rope_store
 from .triton_rows import act_mul
 from .triton_pick import pick_partials
-
-
-def _fuse(parts: list) -> tuple:
-    """Stacked rows and each part as a view of them; int8 rows stack their scales alike."""
-    if isinstance(parts[0], RowInt8):
-        q, qs = _fuse([p.q for p in parts])
-        s, ss = _fuse([p.scale for p in parts])
-        return RowInt8(q, s), [RowInt8(a, b) for a, b in zip(qs, ss)]
-    fused = torch.cat(parts, dim=0)
-    views, at = [], 0
-    for p in parts:
-        views.append(fused[at:at + p.shape[0]])
-        at += p.shape[0]
-    return fused, views
-
-
-def fuse_weights(weights) -> list[dict]:
-    """Per layer {'wqkv', 'bqkv', 'wgu'}; rebinds wq/wk/wv/w_gate/w_up (and biases) to views;
-    a layer's experts are stacked (triton_moe.stack_experts: the lists become views too)."""
-    out = []
-    for lw in weights.layers:
-        if getattr(lw, "_fused", None) is not None:
-            out.append(lw._fused)
-            continue
-        if lw.wv is None:                          # V = K (Gemma 4 global layers): q | k
-            wqkv, (lw.wq, lw.wk) = _fuse([lw.wq, lw.wk])
-        else:
-            wqkv, (lw.wq, lw.wk, lw.wv) = _fuse([lw.wq, lw.wk, lw.wv])
-        bqkv = None
-        if lw.bq is not None:
-            bqkv, (lw.bq, lw.bk, lw.bv) = _fuse([lw.bq, lw.bk, lw.bv])
-        wgu = None
-        if lw.w_gate is not None:                  # experts only (gpt-oss): no dense MLP
-            wgu, (lw.w_gate, lw.w_up) = _fuse([lw.w_gate, lw.w_up])
-        if lw.moe is not None:
-            stack_experts(lw.moe)
-        lw._fused = {"wqkv": wqkv, "bqkv": bqkv, "wgu": wgu}
-        out.append(lw._fused)
-    return out
-
-
-def unsupported(spec) -> str | None:
-    """Why this model cannot take the fused step (None = it can)."""
-    if spec.qk_norm and spec.norm != "rms":
-        return "qk-norm with layer norm"
-    if spec.head_dim % 2:
-        return f"odd head_dim {spec.head_dim}"
-    if spec.num_heads % spec.num_kv_heads:
-        return "heads not a multiple of kv heads"
-    # What the step has no kernels for runs the eager session path (correct, not fast).
-    if any(not l.owns_plane for l in spec.layers):
-        return "KV-shared layers"
-    if any(l.kv_heads and spec.num_heads % l.kv_heads for l in spec.layers):
-        return "heads not a multiple of a layer's kv heads"
-    if any(l.k_eq_v and spec.attention_bias for l in spec.layers):
-        return "V = K with attention biases"
-    if spec.per_layer_input:
-        return "per-layer input embeddings (Gemma 4 E2B / E4B)"
-    if spec.qk_norm_span not in ("head", "all"):
-        return f"qk-norm over {spec.qk_norm_span!r}"
-    if not spec.pre_norm and spec.parallel_block:
-        return "a post-norm parallel block"
-    return None
-
-
-def unsupported_weights(weights) -> str | None:
-    """Why these weights cannot take the fused step (quantized CPU experts, say)."""
-    for i, lw in enumerate(weights.layers):
-        if lw.moe is not None and not moe_supported(lw.moe):
-            return f"layer {i}: experts that are not plain tensors"
-    return None
 
 
 class DecodeStep:

@@ -31,7 +31,8 @@ from ...env import Env
 from ...errors import CacheError, RequestError
 from . import capture as cuda_capture
 from .chunk_step import chunk_pass
-from .decode_step import DecodeStep, unsupported, unsupported_weights
+from .decode_step import DecodeStep
+from .step_weights import unsupported, unsupported_weights
 from .chunk_graph import ChunkGraphs
 from .triton_attn import layout
 from .triton_decode import plane_row, splits_for

@@ -65,7 +65,7 @@ def quantize_weights(weights) -> None:
 def why_not_int8(spec, weights, env) -> str | None:
     """Why int8 weights cannot run this model on CUDA (None: they can).  Only the fused decode
     step and its chunk pass read RowInt8; every other path would meet a matrix it cannot use."""
-    from .decode_step import unsupported
+    from .step_weights import unsupported
     why = unsupported(spec)
     if why:
         return f"the fused decode step does not take this model ({why})"
