@@ -47,6 +47,15 @@ from .triton_rows import act_mul
 from .triton_pick import pick_partials
 
 
+def head_picks(spec, output, gemv_for) -> bool:
+    """Whether a step's head can pick (`DecodeStep.head_pick`): it goes through dot_rows (int8
+    rows, or contiguous rows with the head among `gemv_for`, MUSER_GEMV=dot) and the logits are
+    its values -- no logit scale (Cohere2) or final soft-cap (Gemma 2) between them and the
+    pick, which would have to be repeated in the kernel with torch's roundings."""
+    return (spec.logit_scale == 1.0 and not spec.final_logit_softcap
+            and (isinstance(output, RowInt8) or ("head" in gemv_for and output.is_contiguous())))
+
+
 class DecodeStep:
     """One decode step for a fixed batch size; `run(packed, tables, ws)` -> logits [B, vocab] f32."""
 
@@ -92,13 +101,8 @@ class DecodeStep:
         # kernels: dot_rows for every row count, and the fused attention launch (whose first
         # half prepares a chunk's q/k/v); the experiment switches give that up
         self.invariant = mode == "dot" and self.fused_attn
-        # the pipelined greedy step may pick in the head (`head_pick`): the head is dot_rows and
-        # the logits are its values (no logit scale, no soft-cap between them and the pick)
-        out = self.w.output
-        self.fused_pick = (dev.type == "cuda" and spec.logit_scale == 1.0
-                           and not spec.final_logit_softcap
-                           and (isinstance(out, RowInt8) or ("head" in self.gemv_for
-                                                             and out.is_contiguous())))
+        # the pipelined greedy step may pick in the head (`head_pick`)
+        self.fused_pick = dev.type == "cuda" and head_picks(spec, self.w.output, self.gemv_for)
 
     def regs_for(self, batch: int) -> int | None:
         """The decode-attention launch's register cap (register allocation only: the same
