@@ -50,6 +50,7 @@
 #   tiles1b_ab   the 1B's gate/up (64,128,8,4) and down (32,128,4,4) decode tiles (sixteenth
 #                session: slower, reverted; the stage is the record) against the
 #                tree before (carry .prev): bits, then the A/B (1B, 128 greedy steps)
+#   families     test_cuda_families + test_int8_step (no sixteenth-session call ran them)
 #   host16k      the 16k prefill with the host loaded (carry .prev = the tree before the prepare
 #                tables moved to the device): old against this tree, whole and in 2k / 4k chunks
 set -u
@@ -295,6 +296,10 @@ stage_tiles1b_ab() {  # carry .prev (git archive HEAD~ muser): the 1B's gate/up 
   bench 200 . benchmarks/exact_ab.py --old .prev --models 1b --trees old,exact --rounds 2 \
     --steps 128
   tests 150 -x tests/engine/test_invariance.py -k cuda
+}
+
+stage_families() {  # the families and the int8 step on the tree with embed_norm and the picking head
+  tests 300 -x tests/cuda/test_cuda_families.py tests/cuda/test_int8_step.py
 }
 
 stage_profile16() {  # kernel time of a decode step alone and of a 16-session step (1B, 270M)
