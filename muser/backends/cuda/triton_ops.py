@@ -246,6 +246,13 @@ def _kernels():
     return add_norm_kernel, qk_rope_store_kernel, add_pieces_norm_kernel, embed_norm_kernel
 
 
+def _row_shape(N: int) -> dict:
+    """A norm row's block and warps, one rule for every launch that norms a row through
+    `_add_norm_tail` (add_norm, its pieces form, embed_norm): the block and warps fix the
+    reduction's tree, so launches that share it give the same bits for the same row."""
+    return {"BLOCK": _pow2(N), "num_warps": 8 if N >= 2048 else 4}
+
+
 def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm: bool,
              d1: torch.Tensor | None = None, d2: torch.Tensor | None = None,
              w_post: torch.Tensor | None = None, h_out: torch.Tensor | None = None,
@@ -267,9 +274,9 @@ def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm
         _kernels()[2][(B,)](h, part, scale if scale is not None else part,
                             w_post if w_post is not None else w_any, w_any, h_out,
                             x_out if w_next is not None else h_out, float(eps), B, N=N,
-                            BLOCK=_pow2(N), PIECES=part.shape[0], WQ=scale is not None,
+                            PIECES=part.shape[0], WQ=scale is not None,
                             POST=w_post is not None, LAYERNORM=layernorm,
-                            NEXT=w_next is not None, num_warps=8 if N >= 2048 else 4,
+                            NEXT=w_next is not None, **_row_shape(N),
                             **pdl_launch(pdl))
         return h_out, (x_out if w_next is not None else None)
     kern = _kernels()[0]
@@ -280,9 +287,9 @@ def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm
     kern[(B,)](h, d1 if d1 is not None else h, d2 if d2 is not None else h,
                w_post if w_post is not None else w_any, w_any, h_out,
                x_out if w_next is not None else h_out, float(eps),
-               N=N, BLOCK=_pow2(N), HAS_D1=d1 is not None, HAS_D2=d2 is not None,
+               N=N, HAS_D1=d1 is not None, HAS_D2=d2 is not None,
                POST=w_post is not None, LAYERNORM=layernorm, NEXT=w_next is not None,
-               num_warps=8 if N >= 2048 else 4, **pdl_launch(pdl))
+               **_row_shape(N), **pdl_launch(pdl))
     return h_out, (x_out if w_next is not None else None)
 
 
@@ -304,9 +311,9 @@ def embed_norm(ids: torch.Tensor, table: torch.Tensor, scale: torch.Tensor | Non
     if B:
         _kernels()[3][(B,)](ids, table, scale if scale is not None else table,
                             w_next if w_next is not None else table, h, x if x is not None else h,
-                            float(eps), N=N, BLOCK=_pow2(N), SCALED=scale is not None,
+                            float(eps), N=N, SCALED=scale is not None,
                             LAYERNORM=layernorm, NEXT=w_next is not None,
-                            num_warps=8 if N >= 2048 else 4, **pdl_launch(pdl))
+                            **_row_shape(N), **pdl_launch(pdl))
     return h, x
 
 
