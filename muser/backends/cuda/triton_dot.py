@@ -19,6 +19,7 @@ import torch
 
 from .triton_dot_tiles import CHUNK_K, CHUNK_ROWS, chunk_tile, dot_config
 from .triton_ops import pdl_launch, pdl_pieces
+from .triton_pick import pick_pieces
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,6 +56,7 @@ def _kernels():
     globals()["tl"] = tl
     globals().update(act_pieces())      # module globals: the interpreter resolves names there
     globals().update(pdl_pieces())
+    globals().update(pick_pieces())
 
     @triton.jit
     def piece_dot(X, W, rm, rmask, cols, cmask, piece, N, K: tl.constexpr, KS: tl.constexpr,
@@ -157,9 +159,7 @@ def _kernels():
                 # the greedy pick's first pass (triton_pick.py): each row's first maximum in
                 # this tile, NaN read as -inf and +inf as the largest float; Y = the values,
                 # P = their columns, [B, tiles]; no logits are stored
-                y = tl.where(y != y, float("-inf"), y)
-                y = tl.where(y == float("inf"), 3.4028234663852886e38, y)
-                y = tl.where(cmask[None, :], y, float("-inf"))
+                y = tl.where(cmask[None, :], _pick_key(y, 3.4028234663852886e38), float("-inf"))
                 at = rm.to(tl.int64) * tl.num_programs(0) + tl.program_id(0)
                 tl.store(Y + at, tl.max(y, 1), mask=rmask)
                 first = tl.argmax(y, 1, tie_break_left=True)

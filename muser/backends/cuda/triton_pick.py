@@ -42,12 +42,29 @@ class PickWorkspace:
 
 
 @functools.lru_cache(maxsize=None)
+def pick_pieces() -> dict:
+    """`_pick_key(x, BIG)`: the value a greedy pick compares -- NaN as -inf, +inf as BIG (the
+    largest float32) -- for every kernel that picks (pick_kernel here, a picking dot_rows'
+    epilogue): one key, so both name the same token."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def pick_key(x, BIG: tl.constexpr):
+        x = tl.where(x != x, float("-inf"), x)
+        return tl.where(x == float("inf"), BIG, x)
+
+    return {"_pick_key": pick_key}
+
+
+@functools.lru_cache(maxsize=None)
 def _kernel():
     import triton
     import triton.language as tl
 
     globals()["tl"] = tl                # the interpreter looks for the language in module globals
     globals().update(pdl_pieces())
+    globals().update(pick_pieces())
 
     @triton.jit
     def pick_kernel(L, VALS, IDX, CNT, RES, NCOL, B, NB, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
@@ -60,8 +77,7 @@ def _kernel():
         for c0 in range(0, CHUNK, BLOCK):
             cols = nb * CHUNK + c0 + tl.arange(0, BLOCK)
             x = tl.load(L + b.to(tl.int64) * NCOL + cols, mask=cols < NCOL, other=float("-inf"))
-            x = tl.where(x != x, float("-inf"), x)                 # NaN -> -inf
-            x = tl.where(x == float("inf"), BIG, x)                # +inf -> the largest float
+            x = _pick_key(x, BIG)                                  # NaN -inf, +inf BIG
             v = tl.max(x, 0)
             i = tl.argmax(x, 0, tie_break_left=True)
             take = v > best_v                                      # strictly: the first maximum
