@@ -26,6 +26,8 @@
 #   greedy       Engine.decode_greedy pipelined (cuda/greedy.py): its GPU test, then the A/B
 #                with MUSER_PIPELINE=on against off, the default (16 sessions: issue 17 item 3)
 #   serve16      16 greedy clients on the server (random 270M + Gemma's tokenizer; tiny), --pipeline
+#   tail         greedy_tail.py: a greedy graph alone, with its copies on the main stream, and
+#                with them on a second stream (the ~8-16 us a greedy step adds to its graph)
 #   profile16    the top kernels of a 1-session and a 16-session decode step (item 3's 1B gap)
 #   mega         one persistent launch for a layer's MLP half against its four launches (bits, us)
 #   llama_build  llama.cpp's CUDA build, in the background (~340-400 s on 10 cores)
@@ -300,6 +302,10 @@ stage_tiles1b_ab() {  # carry .prev (git archive HEAD~ muser): the 1B's gate/up 
 
 stage_families() {  # the families and the int8 step on the tree with embed_norm and the picking head
   tests 300 -x tests/cuda/test_cuda_families.py tests/cuda/test_int8_step.py
+}
+
+stage_tail() {  # what a pipelined greedy step adds to its graph: the copies on the main stream
+  bench 240 . benchmarks/greedy_tail.py --models 1b,270m --steps 128
 }
 
 stage_profile16() {  # kernel time of a decode step alone and of a 16-session step (1B, 270M)
