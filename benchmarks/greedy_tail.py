@@ -40,7 +40,8 @@ def gpu_ms(fn, steps):
 
 
 def measure(eng, name, vocab, steps, batch):
-    from cuda_measure import muser_greedy
+    from cuda_measure import muser_batch, muser_greedy
+    muser_batch(eng, batch, 2048, 4, vocab)                 # captures the plain step's graph
     tps, ms = muser_greedy(eng, batch, 2048, steps, vocab)
     runner = eng.decode_runner()
     entry = runner.entries[batch]
