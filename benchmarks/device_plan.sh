@@ -49,6 +49,8 @@
 #                store (no .float() copy) against ed093c6 (carry .prev): bits, A/B, profile
 #   pick_ab      the greedy graph's picking head (dot_rows pick=True + pick_partials) against
 #                282d09e (carry .prev): pick bits, greedy A/B at 128 steps, greedy/server tests
+#   streams_ab   the pipelined greedy step's copies on side streams, two graphs a batch size
+#                (against the tree before, carry .prev): greedy tests, A/B, greedy_tail
 #   tiles1b_ab   the 1B's gate/up (64,128,8,4) and down (32,128,4,4) decode tiles (sixteenth
 #                session: slower, reverted; the stage is the record) against the
 #                tree before (carry .prev): bits, then the A/B (1B, 128 greedy steps)
@@ -290,6 +292,14 @@ stage_pick_ab() {  # carry .prev (git archive 282d09e muser): the greedy graph's
   bench 300 . benchmarks/exact_ab.py --old .prev --models 1b,270m --trees old,exact --rounds 2 \
     --steps 128
   tests 240 -x tests/cuda/test_cuda_greedy.py tests/cuda/test_cuda_server.py
+}
+
+stage_streams_ab() {  # carry .prev (git archive HEAD~ muser): the greedy step's copies on two side
+  # streams, two graphs a batch size (cuda/greedy.py) -- greedy tests, then greedy runs old against new
+  tests 240 -x tests/cuda/test_cuda_greedy.py tests/cuda/test_cuda_server.py tests/cuda/test_triton_pick.py
+  bench 320 . benchmarks/exact_ab.py --old .prev --models 1b,270m --trees old,exact --rounds 2 \
+    --steps 128 --decode-only
+  bench 150 . benchmarks/greedy_tail.py --models 1b,270m --steps 128
 }
 
 stage_tiles1b_ab() {  # carry .prev (git archive HEAD~ muser): the 1B's gate/up and down decode

@@ -116,7 +116,8 @@ def parent(args):
                     + (["--profile"] if args.profile else []) \
                     + ["--chunks", args.chunks, "--cpu-load", str(args.cpu_load)] \
                     + (["--max-context", env["MAX_CONTEXT"]] if "MAX_CONTEXT" in env else []) \
-                    + (["--no-16k"] if args.no_16k and tree not in ("old", "exact", "fast") else [])
+                    + (["--no-16k"] if args.decode_only or (args.no_16k and tree not in
+                                                            ("old", "exact", "fast")) else [])
                 t = time.perf_counter()
                 p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=args.timeout)
                 res = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
@@ -166,6 +167,7 @@ def main():
     ap.add_argument("--variants", default="", help="more runs of this tree: NAME:VAR=V,VAR=V;...")
     ap.add_argument("--profile", action="store_true", help="also print each run's top kernels")
     ap.add_argument("--no-16k", action="store_true", help="variants skip the 16k prefill")
+    ap.add_argument("--decode-only", action="store_true", help="every tree skips the 16k prefill")
     ap.add_argument("--max-context", type=int, default=None,
                     help="the engine's max_context (a variant sets it with MAX_CONTEXT=N): a "
                          "growing plane's decode grid is its capacity over the split rows")

@@ -5,7 +5,7 @@ capture the greedy graph, then the same step enqueued back to back in six ways, 
 the GPU with events (no host wait inside a loop, so the host's share is not in the numbers):
 
     plain        the plain step's graph (logits out): exact_ab's "bare"
-    graph        the greedy graph alone (ids from res, picking head, fold)
+    graph        the greedy graph alone (turn 0's: ids from res[1], picking head, fold)
     +up          graph, after this step's positions / metas copy up on the same stream
     +up+down     ... and the picks' copy down after it (today's stream: greedy.py `_replay`)
     side         graph on the main stream; the copies on two more streams, ordered by events
@@ -57,25 +57,25 @@ def measure(eng, name, vocab, steps, batch):
         (entry.packed if dst is None else dst)[batch:].copy_(g.up[0][batch:], non_blocking=True)
 
     def down():
-        g.down[0].copy_(g.res, non_blocking=True)
+        g.down[0].copy_(g.res[0], non_blocking=True)
 
     def plain():
         entry.graph.replay()
 
     def graph():
-        g.graph.replay()
+        g.graphs[0].replay()
 
     def with_up():
         up()
-        g.graph.replay()
+        g.graphs[0].replay()
 
     def with_down():
-        g.graph.replay()
+        g.graphs[0].replay()
         down()
 
     def with_both():
         up()
-        g.graph.replay()
+        g.graphs[0].replay()
         down()
 
     def side_copies():
@@ -89,7 +89,7 @@ def measure(eng, name, vocab, steps, batch):
             up(scratch[k])
             copied[k].record(ups)
         main.wait_event(copied[k])
-        g.graph.replay()
+        g.graphs[0].replay()
         done[k].record(main)
         with torch.cuda.stream(downs):
             downs.wait_event(done[k])

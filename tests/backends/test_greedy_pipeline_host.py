@@ -152,9 +152,9 @@ def test_a_failed_launch_leaves_each_session_with_what_it_consumed(engine):
 
 
 def test_a_captured_batch_size_replays_the_ids_its_warm_up_consumed(engine, monkeypatch):
-    """Capturing runs the step once eagerly (capture.py's warm-up), which leaves that step's
-    picks where the next step's ids are read: the ids must go back before the replay.  Here a
-    stand-in capture warms up like the real one and replays by running the step again."""
+    """Capturing runs the step once eagerly (capture.py's warm-up), which writes that step's
+    picks: into its own turn's buffer, never where the replay reads its ids (the other turn's).
+    Here a stand-in capture warms up like the real one and replays by running the step again."""
     import muser.backends.cuda.capture as cap
 
     def fake_capture(fn, pool):
@@ -170,7 +170,8 @@ def test_a_captured_batch_size_replays_the_ids_its_warm_up_consumed(engine, monk
     monkeypatch.setattr(r, "_pool", lambda: None)
     got = r.greedy(piped_s, Budget.check(engine, piped_s, [4, 5, 6], [9, 4, 9], ()))
     want = stepwise(runner_for(engine), ref_s, Budget.check(engine, ref_s, [4, 5, 6], [9, 4, 9], ()))
-    assert got == want and r.stats["captures"] == 2                 # batch sizes 3, then 2
+    assert got == want, (got, want)
+    assert r.stats["captures"] == 4           # batch sizes 3, then 2: a graph for each turn
     for a, b in zip(piped_s, ref_s):
         same_live_rows(a, b)
 

@@ -8,10 +8,13 @@ back -- through the graph runner's captured steps, each batch size with a second
 `Plane.advance`), the step's maths, what a run means (backends/greedy.py), the server's rounds
 (server/decode_rounds.py, which drives the same three calls).
 
-The timeline, one stream; the host's bookkeeping for a step runs while the one before computes:
+The timeline; the host's bookkeeping for a step runs while the one before computes, and the
+copies run on two side streams, so the main stream holds graphs back to back (`_Graphs`):
 
     host:  advance(N+1) upload(N+1) replay(N+1) | wait(N) read picks(N) settle(N) | advance(N+2)
-    GPU:   ....... step N ........|.......... step N+1 .........|......... step N+2 ......
+    main:  ....... step N ........|.......... step N+1 .........|......... step N+2 ......
+    ups:            up(N+1)                          up(N+2)
+    downs:                         down(N)                        down(N+1)
 
 A session that step N's pick ends (a stop id, a budget, a client gone) was already in step N+1,
 which consumed that pick: `take_back` rewinds each plane to (len - 1, origins) -- metadata
@@ -24,30 +27,63 @@ be taken back (a second would lose a row the next query reads).
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..greedy import Budget, FromLast, Greedy, Step, greedy_rows, run_steps, take_back
 
 
 class _Graphs:
-    """One batch size's pipelined pieces: the picks on the device (`res`: [2, B] token | ok),
-    the graph of ids-from-res -> step -> picks, and two pinned buffers for each direction
-    (ids, positions and plane metas up; picks down) with the events that free them."""
+    """One batch size's pipelined pieces, in two turns (a step's turn k alternates 0, 1): turn
+    k's inputs packed[k] (positions and plane metas) and picks res[k] ([2, B]: token | ok) on the
+    device, its graph (ids from res[1 - k][0] -> the step -> picks into res[k]), its pinned
+    buffers up[k] / down[k], and the events that order three streams:
+
+        ups:    wait downed[k] -> packed[k] <- up[k] -> copied[k]
+        main:   wait copied[k] -> graph k -> done[k]
+        downs:  wait done[k] -> down[k] <- res[k] -> downed[k]
+
+    In the steady state nothing but graphs runs on the main stream: a copy between two graphs
+    there cost ~10 us a step (benchmarks/greedy_tail.py).  Every buffer a graph writes is its
+    turn's -- graph k + 1 writes res[k + 1] while res[k] goes down -- and the next graph k, which
+    writes res[k] again, waits for copied[k], which waited for that copy (downed[k])."""
 
     def __init__(self, entry, device):
         B = entry.batch
-        self.res = torch.zeros((2, B), dtype=torch.int64, device=device)
         cuda = torch.device(device).type == "cuda"
         pin = (lambda t: t.pin_memory()) if cuda else (lambda t: t)
-        self.up = [pin(torch.zeros(entry.packed.shape, dtype=torch.int64)) for _ in range(2)]
-        self.down = [pin(torch.zeros((2, B), dtype=torch.int64)) for _ in range(2)]
+        two = range(2)
+        self.res = [torch.zeros((2, B), dtype=torch.int64, device=device) for _ in two]
+        self.packed = [torch.zeros_like(entry.packed) for _ in two]
+        self.up = [pin(torch.zeros(entry.packed.shape, dtype=torch.int64)) for _ in two]
+        self.down = [pin(torch.zeros((2, B), dtype=torch.int64)) for _ in two]
         # a step fed partly from the last step's picks: their rows there | their rows here
-        self.sel = [pin(torch.zeros(2 * B, dtype=torch.int64)) for _ in range(2)]
+        self.sel = [pin(torch.zeros(2 * B, dtype=torch.int64)) for _ in two]
         self.sel_dev = torch.zeros(2 * B, dtype=torch.int64, device=device)
-        self.events = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        event = (lambda: torch.cuda.Event()) if cuda else (lambda: None)
+        self.copied, self.done, self.downed = ([event() for _ in two] for _ in range(3))
+        self.ups = torch.cuda.Stream(device) if cuda else None
+        self.downs = torch.cuda.Stream(device) if cuda else None
         self.turn = 0
-        self.graph = None
+        self.graphs = [None, None]
         self.pick_ws = None                    # triton_pick's workspace (on the GPU)
+
+
+def _on(stream):
+    """`with _on(s):` -- work enqueued on stream s (None: the CPU, where there are no streams)."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def _wait(stream, event) -> None:
+    """`stream` waits for `event` on the GPU (no host wait); nothing on the CPU."""
+    if event is not None:
+        (stream or torch.cuda.current_stream()).wait_event(event)
+
+
+def _record(event, stream=None) -> None:
+    if event is not None:
+        event.record(stream or torch.cuda.current_stream())
 
 
 class GreedySteps:
@@ -72,7 +108,7 @@ class GreedySteps:
             for v, st in zip(views, saved):
                 v.restore(st)
             raise
-        step = Step(list(sessions), (g, k, g.down[k], g.events[k]))
+        step = Step(list(sessions), (g, k, g.down[k], g.downed[k]))
         for s, f in zip(sessions, feeds):
             if isinstance(f, FromLast):
                 self.last.consumers[f.row] = s     # a device pick joins the lineage at collect
@@ -82,11 +118,12 @@ class GreedySteps:
         return step
 
     def collect(self, step: Step) -> tuple[list[int], list[bool]]:
-        """The step's picks and whether each row had a finite logit (waits for the step); the
-        sessions that consumed a pick in a later step take it into their lineage."""
-        _, _, down, event = step.handle
-        if event is not None:
-            event.synchronize()
+        """The step's picks and whether each row had a finite logit (waits for the step and the
+        copy of its picks); the sessions that consumed a pick in a later step take it into
+        their lineage."""
+        _, _, down, downed = step.handle
+        if downed is not None:
+            downed.synchronize()
         best, ok = down.tolist()
         for j, s in step.consumers.items():
             s.tokens.append(best[j])
@@ -102,69 +139,79 @@ class GreedySteps:
         g = entry.greedy = getattr(entry, "greedy", None) or _Graphs(entry, r.engine.device)
         k = g.turn
         g.turn ^= 1
-        if g.events[k] is not None:
-            g.events[k].synchronize()              # the copies that last used up[k] / down[k] ran
+        for ev in (g.copied[k], g.done[k]):       # turn k's last step has read up[k] and sel[k]
+            if ev is not None:                    # (done at once in the steady state: its
+                ev.synchronize()                  # picks were collected before this launch)
         flat = [0 if isinstance(f, FromLast) else int(f) for f in feeds] + list(positions)
         for grp in range(len(r.group_kinds)):
             for m in metas:
                 flat.extend(m[2 * grp: 2 * grp + 2])
         g.up[k].numpy()[:] = flat
+        with _on(g.ups):
+            _wait(g.ups, g.downed[k])             # res[k]'s last copy down has run
+            g.packed[k][B:].copy_(g.up[k][B:], non_blocking=True)
+            _record(g.copied[k], g.ups)
+        _wait(None, g.copied[k])
         r._upload_tables(entry, views)
         self._ids(g, k, B, feeds)
-        entry.packed[B:].copy_(g.up[k][B:], non_blocking=True)
         if not r.capture:
-            _graph_body(r, entry, g)
+            _graph_body(r, entry, g, k)
         else:
-            if g.graph is None:
-                # capture's warm-up runs the step once (rows the replay rewrites identically)
-                # and leaves its picks in res: this step's ids go back before the replay
-                ids = g.res[0].clone()
-                g.graph, _ = r.captured(lambda: _graph_body(r, entry, g))
-                g.res[0].copy_(ids)
-            g.graph.replay()
+            if g.graphs[k] is None:
+                # capture's warm-up runs the step once (rows the replay rewrites identically),
+                # reading res[1 - k] and writing res[k] only
+                g.graphs[k], _ = r.captured(lambda: _graph_body(r, entry, g, k))
+            g.graphs[k].replay()
         r.stats["replays"] += 1
-        g.down[k].copy_(g.res, non_blocking=True)
-        if g.events[k] is not None:
-            g.events[k].record()
+        _record(g.done[k])
+        with _on(g.downs):
+            _wait(g.downs, g.done[k])
+            g.down[k].copy_(g.res[k], non_blocking=True)
+            _record(g.downed[k], g.downs)
         return g, k
 
     def _ids(self, g: _Graphs, k: int, B: int, feeds) -> None:
-        """This step's ids into g.res[0], which the graph reads: host ints from up[k], device
-        picks gathered from the last step's res (first, in case it is this very buffer).  Every
-        copy comes from pinned memory, so none waits for the step in flight."""
+        """This step's ids into res[1 - k][0], which graph k reads: host ints from up[k], device
+        picks gathered from the last step's picks (first, in case they are this very buffer).
+        Every copy comes from pinned memory, so none waits for the step in flight; the buffer
+        is written only once its last copy down has run."""
         dev = [(i, f.row) for i, f in enumerate(feeds) if isinstance(f, FromLast)]
-        if len(dev) == B and self.last.handle[0] is g and [f for _, f in dev] == list(range(B)):
-            return                                 # the graph's own picks, in order: in place
+        last_g, last_k = self.last.handle[:2] if dev else (None, 0)
+        if len(dev) == B and last_g is g and [f for _, f in dev] == list(range(B)):
+            return                                 # the last step's own picks, in order: in place
         n = len(dev)
         picks = None
         if n:
             g.sel[k].numpy()[:2 * n] = [f for _, f in dev] + [i for i, _ in dev]
             g.sel_dev[:2 * n].copy_(g.sel[k][:2 * n], non_blocking=True)
-            picks = self.last.handle[0].res[0].index_select(0, g.sel_dev[:n])
-        g.res[0].copy_(g.up[k][:B], non_blocking=True)
+            picks = last_g.res[last_k][0].index_select(0, g.sel_dev[:n])
+        ids = g.res[1 - k][0]
+        _wait(None, g.downed[1 - k])
+        ids.copy_(g.up[k][:B], non_blocking=True)
         if n:
-            g.res[0].index_copy_(0, g.sel_dev[n:2 * n], picks)
+            ids.index_copy_(0, g.sel_dev[n:2 * n], picks)
 
 
-def _graph_body(runner, entry, g: _Graphs) -> torch.Tensor:
-    """What the greedy graph holds: this step's ids from res, the step, its picks into res (on
-    the GPU in one launch, triton_pick.py; elsewhere -- the host tests -- through torch).
-    A step whose head can pick (DecodeStep.fused_pick) reads its ids in res and picks in the
-    head: no id copy, no logits stored and read again."""
+def _graph_body(runner, entry, g: _Graphs, k: int) -> torch.Tensor:
+    """What greedy graph k holds: the step's ids from res[1 - k][0], the step on packed[k],
+    its picks into res[k] (on the GPU in one launch, triton_pick.py; elsewhere -- the host
+    tests -- through torch).  A step whose head can pick (DecodeStep.fused_pick) reads its ids
+    in res and picks in the head: no id copy, no logits stored and read again."""
     B = entry.batch
     step = runner.step
+    ids, packed, res = g.res[1 - k][0], g.packed[k], g.res[k]
     if step.fused_pick:
-        return step.run(entry.packed, entry.tables, entry.ws, ids=g.res[0], pick=g.res)
-    entry.packed[:B].copy_(g.res[0])
-    logits = step.run(entry.packed, entry.tables, entry.ws)             # [B, vocab] float32
+        return step.run(packed, entry.tables, entry.ws, ids=ids, pick=res)
+    packed[:B].copy_(ids)
+    logits = step.run(packed, entry.tables, entry.ws)                   # [B, vocab] float32
     if logits.is_cuda:
         from .triton_pick import PickWorkspace, pick_rows
         if g.pick_ws is None:
             g.pick_ws = PickWorkspace(B, logits.shape[1], logits.device)
-        return pick_rows(logits, g.res, g.pick_ws, pdl=runner.step.pdl)
+        return pick_rows(logits, res, g.pick_ws, pdl=runner.step.pdl)
     best, ok = greedy_rows(logits)
-    g.res.copy_(torch.stack([best, ok.long()]))
-    return g.res
+    res.copy_(torch.stack([best, ok.long()]))
+    return res
 
 
 def pipelined(runner, sessions, run: Budget) -> Greedy:
