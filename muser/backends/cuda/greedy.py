@@ -65,6 +65,9 @@ class _Graphs:
         self.copied, self.done, self.downed = ([event() for _ in two] for _ in range(3))
         self.ups = torch.cuda.Stream(device) if cuda else None
         self.downs = torch.cuda.Stream(device) if cuda else None
+        for side in (self.ups, self.downs):
+            if side is not None:               # the zero fills above run on the main stream:
+                side.wait_stream(torch.cuda.current_stream())   # an upload must come after
         self.turn = 0
         self.graphs = [None, None]
         self.pick_ws = None                    # triton_pick's workspace (on the GPU)
