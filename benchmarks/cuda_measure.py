@@ -186,6 +186,8 @@ def muser_greedy(engine, batch, context, steps, vocab, prof=False):
     t0 = time.perf_counter()
     out = engine.decode_greedy(sessions, toks, steps, stop_ids=())
     dt = time.perf_counter() - t0
+    if any(len(t) != steps for t in out.tokens):          # a run cut short would read as fast
+        raise RuntimeError(f"greedy run cut short: finishes {out.finish}")
     if not prof:
         return batch * steps / dt, dt / steps * 1e3
     from torch.profiler import ProfilerActivity, profile

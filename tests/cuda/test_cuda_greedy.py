@@ -73,3 +73,18 @@ def test_a_greedy_stream_one_step_ahead_is_the_plain_stream(engine):
             rows.append((got, list(s.tokens)))
         out[mode] = rows
     assert out["on"] == out["off"]
+
+
+def test_a_batch_size_first_met_behind_a_busy_stream_runs_the_same(engine):
+    """The pipeline's copies run on side streams (cuda/greedy.py): a batch size's buffers are
+    zero-filled on the main stream when first met, and an upload on a side stream that does not
+    wait for that fill loses to it when the main stream is busy (positions read as 0: NaN picks,
+    'nonfinite').  Here the main stream spins ~20 ms first."""
+    want, ws, wafter, _ = run(engine, "off", (4, 7, 10), (6, 6, 6), ())
+    engine.backend.reset_runner(Env(pipeline="on"))
+    ss = prefilled(engine, (4, 7, 10))
+    torch.cuda._sleep(40_000_000)                              # the main stream, busy
+    got = engine.decode_greedy(ss, [11, 12, 13], (6, 6, 6), stop_ids=())
+    assert got == want and got.finish == ["length"] * 3
+    for a, b in zip(ss, ws):
+        assert a.tokens == b.tokens and a.position == b.position
