@@ -302,6 +302,16 @@ stage_streams_ab() {  # carry .prev (git archive HEAD~ muser): the greedy step's
   bench 150 . benchmarks/greedy_tail.py --models 1b,270m --steps 128
 }
 
+stage_streams_fix() {  # carry .bug (git archive ee7ca9b muser: side streams without the fill wait):
+  # the busy-stream test must fail there and pass here; then this tree's greedy rows, greedy_tail
+  echo "+ [.bug] the busy-stream test (expected to FAIL on the old tree)" | tee -a "$OUT/plan.log"
+  (cd .bug && PYTHONPATH=/tmp/site:$ROOT/.bug:$ROOT/tests/cuda timeout 200 python3 -m pytest -q \
+    --tb=line -p no:cacheprovider $ROOT/tests/cuda/test_cuda_greedy.py -k busy 2>&1 \
+    | tee -a "$OUT/plan.log" | tail -4)
+  tests 240 -x tests/cuda/test_cuda_greedy.py tests/cuda/test_cuda_server.py tests/cuda/test_triton_pick.py
+  bench 150 . benchmarks/greedy_tail.py --models 1b,270m --steps 128
+}
+
 stage_tiles1b_ab() {  # carry .prev (git archive HEAD~ muser): the 1B's gate/up and down decode
   # tiles the graph sweep found best (RESULTS.md, tenth session) -- the speed fields only
   tests 150 -x tests/cuda/test_triton_ops.py -k "chunk_tile or do_not_depend or int8_weights"
