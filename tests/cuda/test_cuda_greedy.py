@@ -86,5 +86,6 @@ def test_a_batch_size_first_met_behind_a_busy_stream_runs_the_same(engine):
     torch.cuda._sleep(40_000_000)                              # the main stream, busy
     got = engine.decode_greedy(ss, [11, 12, 13], (6, 6, 6), stop_ids=())
     assert got == want and got.finish == ["length"] * 3
-    for a, b in zip(ss, ws):
+    for a, b, lb in zip(ss, ws, wafter):                       # run() decoded 17 after
+        assert torch.equal(a.decode(17), lb)
         assert a.tokens == b.tokens and a.position == b.position
