@@ -31,8 +31,7 @@ import torch
 from .triton_dot import _kernels as _dot_kernels
 from .triton_dot import act_pieces
 from .triton_dot_tiles import dot_config
-from .triton_ops import _kernels as _ops_kernels
-from .triton_ops import _pow2
+from .triton_ops import _pow2, norm_pieces
 
 
 @functools.lru_cache(maxsize=None)
@@ -41,13 +40,12 @@ def _kernel():
     import triton.language as tl
 
     _dot_kernels()                       # defines _piece / _finish in triton_dot's globals
-    _ops_kernels()                       # ... and _add_norm_tail in triton_ops'
-    from . import triton_dot, triton_ops
+    from . import triton_dot
     globals()["tl"] = tl
     globals().update(act_pieces())
     for name in ("_piece", "_finish"):
         globals()[name] = getattr(triton_dot, name)
-    globals()["_add_norm_tail"] = triton_ops._add_norm_tail
+    globals()["_add_norm_tail"] = norm_pieces()["_add_norm_tail"]
 
     @triton.jit
     def wait_for(cnt, n):

@@ -95,12 +95,35 @@ def rope_pieces() -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernels():
+def norm_pieces() -> dict:
+    """add_norm's two halves by the names the kernels call them, for every launch that norms a
+    row (add_norm, its pieces form, embed_norm, and dot_rows' norm prologue, triton_dot.py):
+    `_norm_inputs` (a row of h and its delta d1: one tensor, or a projection's split-K pieces
+    summed in order as split_sum_kernel sums them) and `_add_norm_tail` (h' = h + norm?(d1)
+    stored, x = norm(h')).  One copy: launches that norm a row alike give the same bits."""
     import triton
     import triton.language as tl
 
-    globals().update(pdl_pieces())      # module globals: the interpreter resolves names there
-    globals().update(rope_pieces())
+    globals()["tl"] = tl                # the interpreter looks for the language in module globals
+
+    @triton.jit
+    def norm_inputs(H, D1, S, row, i, mask, B, N: tl.constexpr, HAS_D1: tl.constexpr,
+                    PIECES: tl.constexpr, WQ: tl.constexpr):
+        """(h, d1 as float32) of one row; PIECES > 0: D1 holds [PIECES, B, N] float32 partial
+        sums, added in order from zero, scaled (int8 rows' S) and rounded to h's dtype."""
+        h = tl.load(H + row * N + i, mask=mask, other=0.0)
+        d1 = h
+        if HAS_D1:
+            if PIECES > 0:
+                y = tl.zeros(h.shape, dtype=tl.float32)
+                for piece in range(PIECES):                   # fixed order: 0, 1, 2, ...
+                    y += tl.load(D1 + (piece * B + row) * N + i, mask=mask, other=0.0)
+                if WQ:
+                    y = y * tl.load(S + i, mask=mask, other=1.0)
+                d1 = y.to(h.dtype).to(tl.float32)
+            else:
+                d1 = tl.load(D1 + row * N + i, mask=mask, other=0.0).to(tl.float32)
+        return h, d1
 
     @triton.jit
     def add_norm_tail(h, d1, row, i, mask, D2, W_POST, W_NEXT, H_OUT, X_OUT, eps, N: tl.constexpr,
@@ -131,7 +154,18 @@ def _kernels():
                 x = x * tl.rsqrt(tl.sum(x * x, 0) / N + eps) * wn
             tl.store(X_OUT + row * N + i, x.to(h.dtype), mask=mask)
 
-    globals()["_add_norm_tail"] = add_norm_tail
+    return {"_norm_inputs": norm_inputs, "_add_norm_tail": add_norm_tail}
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    globals().update(pdl_pieces())      # module globals: the interpreter resolves names there
+    globals().update(rope_pieces())
+    globals().update(norm_pieces())
+
 
     @triton.jit
     def add_norm_kernel(H, D1, D2, W_POST, W_NEXT, H_OUT, X_OUT, eps,
@@ -142,10 +176,7 @@ def _kernels():
         row = tl.program_id(0).to(tl.int64)        # chunks: rows x N can pass 2**31
         i = tl.arange(0, BLOCK)
         mask = i < N
-        h = tl.load(H + row * N + i, mask=mask, other=0.0)
-        d1 = h
-        if HAS_D1:
-            d1 = tl.load(D1 + row * N + i, mask=mask, other=0.0).to(tl.float32)
+        h, d1 = _norm_inputs(H, D1, H, row, i, mask, 1, N, HAS_D1, 0, False)
         _add_norm_tail(h, d1, row, i, mask, D2, W_POST, W_NEXT, H_OUT, X_OUT, eps, N, HAS_D1,
                        HAS_D2, POST, LAYERNORM, NEXT)
 
@@ -161,13 +192,7 @@ def _kernels():
         row = tl.program_id(0).to(tl.int64)
         i = tl.arange(0, BLOCK)
         mask = i < N
-        h = tl.load(H + row * N + i, mask=mask, other=0.0)
-        y = tl.zeros((BLOCK,), dtype=tl.float32)
-        for piece in range(PIECES):                       # fixed order: 0, 1, 2, ...
-            y += tl.load(P + (piece * B + row) * N + i, mask=mask, other=0.0)
-        if WQ:
-            y = y * tl.load(S + i, mask=mask, other=1.0)
-        d1 = y.to(h.dtype).to(tl.float32)
+        h, d1 = _norm_inputs(H, P, S, row, i, mask, B, N, True, PIECES, WQ)
         _add_norm_tail(h, d1, row, i, mask, H, W_POST, W_NEXT, H_OUT, X_OUT, eps, N, True, False,
                        POST, LAYERNORM, NEXT)
 
