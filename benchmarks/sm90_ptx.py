@@ -48,6 +48,10 @@ ADD_NORM = dict(N=1152, BLOCK=2048, HAS_D1=True, HAS_D2=False, POST=True, LAYERN
 EMBED_NORM = dict(N=1152, BLOCK=2048, SCALED=True, LAYERNORM=False, NEXT=True, PDL=True)
 ADD_PIECES = dict(N=1152, BLOCK=2048, PIECES=7, WQ=False, POST=True, LAYERNORM=False, NEXT=True,
                   PDL=True)
+# dot_rows with add_norm in its prologue (MUSER_NORM_IN): the 270M's qkv after a sandwich norm
+DOT_NORM = dict(K=640, KS=640, BLOCK_N=16, BLOCK_K=128, GLU=False, GELU=False, HAS_BIAS=False,
+                SPLIT=False, BM=16, PIECES_IN=1, WQ=False, PDL=True, FLATTEN=False, WIDEN=False,
+                PICK=False, NBLOCK=1024, NPIECES=0, NWQ=False, POST=True, LAYERNORM=False)
 PICK = dict(CHUNK=8192, BLOCK=1024, NBP=32, BIG=3.4028234663852886e38, PDL=True)
 MEGA = dict(N=640, F=2048, BLOCK=1024, BN1=32, BK1=128, KS1=640, BN2=32, BK2=512, KS2=2048,
             POST=True, LAYERNORM=False, NEXT=True, GELU=True, NPROG=132, T1=64, T2=20, PIECES=1,
@@ -81,6 +85,19 @@ CONFIGS = [
                                                         BLOCK_K=128, PIECES_IN=1, WIDEN=True,
                                                         PICK=True), 4),
     ("greedy pick from a picking head", "fold_pick", {}, 4),
+    ("dot_rows qkv, add_norm in, 270M", "dot_norm", {}, 4),
+    ("dot_rows gate|up, add_norm in, 270M", "dot_norm", dict(KS=640, BLOCK_N=32, GLU=True,
+                                                              GELU=True), 4),
+    ("dot_rows qkv, add_norm of 7 pieces in, 1B", "dot_norm", dict(K=1152, KS=1280,
+                                                                   BLOCK_K=256, NBLOCK=2048,
+                                                                   NPIECES=7,
+                                                                   _types={"ND1": "*fp32"}), 4),
+    ("dot_rows gate|up, add_norm in, 1B", "dot_norm", dict(K=1152, KS=1152, BLOCK_N=32,
+                                                            GLU=True, GELU=True, NBLOCK=2048), 4),
+    ("dot_rows head picking, final norm in, 1B", "dot_norm", dict(K=1152, KS=1152, BLOCK_N=64,
+                                                                   NBLOCK=2048, NPIECES=7,
+                                                                   WIDEN=True, PICK=True,
+                                                                   _types={"ND1": "*fp32"}), 4),
     ("embed + first norm", "embed_norm", {}, 4),
     ("add_norm sandwich", "add_norm", {}, 4),
     ("add_norm first layer", "add_norm", dict(HAS_D1=False, POST=False), 4),
@@ -123,6 +140,7 @@ TYPES = {  # argument types as the engine passes them (others are i32)
     "X": "*bf16", "W": "*bf16", "S": "*bf16", "BIAS": "*bf16", "Y": "*bf16", "P": "*fp32",
     "H": "*bf16", "D1": "*bf16", "D2": "*bf16", "W_POST": "*fp32", "W_NEXT": "*fp32",
     "H_OUT": "*bf16", "X_OUT": "*bf16", "IDS": "*i64", "E": "*bf16", "SCALE": "*bf16",
+    "NH": "*bf16", "ND1": "*bf16", "NS": "*fp32", "NWP": "*fp32", "NWN": "*fp32", "NHO": "*bf16",
     # the greedy pick (triton_pick.py)
     "L": "*fp32", "VALS": "*fp32", "IDX": "*i64", "RES": "*i64",
     # the persistent MLP half (triton_mega.py)
@@ -146,8 +164,9 @@ def compile_ptx(kern, consts: dict, warps: int) -> str:
     from triton.compiler import ASTSource
     consts = dict(consts)
     cap = consts.pop("maxnreg", None)
+    types = {**TYPES, **consts.pop("_types", {})}        # a configuration's own argument types
     names = list(inspect.signature(kern.fn).parameters)
-    sig = {n: "constexpr" if n in consts else TYPES.get(n, "i32") for n in names}
+    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if n in DIVISIBLE}
     src = ASTSource(fn=kern, signature=sig, attrs=attrs,
                     constexprs={(names.index(k),): v for k, v in consts.items()})
@@ -230,6 +249,7 @@ def main():
                "add_pieces": (_ops_kernels()[2], ADD_PIECES),
                "embed_norm": (_ops_kernels()[3], EMBED_NORM), "pick": (_pick_kernel()[0], PICK),
                "fold_pick": (_pick_kernel()[1], dict(BLOCK=1024, PDL=True)),
+               "dot_norm": (_dot_kernels()[2], DOT_NORM),
                "mega": (_mega_kernel(), MEGA), "qk_rope": (_ops_kernels()[1], QK_ROPE),
                "norm_rope": (_rows_kernels()[0], NORM_ROPE)}
     print(f"triton {triton.__version__}, sm_90")

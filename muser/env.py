@@ -123,7 +123,8 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                        "on: `Engine.decode_greedy` and greedy `engine.stream` / `generate` "
                        "launch step N+1 before they read step N's pick back (cuda/greedy.py: "
                        "the host's share hidden behind the GPU; the same tokens; H200, 270M: "
-                       "16 sessions 16.7k -> 20.2k tok/s, one 0.65 -> 0.60 ms/token); off: one "
+                       "16 sessions 16.7k -> 20.2k tok/s, one 0.65 -> 0.60 ms/token; with the "
+                       "copies on side streams: 270M 23.8k, 1B 12.05k tok/s); off: one "
                        "step at a time (the server's own switch is `--pipeline`)"),
     "MUSER_ATTN_TILES": ("masked|interior", "interior", "backends/cuda (attention)",
                          "interior: key tiles every row sees whole skip the masks (the same "
@@ -135,6 +136,12 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                         "register cap of the decode-attention launch (register allocation only: "
                         "the same bits); auto = 168 in steps of 8 or more sessions (three programs "
                         "an SM instead of two), none below"),
+    "MUSER_NORM_IN": ("off|1|4|16", "off", "backends/cuda (decode step)",
+                      "a step of at most this many rows leaves each add+norm to the projection "
+                      "that reads its x (dot_rows' norm prologue: every program norms its rows "
+                      "as add_norm does, then the dot) -- one launch a layer fewer for each, the "
+                      "same bits by construction, checked on the GPU (experiment, not yet "
+                      "measured)"),
     "MUSER_ATTN_RING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
                         "tile of the ring decode-attention kernel (experiments)"),
     "MUSER_ATTN_GROWING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
@@ -170,6 +177,7 @@ class Env:
     chunk_prep: str = "alone"
     flatten: str = "dot"
     fuse_sum: str = "on"
+    norm_in: str = "off"
     chunk_graphs: str = "on"
     pdl: str = "on"
     pipeline: str = "on"
@@ -264,7 +272,8 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_CHUNK_FIRST", "chunk_first"), ("MUSER_CHUNK_PARK", "chunk_park"),
                         ("MUSER_CHUNK_PREP", "chunk_prep"), ("MUSER_FLATTEN", "flatten"),
                         ("MUSER_FUSE_SUM", "fuse_sum"), ("MUSER_PIPELINE", "pipeline"),
-                        ("MUSER_MEGA", "mega"), ("MUSER_ATTN_REGS", "attn_regs")):
+                        ("MUSER_MEGA", "mega"), ("MUSER_ATTN_REGS", "attn_regs"),
+                        ("MUSER_NORM_IN", "norm_in")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

@@ -38,7 +38,8 @@ from ...model import transformer as tf
 from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention, merge_groups
 from .step_weights import fuse_weights
 from .triton_moe import experts_rows, route_rows
-from .triton_dot import dot_rows
+from .triton_dot import dot_rows, norm_fuses, norm_in
+from .triton_dot_tiles import dot_config
 from .triton_mega import mega_half
 from .triton_gemv import gemv
 from .weights_int8 import RowInt8
@@ -90,6 +91,9 @@ class DecodeStep:
         self.fused_attn = env.attn != "separate" or spec.v_norm or any(l.k_eq_v for l in spec.layers)
         self.flatten = env.flatten in ("dot", "on")   # dot_rows' in-kernel pieces: one loop
         self.fuse_sum = env.fuse_sum == "on"    # the down projection's pieces summed in add_norm
+        # MUSER_NORM_IN: in steps of at most this many rows, an add+norm is done by the launch
+        # of the projection that reads its x (`_add_norm`); 0: never
+        self.norm_in_rows = 0 if env.norm_in == "off" else int(env.norm_in)
         self.attn_regs = env.attn_regs          # the attention launch's register cap (`regs_for`)
         # MUSER_MEGA=mlp: each layer's MLP half as one persistent launch (triton_mega.py)
         self.mega_cnt = (torch.zeros(6, dtype=torch.int32, device=dev) if env.mega == "mlp"
@@ -136,6 +140,28 @@ class DecodeStep:
                             **kw)
         y = self.gemv(x, w, **kw)
         return y.float() if widen else y
+
+    def _takes_norm(self, what: str, w, R: int) -> bool:
+        """Whether projection `what` ("qkv", "gu", "head") of an R-row step reads its x through
+        a bf16 dot_rows whose tile norms as add_norm does (`triton_dot.norm_fuses`): where
+        MUSER_NORM_IN may leave it the add+norm before it."""
+        if not (self.norm_in_rows and R <= self.norm_in_rows) or isinstance(w, RowInt8) \
+                or self.gemv is not dot_rows or what not in self.gemv_for \
+                or not w.is_contiguous():
+            return False
+        n, k = w.shape
+        glu = what == "gu"
+        return norm_fuses(k, dot_config(n // 2 if glu else n, k, glu)[2], False)
+
+    def _add_norm(self, h, w_next, d1, w_post, takes: bool):
+        """add_norm(h, w_next, d1=d1, w_post=w_post) -> (h', x); with `takes` (the projection
+        reading x can norm it: `_takes_norm`), x is a NormIn that its dot_rows launch computes
+        -- h' is allocated now and written by that launch."""
+        if takes and w_next is not None:
+            ni = norm_in(h, w_next, self.spec.norm_eps, self.layernorm, d1=d1, w_post=w_post)
+            return ni.h_out, ni
+        return add_norm(h, w_next, self.spec.norm_eps, self.layernorm, d1=d1, w_post=w_post,
+                        pdl=self.pdl)
 
     def _linear(self, what, x, w, b=None, defer: bool = False):
         """x @ w.T (+ b); `defer` as `_dot`'s."""
@@ -212,13 +238,14 @@ class DecodeStep:
             return decode_attention(q, pos, table, meta, KV, self.splits[i], spec.layer_scale(ls),
                                     spec.attn_logit_softcap, ws, sinks=lw.sinks, **lay)
 
-        x = self.layers(ids, attend)
+        x = self.layers(ids, attend, head_norms=True)
         return self.head(x) if pick is None else self.head_pick(x, pick)
 
-    def layers(self, ids: torch.Tensor, attend) -> torch.Tensor:
+    def layers(self, ids: torch.Tensor, attend, head_norms: bool = False):
         """Rows of token ids through every layer -> the final-normed hidden rows [R, hidden].
         `attend(i, lw, ls, qkv, q_norm, k_norm)` -> [R, H, D]: the layer's attention over its
-        planes (a decode step's launch, or a chunk's: chunk_step.py)."""
+        planes (a decode step's launch, or a chunk's: chunk_step.py).  `head_norms`: the final
+        norm may be left to the head's launch (MUSER_NORM_IN): a NormIn for `head`."""
         spec, w = self.spec, self.w
         H, eps = spec.num_heads, spec.norm_eps
         layers = w.layers
@@ -251,14 +278,17 @@ class DecodeStep:
                 continue
             post = spec.sandwich_norm or not spec.pre_norm     # transformer.layer_forward's rule
             post_attn = lw.post_attn_norm if post else None
-            h, x = add_norm(h, lw.pre_ffn_norm if spec.pre_norm else None, eps, self.layernorm,
-                            d1=o, w_post=post_attn, pdl=self.pdl)
+            h, x = self._add_norm(h, lw.pre_ffn_norm if spec.pre_norm else None, o, post_attn,
+                                  lw.moe is None and self._takes_norm("gu", fz["wgu"], R))
             # MUSER_FUSE_SUM: the down projection's split-K pieces summed by the add_norm below
             m = self._ffn(lw, fz, h, h if x is None else x,
                           defer=self.fuse_sum and lw.layer_scale is None)
             post_ffn = lw.post_ffn_norm if post else None
             if lw.layer_scale is None:
-                h, x = add_norm(h, nxt, eps, self.layernorm, d1=m, w_post=post_ffn, pdl=self.pdl)
+                reader = (("qkv", self.fused[i + 1]["wqkv"]) if i + 1 < len(layers)
+                          else ("head", w.output) if head_norms else None)
+                h, x = self._add_norm(h, nxt, m, post_ffn,
+                                      reader is not None and self._takes_norm(*reader, R))
                 x = h if x is None else x                  # post-norm: the next layer reads h
             else:                                  # Gemma 4: scale the layer's output, then norm
                 h = add_norm(h, None, eps, self.layernorm, d1=m, w_post=post_ffn)[0] * lw.layer_scale

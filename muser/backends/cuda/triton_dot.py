@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 
 from .triton_dot_tiles import CHUNK_K, CHUNK_ROWS, chunk_tile, dot_config
-from .triton_ops import pdl_launch, pdl_pieces
+from .triton_ops import norm_pieces, pdl_launch, pdl_pieces
 from .triton_pick import pick_pieces
 
 
@@ -99,6 +99,7 @@ def _kernels():
 
     globals()["_piece"] = piece_dot
     globals()["_finish"] = finish
+    globals().update(norm_pieces())
 
     @triton.jit
     def dot_rows_kernel(X, W, S, BIAS, Y, P, B, N, K: tl.constexpr, KS: tl.constexpr,
@@ -108,6 +109,43 @@ def _kernels():
                         PDL: tl.constexpr, FLATTEN: tl.constexpr = False,
                         WIDEN: tl.constexpr = False, PICK: tl.constexpr = False):
         _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
+        _dot_body(X, W, S, BIAS, Y, P, B, N, K, KS, BLOCK_N, BLOCK_K, GLU, GELU, HAS_BIAS, SPLIT,
+                  BM, PIECES_IN, WQ, FLATTEN, WIDEN, PICK)
+
+    @triton.jit
+    def dot_norm_kernel(X, W, S, BIAS, Y, P, B, N, NH, ND1, NS, NWP, NWN, NHO, eps,
+                        K: tl.constexpr, KS: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, GLU: tl.constexpr, GELU: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr,
+                        PIECES_IN: tl.constexpr, WQ: tl.constexpr, PDL: tl.constexpr,
+                        FLATTEN: tl.constexpr, WIDEN: tl.constexpr, PICK: tl.constexpr,
+                        NBLOCK: tl.constexpr, NPIECES: tl.constexpr, NWQ: tl.constexpr,
+                        POST: tl.constexpr, LAYERNORM: tl.constexpr):
+        """dot_rows of x = add_norm(h, d1)'s x, computed here (`norm_in`): every program first
+        norms its tile's rows exactly as add_norm_kernel does (the same pieces, one row at a
+        time over a [NBLOCK] block, so the same reduction tree at the same warps), stores h'
+        to NHO and x to X -- every program of a row tile stores the same bytes -- and then
+        reads X back as dot_rows_kernel reads it.  One launch where add_norm + dot_rows were
+        two; the rows go one after another, so only a step of few rows gains (decode_step)."""
+        _pdl_begin(PDL)
+        i = tl.arange(0, NBLOCK)
+        mask = i < K
+        for r in range(BM):
+            row = (tl.program_id(1) * BM + r).to(tl.int64)
+            if row < B:
+                h, d1 = _norm_inputs(NH, ND1, NS, row, i, mask, B, K, True, NPIECES, NWQ)
+                _add_norm_tail(h, d1, row, i, mask, NH, NWP, NWN, NHO, X, eps, K, True, False,
+                               POST, LAYERNORM, True)
+        tl.debug_barrier()                  # the block's stores of X before its loads of X
+        _dot_body(X, W, S, BIAS, Y, P, B, N, K, KS, BLOCK_N, BLOCK_K, GLU, GELU, HAS_BIAS, SPLIT,
+                  BM, PIECES_IN, WQ, FLATTEN, WIDEN, PICK)
+
+    @triton.jit
+    def dot_body(X, W, S, BIAS, Y, P, B, N, K: tl.constexpr, KS: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
+                 GELU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                 BM: tl.constexpr, PIECES_IN: tl.constexpr, WQ: tl.constexpr,
+                 FLATTEN: tl.constexpr, WIDEN: tl.constexpr, PICK: tl.constexpr):
         # Rows in tiles of BM (padded with zeros) through the tensor cores; K cut into pieces of
         # KS (program axis 2) walked in fixed BLOCK_K steps.  An output element's sum is the same
         # instruction sequence whatever B (and BM) is, and the other rows of a tile never enter
@@ -194,7 +232,8 @@ def _kernels():
         y = _finish(y, u, sy, su, bias, WQ, HAS_BIAS, GLU, GELU, Y.dtype.element_ty)
         tl.store(Y + b.to(tl.int64) * N + cols, y.to(Y.dtype.element_ty), mask=cmask)
 
-    return dot_rows_kernel, split_sum_kernel
+    globals()["_dot_body"] = dot_body
+    return dot_rows_kernel, split_sum_kernel, dot_norm_kernel
 
 
 class Pieces(NamedTuple):
@@ -203,6 +242,40 @@ class Pieces(NamedTuple):
     split_sum_kernel would, in the launch that consumes them."""
     part: torch.Tensor
     scale: torch.Tensor | None
+
+
+class NormIn(NamedTuple):
+    """x = add_norm(h, w_next, d1=d1, w_post=w_post)'s x, left to the dot_rows that reads it
+    (`dot_rows(NormIn, ...)`: one launch, `dot_norm_kernel`); h_out and x are where h' and x
+    go, allocated up front so that the caller holds h' before the launch (`norm_in`)."""
+    h: torch.Tensor
+    d1: "torch.Tensor | Pieces"
+    w_post: torch.Tensor | None
+    w_next: torch.Tensor
+    eps: float
+    layernorm: bool
+    h_out: torch.Tensor
+    x: torch.Tensor
+
+    @property
+    def shape(self):
+        return self.h.shape
+
+
+def norm_in(h: torch.Tensor, w_next: torch.Tensor, eps: float, layernorm: bool,
+            d1: "torch.Tensor | Pieces", w_post: torch.Tensor | None = None) -> NormIn:
+    """add_norm(h, w_next, eps, layernorm, d1=d1, w_post=w_post) as a NormIn: (h', x) are
+    (.h_out, .x) once a dot_rows has read it."""
+    return NormIn(h, d1, w_post, w_next, float(eps), layernorm, torch.empty_like(h),
+                  torch.empty_like(h))
+
+
+def norm_fuses(k: int, warps: int, wq: bool) -> bool:
+    """Whether a dot_rows tile of `warps` warps over K = k can norm its own input exactly as
+    add_norm does: the same block and warps (`_row_shape`: the reduction's tree) and FMA
+    contraction on as in add_norm (an int8 dot compiles without it)."""
+    from .triton_ops import _row_shape
+    return not wq and _row_shape(k)["num_warps"] == warps
 
 
 def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, glu: bool = False,
@@ -229,9 +302,11 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     LM head: 16 rows x 262,144 logits cost a 12.6 us copy on the H200).  `pick`: no output;
     the widened values' first maximum a row and tile -> (values float32, columns int64), each
     [B, tiles], for `triton_pick.pick_partials` (the pipelined greedy step's head; no pieces,
-    no act*up).  Returns the output, or `Pieces` (defer), or the (values, columns) pair (pick)."""
+    no act*up).  `x` a NormIn (MUSER_NORM_IN): the rows are add_norm's x, normed by the
+    launch itself (`dot_norm_kernel`; the tile's warps must be add_norm's: `norm_fuses`).
+    Returns the output, or `Pieces` (defer), or the (values, columns) pair (pick)."""
     import triton
-    kern, ssum = _kernels()
+    kern, ssum, kern_norm = _kernels()
     n, k = w.shape
     wq = w.dtype == torch.int8
     if wq and (scale is None or scale.dtype != torch.float32 or scale.shape != (n,)):
@@ -239,7 +314,8 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
                          f"{None if scale is None else (scale.dtype, tuple(scale.shape))}")
     if glu:
         n //= 2
-    x = x.contiguous()
+    norm = x if isinstance(x, NormIn) else None
+    x = norm.x if norm is not None else x.contiguous()
     B = x.shape[0]
     bn, bk, nw, st, piece = config or dot_config(n, k, glu)
     pieces = triton.cdiv(k, piece) if piece else 1
@@ -257,7 +333,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
         out = torch.empty(tiles, dtype=torch.float32, device=x.device)
         part = torch.empty(tiles, dtype=torch.int64, device=x.device)
     elif widen and (split or out is not None or x.dtype == torch.float32):
-        return dot_rows(x, w, out=out, glu=glu, gelu=gelu, bias=bias, config=config, rows=rows,
+        return dot_rows(norm if norm is not None else x, w, out=out, glu=glu, gelu=gelu, bias=bias, config=config, rows=rows,
                         tile=tile, scale=scale, pdl=pdl, flatten=flatten).float()
     else:
         out = out if out is not None else x.new_empty(B, n, dtype=torch.float32 if widen else None)
@@ -268,12 +344,16 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     s_arg = scale if wq else w
     # int8: no FMA contraction, so `sum * scale + bias` rounds alike in both epilogues
     fuse = {"enable_fp_fusion": False} if wq else {}
-    kern[(triton.cdiv(n, bn), triton.cdiv(B, bm), pieces)](
-        x, w, s_arg, b_arg, out, part, B, n, K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu,
-        GELU=gelu, HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, WQ=wq,
-        FLATTEN=bool(flatten) and inside > 1, WIDEN=widen or pick, PICK=pick,
-        num_warps=nw, num_stages=st, **fuse,
-        **pdl_launch(pdl))
+    grid = (triton.cdiv(n, bn), triton.cdiv(B, bm), pieces)
+    shape = dict(K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu, GELU=gelu,
+                 HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, WQ=wq,
+                 FLATTEN=bool(flatten) and inside > 1, WIDEN=widen or pick, PICK=pick,
+                 num_warps=nw, num_stages=st, **fuse, **pdl_launch(pdl))
+    if norm is None:
+        kern[grid](x, w, s_arg, b_arg, out, part, B, n, **shape)
+    else:
+        _launch_norm(kern_norm, grid, norm, k, nw, wq, (x, w, s_arg, b_arg, out, part, B, n),
+                     shape)
     if pick:
         return out, part
     if split and defer and not glu and bias is None:
@@ -283,3 +363,19 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
                                          GLU=glu, GELU=gelu, HAS_BIAS=bias is not None, WQ=wq,
                                          num_warps=4, **fuse, **pdl_launch(pdl))
     return out
+
+
+def _launch_norm(kern_norm, grid, norm: NormIn, k: int, warps: int, wq: bool, args, shape):
+    """dot_norm_kernel's launch: dot_rows' arguments, then the norm's (add_norm's)."""
+    from .triton_ops import _row_shape
+    if not norm_fuses(k, warps, wq) or norm.h.shape != norm.x.shape or norm.h.shape[1] != k:
+        raise ValueError(f"a norm-in dot_rows needs bf16 weights, K = the rows' width and "
+                         f"add_norm's warps for it; got K {k}, rows {tuple(norm.h.shape)}, "
+                         f"{warps} warps (add_norm: {_row_shape(k)['num_warps']}), int8 {wq}")
+    d1 = norm.d1
+    part, sc = (d1.part, d1.scale) if isinstance(d1, Pieces) else (d1, None)
+    kern_norm[grid](*args, norm.h, part, sc if sc is not None else part,
+                    norm.w_post if norm.w_post is not None else norm.w_next, norm.w_next,
+                    norm.h_out, norm.eps, NBLOCK=_row_shape(k)["BLOCK"],
+                    NPIECES=part.shape[0] if isinstance(d1, Pieces) else 0, NWQ=sc is not None,
+                    POST=norm.w_post is not None, LAYERNORM=norm.layernorm, **shape)

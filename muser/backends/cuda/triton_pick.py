@@ -49,6 +49,8 @@ def pick_pieces() -> dict:
     import triton
     import triton.language as tl
 
+    globals()["tl"] = tl                # the interpreter looks for the language in module globals
+
     @triton.jit
     def pick_key(x, BIG: tl.constexpr):
         x = tl.where(x != x, float("-inf"), x)
