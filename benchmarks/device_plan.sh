@@ -51,6 +51,8 @@
 #                282d09e (carry .prev): pick bits, greedy A/B at 128 steps, greedy/server tests
 #   streams_ab   the pipelined greedy step's copies on side streams, two graphs a batch size
 #                (against the tree before, carry .prev): greedy tests, A/B, greedy_tail
+#   norm_in      MUSER_NORM_IN (dot_rows norms its own rows: one launch an add+norm fewer):
+#                bits against add_norm + dot, the engine's rows, then the A/B at 1 and 16 rows
 #   tiles1b_ab   the 1B's gate/up (64,128,8,4) and down (32,128,4,4) decode tiles (sixteenth
 #                session: slower, reverted; the stage is the record) against the
 #                tree before (carry .prev): bits, then the A/B (1B, 128 greedy steps)
@@ -310,6 +312,17 @@ stage_streams_fix() {  # carry .bug (git archive ee7ca9b muser: side streams wit
     | tee -a "$OUT/plan.log" | tail -4)
   tests 240 -x tests/cuda/test_cuda_greedy.py tests/cuda/test_cuda_server.py tests/cuda/test_triton_pick.py
   bench 150 . benchmarks/greedy_tail.py --models 1b,270m --steps 128
+}
+
+stage_norm_in() {  # MUSER_NORM_IN: the bits first (the prologue must reduce as add_norm does:
+  # the same pieces, block and warps -- only the GPU can say the trees agree), then the A/B
+  tests 240 -x tests/cuda/test_triton_ops.py -k "norms_its_own or refuses_what"
+  tests 300 -x tests/cuda/test_norm_in.py
+  export MUSER_NORM_IN=16; echo "MUSER_NORM_IN=16" | tee -a "$OUT/plan.log"
+  tests 300 -x tests/engine/test_invariance.py -k cuda
+  unset MUSER_NORM_IN
+  bench 480 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --steps 128 \
+    --variants "N1:MUSER_NORM_IN=1;N16:MUSER_NORM_IN=16"
 }
 
 stage_tiles1b_ab() {  # carry .prev (git archive HEAD~ muser): the 1B's gate/up and down decode
