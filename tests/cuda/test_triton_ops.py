@@ -122,7 +122,8 @@ def test_a_dot_that_norms_its_own_rows_is_add_norm_then_the_dot(dev, kdtype, lay
     (dot_norm_kernel) -- == add_norm, then dot_rows of its x: h', x and the dot's output
     bitwise, with d1 a tensor or a projection's unsummed split-K pieces, act*up or not, one row
     tile or two (20 rows), and for a picking head."""
-    from muser.backends.cuda.triton_dot import Pieces, dot_rows, norm_in
+    from muser.backends.cuda.triton_dot import Pieces, dot_rows
+    from muser.backends.cuda.triton_dot_norm import norm_in
     from muser.backends.cuda.triton_ops import add_norm
     N, n = 640, 96                         # the 270M's width: add_norm's 4 warps, the dot's 4
     g = torch.Generator().manual_seed(9)
@@ -152,7 +153,8 @@ def test_a_dot_that_norms_its_own_rows_is_add_norm_then_the_dot(dev, kdtype, lay
 def test_a_norm_in_dot_refuses_what_would_norm_otherwise(dev, kdtype):
     """A tile whose warps are not add_norm's (another reduction tree) or int8 weights (no FMA
     contraction) cannot norm its rows as add_norm does: refused, naming why."""
-    from muser.backends.cuda.triton_dot import dot_rows, norm_in
+    from muser.backends.cuda.triton_dot import dot_rows
+    from muser.backends.cuda.triton_dot_norm import norm_in
     h = torch.randn(2, 640).to(dev, kdtype)
     w = torch.randn(64, 640).to(dev, kdtype)
     ni = norm_in(h, torch.ones(640, device=dev), 1e-6, False, d1=h)

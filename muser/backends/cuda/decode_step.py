@@ -38,7 +38,8 @@ from ...model import transformer as tf
 from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention, merge_groups
 from .step_weights import fuse_weights
 from .triton_moe import experts_rows, route_rows
-from .triton_dot import dot_rows, norm_fuses, norm_in
+from .triton_dot import dot_rows
+from .triton_dot_norm import norm_fuses, norm_in
 from .triton_dot_tiles import dot_config
 from .triton_mega import mega_half
 from .triton_gemv import gemv

@@ -3,8 +3,9 @@
 Owns: `dot_rows` (rows in tiles of 16 on the tensor cores, K in fixed steps and
 optional fixed split-K pieces summed in order: the default for every projection
 and the head, any batch size), the split-K sum, and `act_pieces` (the act * up
-every projection kernel shares).  Batch-invariant: row b of a B-row call is
-bitwise the row computed alone.  Does not own: the tile tables
+every projection kernel shares), and `dot_norm_kernel` (the same dot after add_norm's own
+pieces as a prologue: MUSER_NORM_IN, host side in triton_dot_norm.py).  Batch-invariant: row
+b of a B-row call is bitwise the row computed alone.  Does not own: the tile tables
 (triton_dot_tiles.py), the older batch-1 GEMV (triton_gemv.py, MUSER_GEMV=fast),
 when they are used (decode_step.py), element-wise pieces (triton_ops.py),
 attention (triton_decode.py).  Triton is imported lazily: this module imports on
@@ -17,6 +18,7 @@ from typing import NamedTuple
 
 import torch
 
+from .triton_dot_norm import NormIn, launch_norm
 from .triton_dot_tiles import CHUNK_K, CHUNK_ROWS, chunk_tile, dot_config
 from .triton_ops import norm_pieces, pdl_launch, pdl_pieces
 from .triton_pick import pick_pieces
@@ -244,40 +246,6 @@ class Pieces(NamedTuple):
     scale: torch.Tensor | None
 
 
-class NormIn(NamedTuple):
-    """x = add_norm(h, w_next, d1=d1, w_post=w_post)'s x, left to the dot_rows that reads it
-    (`dot_rows(NormIn, ...)`: one launch, `dot_norm_kernel`); h_out and x are where h' and x
-    go, allocated up front so that the caller holds h' before the launch (`norm_in`)."""
-    h: torch.Tensor
-    d1: "torch.Tensor | Pieces"
-    w_post: torch.Tensor | None
-    w_next: torch.Tensor
-    eps: float
-    layernorm: bool
-    h_out: torch.Tensor
-    x: torch.Tensor
-
-    @property
-    def shape(self):
-        return self.h.shape
-
-
-def norm_in(h: torch.Tensor, w_next: torch.Tensor, eps: float, layernorm: bool,
-            d1: "torch.Tensor | Pieces", w_post: torch.Tensor | None = None) -> NormIn:
-    """add_norm(h, w_next, eps, layernorm, d1=d1, w_post=w_post) as a NormIn: (h', x) are
-    (.h_out, .x) once a dot_rows has read it."""
-    return NormIn(h, d1, w_post, w_next, float(eps), layernorm, torch.empty_like(h),
-                  torch.empty_like(h))
-
-
-def norm_fuses(k: int, warps: int, wq: bool) -> bool:
-    """Whether a dot_rows tile of `warps` warps over K = k can norm its own input exactly as
-    add_norm does: the same block and warps (`_row_shape`: the reduction's tree) and FMA
-    contraction on as in add_norm (an int8 dot compiles without it)."""
-    from .triton_ops import _row_shape
-    return not wq and _row_shape(k)["num_warps"] == warps
-
-
 def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, glu: bool = False,
              gelu: bool = False, bias: torch.Tensor | None = None,
              config: tuple[int, int, int, int, int] | None = None,
@@ -352,8 +320,8 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     if norm is None:
         kern[grid](x, w, s_arg, b_arg, out, part, B, n, **shape)
     else:
-        _launch_norm(kern_norm, grid, norm, k, nw, wq, (x, w, s_arg, b_arg, out, part, B, n),
-                     shape)
+        launch_norm(kern_norm, grid, norm, k, nw, wq, (x, w, s_arg, b_arg, out, part, B, n),
+                    shape)
     if pick:
         return out, part
     if split and defer and not glu and bias is None:
@@ -363,19 +331,3 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
                                          GLU=glu, GELU=gelu, HAS_BIAS=bias is not None, WQ=wq,
                                          num_warps=4, **fuse, **pdl_launch(pdl))
     return out
-
-
-def _launch_norm(kern_norm, grid, norm: NormIn, k: int, warps: int, wq: bool, args, shape):
-    """dot_norm_kernel's launch: dot_rows' arguments, then the norm's (add_norm's)."""
-    from .triton_ops import _row_shape
-    if not norm_fuses(k, warps, wq) or norm.h.shape != norm.x.shape or norm.h.shape[1] != k:
-        raise ValueError(f"a norm-in dot_rows needs bf16 weights, K = the rows' width and "
-                         f"add_norm's warps for it; got K {k}, rows {tuple(norm.h.shape)}, "
-                         f"{warps} warps (add_norm: {_row_shape(k)['num_warps']}), int8 {wq}")
-    d1 = norm.d1
-    part, sc = (d1.part, d1.scale) if isinstance(d1, Pieces) else (d1, None)
-    kern_norm[grid](*args, norm.h, part, sc if sc is not None else part,
-                    norm.w_post if norm.w_post is not None else norm.w_next, norm.w_next,
-                    norm.h_out, norm.eps, NBLOCK=_row_shape(k)["BLOCK"],
-                    NPIECES=part.shape[0] if isinstance(d1, Pieces) else 0, NWQ=sc is not None,
-                    POST=norm.w_post is not None, LAYERNORM=norm.layernorm, **shape)
