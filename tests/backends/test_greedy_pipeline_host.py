@@ -196,3 +196,35 @@ def test_a_step_fed_partly_from_the_last_picks_and_partly_from_the_host(engine):
     steps.take_back(a[2])                          # and the last step goes back on its own
     rr_twin = twins(engine, (9,))[1][0]
     same_live_rows(a[2], rr_twin)
+
+
+@pytest.mark.parametrize("failed_feed", [(0, 1), (1, 0)])
+def test_a_launch_that_failed_does_not_feed_the_next_one_stale_picks(engine, failed_feed):
+    """A launch that fails leaves its batch size's turn where it was (greedy.py `_Graphs`), and
+    the last step's picks where that step left them -- also when the failed launch had patched
+    them in place for a reordered feed (1, 0): the next launch, fed them in order, reads them
+    intact."""
+    from muser.backends.cuda.greedy import GreedySteps
+    from muser.backends.greedy import FromLast
+    a, ref = twins(engine, (3, 8))
+    r, rr = runner_for(engine), runner_for(engine)
+    steps = GreedySteps(r)
+    first = steps.launch(a, [4, 6])
+    real, calls = r.step.run, {"n": 0}
+
+    def failing_once(packed, tables, ws):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected kernel fault")
+        return real(packed, tables, ws)
+    r.step.run = failing_once
+    with pytest.raises(RuntimeError, match="injected"):
+        steps.launch(a, [FromLast(j) for j in failed_feed])
+    second = steps.launch(a, [FromLast(0), FromLast(1)])
+    best1, _ = steps.collect(first)
+    best2, _ = steps.collect(second)
+    w1, _ = greedy_rows(rr.decode(ref, [4, 6]))
+    w2, _ = greedy_rows(rr.decode(ref, w1.tolist()))
+    assert best1 == w1.tolist() and best2 == w2.tolist()
+    for x, y in zip(a, ref):
+        same_live_rows(x, y)

@@ -140,8 +140,22 @@ class GreedySteps:
         B = len(views)
         entry = r._entry(B)
         g = entry.greedy = getattr(entry, "greedy", None) or _Graphs(entry, r.engine.device)
-        k = g.turn
+        k = g.turn                                # moves on only once the step is launched
+        try:
+            self._launch(r, entry, g, k, views, positions, metas, feeds)
+        except BaseException:
+            if self.last is not None and self.last.handle[0] is g:
+                # the ids patch (`_ids`) may have overwritten the last step's picks in res:
+                # back from their copy down, so that a later launch can still be fed them
+                _wait(None, g.downed[1 - k])
+                g.res[1 - k].copy_(g.down[1 - k], non_blocking=True)
+            raise
         g.turn ^= 1
+        return g, k
+
+    def _launch(self, r, entry, g: _Graphs, k: int, views, positions, metas, feeds) -> None:
+        """Turn k of `_replay`: the copies up, the ids, the graph, the copy down."""
+        B = len(views)
         for ev in (g.copied[k], g.done[k]):       # turn k's last step has read up[k] and sel[k]
             if ev is not None:                    # (done at once in the steady state: its
                 ev.synchronize()                  # picks were collected before this launch)
@@ -171,7 +185,6 @@ class GreedySteps:
             _wait(g.downs, g.done[k])
             g.down[k].copy_(g.res[k], non_blocking=True)
             _record(g.downed[k], g.downs)
-        return g, k
 
     def _ids(self, g: _Graphs, k: int, B: int, feeds) -> None:
         """This step's ids into res[1 - k][0], which graph k reads: host ints from up[k], device
@@ -180,7 +193,8 @@ class GreedySteps:
         is written only once its last copy down has run."""
         dev = [(i, f.row) for i, f in enumerate(feeds) if isinstance(f, FromLast)]
         last_g, last_k = self.last.handle[:2] if dev else (None, 0)
-        if len(dev) == B and last_g is g and [f for _, f in dev] == list(range(B)):
+        if len(dev) == B and last_g is g and last_k == 1 - k \
+                and [f for _, f in dev] == list(range(B)):
             return                                 # the last step's own picks, in order: in place
         n = len(dev)
         picks = None
