@@ -315,7 +315,9 @@ stage_streams_fix() {  # carry .bug (git archive ee7ca9b muser: side streams wit
 }
 
 stage_norm_in() {  # MUSER_NORM_IN: the bits first (the prologue must reduce as add_norm does:
-  # the same pieces, block and warps -- only the GPU can say the trees agree), then the A/B
+  # the same pieces, block and warps -- only the GPU can say the trees agree), then the A/B;
+  # first the greedy rows (cuda/greedy.py's failed-launch fix came after the last GPU run)
+  tests 240 -x tests/cuda/test_cuda_greedy.py tests/cuda/test_cuda_server.py
   tests 240 -x tests/cuda/test_triton_ops.py -k "norms_its_own or refuses_what"
   tests 300 -x tests/cuda/test_norm_in.py
   export MUSER_NORM_IN=16; echo "MUSER_NORM_IN=16" | tee -a "$OUT/plan.log"
