@@ -68,6 +68,18 @@ def stepwise(runner, sessions, run: Budget) -> Greedy:
     return out
 
 
+def fail_at(runner, n: int) -> None:
+    """The runner's n-th step from now raises (an injected kernel fault); the others run."""
+    real, calls = runner.step.run, {"n": 0}
+
+    def failing(packed, tables, ws):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise RuntimeError("injected kernel fault")
+        return real(packed, tables, ws)
+    runner.step.run = failing
+
+
 def twins(engine, lengths):
     return ([start(engine, n, 0)[0] for n in lengths], [start(engine, n, 0)[0] for n in lengths])
 
@@ -135,15 +147,7 @@ def test_a_row_without_a_finite_logit_ends_its_session_only(engine):
 def test_a_failed_launch_leaves_each_session_with_what_it_consumed(engine):
     sessions, _ = twins(engine, (2, 5))
     r = runner_for(engine)
-    calls = {"n": 0}
-    real = r.step.run
-
-    def failing(packed, tables, ws):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise RuntimeError("injected kernel fault")
-        return real(packed, tables, ws)
-    r.step.run = failing
+    fail_at(r, 3)
     with pytest.raises(RuntimeError, match="injected"):
         r.greedy(sessions, Budget.check(engine, sessions, [1, 2], 6, ()))
     for s, n in zip(sessions, (2, 5)):
@@ -210,14 +214,7 @@ def test_a_launch_that_failed_does_not_feed_the_next_one_stale_picks(engine, fai
     r, rr = runner_for(engine), runner_for(engine)
     steps = GreedySteps(r)
     first = steps.launch(a, [4, 6])
-    real, calls = r.step.run, {"n": 0}
-
-    def failing_once(packed, tables, ws):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("injected kernel fault")
-        return real(packed, tables, ws)
-    r.step.run = failing_once
+    fail_at(r, 1)
     with pytest.raises(RuntimeError, match="injected"):
         steps.launch(a, [FromLast(j) for j in failed_feed])
     second = steps.launch(a, [FromLast(0), FromLast(1)])
