@@ -41,8 +41,10 @@ def test_a_projection_norms_its_rows_only_where_it_can_norm_as_add_norm(what, pr
 @pytest.mark.parametrize("why,s,w", [
     ("int8 rows: compiled without FMA contraction", step(16),
      RowInt8(torch.zeros(1536, 640, dtype=torch.int8), torch.ones(1536))),
-    ("MUSER_GEMV=fast: not dot_rows", step(16, gemv=lambda *a, **k: None), torch.zeros(1536, 640)),
-    ("the projection not through dot_rows", step(16, gemv_for=("o", "down")), torch.zeros(1536, 640)),
+    ("MUSER_GEMV=fast: not dot_rows", step(16, gemv=lambda *a, **k: None),
+     torch.zeros(1536, 640)),
+    ("the projection not through dot_rows", step(16, gemv_for=("o", "down")),
+     torch.zeros(1536, 640)),
     ("a weight view across rows", step(16), torch.zeros(640, 1536).t()),
 ])
 def test_no_norm_is_left_to_a_projection_that_cannot_take_it(why, s, w):
