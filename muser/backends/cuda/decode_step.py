@@ -286,8 +286,11 @@ class DecodeStep:
                           defer=self.fuse_sum and lw.layer_scale is None)
             post_ffn = lw.post_ffn_norm if post else None
             if lw.layer_scale is None:
+                # not the head over split-K pieces: each of its 4,096 programs would read them
+                # all (the 1B: 7 x 4.6 KB a row, ~130 MB a step) to save one launch
                 reader = (("qkv", self.fused[i + 1]["wqkv"]) if i + 1 < len(layers)
-                          else ("head", w.output) if head_norms else None)
+                          else ("head", w.output) if head_norms and not isinstance(m, tuple)
+                          else None)
                 h, x = self._add_norm(h, nxt, m, post_ffn,
                                       reader is not None and self._takes_norm(*reader, R))
                 x = h if x is None else x                  # post-norm: the next layer reads h
