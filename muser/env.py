@@ -137,8 +137,9 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                         "the same bits); auto = 168 in steps of 8 or more sessions (three programs "
                         "an SM instead of two), none below"),
     "MUSER_NORM_IN": ("off|1|4|16", "off", "backends/cuda (decode step)",
-                      "a step of at most this many rows leaves each add+norm to the projection "
-                      "that reads its x (dot_rows' norm prologue: every program norms its rows "
+                      "a step of at most this many rows leaves each add+norm but the final one "
+                      "to the projection that reads its x (dot_rows' norm prologue: every "
+                      "program norms its rows "
                       "as add_norm does, then the dot) -- one launch a layer fewer for each, the "
                       "same bits by construction, checked on the GPU (experiment, not yet "
                       "measured)"),

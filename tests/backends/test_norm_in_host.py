@@ -28,7 +28,7 @@ def takes(s, what, w, R):
     ("270M qkv, one row", "qkv", (1536, 640), 1, 1, True),
     ("270M gate|up, 16 rows", "gu", (4096, 640), 16, 16, True),
     ("1B qkv", "qkv", (1536, 1152), 1, 1, True),
-    ("1B head", "head", (262144, 1152), 4, 4, True),
+    ("1B gate|up, 4 rows", "gu", (13824, 1152), 4, 4, True),
     ("more rows than N", "qkv", (1536, 640), 2, 1, False),
     ("off", "qkv", (1536, 640), 1, 0, False),
     ("4B qkv: add_norm takes 8 warps at 2,560, the tile 4", "qkv", (4096, 2560), 1, 16, False),

@@ -4,8 +4,8 @@ decode steps, a batch of sessions, prefill chunks of several sizes and a greedy 
 so the rows stay one arithmetic (device_plan.sh norm_in also runs test_invariance.py's CUDA
 rows -- alone == batched == chunk rows == verification rows -- with MUSER_NORM_IN=16).
 
-The engines: Gemma 3 (sandwich norms: both add+norms of a layer fuse, and the final norm into
-the head), Cohere2 (parallel block: nothing fuses, nothing changes), OLMo 3 (post-norm: the
+The engines: Gemma 3 (sandwich norms: both add+norms of a layer fuse, all but the final norm,
+which stays its own launch), Cohere2 (parallel block: nothing fuses, nothing changes), OLMo 3 (post-norm: the
 next layer reads h itself, nothing to fuse)."""
 import pytest
 import torch

@@ -143,7 +143,7 @@ class DecodeStep:
         return y.float() if widen else y
 
     def _takes_norm(self, what: str, w, R: int) -> bool:
-        """Whether projection `what` ("qkv", "gu", "head") of an R-row step reads its x through
+        """Whether projection `what` ("qkv", "gu") of an R-row step reads its x through
         a bf16 dot_rows whose tile norms as add_norm does (`triton_dot.norm_fuses`): where
         MUSER_NORM_IN may leave it the add+norm before it."""
         if not (self.norm_in_rows and R <= self.norm_in_rows) or isinstance(w, RowInt8) \
@@ -239,14 +239,13 @@ class DecodeStep:
             return decode_attention(q, pos, table, meta, KV, self.splits[i], spec.layer_scale(ls),
                                     spec.attn_logit_softcap, ws, sinks=lw.sinks, **lay)
 
-        x = self.layers(ids, attend, head_norms=True)
+        x = self.layers(ids, attend)
         return self.head(x) if pick is None else self.head_pick(x, pick)
 
-    def layers(self, ids: torch.Tensor, attend, head_norms: bool = False):
+    def layers(self, ids: torch.Tensor, attend) -> torch.Tensor:
         """Rows of token ids through every layer -> the final-normed hidden rows [R, hidden].
         `attend(i, lw, ls, qkv, q_norm, k_norm)` -> [R, H, D]: the layer's attention over its
-        planes (a decode step's launch, or a chunk's: chunk_step.py).  `head_norms`: the final
-        norm may be left to the head's launch (MUSER_NORM_IN): a NormIn for `head`."""
+        planes (a decode step's launch, or a chunk's: chunk_step.py)."""
         spec, w = self.spec, self.w
         H, eps = spec.num_heads, spec.norm_eps
         layers = w.layers
@@ -286,13 +285,11 @@ class DecodeStep:
                           defer=self.fuse_sum and lw.layer_scale is None)
             post_ffn = lw.post_ffn_norm if post else None
             if lw.layer_scale is None:
-                # not the head over split-K pieces: each of its 4,096 programs would read them
-                # all (the 1B: 7 x 4.6 KB a row, ~130 MB a step) to save one launch
-                reader = (("qkv", self.fused[i + 1]["wqkv"]) if i + 1 < len(layers)
-                          else ("head", w.output) if head_norms and not isinstance(m, tuple)
-                          else None)
-                h, x = self._add_norm(h, nxt, m, post_ffn,
-                                      reader is not None and self._takes_norm(*reader, R))
+                # not the final norm: each of the head's 4,096 programs would load the rows
+                # (the 1B: 7 pieces, ~130 MB a step) and store the same h' and x lines, 4,096
+                # stores a line, to save one launch
+                h, x = self._add_norm(h, nxt, m, post_ffn, i + 1 < len(layers) and
+                                      self._takes_norm("qkv", self.fused[i + 1]["wqkv"], R))
                 x = h if x is None else x                  # post-norm: the next layer reads h
             else:                                  # Gemma 4: scale the layer's output, then norm
                 h = add_norm(h, None, eps, self.layernorm, d1=m, w_post=post_ffn)[0] * lw.layer_scale
