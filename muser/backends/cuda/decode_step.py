@@ -144,7 +144,7 @@ class DecodeStep:
 
     def _takes_norm(self, what: str, w, R: int) -> bool:
         """Whether projection `what` ("qkv", "gu") of an R-row step reads its x through
-        a bf16 dot_rows whose tile norms as add_norm does (`triton_dot.norm_fuses`): where
+        a bf16 dot_rows whose tile norms as add_norm does (`triton_dot_norm.norm_fuses`): where
         MUSER_NORM_IN may leave it the add+norm before it."""
         if not (self.norm_in_rows and R <= self.norm_in_rows) or isinstance(w, RowInt8) \
                 or self.gemv is not dot_rows or what not in self.gemv_for \

@@ -301,8 +301,9 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
         out = torch.empty(tiles, dtype=torch.float32, device=x.device)
         part = torch.empty(tiles, dtype=torch.int64, device=x.device)
     elif widen and (split or out is not None or x.dtype == torch.float32):
-        return dot_rows(norm if norm is not None else x, w, out=out, glu=glu, gelu=gelu, bias=bias, config=config, rows=rows,
-                        tile=tile, scale=scale, pdl=pdl, flatten=flatten).float()
+        return dot_rows(norm if norm is not None else x, w, out=out, glu=glu, gelu=gelu,
+                        bias=bias, config=config, rows=rows, tile=tile, scale=scale, pdl=pdl,
+                        flatten=flatten).float()
     else:
         out = out if out is not None else x.new_empty(B, n, dtype=torch.float32 if widen else None)
         part = (torch.empty((pieces, B, 2 * n if glu else n), dtype=torch.float32,
