@@ -89,3 +89,30 @@ def test_a_batch_size_first_met_behind_a_busy_stream_runs_the_same(engine):
     for a, b, lb in zip(ss, ws, wafter):                       # run() decoded 17 after
         assert torch.equal(a.decode(17), lb)
         assert a.tokens == b.tokens and a.position == b.position
+
+
+def test_a_failed_launch_leaves_the_next_one_the_last_picks(engine):
+    """A launch that fails inside its graph's capture (here: the step raises) after patching the
+    last picks in place for a reordered feed: the next launch, fed the last picks in order,
+    gets them intact (cuda/greedy.py restores them from their copy down; the turn stays)."""
+    from muser.backends.greedy import FromLast
+    engine.backend.reset_runner(Env(pipeline="off"))
+    ref = prefilled(engine, (3, 8))
+    w1 = engine.decode_batch(ref, [4, 6]).argmax(-1).tolist()
+    w2 = engine.decode_batch(ref, w1).argmax(-1).tolist()
+    engine.backend.reset_runner(Env(pipeline="on"))
+    steps = engine.greedy_steps()
+    a = prefilled(engine, (3, 8))
+    first = steps.launch(a, [4, 6])
+    step = engine.decode_runner().step
+
+    def failing(*args, **kw):
+        raise RuntimeError("injected kernel fault")
+    step.run = failing
+    with pytest.raises(RuntimeError, match="injected"):
+        steps.launch(a, [FromLast(1), FromLast(0)])
+    del step.run
+    second = steps.launch(a, [FromLast(0), FromLast(1)])
+    assert steps.collect(first)[0] == w1 and steps.collect(second)[0] == w2
+    for s, r in zip(a, ref):
+        assert s.tokens == r.tokens and s.position == r.position
