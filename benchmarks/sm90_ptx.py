@@ -15,6 +15,9 @@ Two uses, both before a device call (benchmarks/NOTES.md, tenth session):
   registers and spill bytes; `--tiles` adds the 64-key attention tiles (ring and growing, decode
   and chunk, 4 and 8 warps) -- the ones `layout()` does not pick because a [BN, D] K/V tile at
   D = 256 spilled at 4 warps.
+- **Does a norm-in dot norm as add_norm does?**  `--norm-check` compares each norm-in dot's
+  float ops (loads, converts, adds, FMAs, shuffles, in order) with its add_norm's: the same list
+  on the same data is the same bits (MUSER_NORM_IN, seventeenth session).
 - **How does it move memory?**  `--io` counts the global loads and stores by width and the
   async copies: 2-byte `ld.global.b16` by the hundred and no `cp.async` is a tile read one
   element at a time and never pipelined (the decode attention until the twelfth session: a
@@ -100,6 +103,7 @@ CONFIGS = [
                                                                    _types={"ND1": "*fp32"}), 4),
     ("embed + first norm", "embed_norm", {}, 4),
     ("add_norm sandwich", "add_norm", {}, 4),
+    ("add_norm sandwich, 270M", "add_norm", dict(N=640, BLOCK=1024), 4),
     ("add_norm first layer", "add_norm", dict(HAS_D1=False, POST=False), 4),
     ("add_norm parallel", "add_norm", dict(HAS_D2=True, POST=False), 4),
     ("add_norm over 7 pieces", "add_pieces", {}, 4),
@@ -227,6 +231,38 @@ def code_only(ptx: str) -> str:
     return "\n".join(keep)
 
 
+# (norm-in dot configuration, the add_norm configuration whose arithmetic its prologue repeats)
+NORM_PAIRS = [("dot_rows qkv, add_norm in, 270M", "add_norm sandwich, 270M"),
+              ("dot_rows gate|up, add_norm in, 270M", "add_norm sandwich, 270M"),
+              ("dot_rows gate|up, add_norm in, 1B", "add_norm sandwich"),
+              ("dot_rows qkv, add_norm of 7 pieces in, 1B", "add_norm over 7 pieces")]
+
+
+def float_ops(ptx: str) -> list[str]:
+    """The opcodes that decide a float result, in program order: loads and stores, converts,
+    adds, multiplies, FMAs, divides, rsqrt, warp shuffles -- two kernels that run the same
+    list on the same data compute the same bits (ptxas does not reassociate float ops)."""
+    out = []
+    for line in ptx.splitlines():
+        words = line.split()
+        if not words or words[0][0] in "/$.":
+            continue
+        op = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+        if re.match(r"(add|sub|mul|fma|div|rsqrt)(\.rn|\.full|\.approx|\.ftz)*\.f32|"
+                    r"cvt\.(f32|rn\.bf16)|shfl|ld\.global|st\.global", op):
+            out.append(op)
+    return out
+
+
+def norm_check(compiled: dict) -> None:
+    """Does each norm-in dot begin with its add_norm's float ops, in order (MUSER_NORM_IN's
+    bits, before a GPU says so)?"""
+    for dot, norm in NORM_PAIRS:
+        if dot in compiled and norm in compiled:
+            a, b = float_ops(compiled[norm]), float_ops(compiled[dot])
+            print(f"  {dot}: begins with {norm}'s {len(a)} float ops: {b[:len(a)] == a}")
+
+
 def main():
     import triton
     from muser.backends.cuda.triton_chunk import _kernel
@@ -242,6 +278,8 @@ def main():
     ap.add_argument("--regs", action="store_true", help="ptxas -v: registers and spills")
     ap.add_argument("--tiles", action="store_true", help="also the 64-key attention tiles")
     ap.add_argument("--io", action="store_true", help="global loads / stores by width, cp.async")
+    ap.add_argument("--norm-check", action="store_true",
+                    help="each norm-in dot's prologue against its add_norm's float ops")
     args = ap.parse_args()
     kernels = {"chunk": (_kernel(), CHUNK), "fold": (_fold_kernel(), FOLD),
                "decode": (_decode_kernel(), DECODE), "dot": (_dot_kernels()[0], DOWN),
@@ -253,6 +291,7 @@ def main():
                "mega": (_mega_kernel(), MEGA), "qk_rope": (_ops_kernels()[1], QK_ROPE),
                "norm_rope": (_rows_kernels()[0], NORM_ROPE)}
     print(f"triton {triton.__version__}, sm_90")
+    compiled = {}
     for name, which, over, warps in CONFIGS + (TILES if args.tiles else []):
         kern, base = kernels[which]
         try:
@@ -260,7 +299,7 @@ def main():
         except Exception as e:              # a compile failure is this tool's answer, not a crash
             print(f"  {name:40s} FAILED: {str(e)[-900:]}")
             continue
-        code = code_only(ptx)
+        code = compiled[name] = code_only(ptx)
         usage = f"  {ptxas_usage(ptx)}" if args.regs else ""
         usage += f"  [{io_counts(ptx)}]" if args.io else ""
         print(f"  {name:40s} {hashlib.sha1(code.encode()).hexdigest()[:12]}  {len(code):7d} chars"
@@ -268,6 +307,8 @@ def main():
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / (name.replace(" ", "_") + ".ptx")).write_text(code)
+    if args.norm_check:
+        norm_check(compiled)
 
 
 if __name__ == "__main__":
