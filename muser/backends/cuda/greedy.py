@@ -2,8 +2,9 @@
 
 Owns: `GreedySteps` -- launch a greedy step whose ids are host ints or the picks of the step
 launched just before (still on the device), collect a step's picks, take a session's last step
-back -- through the graph runner's captured steps, each batch size with a second graph
-(`_Graphs`) that takes its ids from `res` and ends in the step's picks; and `pipelined`, a
+back -- through the graph runner's captured steps, each batch size with two more graphs
+taking turns (`_Graphs`), each taking its ids from the other's picks and ending in its own;
+and `pipelined`, a
 `backends/greedy.py` run on it.  Does not own: the plane bookkeeping (the runner's `_advance`,
 `Plane.advance`), the step's maths, what a run means (backends/greedy.py), the server's rounds
 (server/decode_rounds.py, which drives the same three calls).
@@ -24,6 +25,9 @@ end - window, the origin), a growing plane nothing at all.  The session then hol
 fewer than a step-by-step run leaves in a ring that wrapped: the same attention and the same
 bits for every later token; a cut taken then has one row fewer.  Only a session's last step can
 be taken back (a second would lose a row the next query reads).
+
+A launch that fails leaves every session as it was, its batch size's turn where it was, and the
+last step's picks where a later launch can still be fed them (`_replay`).
 """
 from __future__ import annotations
 
