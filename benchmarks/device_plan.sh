@@ -51,6 +51,8 @@
 #                282d09e (carry .prev): pick bits, greedy A/B at 128 steps, greedy/server tests
 #   streams_ab   the pipelined greedy step's copies on side streams, two graphs a batch size
 #                (against the tree before, carry .prev): greedy tests, A/B, greedy_tail
+#   streams_fix  the busy-stream greedy test against the tree without the fill wait (carry .bug:
+#                it must fail there), then the greedy rows and greedy_tail on this tree
 #   norm_in      MUSER_NORM_IN (dot_rows norms its own rows: one launch an add+norm fewer):
 #                bits against add_norm + dot, the engine's rows, then the A/B at 1 and 16 rows
 #   tiles1b_ab   the 1B's gate/up (64,128,8,4) and down (32,128,4,4) decode tiles (sixteenth
