@@ -26,21 +26,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def gpu_ms(fn, steps):
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-    for _ in range(4):
-        fn()
-    torch.cuda.synchronize()
-    ev[0].record()
-    for _ in range(steps):
-        fn()
-    ev[1].record()
-    torch.cuda.synchronize()
-    return ev[0].elapsed_time(ev[1]) / steps
-
-
 def measure(eng, name, vocab, steps, batch):
-    from cuda_measure import muser_batch, muser_greedy
+    from cuda_measure import muser_batch, muser_greedy, timed
     muser_batch(eng, batch, 2048, 4, vocab)                 # captures the plain step's graph
     tps, ms = muser_greedy(eng, batch, 2048, steps, vocab)
     runner = eng.decode_runner()
@@ -100,7 +87,7 @@ def measure(eng, name, vocab, steps, batch):
     out = {"model": name, "batch": batch, "run_tok_s": round(tps, 1), "run_ms": round(ms, 4)}
     for label, fn in [("plain", plain), ("graph", graph), ("+up", with_up), ("+down", with_down),
                       ("+up+down", with_both), ("side", side_copies), ("plain2", plain)]:
-        out[label] = round(gpu_ms(fn, steps), 4)
+        out[label] = round(timed(fn, reps=steps, warm=4), 4)
     torch.cuda.synchronize()
     return out
 
