@@ -166,7 +166,6 @@ def _kernels():
     globals().update(rope_pieces())
     globals().update(norm_pieces())
 
-
     @triton.jit
     def add_norm_kernel(H, D1, D2, W_POST, W_NEXT, H_OUT, X_OUT, eps,
                         N: tl.constexpr, BLOCK: tl.constexpr, HAS_D1: tl.constexpr,
@@ -273,8 +272,9 @@ def _kernels():
 
 def _row_shape(N: int) -> dict:
     """A norm row's block and warps, one rule for every launch that norms a row through
-    `_add_norm_tail` (add_norm, its pieces form, embed_norm): the block and warps fix the
-    reduction's tree, so launches that share it give the same bits for the same row."""
+    `_add_norm_tail` (add_norm, its pieces form, embed_norm, and the norm-in dot's prologue,
+    triton_dot_norm.py): the block and warps fix the reduction's tree, so launches that share
+    it give the same bits for the same row."""
     return {"BLOCK": _pow2(N), "num_warps": 8 if N >= 2048 else 4}
 
 
