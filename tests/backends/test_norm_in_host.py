@@ -17,7 +17,7 @@ DOT = ("qkv", "o", "down", "gu", "head")
 
 
 def step(rows: int, gemv=dot_rows, gemv_for=DOT):
-    return SimpleNamespace(norm_in_rows=rows, gemv=gemv, gemv_for=gemv_for)
+    return SimpleNamespace(norm_in_rows=rows, gemv=gemv, gemv_for=gemv_for, batch1_only=False)
 
 
 def takes(s, what, w, R):

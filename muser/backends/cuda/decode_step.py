@@ -49,13 +49,22 @@ from .triton_rows import act_mul
 from .triton_pick import pick_partials
 
 
+def via_dot(w, what: str, gemv_for, one_row_only: bool, rows: int) -> bool:
+    """Whether projection `what` ("qkv", "o", "down", "gu", "head") of `rows` rows goes through
+    the step's own dot kernels (`DecodeStep._dot`): int8 rows always (only dot_rows scales
+    them); else contiguous rows named in `gemv_for` (MUSER_GEMV), one row only where the kernel
+    is the batch-1 gemv (`one_row_only`).  Elsewhere torch computes it (F.linear, tf.logits)."""
+    return isinstance(w, RowInt8) or (what in gemv_for and w.is_contiguous()
+                                      and (rows == 1 or not one_row_only))
+
+
 def head_picks(spec, output, gemv_for) -> bool:
     """Whether a step's head can pick (`DecodeStep.head_pick`): it goes through dot_rows (int8
     rows, or contiguous rows with the head among `gemv_for`, MUSER_GEMV=dot) and the logits are
     its values -- no logit scale (Cohere2) or final soft-cap (Gemma 2) between them and the
     pick, which would have to be repeated in the kernel with torch's roundings."""
     return (spec.logit_scale == 1.0 and not spec.final_logit_softcap
-            and (isinstance(output, RowInt8) or ("head" in gemv_for and output.is_contiguous())))
+            and via_dot(output, "head", gemv_for, False, 1))
 
 
 class DecodeStep:
@@ -147,8 +156,8 @@ class DecodeStep:
         a bf16 dot_rows whose tile norms as add_norm does (`triton_dot_norm.norm_fuses`): where
         MUSER_NORM_IN may leave it the add+norm before it."""
         if not (self.norm_in_rows and R <= self.norm_in_rows) or isinstance(w, RowInt8) \
-                or self.gemv is not dot_rows or what not in self.gemv_for \
-                or not w.is_contiguous():
+                or self.gemv is not dot_rows \
+                or not via_dot(w, what, self.gemv_for, self.batch1_only, R):
             return False
         n, k = w.shape
         glu = what == "gu"
@@ -166,9 +175,7 @@ class DecodeStep:
 
     def _linear(self, what, x, w, b=None, defer: bool = False):
         """x @ w.T (+ b); `defer` as `_dot`'s."""
-        if isinstance(w, RowInt8):                    # int8 rows: dot_rows scales the sums
-            return self._dot(x, w, bias=b, defer=defer)
-        if what in self.gemv_for and w.is_contiguous() and (x.shape[0] == 1 or not self.batch1_only):
+        if via_dot(w, what, self.gemv_for, self.batch1_only, x.shape[0]):
             return self._dot(x, w, bias=b, defer=defer)
         return F.linear(x, w, b)
 
@@ -201,8 +208,7 @@ class DecodeStep:
 
     def _mlp(self, lw, fz, x, defer: bool = False):
         wgu = fz["wgu"]
-        if isinstance(wgu, RowInt8) or ("gu" in self.gemv_for
-                                         and (x.shape[0] == 1 or not self.batch1_only)):
+        if via_dot(wgu, "gu", self.gemv_for, self.batch1_only, x.shape[0]):
             a = self._dot(x, wgu, glu=True, gelu=self.gelu)               # act*mul fused in
         else:
             gu = F.linear(x, wgu)                           # [B, 2I]: gate | up
@@ -309,7 +315,6 @@ class DecodeStep:
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden rows -> float32 logits [R, vocab]."""
         w = self.w
-        if isinstance(w.output, RowInt8) or ("head" in self.gemv_for
-                                             and w.output.is_contiguous()):
+        if via_dot(w.output, "head", self.gemv_for, self.batch1_only, x.shape[0]):
             return tf.finish_logits(self._dot(x, w.output, widen=True), self.spec)
         return tf.logits(w, self.spec, x)
