@@ -34,6 +34,8 @@
 #   llama        waits for a build started on THIS machine, then cuda_bench.py side by side
 #   peer         the build on every core, then cuda_bench.py: one call (a later call may land
 #                on a fresh machine, where a background build is gone: thirteenth session)
+#   serve_ab     16 server clients, 1,024 tokens each, the tree before (carry .prev, .peers)
+#                against this one, two rounds
 #   serve_warm   two bursts of 16 server clients, pipeline auto against off (warmed up)
 #   serve_spy    the same under py-spy (traces, not timings)
 #   warm_check   the server's start-up warm-up on a fresh machine, then test_cuda_server
@@ -220,6 +222,17 @@ stage_serve_warm() {  # carry .peers: two bursts of 16 clients, pipeline auto ag
   for p in auto off; do  # warmed up at start: a clean server-level A/B)
     bench 200 . benchmarks/server_load.py --model 270m --device cuda --slots 16 --levels 16,16 \
       --tokens 256 --pipeline $p
+  done
+}
+
+stage_serve_ab() {  # carry .peers, .prev (git archive of the tree before): 16 greedy clients
+  # through HTTP, old tree against this one, alternating, two rounds (the outbox and merged
+  # deltas: the server's hand-over per token is the suspect of its host-bound ~10k tok/s)
+  for r in 1 2; do
+    for t in .prev .; do
+      bench 240 $t benchmarks/server_load.py --model 270m --device cuda --slots 16 \
+        --levels 16,16 --tokens 1024 --pipeline auto
+    done
   done
 }
 

@@ -1,7 +1,7 @@
 """A request as the worker sees it: a `Job`, and the events its asyncio queue receives.
 
 Owns: the job's fields (what was asked, where it runs, the worker's progress on it) and
-`emit`, the one way the worker thread reaches the request's event loop.
+`emit`, the way the worker thread sends the request an event (through the loop's outbox.py).
 Does not own: what the events mean to HTTP (responses.py) or how the worker runs the job
 (scheduler.py, prefill_rounds.py, decode_rounds.py).
 
@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import CacheOverflow, ContextOverflow, RequestError
 from .choices import Choice, Decoding
+from .outbox import Outbox
 from .slots import Placement
 
 SAFE_ERRORS = (RequestError, ContextOverflow, CacheOverflow)   # refused before any write
@@ -33,7 +34,7 @@ class Job:
     decoding: Decoding
     max_new: int
     stops: list[str]
-    loop: asyncio.AbstractEventLoop
+    outbox: Outbox                     # the request's event loop, reached from the worker
     replay: Any = None                 # callable(epoch) -> replay plan stored on the slot
     stop_ids: frozenset = frozenset()  # extra stop tokens (a chat's turn markers)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -55,7 +56,4 @@ class Job:
         self.cancelled.set()
 
     def emit(self, kind: str, *payload) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, *payload))
-        except RuntimeError:            # the loop is gone (shutdown)
-            pass
+        self.outbox.post(self.events.put_nowait, (kind, *payload))

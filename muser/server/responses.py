@@ -71,6 +71,26 @@ class SSEResponse(Response):
             self.finalize()
 
 
+def merge_deltas(delta: list, events: asyncio.Queue) -> tuple[list, tuple | None]:
+    """A lagging stream's catch-up: `delta` ([index, text, picks]) joined by the deltas of the
+    same choice already waiting in `events`, as one chunk -- a client that reads slower than
+    the model writes gets fewer, larger chunks (as vLLM's output collector merges them), not a
+    backlog of one JSON write per token.  Returns (the merged delta, the first event that did
+    not join: it is the stream's next).  Text and picks concatenate, so the chunk's text and
+    its logprobs entries are those of the tokens it carries, in order; a reasoning or end
+    event, or another choice's delta, stops the merge (choices' chunks keep their order)."""
+    i, text, picks = delta
+    parts, merged = [text], None
+    while not events.empty():
+        ev = events.get_nowait()
+        if ev[0] != "delta" or ev[1] != i:
+            return [i, "".join(parts), picks if merged is None else merged], ev
+        parts.append(ev[2])
+        if ev[3]:
+            merged = (list(picks) if merged is None else merged) + list(ev[3])
+    return [i, "".join(parts), picks if merged is None else merged], None
+
+
 class Formatter:
     """Turns a job's events into OpenAI chat / completion bodies and chunks."""
 
@@ -218,8 +238,14 @@ class Formatter:
                 yield schemas.chat_chunk(self.rid, self.model, {"role": "assistant", "content": ""},
                                          None, ext=self._ext() if i == 0 else None, index=i)
         first = not self.chat
+        held = None                                # an event taken while merging deltas
         while True:
-            kind, *payload = await job.events.get()
+            if held is None:
+                kind, *payload = await job.events.get()
+            else:
+                (kind, *payload), held = held, None
+            if kind == "delta":
+                payload, held = merge_deltas(payload, job.events)
             if kind == "prompt":
                 self.prompt_picks = payload[0]
             elif kind == "reasoning":             # only a chat's (channels.py)

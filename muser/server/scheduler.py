@@ -145,10 +145,7 @@ class Scheduler(PrefillRounds, DecodeRounds, PipelinedRounds):
                 self._spare.append(c.session)
                 c.forked = False
         # Free the slot before the client can see the end: its next request must find it free.
-        try:
-            job.loop.call_soon_threadsafe(self.pool.release, job.placement.slot)
-        except RuntimeError:                  # the loop is gone (shutdown)
-            pass
+        job.outbox.post(self.pool.release, job.placement.slot)
         if error is not None:
             job.emit("error", error)
             return

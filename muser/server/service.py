@@ -32,6 +32,7 @@ from .config import ServerConfig
 from .admission import PromptGate
 from .http_errors import InvalidRequest, ModelNotFound, clip
 from .metrics import Metrics
+from .outbox import Outbox
 from .policy import (Limits, RawReplay, ReplayPlan, match_lineage, plan_chat, plan_raw,
                      plan_raw_continuation)
 from .responses import ClientWatch, Formatter, SSEResponse
@@ -61,6 +62,7 @@ class ServerState:
         self.limits = Limits(self.max_context, config.effective_reserve(self.max_context),
                              config.context_policy, config.keep, config.shift_keep)
         self.metrics = Metrics()
+        self.outbox: Outbox | None = None         # the worker's road to the serving loop
         # allocated on a thread of its own: this thread must not keep an OpenMP pool beside the
         # scheduler's (backends/host.py: a second pool made every step 1.3-1.8x slower on 2 CPUs)
         self.prefix, sessions = on_short_thread(
@@ -328,7 +330,7 @@ class ServerState:
         # Under a grammar the grammar decides where the output ends: a stop string cutting it
         # early would break "finish_reason stop => valid" (docs/server.md).
         stops = [] if decoding.grammar is not None else req.stops()
-        job = Job(placement, decoding, max_new, stops, asyncio.get_running_loop(),
+        job = Job(placement, decoding, max_new, stops, self._outbox(),
                   replay=replay(placement.plan))
         watch.on_gone.append(job.cancel)
         watch.on_gone.append(self.scheduler.wake)
@@ -365,6 +367,13 @@ class ServerState:
             response.headers["x-muser-warning"] = ("base model (not instruction-tuned): chat "
                                                    "replies may ramble; see the muser.warning field")
         return response
+
+    def _outbox(self) -> Outbox:
+        """The running loop's outbox (one a loop: a test may serve the app from a second one)."""
+        loop = asyncio.get_running_loop()
+        if self.outbox is None or self.outbox.loop is not loop:
+            self.outbox = Outbox(loop)
+        return self.outbox
 
     async def _lease(self, candidate, watch: ClientWatch):
         acquire = asyncio.ensure_future(self.pool.acquire(candidate))

@@ -1,0 +1,90 @@
+"""The worker -> loop hand-over (outbox.py) and a lagging stream's merged deltas
+(responses.merge_deltas): order kept, wake-ups shared, nothing lost or reordered."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from muser.server.outbox import Outbox
+from muser.server.responses import merge_deltas
+
+
+def test_posts_from_a_thread_arrive_in_order_on_fewer_wakeups():
+    async def main():
+        loop = asyncio.get_running_loop()
+        box, got, wakes = Outbox(loop), [], []
+        deliver = box._deliver
+
+        def counted():
+            wakes.append(1)
+            deliver()
+        box._deliver = counted
+        done = threading.Event()
+
+        def worker():
+            for i in range(2000):
+                box.post(got.append, i)
+            box.post(lambda _: done.set(), None)
+        t = threading.Thread(target=worker)
+        t.start()
+        while not done.is_set():
+            await asyncio.sleep(0.001)
+        t.join()
+        return got, len(wakes)
+    got, wakes = asyncio.run(main())
+    assert got == list(range(2000))
+    assert 1 <= wakes < 2001          # posts made while a delivery was pending shared it
+
+
+def test_a_release_posted_before_done_runs_before_the_done_event():
+    """The scheduler frees the slot, then emits "done": the loop must see them in that order."""
+    async def main():
+        box, seen = Outbox(asyncio.get_running_loop()), []
+        q: asyncio.Queue = asyncio.Queue()
+        box.post(lambda slot: seen.append(("release", slot)), 3)
+        box.post(q.put_nowait, ("done", ["stop"], 5))
+        ev = await q.get()
+        seen.append(ev[0])
+        return seen
+    assert asyncio.run(main()) == [("release", 3), "done"]
+
+
+def test_a_post_after_the_loop_closed_is_dropped_quietly():
+    loop = asyncio.new_event_loop()
+    box = Outbox(loop)
+    loop.close()
+    box.post(print, "never")          # no RuntimeError reaches the worker
+    box.post(print, "never")          # and the box is not stuck pending
+    assert not box._items and not box._pending
+
+
+def _queue(*events):
+    q: asyncio.Queue = asyncio.Queue()
+    for ev in events:
+        q.put_nowait(ev)
+    return q
+
+
+@pytest.mark.parametrize("waiting, merged, left, rest", [
+    # nothing waiting: the delta as it came
+    ([], [0, "a", ["pa"]], None, 0),
+    # same choice's deltas join, text and picks in order
+    ([("delta", 0, "b", ["pb"]), ("delta", 0, "c", [])], [0, "abc", ["pa", "pb"]], None, 0),
+    # another choice's delta stops the merge and is handed back, the rest stays queued
+    ([("delta", 0, "b", []), ("delta", 1, "x", []), ("delta", 0, "c", [])],
+     [0, "ab", ["pa"]], ("delta", 1, "x", []), 1),
+    # an end (or reasoning) event stops it too
+    ([("end", 0, "stop"), ("done", ["stop"], 1)], [0, "a", ["pa"]], ("end", 0, "stop"), 1),
+])
+def test_a_lagging_stream_merges_only_the_same_choices_waiting_deltas(waiting, merged, left, rest):
+    q = _queue(*waiting)
+    out, held = merge_deltas([0, "a", ["pa"]], q)
+    assert out == merged and held == left and q.qsize() == rest
+
+
+def test_merging_never_mutates_an_emitted_picks_list():
+    first, later = ["p1"], ["p2"]
+    out, _ = merge_deltas([0, "a", first], _queue(("delta", 0, "b", later)))
+    assert out[2] == ["p1", "p2"] and first == ["p1"] and later == ["p2"]
