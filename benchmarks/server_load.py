@@ -54,14 +54,15 @@ def start_server(args) -> tuple[subprocess.Popen, str, str]:
     return launch(cmd, base), base, name
 
 
-def start_spy(pid: int, path: str) -> subprocess.Popen:
-    """py-spy recording `pid` (every thread, raw stacks) until stopped with SIGINT."""
+def start_spy(pid: int, path: str, flags: tuple[str, ...] = ()) -> subprocess.Popen:
+    """py-spy recording `pid` (every thread, raw stacks) until stopped with SIGINT; `flags`
+    adds py-spy's own (`--idle`: waiting threads too, `--gil`: only the GIL's holder)."""
     import shutil
     exe = shutil.which("py-spy") or next(
         (os.path.join(d, "bin", "py-spy") for d in sys.path
          if d and os.path.exists(os.path.join(d, "bin", "py-spy"))), "py-spy")
     return subprocess.Popen([exe, "record", "--pid", str(pid), "--rate", "500", "--threads",
-                             "--nonblocking", "--format", "raw", "-o", path],
+                             "--nonblocking", "--format", "raw", "-o", path, *flags],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -189,6 +190,8 @@ def main() -> int:
     ap.add_argument("--spy", metavar="PATH",
                     help="record the server with py-spy over the levels (raw stacks to PATH) and "
                          "print each thread's top frames")
+    ap.add_argument("--spy-flags", default="", metavar="FLAGS",
+                    help="py-spy's own flags for --spy, e.g. '--idle' or '--gil'")
     ap.add_argument("--write-tokenizer-archive", metavar="PATH",
                     help="write --tokenizer-archive's file from the embedded GGUF, and exit")
     args = ap.parse_args()
@@ -198,7 +201,7 @@ def main() -> int:
     proc, base, name = start_server(args)
     try:
         asyncio.run(level(base, name, 1, 4))                     # warm-up
-        spy = start_spy(proc.pid, args.spy) if args.spy else None
+        spy = start_spy(proc.pid, args.spy, tuple(args.spy_flags.split())) if args.spy else None
         rows = [asyncio.run(level(base, name, int(c), args.tokens)) for c in args.levels.split(",")]
         if spy is not None:
             stop(spy, 30)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from muser.errors import ModelFormatError, RequestError, TokenizerUnavailable
 from muser.model.tokenizer import StreamDecoder, load_tokenizer, require_tokenizer
@@ -112,3 +114,17 @@ def test_no_template_is_an_error(tmp_path, gguf_tokenizer):
     tok = load_tokenizer(tmp_path)
     with pytest.raises(ModelFormatError):
         tok.apply_chat_template([{"role": "user", "content": "x"}])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ids=st.lists(st.one_of(st.integers(0, 300), st.integers(0, 262_143)), max_size=8),
+       skip=st.booleans())
+def test_decode_through_the_rust_tokenizer_equals_transformers_decode(gguf_tokenizer, ids, skip):
+    """`Tokenizer.decode` skips transformers' Python layers (the server's worker calls it twice
+    a streamed token): the same text as transformers' own decode with clean-up off, special
+    tokens kept or skipped, on ids anywhere in the vocabulary (the first 300: Gemma's specials)."""
+    tok = gguf_tokenizer
+    assert tok._rust is not None
+    ids = [i % tok.vocab_size for i in ids]
+    want = tok.hf.decode(ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
+    assert tok.decode(ids, skip) == want
