@@ -36,6 +36,7 @@
 #                on a fresh machine, where a background build is gone: thirteenth session)
 #   serve_ab     16 server clients, 1,024 tokens each, the tree before (carry .prev, .peers)
 #                against this one, two rounds
+#   serve_interval  16 server clients, --stream-interval 1 against 4 (carry .peers)
 #   serve_warm   two bursts of 16 server clients, pipeline auto against off (warmed up)
 #   serve_spy    the same under py-spy (traces, not timings)
 #   warm_check   the server's start-up warm-up on a fresh machine, then test_cuda_server
@@ -232,6 +233,16 @@ stage_serve_ab() {  # carry .peers, .prev (git archive of the tree before): 16 g
     for t in .prev .; do
       bench 240 $t benchmarks/server_load.py --model 270m --device cuda --slots 16 \
         --levels 16,16 --tokens 1024 --pipeline auto
+    done
+  done
+}
+
+stage_serve_interval() {  # carry .peers: 16 greedy clients, --stream-interval 1 against 4,
+  # alternating, two rounds (a chunk costs the worker an event and the loop a JSON write)
+  for r in 1 2; do
+    for n in 1 4; do
+      bench 240 . benchmarks/server_load.py --model 270m --device cuda --slots 16 \
+        --levels 16,16 --tokens 1024 --pipeline auto --stream-interval $n
     done
   done
 }

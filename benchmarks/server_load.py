@@ -49,7 +49,8 @@ def start_server(args) -> tuple[subprocess.Popen, str, str]:
            "--queue-size", "64", "--queue-timeout", "600"]
     if args.max_context:
         cmd += ["--max-context", str(args.max_context)]
-    cmd += ["--device", args.device, "--pipeline", args.pipeline]
+    cmd += ["--device", args.device, "--pipeline", args.pipeline,
+            "--stream-interval", str(args.stream_interval)]
     base = f"http://127.0.0.1:{port}"
     return launch(cmd, base), base, name
 
@@ -190,6 +191,8 @@ def main() -> int:
     ap.add_argument("--spy", metavar="PATH",
                     help="record the server with py-spy over the levels (raw stacks to PATH) and "
                          "print each thread's top frames")
+    ap.add_argument("--stream-interval", type=int, default=1,
+                    help="the server's --stream-interval (tokens a chunk after the first)")
     ap.add_argument("--spy-flags", default="", metavar="FLAGS",
                     help="py-spy's own flags for --spy, e.g. '--idle' or '--gil'")
     ap.add_argument("--write-tokenizer-archive", metavar="PATH",

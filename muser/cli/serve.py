@@ -55,6 +55,10 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
                         "(default 0.5: a long prompt slows running streams about 2x, not 25x)")
     p.add_argument("--prefill-budget", type=int, default=None,
                    help="prompt tokens per prefill round, in whole chunks (default: one chunk)")
+    p.add_argument("--stream-interval", type=int, default=1,
+                   help="tokens between a stream's chunks: the first token goes out at once, then "
+                        "every N-th with the text since (default 1; larger values spend less host "
+                        "time a token at high concurrency, as vLLM's option of the same name)")
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a client has to send a request head before the connection is "
                         "closed (default 10)")
@@ -137,6 +141,7 @@ def config_from_args(args) -> ServerConfig:
         pack_key=_pack_key(args, env), batch_decode=not args.no_batch_decode, pipeline=args.pipeline,
         warmup=not args.no_warmup, shift_keep=args.shift_keep,
         prefill_share=args.prefill_share, prefill_budget=args.prefill_budget,
+        stream_interval=args.stream_interval,
         header_timeout=args.header_timeout, speculative=args.speculative,
         max_connections=args.max_connections,
         spec_block=args.spec_block, spec_max_batch=args.spec_max_batch,

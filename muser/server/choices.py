@@ -67,6 +67,9 @@ class Choice:
     done: bool = False
     finish: str | None = None
     picks: list[Pick] = field(default_factory=list)     # since the last delta (logprobs on)
+    held: str = ""                       # text since the last delta (stream_interval > 1)
+    unsent: int = 0                      # tokens settled since the last delta
+    sent: bool = False                   # a delta went out (the first goes at once)
     draft_gate: Any = None               # engine.speculative.DraftGate, when the server speculates
 
 

@@ -40,6 +40,9 @@ class ServerConfig:
     shift_keep: float = 0.7                 # a shift keeps at most this fraction of the budget
     prefill_share: float = 0.5              # worker time prefill may take while streams decode
     prefill_budget: int | None = None       # prompt tokens per prefill round (None: chunk_size)
+    stream_interval: int = 1                # a choice's text goes out every this many tokens
+                                            # (the first, and the last, at once: vLLM's
+                                            # --stream-interval); fewer, larger chunks
     speculative: str | None = None          # "prompt-lookup": verify drafted blocks (speculation.py)
     spec_block: int = 8                     # tokens per verification block (1 + drafts), <= 16
     spec_max_batch: int | None = None       # speculate only in rounds with at most this many
@@ -89,6 +92,8 @@ class ServerConfig:
             raise ValueError(f"shift_keep must be in (0, 1], got {self.shift_keep}")
         if not 0.0 < self.prefill_share <= 1.0:
             raise ValueError(f"prefill_share must be in (0, 1], got {self.prefill_share}")
+        if not 1 <= self.stream_interval <= 4096:
+            raise ValueError(f"stream_interval must be in [1, 4096] tokens, got {self.stream_interval}")
         if self.prefill_budget is not None and self.prefill_budget < 1:
             raise ValueError(f"prefill_budget must be >= 1, got {self.prefill_budget}")
         for name in ("max_body_bytes", "max_slot_body_bytes", "max_header_bytes", "max_messages",

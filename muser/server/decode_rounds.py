@@ -63,10 +63,12 @@ class DecodeRounds:
         out, stopped = c.text.push(tok)
         thought = c.text.take_reasoning()
         if thought:
+            self._send(job, c)                # held content first: events keep the text's order
             job.emit("reasoning", c.index, thought)
-        if out or c.picks:
-            job.emit("delta", c.index, out, c.picks)
-            c.picks = []
+        c.held += out
+        c.unsent += 1
+        if not c.sent or c.unsent >= self.stream_interval:
+            self._send(job, c)
         if stopped:
             return self._end(job, c, "stop_string")
         if c.picker.stopped:                  # the grammar is complete
@@ -74,6 +76,16 @@ class DecodeRounds:
         if c.generated >= job.max_new or c.session.position - c.ahead >= self.max_context:
             return self._end(job, c, "length")
         c.pending = tok
+
+    def _send(self, job: Job, c: Choice) -> None:
+        """Choice c's held text and picks as one delta, if there are any.  With
+        `stream_interval` N, `_settle` sends the first delta at once and then every N tokens
+        (and `_end` the rest): N tokens a chunk, where a chunk costs the worker an event and
+        the HTTP loop a JSON write -- the two threads share one GIL."""
+        if c.held or c.picks:
+            job.emit("delta", c.index, c.held, c.picks)
+            c.held, c.picks = "", []
+            c.unsent, c.sent = 0, True
 
     def _decode_round(self) -> float:
         """One decode step (or verification block) for every decoding choice; seconds taken."""

@@ -38,7 +38,7 @@ __all__ = ["Job", "Scheduler", "SAFE_ERRORS"]
 class Scheduler(PrefillRounds, DecodeRounds, PipelinedRounds):
     def __init__(self, engine, pool: SlotPool, metrics, max_context: int,
                  batch_decode: bool = True, tokenizer=None, prefill_budget: int | None = None,
-                 prefill_share: float = 0.5, prefix=None):
+                 prefill_share: float = 0.5, prefix=None, stream_interval: int = 1):
         self.engine, self.pool, self.metrics = engine, pool, metrics
         self.prefix = prefix                   # server.prefix.PrefixCache, or None (off)
         if tokenizer is None:
@@ -54,6 +54,7 @@ class Scheduler(PrefillRounds, DecodeRounds, PipelinedRounds):
         if not 0.0 < prefill_share <= 1.0:
             raise ValueError(f"prefill_share must be in (0, 1], got {prefill_share}")
         self.prefill_share = prefill_share
+        self.stream_interval = max(1, int(stream_interval))   # tokens between a choice's deltas
         self.clock = time.perf_counter     # what the time share is measured with (tests drive it)
         self._owed = 0.0                # seconds of decode the streams are owed after a prefill
         self._spare: list = []             # sessions for choices 1..n-1, reused across requests
@@ -165,12 +166,12 @@ class Scheduler(PrefillRounds, DecodeRounds, PipelinedRounds):
                 tail = c.text.flush()
                 thought = c.text.take_reasoning()
                 if thought:
+                    self._send(job, c)
                     job.emit("reasoning", c.index, thought)
             except Exception:                 # noqa: BLE001 -- a broken tail never blocks the end
                 log.exception("flushing a request's text failed")
-        if tail or c.picks:
-            job.emit("delta", c.index, tail, c.picks)
-            c.picks = []
+        c.held += tail
+        self._send(job, c)
         job.emit("end", c.index, c.finish)
         if not job.done and all(x.done for x in job.choices):
             self._finish(job, finish)

@@ -74,7 +74,8 @@ class ServerState:
         self.scheduler = Scheduler(engine, self.pool, self.metrics, self.max_context,
                                    config.batch_decode, self.tokenizer,
                                    prefill_budget=config.prefill_budget,
-                                   prefill_share=config.prefill_share, prefix=self.prefix)
+                                   prefill_share=config.prefill_share, prefix=self.prefix,
+                                   stream_interval=config.stream_interval)
         if self.prefix is not None:
             self.metrics.collector(self.prefix.metric_lines)
         if config.pipeline != "off" and config.batch_decode:
