@@ -8,14 +8,16 @@ Package map (each module's docstring says what it owns and what it doesn't):
   scheduler.py    the worker thread: its loop, prefill/decode time share, failure containment;
                   prefill_rounds.py (admission, shift rebuild, prefill) and decode_rounds.py
                   (token choice, stops, batched decode, speculation) are its methods;
-                  job.py a request as the worker sees it, and its events
+                  job.py a request as the worker sees it, and its events; outbox.py
+                  the worker's one road to the event loop (events, slot release, in order)
   prefix.py       the prefix cache over muser.store (cut points, boundaries, admission)
   channels.py     a harmony reply's channels: reasoning apart, function calls as tool calls
   text.py         shared tokenizer proxy (no lock), size bounds, base-model note, stop-aware deltas
   admission.py    message cap, system-only chats, refusing prompts too long by size alone
   sampler.py      request-safe sampling: temperature / top_p floors, non-finite logits
   transport.py    bounded bodies, request-head timeout guard, client aborts, uvicorn config
-  service.py      one request: plan -> lease -> job; responses.py: JSON / SSE shaping
+  service.py      one request: plan -> lease -> job; responses.py: JSON / SSE shaping;
+                  sse.py: the SSE response, text frames from a template, merged deltas
   persist.py      slot save / restore (packs with the replay plan sealed inside) in --session-dir
   metrics.py      Prometheus text;  config.py  ServerConfig;  app.py  create_app
   (the `muser serve` command is muser/cli/serve.py)

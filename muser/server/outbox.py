@@ -54,4 +54,8 @@ class Outbox:
             self._items.clear()
             self._pending = False
         for fn, arg in items:
-            fn(arg)
+            try:
+                fn(arg)
+            except Exception as e:          # noqa: BLE001 -- one failing call never drops the rest
+                self.loop.call_exception_handler({"message": "an outbox call failed",
+                                                  "exception": e})

@@ -1,17 +1,15 @@
 """Shaping a job's events into OpenAI responses: a JSON body or an SSE stream.
 
 Owns: `ClientWatch` (the one listener on a request's ASGI receive channel,
-which notices a client that left), `SSEResponse` (text/event-stream ending in
-`data: [DONE]`, which cancels its job however the stream ends) and
-`Formatter` (events -> chat / completion bodies and chunks for n choices, with
-logprobs, tool calls (tools.py), echo, usage with cached_tokens, the `muser`
-extension field, per-request metrics).
-Does not own: producing events (scheduler.py) or leasing (service.py).
+which notices a client that left) and `Formatter` (events -> chat / completion
+bodies and chunks for n choices, with logprobs, tool calls (tools.py), echo,
+usage with cached_tokens, the `muser` extension field, per-request metrics).
+Does not own: producing events (scheduler.py), leasing (service.py) or the SSE
+framing (sse.py: the response, text frames from a template, merged deltas).
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import AsyncIterator, Callable
 
@@ -22,6 +20,7 @@ from . import schemas
 from .http_errors import to_http
 from .logprobs import chat_entries, completion_logprobs
 from .scheduler import Job
+from .sse import TextFrames, merge_deltas
 from .tools import ToolStream, parse_calls
 
 
@@ -46,51 +45,6 @@ class ClientWatch:
         self._task.cancel()
 
 
-class SSEResponse(Response):
-    """text/event-stream from an async iterator of dicts; ends with `data: [DONE]`."""
-
-    media_type = "text/event-stream"
-
-    def __init__(self, events: AsyncIterator[dict], finalize: Callable[[], None]):
-        self.status_code, self.background = 200, None
-        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
-                            (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
-        self.events, self.finalize = events, finalize
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            async for ev in self.events:
-                data = f"data: {json.dumps(ev, ensure_ascii=False)}\n\n".encode()
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n",
-                        "more_body": False})
-        except OSError:
-            pass
-        finally:
-            self.finalize()
-
-
-def merge_deltas(delta: list, events: asyncio.Queue) -> tuple[list, tuple | None]:
-    """A lagging stream's catch-up: `delta` ([index, text, picks]) joined by the deltas of the
-    same choice already waiting in `events`, as one chunk -- a client that reads slower than
-    the model writes gets fewer, larger chunks (as vLLM's output collector merges them), not a
-    backlog of one JSON write per token.  Returns (the merged delta, the first event that did
-    not join: it is the stream's next).  Text and picks concatenate, so the chunk's text and
-    its logprobs entries are those of the tokens it carries, in order; a reasoning or end
-    event, or another choice's delta, stops the merge (choices' chunks keep their order)."""
-    i, text, picks = delta
-    parts, merged = [text], None
-    while not events.empty():
-        ev = events.get_nowait()
-        if ev[0] != "delta" or ev[1] != i:
-            return [i, "".join(parts), picks if merged is None else merged], ev
-        parts.append(ev[2])
-        if ev[3]:
-            merged = (list(picks) if merged is None else merged) + list(ev[3])
-    return [i, "".join(parts), picks if merged is None else merged], None
-
-
 class Formatter:
     """Turns a job's events into OpenAI chat / completion bodies and chunks."""
 
@@ -102,6 +56,8 @@ class Formatter:
         self.tools = tools if tools is not None and tools.active else None
         self.echo = echo                       # completions: the prompt text to prepend
         self.prompt_picks: list = []
+        self.created = int(time.time())        # every chunk of the stream carries it
+        self._frames: dict[int, TextFrames] = {}   # choice -> its plain text chunks' template
 
     def _ext(self) -> dict:
         i = self.info
@@ -222,10 +178,27 @@ class Formatter:
                 return JSONResponse(build(self.rid, self.model, choices, self._usage(generated),
                                           self._ext()))
 
+    def _chat_chunk(self, delta: dict, finish, **kw) -> dict:
+        return schemas.chat_chunk(self.rid, self.model, delta, finish, created=self.created, **kw)
+
+    def _completion_chunk(self, text: str, finish, **kw) -> dict:
+        return schemas.completion_chunk(self.rid, self.model, text, finish, created=self.created,
+                                        **kw)
+
+    def _text_frame(self, i: int, text: str) -> bytes:
+        """Choice i's plain text chunk (no logprobs, no finish, no extension field) as an SSE
+        frame: the chunk's JSON is made once a choice (sse.TextFrames)."""
+        frames = self._frames.get(i)
+        if frames is None:
+            make = (lambda t: self._chat_chunk({"content": t}, None, index=i, logprobs=None)) \
+                if self.chat else (lambda t: self._completion_chunk(t, None, index=i, logprobs=None))
+            frames = self._frames[i] = TextFrames(make)
+        return frames(text)
+
     def _echo_chunk(self, index: int, first: bool) -> dict:
         head = self._logprobs(self.prompt_picks) if self.prompt_picks and self._wants_logprobs else None
-        return schemas.completion_chunk(self.rid, self.model, self.echo, None, index=index,
-                                        logprobs=head, ext=self._ext() if first else None)
+        return self._completion_chunk(self.echo, None, index=index, logprobs=head,
+                                      ext=self._ext() if first else None)
 
     async def stream(self, job: Job) -> AsyncIterator[dict]:
         n = job.decoding.n
@@ -235,8 +208,8 @@ class Formatter:
         echoed = [False] * n
         if self.chat:
             for i in range(n):
-                yield schemas.chat_chunk(self.rid, self.model, {"role": "assistant", "content": ""},
-                                         None, ext=self._ext() if i == 0 else None, index=i)
+                yield self._chat_chunk({"role": "assistant", "content": ""}, None,
+                                       ext=self._ext() if i == 0 else None, index=i)
         first = not self.chat
         held = None                                # an event taken while merging deltas
         while True:
@@ -250,46 +223,51 @@ class Formatter:
                 self.prompt_picks = payload[0]
             elif kind == "reasoning":             # only a chat's (channels.py)
                 i, text = payload
-                yield schemas.chat_chunk(self.rid, self.model, {"reasoning_content": text}, None,
-                                         index=i)
+                yield self._chat_chunk({"reasoning_content": text}, None, index=i)
             elif kind == "delta":
                 i, text, ps = payload
                 lp = self._logprobs(ps, offsets[i]) if self._wants_logprobs and ps else None
+                if self.chat and lp is None and tools[i] is None:
+                    if text:                      # the common chunk: text only
+                        yield self._text_frame(i, text)
+                    continue
                 if self.chat:
                     deltas = tools[i].push(text) if tools[i] is not None else \
                         ([{"content": text}] if text or lp else [])
                     if not deltas and lp:
                         deltas = [{"content": ""}]
                     for k, d in enumerate(deltas):
-                        yield schemas.chat_chunk(self.rid, self.model, d, None, index=i,
-                                                 logprobs=lp if k == 0 else None)
+                        yield self._chat_chunk(d, None, index=i, logprobs=lp if k == 0 else None)
                     continue
                 if self.echo and not echoed[i]:
                     echoed[i] = True
                     yield self._echo_chunk(i, first)
                     first = False
                 offsets[i] += len(text)
-                yield schemas.completion_chunk(self.rid, self.model, text, None, index=i, logprobs=lp,
-                                               ext=self._ext() if first else None)
+                if lp is None and not first:
+                    yield self._text_frame(i, text)
+                else:
+                    yield self._completion_chunk(text, None, index=i, logprobs=lp,
+                                                 ext=self._ext() if first else None)
                 first = False
             elif kind == "end":
                 i, finish = payload
                 if self.chat and tools[i] is not None:
                     deltas, called[i] = tools[i].finish()
                     for d in deltas:
-                        yield schemas.chat_chunk(self.rid, self.model, d, None, index=i)
+                        yield self._chat_chunk(d, None, index=i)
                     if called[i] and finish == "stop":
                         finish = "tool_calls"
                 if self.chat:
-                    yield schemas.chat_chunk(self.rid, self.model, {}, finish, index=i,
-                                             ext=self._ext() if i == 0 else None)
+                    yield self._chat_chunk({}, finish, index=i,
+                                           ext=self._ext() if i == 0 else None)
                 else:
                     if self.echo and not echoed[i]:
                         echoed[i] = True
                         yield self._echo_chunk(i, first)
                         first = False
-                    yield schemas.completion_chunk(self.rid, self.model, "", finish, index=i,
-                                                   ext=self._ext() if first or i == 0 else None)
+                    yield self._completion_chunk("", finish, index=i,
+                                                 ext=self._ext() if first or i == 0 else None)
                     first = False
             elif kind == "error":
                 err = to_http(payload[0])
@@ -304,7 +282,7 @@ class Formatter:
                     return
                 self._done("200")
                 if self.req.include_usage:
-                    yield (schemas.chat_chunk if self.chat else schemas.completion_chunk)(
-                        self.rid, self.model, {} if self.chat else "", None,
+                    yield (self._chat_chunk if self.chat else self._completion_chunk)(
+                        {} if self.chat else "", None,
                         use=self._usage(generated), empty=True)
                 return

@@ -283,8 +283,10 @@ def chat_response(rid: str, model: str, choices: list[dict], use: dict, ext: dic
 
 def chat_chunk(rid: str, model: str, delta: dict, finish: str | None, ext: dict | None = None,
                use: dict | None = None, empty: bool = False, index: int = 0,
-               logprobs: dict | None = None) -> dict:
-    out = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
+               logprobs: dict | None = None, created: int | None = None) -> dict:
+    """`created`: the stream's (every chunk of a stream carries the same, as OpenAI's)."""
+    out = {"id": rid, "object": "chat.completion.chunk",
+           "created": int(time.time()) if created is None else created,
            "model": model, "system_fingerprint": None,
            "choices": [] if empty else [{"index": index, "delta": delta, "finish_reason": finish,
                                          "logprobs": logprobs}]}
@@ -303,8 +305,9 @@ def completion_response(rid: str, model: str, choices: list[dict], use: dict, ex
 
 def completion_chunk(rid: str, model: str, text: str, finish: str | None, ext: dict | None = None,
                      use: dict | None = None, empty: bool = False, index: int = 0,
-                     logprobs: dict | None = None) -> dict:
-    out = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+                     logprobs: dict | None = None, created: int | None = None) -> dict:
+    out = {"id": rid, "object": "text_completion",
+           "created": int(time.time()) if created is None else created, "model": model,
            "system_fingerprint": None,
            "choices": [] if empty else [{"index": index, "text": text, "finish_reason": finish,
                                          "logprobs": logprobs}]}

@@ -35,7 +35,8 @@ from .metrics import Metrics
 from .outbox import Outbox
 from .policy import (Limits, RawReplay, ReplayPlan, match_lineage, plan_chat, plan_raw,
                      plan_raw_continuation)
-from .responses import ClientWatch, Formatter, SSEResponse
+from .responses import ClientWatch, Formatter
+from .sse import SSEResponse
 from .sampler import sampling_params
 from .scheduler import Job, Scheduler
 from .prefix import BoundaryMemo, PrefixCache, chat_boundaries, cut_points

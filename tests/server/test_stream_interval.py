@@ -46,6 +46,7 @@ def test_a_chat_stream_at_interval_4_is_the_whole_answer(every4):
     pieces = [ch.choices[0].delta.content for ch in chunks if ch.choices and ch.choices[0].delta.content]
     assert "".join(pieces) == whole.choices[0].message.content
     assert len(pieces) <= 1 + -(-(whole.usage.completion_tokens - 1) // 4)
+    assert len({ch.created for ch in chunks}) == 1 and len({ch.id for ch in chunks}) == 1
 
 
 def test_held_text_never_passes_a_stop_string(every4):

@@ -1,5 +1,6 @@
-"""The worker -> loop hand-over (outbox.py) and a lagging stream's merged deltas
-(responses.merge_deltas): order kept, wake-ups shared, nothing lost or reordered."""
+"""The worker -> loop hand-over (outbox.py), a lagging stream's merged deltas
+(sse.merge_deltas) and text frames from a template (sse.TextFrames): order kept, wake-ups
+shared, nothing lost, reordered or serialized differently."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,11 @@ import threading
 import pytest
 
 from muser.server.outbox import Outbox
-from muser.server.responses import merge_deltas
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from muser.server import schemas
+from muser.server.sse import TextFrames, frame, merge_deltas
 
 
 def test_posts_from_a_thread_arrive_in_order_on_fewer_wakeups():
@@ -88,3 +93,34 @@ def test_merging_never_mutates_an_emitted_picks_list():
     first, later = ["p1"], ["p2"]
     out, _ = merge_deltas([0, "a", first], _queue(("delta", 0, "b", later)))
     assert out[2] == ["p1", "p2"] and first == ["p1"] and later == ["p2"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(), index=st.integers(0, 3), chat=st.booleans())
+def test_a_text_frame_from_its_template_is_the_chunk_dumped_whole(text, index, chat):
+    """sse.TextFrames: prefix + the text's JSON + suffix == the whole chunk's frame, for any
+    text (quotes, backslashes, control characters, astral characters, the marker's own bytes)."""
+    def make(t):
+        return (schemas.chat_chunk("chatcmpl-x", "m", {"content": t}, None, index=index, created=7)
+                if chat else schemas.completion_chunk("cmpl-x", "m", t, None, index=index, created=7))
+    assert TextFrames(make)(text) == frame(make(text))
+
+
+def test_a_template_must_hold_its_text_exactly_once():
+    with pytest.raises(ValueError, match="exactly once"):
+        TextFrames(lambda t: {"a": "fixed"})
+    with pytest.raises(ValueError, match="exactly once"):
+        TextFrames(lambda t: {"a": t, "b": t})
+
+
+def test_a_failing_call_does_not_drop_the_calls_posted_after_it():
+    async def main():
+        loop = asyncio.get_running_loop()
+        errors = []
+        loop.set_exception_handler(lambda _, ctx: errors.append(ctx["exception"]))
+        box, q = Outbox(loop), asyncio.Queue()
+        box.post(lambda _: 1 / 0, None)
+        box.post(q.put_nowait, ("done", ["stop"], 1))
+        return await q.get(), errors
+    ev, errors = asyncio.run(main())
+    assert ev[0] == "done" and len(errors) == 1 and isinstance(errors[0], ZeroDivisionError)
