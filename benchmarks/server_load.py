@@ -57,13 +57,16 @@ def start_server(args) -> tuple[subprocess.Popen, str, str]:
 
 def start_spy(pid: int, path: str, flags: tuple[str, ...] = ()) -> subprocess.Popen:
     """py-spy recording `pid` (every thread, raw stacks) until stopped with SIGINT; `flags`
-    adds py-spy's own (`--idle`: waiting threads too, `--gil`: only the GIL's holder)."""
+    adds py-spy's own (`--idle`: waiting threads too, `--gil`: only the GIL's holder,
+    `--native`: C frames too -- which py-spy takes only by pausing the process, so without
+    `--nonblocking` and slower)."""
     import shutil
     exe = shutil.which("py-spy") or next(
         (os.path.join(d, "bin", "py-spy") for d in sys.path
          if d and os.path.exists(os.path.join(d, "bin", "py-spy"))), "py-spy")
+    pause = [] if "--native" in flags else ["--nonblocking"]
     return subprocess.Popen([exe, "record", "--pid", str(pid), "--rate", "500", "--threads",
-                             "--nonblocking", "--format", "raw", "-o", path, *flags],
+                             *pause, "--format", "raw", "-o", path, *flags],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
