@@ -36,6 +36,8 @@ class Decoding:
     prompt_logprobs: bool = False        # completions echo + logprobs
     channels: bool = False               # a harmony chat: reasoning apart (channels.ChannelText)
     tool_calls: bool = False             # the request offered tools (harmony calls become blocks)
+    ignore_eos: bool = False             # the model's end-of-sequence ids (and a chat's turn
+                                         # markers) do not end the output; stop_ids still do
 
     def generator(self, index: int) -> torch.Generator:
         g = torch.Generator()

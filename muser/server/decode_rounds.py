@@ -58,7 +58,7 @@ class DecodeRounds:
         self.metrics.inc("completion_tokens_total")
         if c.picker.logprobs is not None:
             c.picks.append(pick)
-        if tok in self.eos or tok in job.decoding.stop_ids:
+        if (tok in self.eos and not job.decoding.ignore_eos) or tok in job.decoding.stop_ids:
             return self._end(job, c, "stop")
         out, stopped = c.text.push(tok)
         thought = c.text.take_reasoning()

@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from ..errors import RequestError
 
@@ -153,6 +153,7 @@ class _Sampling(_Strict):
     stop_token_ids: Annotated[list[Annotated[StrictInt, Field(ge=0)]],
                               Field(max_length=MAX_STOP_IDS)] | None = None   # extension
     structured_outputs: StructuredOutputs | None = None                  # extension
+    ignore_eos: StrictBool = False          # extension (vLLM's): end-of-sequence ids do not end it
     seed: Annotated[StrictInt, Field(ge=INT64[0], le=INT64[1])] | None = None
     stop: Stop = None
     n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1

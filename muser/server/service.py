@@ -270,12 +270,12 @@ class ServerState:
         grammar = self.grammar(req, tools)
         if grammar is not None:
             self.engine.grammars.check(grammar)
-        elif chat:            # a (base) model's free chat stops at the turn markers; a grammar decides itself
-            stop_ids = stop_ids | self.turn_markers
+        elif chat and not req.ignore_eos:   # a (base) model's free chat stops at the turn
+            stop_ids = stop_ids | self.turn_markers   # markers; a grammar decides itself
         return Decoding(self.sampling(req), controls, grammar, logprobs, req.n, stop_ids,
                         prompt_logprobs=not chat and req.echo and req.logprobs is not None,
                         channels=chat and grammar is None and self.tokenizer_speaks_harmony,
-                        tool_calls=tools is not None and tools.active)
+                        tool_calls=tools is not None and tools.active, ignore_eos=req.ignore_eos)
 
     def grammar(self, req, tools) -> Grammar | None:
         rf, so = req.response_format, req.structured_outputs
