@@ -242,7 +242,7 @@ stage_serve_interval() {  # carry .peers: 16 greedy clients, --stream-interval 1
   for r in 1 2; do
     for n in 1 4; do
       bench 240 . benchmarks/server_load.py --model 270m --device cuda --slots 16 \
-        --levels 16,16 --tokens 1024 --pipeline auto --stream-interval $n
+        --levels 16,16 --tokens 1024 --pipeline auto --stream-interval $n --ignore-eos
     done
   done
 }

@@ -127,9 +127,10 @@ def random_model_dir(shape: str, archive: str, max_context: int) -> str:
     return path
 
 
-async def one_chat(client: httpx.AsyncClient, name: str, messages, tokens: int) -> dict:
+async def one_chat(client: httpx.AsyncClient, name: str, messages, tokens: int,
+                   extra: dict | None = None) -> dict:
     body = {"model": name, "messages": messages, "max_tokens": tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
+            "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
     t0 = time.perf_counter()
     first = None
     text, usage = "", None
@@ -152,13 +153,13 @@ async def one_chat(client: httpx.AsyncClient, name: str, messages, tokens: int) 
             "per_stream": (n - 1) / (end - first) if n > 1 and end > first else float("nan")}
 
 
-async def level(base: str, name: str, clients: int, tokens: int) -> dict:
+async def level(base: str, name: str, clients: int, tokens: int, extra: dict | None = None) -> dict:
     async with httpx.AsyncClient(base_url=base, timeout=3600,
                                  limits=httpx.Limits(max_connections=clients + 2)) as client:
         t0 = time.perf_counter()
         res = await asyncio.gather(*(one_chat(
             client, name, [{"role": "user", "content": f"Write a short poem about {TOPICS[i % 16]}."}],
-            tokens) for i in range(clients)))
+            tokens, extra) for i in range(clients)))
         wall = time.perf_counter() - t0
     ttfts = [r["ttft"] for r in res]
     total = sum(r["tokens"] for r in res)
@@ -194,6 +195,9 @@ def main() -> int:
     ap.add_argument("--spy", metavar="PATH",
                     help="record the server with py-spy over the levels (raw stacks to PATH) and "
                          "print each thread's top frames")
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="ask for ignore_eos: every request runs to --tokens (a server from "
+                         "before the option refuses it)")
     ap.add_argument("--stream-interval", type=int, default=1,
                     help="the server's --stream-interval (tokens a chunk after the first)")
     ap.add_argument("--spy-flags", default="", metavar="FLAGS",
@@ -208,7 +212,9 @@ def main() -> int:
     try:
         asyncio.run(level(base, name, 1, 4))                     # warm-up
         spy = start_spy(proc.pid, args.spy, tuple(args.spy_flags.split())) if args.spy else None
-        rows = [asyncio.run(level(base, name, int(c), args.tokens)) for c in args.levels.split(",")]
+        extra = {"ignore_eos": True} if args.ignore_eos else None
+        rows = [asyncio.run(level(base, name, int(c), args.tokens, extra))
+                for c in args.levels.split(",")]
         if spy is not None:
             stop(spy, 30)
         mt = asyncio.run(multi_turn(base, name, args.tokens))
