@@ -14,6 +14,9 @@ Semantics (as OpenAI and vLLM define them):
   logit_bias {id: b}, b in [-100, 100]:  score[id] += b
   min_p m  (after temperature T): drop t where prob[t] < m * max prob, i.e.
       score[t] < max score + T * ln(m)      (applied by `truncate_min_p`)
+  min_tokens k with ids E (vLLM's): while fewer than k tokens are generated, score[e] = -inf
+      for e in E (the server passes the ids that would end the output: end-of-sequence,
+      stop_token_ids, a chat's turn markers) -- so at least k tokens come out
 All are applied sparsely: only the ids that were seen or biased are touched,
 never a pass over the whole vocabulary.
 """
@@ -36,6 +39,8 @@ class Controls:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_p: float = 0.0
+    min_tokens: int = 0                            # the ids below are refused before this many
+    min_tokens_ids: tuple[int, ...] = ()           # tokens are generated (History.order)
 
     def __post_init__(self):
         for name, lo, hi in (("frequency_penalty", -2.0, 2.0), ("presence_penalty", -2.0, 2.0),
@@ -45,6 +50,8 @@ class Controls:
                 raise ParameterError(name, f"must be in [{lo}, {hi}], got {v}")
         if not (0.0 < self.repetition_penalty <= 10.0):
             raise ParameterError("repetition_penalty", f"must be in (0, 10], got {self.repetition_penalty}")
+        if self.min_tokens < 0:
+            raise ParameterError("min_tokens", f"must be >= 0, got {self.min_tokens}")
         if len(self.logit_bias) > MAX_BIAS_ENTRIES:
             raise ParameterError("logit_bias", f"at most {MAX_BIAS_ENTRIES} entries, got {len(self.logit_bias)}")
         for tok, b in self.logit_bias:
@@ -74,7 +81,7 @@ class Controls:
     @property
     def active(self) -> bool:
         return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias
-                    or self.repetition_penalty != 1.0)
+                    or self.repetition_penalty != 1.0 or (self.min_tokens and self.min_tokens_ids))
 
 
 @dataclass
@@ -117,6 +124,8 @@ def apply_controls(scores: torch.Tensor, c: Controls, h: History) -> torch.Tenso
     if c.logit_bias:
         idx = torch.tensor([t for t, _ in c.logit_bias], dtype=torch.long)
         scores[idx] += torch.tensor([b for _, b in c.logit_bias], dtype=torch.float32)
+    if c.min_tokens_ids and len(h.order) < c.min_tokens:     # last: no bias brings them back
+        scores[torch.tensor(c.min_tokens_ids, dtype=torch.long)] = float("-inf")
     return scores
 
 

@@ -154,6 +154,7 @@ class _Sampling(_Strict):
                               Field(max_length=MAX_STOP_IDS)] | None = None   # extension
     structured_outputs: StructuredOutputs | None = None                  # extension
     ignore_eos: StrictBool = False          # extension (vLLM's): end-of-sequence ids do not end it
+    min_tokens: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS_CAP)] = 0   # extension (vLLM's)
     seed: Annotated[StrictInt, Field(ge=INT64[0], le=INT64[1])] | None = None
     stop: Stop = None
     n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1

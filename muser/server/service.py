@@ -56,6 +56,8 @@ class ServerState:
                              "muser serve needs a tokenizer (add tokenizer.json)")
         self.tokenizer = SharedTokenizer(engine.tokenizer)
         self.turn_markers = frozenset(turn_marker_ids(engine.tokenizer))
+        self.eos_ids = frozenset(engine.spec.eos_token_ids or ()) | frozenset(
+            self.tokenizer.eos_token_ids)     # what ends an output (scheduler.eos likewise)
         self.tokenizer_speaks_harmony = bool(getattr(engine.tokenizer, "harmony", False))
         self.base_model_note = base_model_note(engine)
         self.model_id = config.model_id or engine.name
@@ -256,9 +258,6 @@ class ServerState:
         """Everything the request asks of the token choice, checked against this model
         (vocabulary, grammar compilation): ParameterError -> 400 naming the field."""
         vocab = self.engine.spec.vocab_size
-        controls = Controls(req.frequency_penalty or 0.0, req.presence_penalty or 0.0,
-                            1.0 if req.repetition_penalty is None else req.repetition_penalty,
-                            Controls.bias_from(req.logit_bias, vocab), req.min_p or 0.0)
         stop_ids = frozenset(req.stop_token_ids or ())
         bad = sorted(t for t in stop_ids if t >= vocab)
         if bad:
@@ -272,6 +271,16 @@ class ServerState:
             self.engine.grammars.check(grammar)
         elif chat and not req.ignore_eos:   # a (base) model's free chat stops at the turn
             stop_ids = stop_ids | self.turn_markers   # markers; a grammar decides itself
+        limit = req.token_limit if chat else req.max_tokens
+        if limit is not None and req.min_tokens > limit:
+            raise ParameterError("min_tokens", f"must be at most max_tokens ({limit}), got "
+                                               f"{req.min_tokens}")
+        # min_tokens refuses every id that would end the output before it has that many
+        enders = tuple(sorted(stop_ids | self.eos_ids)) if req.min_tokens else ()
+        controls = Controls(req.frequency_penalty or 0.0, req.presence_penalty or 0.0,
+                            1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                            Controls.bias_from(req.logit_bias, vocab), req.min_p or 0.0,
+                            req.min_tokens, enders)
         return Decoding(self.sampling(req), controls, grammar, logprobs, req.n, stop_ids,
                         prompt_logprobs=not chat and req.echo and req.logprobs is not None,
                         channels=chat and grammar is None and self.tokenizer_speaks_harmony,

@@ -103,6 +103,26 @@ def test_controls_follow_the_documented_formulas():
     assert h.counts == {0: 2}
 
 
+@pytest.mark.parametrize("generated, refused", [(0, True), (2, True), (3, False), (5, False)])
+def test_min_tokens_refuses_the_ending_ids_until_that_many_are_generated(generated, refused):
+    """min_tokens 3 with ids (1, 3): -inf on both while fewer than 3 tokens are generated -- a
+    +100 bias does not bring them back -- then the scores as they were."""
+    h = History()
+    for _ in range(generated):
+        h.add(2)
+    c = Controls(logit_bias=((3, 100.0),), min_tokens=3, min_tokens_ids=(1, 3))
+    out = apply_controls(torch.tensor([0.5, 2.0, 1.0, 0.0]), c, h).tolist()
+    inf = float("-inf")
+    assert out == ([0.5, inf, 1.0, inf] if refused else [0.5, 2.0, 1.0, 100.0])
+    assert c.active
+
+
+def test_min_tokens_without_ids_changes_nothing_and_a_negative_one_is_refused():
+    assert not Controls(min_tokens=4).active
+    with pytest.raises(ParameterError, match="min_tokens"):
+        Controls(min_tokens=-1)
+
+
 @pytest.mark.parametrize("raw,msg", [({"abc": 1}, "token ids"), ({"384": 1}, "outside the vocabulary"),
                                      ({"3": 101}, "[-100, 100]")])
 def test_logit_bias_is_checked_against_the_vocabulary(raw, msg):

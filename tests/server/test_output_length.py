@@ -1,4 +1,4 @@
-"""`ignore_eos` (vLLM's extension): the model's end-of-sequence ids -- and a chat's turn
+"""`ignore_eos` and `min_tokens` (vLLM's extensions). ignore_eos: the model's end-of-sequence ids -- and a chat's turn
 markers -- do not end the output, so a benchmark gets the length it asked for; a request's own
 `stop_token_ids`, stop strings and max_tokens still end it.  The model is pushed onto its EOS
 with logit_bias, so every row below is decided, not a chance of the random weights."""
@@ -46,3 +46,19 @@ def test_ignore_eos_must_be_a_boolean(tiny_server):
     r = tiny_server.http().post("/v1/completions", json={"model": "tiny", "prompt": "hi",
                                                          "max_tokens": 2, "ignore_eos": "yes"})
     assert r.status_code == 400 and "ignore_eos" in r.text
+
+
+@pytest.mark.parametrize("min_tokens, tokens", [(0, 1), (4, 5)])
+def test_min_tokens_holds_the_eos_back_until_that_many_are_out(tiny_server, min_tokens, tokens):
+    """min_tokens (vLLM's): the ids that would end the output are refused until min_tokens are
+    generated; then the EOS (pushed by the bias) ends it -- counted, as every ending EOS is."""
+    out = tiny_server.client().completions.create(
+        model="tiny", prompt="hello", max_tokens=10, temperature=0,
+        logit_bias={str(_eos(tiny_server)): 100}, extra_body={"min_tokens": min_tokens})
+    assert out.choices[0].finish_reason == "stop" and out.usage.completion_tokens == tokens
+
+
+def test_min_tokens_above_max_tokens_is_refused(tiny_server):
+    r = tiny_server.http().post("/v1/completions", json={"model": "tiny", "prompt": "hi",
+                                                         "max_tokens": 2, "min_tokens": 3})
+    assert r.status_code == 400 and "min_tokens" in r.text
