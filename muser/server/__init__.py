@@ -18,6 +18,7 @@ Package map (each module's docstring says what it owns and what it doesn't):
   transport.py    bounded bodies, request-head timeout guard, client aborts, uvicorn config
   service.py      one request: plan -> lease -> job; responses.py: JSON / SSE shaping;
                   sse.py: the SSE response, text frames from a template, merged deltas
+  tokenize_api.py POST /tokenize and /detokenize (the count the generation endpoints bill)
   persist.py      slot save / restore (packs with the replay plan sealed inside) in --session-dir
   metrics.py      Prometheus text;  config.py  ServerConfig;  app.py  create_app
   (the `muser serve` command is muser/cli/serve.py)

@@ -1,7 +1,7 @@
 """The FastAPI application: routes, auth, error shape, lifespan.
 
 Owns: `create_app(engine, ServerConfig)` -- the HTTP surface (chat and text
-completions, models, health, metrics, slot save / restore), the exception
+completions, tokenize / detokenize, models, health, metrics, slot save / restore), the exception
 handlers that answer every failure in OpenAI's error shape (never a
 traceback; bad input is always 4xx), and starting / stopping the worker.
 Does not own: serving logic (service.py), validation (schemas.py), the slot
@@ -26,10 +26,10 @@ from .config import ServerConfig
 from .http_errors import ClientGone, InvalidRequest, NotFound, ServerError, to_http
 from .persist import pack_path, parse_slot_id, restore_slot, save_slot
 from .policy import RawReplay
-from .schemas import ChatCompletionRequest, CompletionRequest
+from .schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .service import ServerState
 from .transport import read_body
-from . import tools as toolkit
+from . import tokenize_api, tools as toolkit
 
 log = logging.getLogger("muser.server")
 
@@ -145,6 +145,25 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
             return lambda epoch: RawReplay(tuple(tokens[:plan.prefix]), plan.suffix_start, epoch)
         return await state.serve(request, req, candidate, chat=False, max_tokens=req.max_tokens,
                                  replay=replay, decoding=decoding, echo=echo)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        req = await _tool_request(request, TokenizeRequest)
+        return await asyncio.to_thread(tokenize_api.tokenize, state, req)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        req = await _tool_request(request, DetokenizeRequest)
+        return await asyncio.to_thread(tokenize_api.detokenize, state, req)
+
+    async def _tool_request(request: Request, cls):
+        """Auth, the bounded body, the model when named (no health gate: the tokenizer
+        answers while the pool is unhealthy)."""
+        state.check_auth(request)
+        req = await state.parse(request, cls)
+        if req.model is not None:
+            state.check_model(req.model)
+        return req
 
     @app.get("/v1/models")
     async def models(request: Request):

@@ -236,6 +236,28 @@ class ChatCompletionRequest(_Sampling):
 TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
 
 
+
+class TokenizeRequest(_Strict):
+    """POST /tokenize (vLLM's and llama.cpp's): a prompt or chat messages -> their ids."""
+    model: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = None
+    prompt: StrictStr | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    add_generation_prompt: StrictBool = True        # messages: as the chat endpoint renders them
+    add_special_tokens: StrictBool = True           # prompt: the BOS the completions endpoint adds
+    return_token_strs: StrictBool = False
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("send exactly one of prompt and messages")
+        return self
+
+
+class DetokenizeRequest(_Strict):
+    """POST /detokenize: ids -> their text (special tokens kept, as the completions echo)."""
+    model: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = None
+    tokens: Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(max_length=1 << 20)]
+
 class CompletionRequest(_Sampling):
     prompt: Union[StrictStr, TokenIds, Annotated[list[StrictStr], Field(min_length=1, max_length=1)],
                   Annotated[list[TokenIds], Field(min_length=1, max_length=1)]]

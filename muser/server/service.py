@@ -167,9 +167,10 @@ class ServerState:
             raise InvalidRequest("the request JSON is nested too deeply") from None
 
     # ------------------------------------------------------------------ candidates
-    def render_chat(self, messages: list[dict], variables: dict | None = None) -> list[int]:
+    def render_chat(self, messages: list[dict], variables: dict | None = None,
+                    generation: bool = True) -> list[int]:
         try:
-            ids = self.tokenizer.apply_chat_template(messages, True, variables)
+            ids = self.tokenizer.apply_chat_template(messages, generation, variables)
         except RequestError:
             raise
         except Exception as e:             # noqa: BLE001 -- a template's refusal is a bad request
