@@ -247,6 +247,12 @@ stage_serve_interval() {  # carry .peers: 16 greedy clients, --stream-interval 1
   done
 }
 
+stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
+  # worker's wait at greedy._launch's first copy the GIL's take_gil, or the CUDA driver?
+  bench 240 . benchmarks/server_load.py --model 270m --device cuda --slots 16 --levels 16,16 \
+    --tokens 512 --pipeline auto --ignore-eos --spy "$OUT/spy_native.txt" --spy-flags="--idle --native"
+}
+
 stage_serve_spy() {  # carry .peers: the same under py-spy (500 Hz: ~30% slower; for traces only)
   for p in auto off; do
     bench 200 . benchmarks/server_load.py --model 270m --device cuda --slots 16 --levels 16,16 \
