@@ -16,26 +16,39 @@ class Parsed(Exception):
     pass
 
 
-def main():
-    script, args = sys.argv[1], sys.argv[2:]
+def check(script: str, args: list[str]) -> tuple[bool, str]:
+    """(whether `script ARGS` would start, what to print): its argparse parser is run on the
+    arguments and stopped right after (a bad flag: usage and False)."""
     if "argparse" not in Path(script).read_text():
-        print(f"  {script}: positional arguments {args} (not checked)")
-        return
+        return True, f"positional arguments {args} (not checked)"
     real = argparse.ArgumentParser.parse_args
 
     def parse_only(self, argv=None, namespace=None):
-        real(self, argv, namespace)                   # a bad flag: usage and exit 2, here
+        real(self, argv, namespace)                   # a bad flag: usage and SystemExit(2)
         raise Parsed
 
+    argv, path = sys.argv, list(sys.path)
     argparse.ArgumentParser.parse_args = parse_only
     sys.argv = [script, *args]
     sys.path.insert(0, str(Path(script).resolve().parent))
     try:
         runpy.run_path(script, run_name="__main__")
     except Parsed:
-        print(f"  {script}: arguments accepted")
-        return
-    sys.exit(f"  {script}: finished without parsing its arguments")
+        return True, "arguments accepted"
+    except SystemExit as e:
+        return False, f"refused its arguments (exit {e.code})"
+    finally:
+        argparse.ArgumentParser.parse_args = real
+        sys.argv, sys.path[:] = argv, path
+    return False, "finished without parsing its arguments"
+
+
+def main():
+    script, args = sys.argv[1], sys.argv[2:]
+    ok, said = check(script, args)
+    print(f"  {script}: {said}")
+    if not ok:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@
 #     bash benchmarks/device_plan.sh many chunk_first          # on the device, from the repo root
 #     DRY=1 bash benchmarks/device_plan.sh many chunk_first    # here: print and check each command
 #
-# DRY=1 checks every benchmark's flags with benchmarks/args_check.py and collects every pytest
-# selection (it must select something), with no GPU.  Logs go to $OUT/plan.log.  Stages (what
+# DRY=1 checks every benchmark's flags and collects every pytest selection (it must select
+# something), with no GPU, in one interpreter at the end (benchmarks/dry_check.py).  Logs go to $OUT/plan.log.  Stages (what
 # each measures and why: benchmarks/NOTES.md, "The next session's first device call"):
 #   many         tests/cuda on cache/many.py's batched copies, the int8 _dot and _pdl_begin refactors
 #   verify       verify_cost.py, .prev (git archive 9ce7102 muser) against this tree
@@ -69,11 +69,16 @@ OUT=${OUT:-/tmp/plan-out}
 mkdir -p "$OUT"
 ROOT=$PWD
 
+dry_note() {       # dry_note KIND ARGS...: a command for dry_check.py (DRY=1), one a line
+  local IFS=$'\x1f'
+  echo "$*" >> "$OUT/dry.list"
+}
+
 bench() {          # bench SECONDS TREE SCRIPT ARGS...: a benchmark importing muser from TREE
   local t=$1 tree=$2; shift 2
   echo "+ [$tree] $*" | tee -a "$OUT/plan.log"
   if [ -n "${DRY:-}" ]; then
-    python3 benchmarks/args_check.py "$@" || exit 1
+    dry_note bench "$@"
     return
   fi
   PYTHONPATH=/tmp/site:$ROOT/$tree:$ROOT/benchmarks:$ROOT/tests/cuda timeout "$t" python3 "$@" 2>&1 \
@@ -84,10 +89,7 @@ tests() {          # tests SECONDS PYTEST-ARGS...: this tree's tests
   echo "+ pytest $*" | tee -a "$OUT/plan.log"
   local t=$1; shift
   if [ -n "${DRY:-}" ]; then
-    local n
-    n=$(python3 -m pytest --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep -c "::")
-    echo "  $n tests selected"
-    [ "$n" -gt 0 ] || exit 1
+    dry_note tests "$@"
     return
   fi
   PYTHONPATH=/tmp/site:$ROOT:$ROOT/tests/cuda timeout "$t" python3 -m pytest -q --tb=short \
@@ -412,7 +414,10 @@ stage_peer() {     # carry .peers: build (foreground, every core), then the side
 }
 
 setup
+[ -n "${DRY:-}" ] && : > "$OUT/dry.list"
 for s in "$@"; do
   declare -F "stage_$s" >/dev/null || { echo "no stage '$s'"; exit 2; }
   "stage_$s"
 done
+# DRY: every command collected above, checked in one interpreter (torch imported once)
+[ -z "${DRY:-}" ] || python3 benchmarks/dry_check.py "$OUT/dry.list"
