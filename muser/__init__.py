@@ -4,14 +4,31 @@
     engine = muser.load("gemma3-270m")
     print(engine.generate("The capital of France is", max_tokens=16))
 """
-from .cache import Encoding, SessionSnapshot
-from .config import EngineConfig, LayerSpec, ModelSpec
+from importlib import import_module
+
 from .errors import *  # noqa: F401,F403  (every typed error is importable from muser)
 from .errors import __doc__ as _errors_doc  # noqa: F401
-from .engine import DEFAULT_MODEL, Engine, SamplingParams, Session, load, make_drafter
-from .store import CutStore
 
 __version__ = "0.1.0"
+
+# The rest is imported on first use (PEP 562): `import muser.server.front` -- the HTTP front
+# process of `muser serve --front-process` -- must not pay for torch, which these bring.
+_LAZY = {"Encoding": ".cache", "SessionSnapshot": ".cache", "EngineConfig": ".config",
+         "LayerSpec": ".config", "ModelSpec": ".config", "DEFAULT_MODEL": ".engine",
+         "Engine": ".engine", "SamplingParams": ".engine", "Session": ".engine",
+         "load": ".engine", "make_drafter": ".engine", "CutStore": ".store"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'muser' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def serve_app(*args, **kwargs):

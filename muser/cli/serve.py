@@ -59,6 +59,10 @@ def add_serve_command(subparsers) -> argparse.ArgumentParser:
                    help="tokens between a stream's chunks: the first token goes out at once, then "
                         "every N-th with the text since (default 1; larger values spend less host "
                         "time a token at high concurrency, as vLLM's option of the same name)")
+    p.add_argument("--front-process", action="store_true",
+                   help="HTTP in a process of its own (sockets, parsing, writing chunks), the app "
+                        "and the engine in this one: each has its own GIL, so many streams' writes "
+                        "stop taking turns with the GPU's scheduler (as vLLM's API-server split)")
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a client has to send a request head before the connection is "
                         "closed (default 10)")
@@ -156,11 +160,17 @@ def cmd_serve(args) -> int:
     from ..server.transport import uvicorn_config
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     config = config_from_args(args)            # validate flags before loading weights
+    if args.front_process and getattr(args, "replicas", None) is not None:
+        raise ValueError("--front-process and --replicas do not combine: replicas are served "
+                         "by Ray Serve's own HTTP proxy")
     rc = maybe_run_replicas(args, config)      # --replicas N: Ray Serve (docs/scale-out.md)
     if rc is not None:
         return rc
     engine = load_engine(args)
     app = create_app(engine, config)
+    if args.front_process:                     # HTTP in its own process (server/bridge.py)
+        from ..server.bridge import serve_split
+        return serve_split(app, config, args.log_level.lower())
     server = uvicorn.Server(uvicorn_config(app, config, host=config.host, port=config.port,
                                            log_level=args.log_level.lower()))
     try:                                       # as uvicorn.run: Ctrl-C is a clean exit

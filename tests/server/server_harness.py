@@ -109,3 +109,37 @@ def completions_burst(srv: Running, prompts: list, **kw) -> list:
         finally:
             await ac.close()
     return asyncio.run(burst())
+
+
+@contextlib.contextmanager
+def serve_front(engine, **config):
+    """The app in this process (a thread runs bridge.serve_split), HTTP in a real front
+    process (`muser serve --front-process`'s layout)."""
+    from muser.server.bridge import serve_split
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = ServerConfig(port=port, **config)
+    app = create_app(engine, cfg)
+    fronts, result = [], []
+    thread = threading.Thread(target=lambda: result.append(
+        serve_split(app, cfg, "warning", on_start=fronts.append)), daemon=True)
+    thread.start()
+    deadline = time.time() + 60
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.time() > deadline or not thread.is_alive():
+            raise RuntimeError(f"the front did not start (serve_split: {result})")
+        time.sleep(0.05)
+    running = Running(app, None, thread, port)
+    running.front = fronts[0]
+    try:
+        yield running
+    finally:
+        fronts[0].terminate()
+        thread.join(20)
+        assert result == [0], f"serve_split ended with {result}"
