@@ -249,6 +249,16 @@ stage_serve_interval() {  # carry .peers: 16 greedy clients, --stream-interval 1
   done
 }
 
+stage_serve_front() {  # carry .peers: 16 greedy clients, one process against --front-process
+  # (HTTP in its own process), and that with --stream-interval 4, alternating, two rounds
+  for r in 1 2; do
+    for f in "" --front-process "--front-process --stream-interval 4"; do
+      bench 240 . benchmarks/server_load.py --model 270m --device cuda --slots 16 \
+        --levels 16,16 --tokens 1024 --pipeline auto --ignore-eos $f
+    done
+  done
+}
+
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
   # worker's wait at greedy._launch's first copy the GIL's take_gil, or the CUDA driver?
   bench 240 . benchmarks/server_load.py --model 270m --device cuda --slots 16 --levels 16,16 \

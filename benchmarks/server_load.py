@@ -51,6 +51,8 @@ def start_server(args) -> tuple[subprocess.Popen, str, str]:
         cmd += ["--max-context", str(args.max_context)]
     cmd += ["--device", args.device, "--pipeline", args.pipeline,
             "--stream-interval", str(args.stream_interval)]
+    if args.front_process:
+        cmd.append("--front-process")
     base = f"http://127.0.0.1:{port}"
     return launch(cmd, base), base, name
 
@@ -200,6 +202,8 @@ def main() -> int:
                          "before the option refuses it)")
     ap.add_argument("--stream-interval", type=int, default=1,
                     help="the server's --stream-interval (tokens a chunk after the first)")
+    ap.add_argument("--front-process", action="store_true",
+                    help="the server's --front-process (HTTP in a process of its own)")
     ap.add_argument("--spy-flags", default="", metavar="FLAGS",
                     help="py-spy's own flags for --spy, e.g. '--idle' or '--gil'")
     ap.add_argument("--write-tokenizer-archive", metavar="PATH",
