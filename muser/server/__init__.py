@@ -16,6 +16,8 @@ Package map (each module's docstring says what it owns and what it doesn't):
   admission.py    message cap, system-only chats, refusing prompts too long by size alone
   sampler.py      request-safe sampling: temperature / top_p floors, non-finite logits
   transport.py    bounded bodies, request-head timeout guard, client aborts, uvicorn config
+  front.py        --front-process: the HTTP process (uvicorn, no torch), forwarding to the app;
+                  bridge.py the wire and the app's end (requests' receive / send over a socketpair)
   service.py      one request: plan -> lease -> job; responses.py: JSON / SSE shaping;
                   sse.py: the SSE response, text frames from a template, merged deltas
   tokenize_api.py POST /tokenize and /detokenize (the count the generation endpoints bill)
