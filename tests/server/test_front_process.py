@@ -152,3 +152,21 @@ def test_both_processes_stop_together(tiny, stop):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@pytest.mark.parametrize("choice, device, expected", [
+    ("auto", "cuda:0", True), ("auto", "cpu", False), ("on", "cpu", True), ("off", "cuda:0", False)])
+def test_the_front_process_is_on_by_default_only_for_a_cuda_engine(choice, device, expected):
+    from types import SimpleNamespace
+
+    from muser.cli.serve import front_process
+    assert front_process(choice, SimpleNamespace(device=device)) is expected
+
+
+def test_a_bare_flag_turns_the_front_on_and_replicas_refuse_it():
+    from muser.cli.main import build_parser
+    args = build_parser().parse_args(["serve", "--front-process", "--model", "x"])
+    assert args.front_process == "on" and args.model == "x"
+    out = subprocess.run([sys.executable, "-m", "muser.cli", "serve", "--front-process",
+                          "--replicas", "2"], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "do not combine" in out.stderr, out.stderr[-500:]
