@@ -62,6 +62,8 @@
 #                session: slower, reverted; the stage is the record) against the
 #                tree before (carry .prev): bits, then the A/B (1B, 128 greedy steps)
 #   families     test_cuda_families + test_int8_step (no sixteenth-session call ran them)
+#   groups       MUSER_CHUNK_GROUPS=on (a long chunk's merge groups one a program, folded after):
+#                its bit tests, then the A/B with the 16k profile (1B, 4B)
 #   host16k      the 16k prefill with the host loaded (carry .prev = the tree before the prepare
 #                tables moved to the device): old against this tree, whole and in 2k / 4k chunks
 set -u
@@ -145,6 +147,13 @@ stage_flatten() {  # MUSER_FLATTEN=dot|chunk: nested loops fused by Triton (same
   tests 240 -x tests/cuda/test_triton_chunk.py -k flatten
   bench 240 . benchmarks/exact_ab.py --models 1b --trees exact --profile \
     --variants "FD:MUSER_FLATTEN=dot;FC:MUSER_FLATTEN=chunk"
+}
+
+stage_groups() {   # MUSER_CHUNK_GROUPS=on: a long chunk's merge groups one a program (same bits)
+  tests 200 -x tests/cuda/test_chunk_groups.py
+  tests 200 -x tests/cuda/test_triton_chunk.py -k "groups or nested"
+  bench 330 . benchmarks/exact_ab.py --models 1b,4b --trees exact --profile \
+    --variants "G1:MUSER_CHUNK_GROUPS=on"
 }
 
 stage_fuse() {     # MUSER_FUSE_SUM=on: the down projection's pieces summed in the add+norm

@@ -71,6 +71,9 @@ CONFIGS = [
     ("chunk growing flattened captured", "chunk", {**GROWING, "FLATTEN": True}, 8),
     ("chunk growing parked", "chunk", {**GROWING, "PARK": True, "BM": 16, "ROWS": 4}, 4),
     ("chunk ring parked", "chunk", dict(PARK=True, BM=32, ROWS=8), 4),
+    ("chunk growing groups eager", "chunk", {**GROWING, "TWO": False, "DEV": False,
+                                             "PARK": True, "GROUPS": True}, 8),
+    ("fold growing groups eager", "fold", dict(BM=64, ROWS=16, DEV=False, GROUPS=True), 8),
     ("decode ring fused", "decode", {}, 4),
     ("decode growing fused", "decode", dict(NSPLIT=257, SPLIT=128, GS=16, RING=False), 4),
     ("decode ring q-given", "decode", dict(FUSED=False, QK_NORM=False, ROPE=False), 4),
@@ -169,7 +172,13 @@ def compile_ptx(kern, consts: dict, warps: int) -> str:
     consts = dict(consts)
     cap = consts.pop("maxnreg", None)
     types = {**TYPES, **consts.pop("_types", {})}        # a configuration's own argument types
-    names = list(inspect.signature(kern.fn).parameters)
+    params = inspect.signature(kern.fn).parameters
+    names = list(params)
+    # a constexpr with a default the launch leaves out is that default, as the JIT compiles it
+    # (left out here it became a runtime i32, and both sides of its `if` were compiled)
+    consts = {**{n: p.default for n, p in params.items()
+                 if p.default is not inspect.Parameter.empty and "constexpr" in str(p.annotation)},
+              **consts}
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if n in DIVISIBLE}
     src = ASTSource(fn=kern, signature=sig, attrs=attrs,
