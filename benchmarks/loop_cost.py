@@ -6,7 +6,7 @@ stream is a real `Formatter.stream` inside a real `SSEResponse`, and its ASGI `s
 to a `bridge.Link` writing frames to a socketpair whose other end a child process drains (the
 `--front-process` engine side).  The worker sleeps between rounds (the GPU step, no GIL).
 
-    python benchmarks/loop_cost.py --streams 16 --rounds 2000 --step-us 600
+    python benchmarks/loop_cost.py --streams 16 --rounds 2000 --step-us 600 [--pushed]
 
 Prints the loop thread's CPU time per token (time.thread_time, so the worker's and the
 drain's time are not in it) and the rounds' wall rate.  A change to the hand-over is judged
@@ -27,6 +27,7 @@ from types import SimpleNamespace
 
 from muser.server import schemas
 from muser.server.bridge import Link
+from muser.server.job import Job
 from muser.server.metrics import Metrics
 from muser.server.outbox import Outbox
 from muser.server.responses import Formatter
@@ -53,17 +54,23 @@ async def one_run(args) -> tuple[float, float, int]:
                                         messages=[{"role": "user", "content": "hi"}])
     jobs, tasks = [], []
     for rid in range(args.streams):
-        job = SimpleNamespace(decoding=SimpleNamespace(n=1), events=asyncio.Queue())
+        job = Job(None, SimpleNamespace(n=1), args.rounds, [], outbox)
         fmt = Formatter(state, req, True, time.perf_counter())
 
-        async def send(message, rid=rid):
+        def post(message, rid=rid):
             link.post(("send", rid, message))
+
+        async def send(message, post=post):
+            post(message)
 
         async def receive():
             await asyncio.Event().wait()
 
-        resp = SSEResponse(fmt.stream(job), lambda: None)
-        tasks.append(asyncio.create_task(resp({"type": "http"}, receive, send)))
+        scope = {"type": "http"}
+        if args.pushed:                          # bridge.serve_link's scope
+            scope["extensions"] = {"muser.post": post}
+        resp = SSEResponse(fmt.stream(job), lambda: None, push=(job, fmt.shaper(job)))
+        tasks.append(asyncio.create_task(resp(scope, receive, send)))
         jobs.append(job)
     done = threading.Event()
     wall = [0.0]
@@ -73,10 +80,10 @@ async def one_run(args) -> tuple[float, float, int]:
         for r in range(args.rounds):
             time.sleep(args.step_us / 1e6)
             for job in jobs:
-                outbox.post(job.events.put_nowait, ("delta", 0, WORDS[r % len(WORDS)], []))
+                job.emit("delta", 0, WORDS[r % len(WORDS)], [])
         for job in jobs:
-            outbox.post(job.events.put_nowait, ("end", 0, "length"))
-            outbox.post(job.events.put_nowait, ("done", ["length"], args.rounds))
+            job.emit("end", 0, "length")
+            job.emit("done", ["length"], args.rounds)
         wall[0] = time.perf_counter() - t0
         done.set()
 
@@ -99,15 +106,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2000)
     ap.add_argument("--step-us", type=float, default=600.0, help="the worker's sleep a round")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--pushed", action="store_true",
+                    help="streams pushed from the outbox (the --front-process engine side)")
     args = ap.parse_args()
     us, rates = [], []
     for _ in range(args.repeats):
         u, rate, _ = asyncio.run(one_run(args))
         us.append(u)
         rates.append(rate)
-    print(f"| streams | rounds | step us | loop CPU us/token (median, min) | tok/s (median) |")
-    print(f"|---:|---:|---:|---:|---:|")
-    print(f"| {args.streams} | {args.rounds} | {args.step_us:.0f} | "
+    print("| streams | rounds | step us | pushed | loop CPU us/token (median, min) | tok/s (median) |")
+    print("|---:|---:|---:|---|---:|---:|")
+    print(f"| {args.streams} | {args.rounds} | {args.step_us:.0f} | {'yes' if args.pushed else 'no'} | "
           f"{statistics.median(us):.2f}, {min(us):.2f} | {statistics.median(rates):,.0f} |")
 
 

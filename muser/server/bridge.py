@@ -93,11 +93,16 @@ async def serve_link(app, reader: asyncio.StreamReader, writer: asyncio.StreamWr
                 gone.append(True)
             return message
 
-        async def send(message: dict) -> None:
+        def post(message: dict) -> None:
             link.post(("send", rid, message))
 
+        async def send(message: dict) -> None:
+            post(message)
+
         try:
-            await app(scope, receive, send)
+            # "muser.post": send without a coroutine (sse.SSEResponse pushes a stream's chunks
+            # from the outbox's callback); the link never waits, so neither does it
+            await app({**scope, "extensions": {"muser.post": post}}, receive, send)
             link.post(("close", rid, None))
         except Exception as exc:                   # the app's handlers answer errors; this is
             log.exception("request %d failed in the app", rid)     # what escaped them

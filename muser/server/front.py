@@ -77,10 +77,15 @@ class Front:
         self.waiting[rid] = queue
         self.link.post(("open", rid, plain_scope(scope)))
         pump = asyncio.create_task(self._pump(rid, receive))
-        ended, started, client_gone = False, False, False
+        ended, started, client_gone, held = False, False, False, None
         try:
             while True:
-                kind, payload = await queue.get()
+                if held is None:
+                    kind, payload = await queue.get()
+                else:
+                    (kind, payload), held = held, None
+                if kind == "send" and _more(payload) and not queue.empty():
+                    payload, held = _join_bodies(payload, queue)
                 if kind == "close":
                     ended = True
                     return
@@ -100,6 +105,23 @@ class Front:
             self.waiting.pop(rid, None)
             if not ended:                          # cancelled here first: the app must know
                 self.link.post(("recv", rid, {"type": "http.disconnect"}))
+
+
+def _more(message: dict) -> bool:
+    return message["type"] == "http.response.body" and message.get("more_body", False)
+
+
+def _join_bodies(message: dict, queue: asyncio.Queue) -> tuple[dict, tuple | None]:
+    """A slow client's waiting body parts as one write (SSE frames stay whole frames, so the
+    client still reads one event a chunk): (the joined message, the first message that did not
+    join -- it goes next)."""
+    parts = [message["body"]]
+    while not queue.empty():
+        kind, payload = nxt = queue.get_nowait()
+        if kind != "send" or not _more(payload):
+            return {**message, "body": b"".join(parts)}, nxt
+        parts.append(payload["body"])
+    return {**message, "body": b"".join(parts)}, None
 
 
 async def _server_error(send, why: str) -> None:

@@ -51,9 +51,25 @@ class Job:
     prompt_row: Any = None             # last log-softmaxed prompt row (prompt logprobs)
     prompt_picks: list = field(default_factory=list)
     wait: Any = None                   # (peer job, position): single flight on a peer's cut
+    # where events go on the loop: None = `events` (a consumer awaits them); else a callable
+    # taking each event as it arrives (a pushed stream).  Read and set on the loop thread only
+    sink: Any = None
 
     def cancel(self) -> None:
         self.cancelled.set()
 
     def emit(self, kind: str, *payload) -> None:
-        self.outbox.post(self.events.put_nowait, (kind, *payload))
+        self.outbox.post(self._deliver, (kind, *payload))
+
+    def _deliver(self, event: tuple) -> None:          # on the loop
+        if self.sink is None:
+            self.events.put_nowait(event)
+        else:
+            self.sink(event)
+
+    def subscribe(self, sink) -> None:
+        """On the loop: send every event to `sink` from now on -- those already queued first,
+        in order (the outbox delivers on this thread, so none arrives in between)."""
+        while not self.events.empty():
+            sink(self.events.get_nowait())
+        self.sink = sink

@@ -200,89 +200,123 @@ class Formatter:
         return self._completion_chunk(self.echo, None, index=index, logprobs=head,
                                       ext=self._ext() if first else None)
 
-    async def stream(self, job: Job) -> AsyncIterator[dict]:
-        n = job.decoding.n
-        tools = [ToolStream(self.tools) if self.tools is not None else None for _ in range(n)]
-        called = [False] * n
-        offsets = [len(self.echo)] * n
-        echoed = [False] * n
-        if self.chat:
-            for i in range(n):
-                yield self._chat_chunk({"role": "assistant", "content": ""}, None,
-                                       ext=self._ext() if i == 0 else None, index=i)
-        first = not self.chat
+    def shaper(self, job: Job) -> "StreamShape":
+        """A stream's chunks, one event at a time (its state: tool parsers, offsets, echo)."""
+        return StreamShape(self, job.decoding.n)
+
+    async def stream(self, job: Job) -> AsyncIterator[dict | bytes]:
+        """The stream's chunks from the job's queue; a lagging stream's waiting deltas merge."""
+        shape = self.shaper(job)
+        for chunk in shape.opening():
+            yield chunk
         held = None                                # an event taken while merging deltas
         while True:
             if held is None:
-                kind, *payload = await job.events.get()
+                ev = await job.events.get()
             else:
-                (kind, *payload), held = held, None
-            if kind == "delta":
-                payload, held = merge_deltas(payload, job.events)
-            if kind == "prompt":
-                self.prompt_picks = payload[0]
-            elif kind == "reasoning":             # only a chat's (channels.py)
-                i, text = payload
-                yield self._chat_chunk({"reasoning_content": text}, None, index=i)
-            elif kind == "delta":
-                i, text, ps = payload
-                lp = self._logprobs(ps, offsets[i]) if self._wants_logprobs and ps else None
-                if self.chat and lp is None and tools[i] is None:
-                    if text:                      # the common chunk: text only
-                        yield self._text_frame(i, text)
-                    continue
-                if self.chat:
-                    deltas = tools[i].push(text) if tools[i] is not None else \
-                        ([{"content": text}] if text or lp else [])
-                    if not deltas and lp:
-                        deltas = [{"content": ""}]
-                    for k, d in enumerate(deltas):
-                        yield self._chat_chunk(d, None, index=i, logprobs=lp if k == 0 else None)
-                    continue
-                if self.echo and not echoed[i]:
-                    echoed[i] = True
-                    yield self._echo_chunk(i, first)
-                    first = False
-                offsets[i] += len(text)
-                if lp is None and not first:
-                    yield self._text_frame(i, text)
-                else:
-                    yield self._completion_chunk(text, None, index=i, logprobs=lp,
-                                                 ext=self._ext() if first else None)
-                first = False
-            elif kind == "end":
-                i, finish = payload
-                if self.chat and tools[i] is not None:
-                    deltas, called[i] = tools[i].finish()
-                    for d in deltas:
-                        yield self._chat_chunk(d, None, index=i)
-                    if called[i] and finish == "stop":
-                        finish = "tool_calls"
-                if self.chat:
-                    yield self._chat_chunk({}, finish, index=i,
-                                           ext=self._ext() if i == 0 else None)
-                else:
-                    if self.echo and not echoed[i]:
-                        echoed[i] = True
-                        yield self._echo_chunk(i, first)
-                        first = False
-                    yield self._completion_chunk("", finish, index=i,
-                                                 ext=self._ext() if first or i == 0 else None)
-                    first = False
-            elif kind == "error":
-                err = to_http(payload[0])
-                self._done(str(err.status))
-                yield err.body()
+                ev, held = held, None
+            if ev[0] == "delta":
+                merged, held = merge_deltas(list(ev[1:]), job.events)
+                ev = ("delta", *merged)
+            chunks, end = shape.feed(ev)
+            for chunk in chunks:
+                yield chunk
+            if end:
                 return
-            elif kind == "done":
-                finishes, generated = payload
-                if "cancelled" in finishes:
-                    self._done("disconnected")
-                    self.state.metrics.inc("disconnects_total")
-                    return
-                self._done("200")
-                if self.req.include_usage:
-                    yield (self._chat_chunk if self.chat else self._completion_chunk)(
-                        {} if self.chat else "", None,
-                        use=self._usage(generated), empty=True)
-                return
+
+
+class StreamShape:
+    """One stream's events -> its chunks (dicts, or frames already encoded), synchronously: the
+    queue-driven `Formatter.stream` and the pushed stream (sse.SSEResponse with a sync sender,
+    the --front-process engine side) share it, so both send the same chunks."""
+
+    def __init__(self, fmt: Formatter, n: int):
+        self.fmt, self.n = fmt, n
+        self.tools = [ToolStream(fmt.tools) if fmt.tools is not None else None for _ in range(n)]
+        self.called = [False] * n
+        self.offsets = [len(fmt.echo)] * n
+        self.echoed = [False] * n
+        self.first = not fmt.chat
+
+    def opening(self) -> list:
+        f = self.fmt
+        if not f.chat:
+            return []
+        return [f._chat_chunk({"role": "assistant", "content": ""}, None,
+                              ext=f._ext() if i == 0 else None, index=i) for i in range(self.n)]
+
+    def feed(self, ev: tuple) -> tuple[list, bool]:
+        """(the chunks event `ev` makes, whether the stream ends with it)."""
+        f, out = self.fmt, []
+        kind, *payload = ev
+        if kind == "prompt":
+            f.prompt_picks = payload[0]
+        elif kind == "reasoning":             # only a chat's (channels.py)
+            i, text = payload
+            out.append(f._chat_chunk({"reasoning_content": text}, None, index=i))
+        elif kind == "delta":
+            self._delta(out, *payload)
+        elif kind == "end":
+            self._end(out, *payload)
+        elif kind == "error":
+            err = to_http(payload[0])
+            f._done(str(err.status))
+            return [err.body()], True
+        elif kind == "done":
+            finishes, generated = payload
+            if "cancelled" in finishes:
+                f._done("disconnected")
+                f.state.metrics.inc("disconnects_total")
+                return out, True
+            f._done("200")
+            if f.req.include_usage:
+                out.append((f._chat_chunk if f.chat else f._completion_chunk)(
+                    {} if f.chat else "", None, use=f._usage(generated), empty=True))
+            return out, True
+        return out, False
+
+    def _delta(self, out: list, i: int, text: str, ps) -> None:
+        f = self.fmt
+        lp = f._logprobs(ps, self.offsets[i]) if f._wants_logprobs and ps else None
+        if f.chat and lp is None and self.tools[i] is None:
+            if text:                          # the common chunk: text only
+                out.append(f._text_frame(i, text))
+            return
+        if f.chat:
+            deltas = self.tools[i].push(text) if self.tools[i] is not None else \
+                ([{"content": text}] if text or lp else [])
+            if not deltas and lp:
+                deltas = [{"content": ""}]
+            for k, d in enumerate(deltas):
+                out.append(f._chat_chunk(d, None, index=i, logprobs=lp if k == 0 else None))
+            return
+        if f.echo and not self.echoed[i]:
+            self.echoed[i] = True
+            out.append(f._echo_chunk(i, self.first))
+            self.first = False
+        self.offsets[i] += len(text)
+        if lp is None and not self.first:
+            out.append(f._text_frame(i, text))
+        else:
+            out.append(f._completion_chunk(text, None, index=i, logprobs=lp,
+                                           ext=f._ext() if self.first else None))
+        self.first = False
+
+    def _end(self, out: list, i: int, finish: str) -> None:
+        f = self.fmt
+        if f.chat and self.tools[i] is not None:
+            deltas, self.called[i] = self.tools[i].finish()
+            for d in deltas:
+                out.append(f._chat_chunk(d, None, index=i))
+            if self.called[i] and finish == "stop":
+                finish = "tool_calls"
+        if f.chat:
+            out.append(f._chat_chunk({}, finish, index=i, ext=f._ext() if i == 0 else None))
+            return
+        if f.echo and not self.echoed[i]:
+            self.echoed[i] = True
+            out.append(f._echo_chunk(i, self.first))
+            self.first = False
+        out.append(f._completion_chunk("", finish, index=i,
+                                       ext=f._ext() if self.first or i == 0 else None))
+        self.first = False

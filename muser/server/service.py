@@ -365,7 +365,8 @@ class ServerState:
                     job.cancel()
                     self.scheduler.wake()
                 handed_off = True
-                return self._noted(SSEResponse(fmt.stream(job), finalize), chat)
+                return self._noted(SSEResponse(fmt.stream(job), finalize,
+                                               push=(job, fmt.shaper(job))), chat)
             return self._noted(await fmt.whole(job, watch), chat)
         finally:
             if not handed_off:

@@ -124,3 +124,66 @@ def test_a_failing_call_does_not_drop_the_calls_posted_after_it():
         return await q.get(), errors
     ev, errors = asyncio.run(main())
     assert ev[0] == "done" and len(errors) == 1 and isinstance(errors[0], ZeroDivisionError)
+
+
+def _streamed(events: list, pushed: bool, early: int = 0) -> tuple[list, list]:
+    """The body messages an SSEResponse sends for `events` (a chat stream, n = 1, the Formatter
+    of the server), pushed (a scope with "muser.post": the --front-process engine side) or
+    through the queue and the stream's task, each event taken before the next arrives; `early`
+    events are emitted before the response starts (queued, then drained by subscribe)."""
+    from types import SimpleNamespace
+
+    from muser.server.job import Job
+    from muser.server.metrics import Metrics
+    from muser.server.responses import Formatter
+    from muser.server.sse import SSEResponse
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        state = SimpleNamespace(model_id="m", metrics=Metrics(), base_model_note=None,
+                                config=SimpleNamespace(replica=None), token_text=None)
+        req = schemas.ChatCompletionRequest(model="m", stream=True,
+                                            messages=[{"role": "user", "content": "hi"}])
+        job = Job(None, SimpleNamespace(n=1), 8, [], Outbox(loop))
+        fmt = Formatter(state, req, True, 0.0)
+        fmt.rid, fmt.created = "chatcmpl-x", 1
+        sent, finals = [], []
+
+        async def send(message):
+            sent.append(message)
+
+        async def receive():
+            await asyncio.Event().wait()
+        scope = {"type": "http"}
+        if pushed:
+            scope["extensions"] = {"muser.post": sent.append}
+        for ev in events[:early]:
+            job._deliver(ev)
+        resp = SSEResponse(fmt.stream(job), lambda: finals.append(1), push=(job, fmt.shaper(job)))
+        task = asyncio.create_task(resp(scope, receive, send))
+        for ev in events[early:]:
+            for _ in range(5):
+                await asyncio.sleep(0)
+            job._deliver(ev)
+        await asyncio.wait_for(task, 5)
+        return sent, finals
+    return asyncio.run(main())
+
+
+EVENTS = [("delta", 0, "Hel", []), ("delta", 0, "lo", []), ("delta", 0, "", []),
+          ("delta", 0, " sea", []), ("end", 0, "stop"), ("done", ["stop"], 4)]
+
+
+@pytest.mark.parametrize("early", [0, 2, 6])
+def test_a_pushed_stream_sends_what_the_queued_stream_sends(early):
+    queued, done_q = _streamed(EVENTS, pushed=False)
+    pushed, done_p = _streamed(EVENTS, pushed=True, early=early)
+    assert pushed == queued and done_q == done_p == [1]
+    assert queued[-1] == {"type": "http.response.body", "body": b"data: [DONE]\n\n",
+                          "more_body": False}
+    assert len(queued) == 1 + 1 + 3 + 1 + 1      # start, role chunk, 3 texts, finish, [DONE]
+
+
+def test_a_pushed_stream_ignores_events_after_its_end():
+    pushed, _ = _streamed(EVENTS + [("delta", 0, "late", [])], pushed=True)
+    assert pushed == _streamed(EVENTS, pushed=True)[0]
