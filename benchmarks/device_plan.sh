@@ -62,6 +62,8 @@
 #                session: slower, reverted; the stage is the record) against the
 #                tree before (carry .prev): bits, then the A/B (1B, 128 greedy steps)
 #   families     test_cuda_families + test_int8_step (no sixteenth-session call ran them)
+#   serve_push   16 clients through --front-process, the tree before the pushed streams (carry
+#                .prev = e73646b, .peers) against this one, alternating, two rounds
 #   groups       MUSER_CHUNK_GROUPS=on (a long chunk's merge groups one a program, folded after):
 #                its bit tests, then the A/B with the 16k profile (1B, 4B)
 #   host16k      the 16k prefill with the host loaded (carry .prev = the tree before the prepare
@@ -268,6 +270,15 @@ stage_serve_front() {  # carry .peers: 16 greedy clients, one process against --
   done
 }
 
+stage_serve_push() {  # carry .peers, .prev (e73646b): --front-process with streams pushed from
+  # the outbox against the tree before (each token through a queue and the stream's task)
+  for r in 1 2; do
+    for t in .prev .; do
+      bench 200 $t benchmarks/server_load.py --model 270m --device cuda --slots 16 \
+        --levels 16,16 --tokens 1024 --pipeline auto --ignore-eos --front-process
+    done
+  done
+}
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
   # worker's wait at greedy._launch's first copy the GIL's take_gil, or the CUDA driver?
   bench 240 . benchmarks/server_load.py --model 270m --device cuda --slots 16 --levels 16,16 \
