@@ -65,7 +65,7 @@
 #   serve_push   16 clients through --front-process, the tree before the pushed streams (carry
 #                .prev = e73646b, .peers) against this one, alternating, two rounds
 #   groups       MUSER_CHUNK_GROUPS=on (a long chunk's merge groups one a program, folded after):
-#                its bit tests, then the A/B with the 16k profile (1B, 4B)
+#                its bit tests, then the A/B with the 16k profile (1B)
 #   host16k      the 16k prefill with the host loaded (carry .prev = the tree before the prepare
 #                tables moved to the device): old against this tree, whole and in 2k / 4k chunks
 set -u
@@ -154,7 +154,7 @@ stage_flatten() {  # MUSER_FLATTEN=dot|chunk: nested loops fused by Triton (same
 stage_groups() {   # MUSER_CHUNK_GROUPS=on: a long chunk's merge groups one a program (same bits)
   tests 200 -x tests/cuda/test_chunk_groups.py
   tests 200 -x tests/cuda/test_triton_chunk.py -k "groups or nested"
-  bench 330 . benchmarks/exact_ab.py --models 1b,4b --trees exact --profile \
+  bench 330 . benchmarks/exact_ab.py --models 1b --trees exact --profile \
     --variants "G1:MUSER_CHUNK_GROUPS=on"
 }
 
