@@ -5,7 +5,7 @@ which notices a client that left) and `Formatter` (events -> chat / completion
 bodies and chunks for n choices, with logprobs, tool calls (tools.py), echo,
 usage with cached_tokens, the `muser` extension field, per-request metrics).
 Does not own: producing events (scheduler.py), leasing (service.py) or the SSE
-framing (sse.py: the response, text frames from a template, merged deltas).
+framing (sse.py: the response, pushed or from the queue, text frames from a template).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from . import schemas
 from .http_errors import to_http
 from .logprobs import chat_entries, completion_logprobs
 from .scheduler import Job
-from .sse import TextFrames, merge_deltas
+from .sse import TextFrames
 from .tools import ToolStream, parse_calls
 
 
@@ -205,20 +205,14 @@ class Formatter:
         return StreamShape(self, job.decoding.n)
 
     async def stream(self, job: Job) -> AsyncIterator[dict | bytes]:
-        """The stream's chunks from the job's queue; a lagging stream's waiting deltas merge."""
+        """The stream's chunks from the job's queue: one chunk a delta, as the worker sent it
+        (every token, or every --stream-interval tokens), however far the reader lags -- so
+        chunk boundaries do not depend on timing, and equal the pushed stream's."""
         shape = self.shaper(job)
         for chunk in shape.opening():
             yield chunk
-        held = None                                # an event taken while merging deltas
         while True:
-            if held is None:
-                ev = await job.events.get()
-            else:
-                ev, held = held, None
-            if ev[0] == "delta":
-                merged, held = merge_deltas(list(ev[1:]), job.events)
-                ev = ("delta", *merged)
-            chunks, end = shape.feed(ev)
+            chunks, end = shape.feed(await job.events.get())
             for chunk in chunks:
                 yield chunk
             if end:

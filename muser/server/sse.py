@@ -1,9 +1,8 @@
 """Server-sent events: the stream's framing and its cheap paths.
 
 Owns: `SSEResponse` (text/event-stream from chunks -- dicts, or `data:` frames already
-encoded -- ending in `data: [DONE]`), `TextFrames` (a stream's plain text chunks serialized
-from a template made once per request and choice) and `merge_deltas` (a lagging stream's
-waiting deltas as one chunk).
+encoded -- ending in `data: [DONE]`; pushed where the sender never waits) and `TextFrames` (a
+stream's plain text chunks serialized from a template made once per request and choice).
 Does not own: what a chunk says (schemas.py, responses.Formatter).
 
 Why frames from a template: the HTTP loop shares the GIL with the worker thread, and at 16
@@ -111,23 +110,3 @@ class SSEResponse(Response):
             if not ended.done():               # cancelled: later events find it closed
                 ended.cancel()
             self.finalize()
-
-
-def merge_deltas(delta: list, events: asyncio.Queue) -> tuple[list, tuple | None]:
-    """A lagging stream's catch-up: `delta` ([index, text, picks]) joined by the deltas of the
-    same choice already waiting in `events`, as one chunk -- a client that reads slower than
-    the model writes gets fewer, larger chunks (as vLLM's output collector merges them), not a
-    backlog of one JSON write per token.  Returns (the merged delta, the first event that did
-    not join: it is the stream's next).  Text and picks concatenate, so the chunk's text and
-    its logprobs entries are those of the tokens it carries, in order; a reasoning or end
-    event, or another choice's delta, stops the merge (choices' chunks keep their order)."""
-    i, text, picks = delta
-    parts, merged = [text], None
-    while not events.empty():
-        ev = events.get_nowait()
-        if ev[0] != "delta" or ev[1] != i:
-            return [i, "".join(parts), picks if merged is None else merged], ev
-        parts.append(ev[2])
-        if ev[3]:
-            merged = (list(picks) if merged is None else merged) + list(ev[3])
-    return [i, "".join(parts), picks if merged is None else merged], None

@@ -1,6 +1,6 @@
-"""The worker -> loop hand-over (outbox.py), a lagging stream's merged deltas
-(sse.merge_deltas) and text frames from a template (sse.TextFrames): order kept, wake-ups
-shared, nothing lost, reordered or serialized differently."""
+"""The worker -> loop hand-over (outbox.py), pushed streams (sse.SSEResponse with a sender that
+never waits) and text frames from a template (sse.TextFrames): order kept, wake-ups shared,
+nothing lost, reordered or serialized differently."""
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from muser.server import schemas
-from muser.server.sse import TextFrames, frame, merge_deltas
+from muser.server.sse import TextFrames, frame
 
 
 def test_posts_from_a_thread_arrive_in_order_on_fewer_wakeups():
@@ -63,36 +63,6 @@ def test_a_post_after_the_loop_closed_is_dropped_quietly():
     box.post(print, "never")          # no RuntimeError reaches the worker
     box.post(print, "never")          # and the box is not stuck pending
     assert not box._items and not box._pending
-
-
-def _queue(*events):
-    q: asyncio.Queue = asyncio.Queue()
-    for ev in events:
-        q.put_nowait(ev)
-    return q
-
-
-@pytest.mark.parametrize("waiting, merged, left, rest", [
-    # nothing waiting: the delta as it came
-    ([], [0, "a", ["pa"]], None, 0),
-    # same choice's deltas join, text and picks in order
-    ([("delta", 0, "b", ["pb"]), ("delta", 0, "c", [])], [0, "abc", ["pa", "pb"]], None, 0),
-    # another choice's delta stops the merge and is handed back, the rest stays queued
-    ([("delta", 0, "b", []), ("delta", 1, "x", []), ("delta", 0, "c", [])],
-     [0, "ab", ["pa"]], ("delta", 1, "x", []), 1),
-    # an end (or reasoning) event stops it too
-    ([("end", 0, "stop"), ("done", ["stop"], 1)], [0, "a", ["pa"]], ("end", 0, "stop"), 1),
-])
-def test_a_lagging_stream_merges_only_the_same_choices_waiting_deltas(waiting, merged, left, rest):
-    q = _queue(*waiting)
-    out, held = merge_deltas([0, "a", ["pa"]], q)
-    assert out == merged and held == left and q.qsize() == rest
-
-
-def test_merging_never_mutates_an_emitted_picks_list():
-    first, later = ["p1"], ["p2"]
-    out, _ = merge_deltas([0, "a", first], _queue(("delta", 0, "b", later)))
-    assert out[2] == ["p1", "p2"] and first == ["p1"] and later == ["p2"]
 
 
 @settings(max_examples=200, deadline=None)
