@@ -154,7 +154,7 @@ stage_flatten() {  # MUSER_FLATTEN=dot|chunk: nested loops fused by Triton (same
 stage_groups() {   # MUSER_CHUNK_GROUPS=on: a long chunk's merge groups one a program (same bits)
   tests 200 -x tests/cuda/test_chunk_groups.py
   tests 200 -x tests/cuda/test_triton_chunk.py -k "groups or nested"
-  bench 330 . benchmarks/exact_ab.py --models 1b --trees exact --profile \
+  bench 300 . benchmarks/exact_ab.py --models 1b --trees exact --profile \
     --variants "G1:MUSER_CHUNK_GROUPS=on"
 }
 
@@ -271,8 +271,9 @@ stage_serve_front() {  # carry .peers: 16 greedy clients, one process against --
 }
 
 stage_serve_push() {  # carry .peers, .prev (e73646b): --front-process with streams pushed from
-  # the outbox against the tree before (each token through a queue and the stream's task)
-  for r in 1 2; do
+  # the outbox against the tree before (each token through a queue and the stream's task);
+  # ROUNDS=1 for one pair
+  for r in $(seq "${ROUNDS:-2}"); do
     for t in .prev .; do
       bench 200 $t benchmarks/server_load.py --model 270m --device cuda --slots 16 \
         --levels 16,16 --tokens 1024 --pipeline auto --ignore-eos --front-process
