@@ -153,7 +153,7 @@ stage_flatten() {  # MUSER_FLATTEN=dot|chunk: nested loops fused by Triton (same
 
 stage_groups() {   # MUSER_CHUNK_GROUPS=on: a long chunk's merge groups one a program (same bits)
   tests 200 -x tests/cuda/test_chunk_groups.py
-  tests 200 -x tests/cuda/test_triton_chunk.py -k "groups or nested"
+  tests 200 -x tests/cuda/test_triton_chunk.py -k groups
   bench 300 . benchmarks/exact_ab.py --models 1b --trees exact --profile \
     --variants "G1:MUSER_CHUNK_GROUPS=on"
 }
