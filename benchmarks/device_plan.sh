@@ -155,7 +155,7 @@ stage_groups() {   # MUSER_CHUNK_GROUPS=on: a long chunk's merge groups one a pr
   tests 200 -x tests/cuda/test_chunk_groups.py
   tests 200 -x tests/cuda/test_triton_chunk.py -k groups
   bench 300 . benchmarks/exact_ab.py --models 1b --trees exact --profile \
-    --variants "G1:MUSER_CHUNK_GROUPS=on"
+    --variants "G1:MUSER_CHUNK_GROUPS=on;G2:MUSER_CHUNK_GROUPS=32"
 }
 
 stage_fuse() {     # MUSER_FUSE_SUM=on: the down projection's pieces summed in the add+norm

@@ -83,11 +83,12 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                          "second launch -- as a decode step does (the same bits; 0: one program "
                          "walks a query tile's splits in order; H200, 1B at 2k: a 1-16 row "
                          "verification block 5.5 -> 2.0-2.7 ms)"),
-    "MUSER_CHUNK_GROUPS": ("off|on", "off", "backends/cuda (chunk attention)",
+    "MUSER_CHUNK_GROUPS": ("off|on|32", "off", "backends/cuda (chunk attention)",
                            "on: an eager chunk on a growing plane (a long prefill's global "
                            "layers) runs one program a (query tile, merge group) and folds the "
                            "parked group partials in a second launch (the same bits; at most "
-                           "2 GiB of workspace a layer, else the one-program loop)"),
+                           "2 GiB of workspace a layer, else the one-program loop); 32: the same "
+                           "with 32 query slots a program (no register spills at D = 256)"),
     "MUSER_CHUNK_PREP": ("decode|alone", "alone", "backends/cuda (chunk attention)",
                          "a chunk's q/k/v preparation (qk-norm, RoPE, the rows stored): decode = "
                          "the decode attention launch itself, told to attend over nothing; alone "

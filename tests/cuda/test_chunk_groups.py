@@ -15,7 +15,8 @@ pytestmark = needs_gpu
 @pytest.mark.parametrize("heads,kv,start,rows", [(4, 1, 0, 5000), (4, 1, 3000, 2100),
                                                  (8, 4, 0, 4500), (4, 1, 0, 2048)])
 @pytest.mark.parametrize("softcap", [None, 50.0])
-def test_merge_groups_a_program_give_the_one_program_bits(heads, kv, start, rows, softcap):
+@pytest.mark.parametrize("mode", ["on", "32"])
+def test_merge_groups_a_program_give_the_one_program_bits(heads, kv, start, rows, softcap, mode):
     from muser.backends.cuda.triton_attn import layout
     from muser.backends.cuda.triton_chunk import chunk_attention
     from muser.backends.cuda.triton_chunk_park import group_count
@@ -26,7 +27,7 @@ def test_merge_groups_a_program_give_the_one_program_bits(heads, kv, start, rows
     k = torch.randn(n, kv, d, generator=g, device=dev).to(torch.bfloat16)
     v = torch.randn(n, kv, d, generator=g, device=dev).to(torch.bfloat16)
     lay = layout(True, d)
-    off, on = {**lay, "chunk_groups": "off"}, {**lay, "chunk_groups": "on"}
+    off, on = {**lay, "chunk_groups": "off"}, {**lay, "chunk_groups": mode}
     assert group_count(lay["split"], lay["group"], n) > 1 or n <= lay["split"] * lay["group"]
     want = chunk_attention(q, k, v, start, 0, None, d ** -0.5, softcap, False, off)
     got = chunk_attention(q, k, v, start, 0, None, d ** -0.5, softcap, False, on)

@@ -271,28 +271,28 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     # slices of at least 16 columns (a dot's narrowest side)
     dsplit = max(1, min(dsplit or lay.get("dsplit", 1), 2 * _pow2(half, 8) // 16))
     park = park_rows(lay) >= R and dsplit == 1 and (dev is None or positions is not None)
-    if park:                                  # a tile just large enough for the chunk
-        block_m = min(block_m, max(16, _pow2(R * G)))
-    rows = max(1, block_m // G)
-    bm = max(16, _pow2(rows * G))
-    tiles = -(-R // rows)
-    warps = warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"])
-    ws, nsp = None, 1
-    if park:
-        nsp = park_splits(rows, lay["split"], window, positions if dev is not None else start + R)
-        ws = park_workspace(q.device, tiles * KV * nsp * bm, 2 * _pow2(half, 8))
     # a long chunk on a growing plane (an eager prefill): one program a (query tile, merge
     # group), the groups folded after -- the late tiles' 16k keys spread over 8 programs, and
     # two accumulators a program (the nested loop's three spill at D = 256).  Past GROUP_BYTES
     # of workspace, or within one group, the nested loop (the same bits either way)
-    groups = (not park and ring is None and not window and dev is None and dsplit == 1
-              and group_rows(lay))
-    if groups:
-        nsp = group_count(lay["split"], lay["group"], start + R)
-        ws = park_workspace(q.device, tiles * KV * nsp * bm, 2 * _pow2(half, 8), GROUP_BYTES) \
-            if nsp > 1 else None
-        groups = ws is not None
-        nsp = nsp if groups else 1
+    nsp = group_count(lay["split"], lay["group"], start + R)
+    groups = (not park and ring is None and not window and dev is None and group_rows(lay) > 0
+              and nsp > 1)
+    if park:                                  # a tile just large enough for the chunk
+        block_m = min(block_m, max(16, _pow2(R * G)))
+    elif groups:                              # a launch shape: rows never meet
+        block_m = min(block_m, group_rows(lay))
+    rows = max(1, block_m // G)
+    bm = max(16, _pow2(rows * G))
+    tiles = -(-R // rows)
+    warps = warps or (CHUNK_WARPS if block_m >= 64 or groups else lay["warps"])
+    ws = park_workspace(q.device, tiles * KV * nsp * bm, 2 * _pow2(half, 8), GROUP_BYTES) \
+        if groups else None
+    groups = ws is not None
+    nsp = nsp if groups else 1
+    if park:
+        nsp = park_splits(rows, lay["split"], window, positions if dev is not None else start + R)
+        ws = park_workspace(q.device, tiles * KV * nsp * bm, 2 * _pow2(half, 8))
     rot, capm = ring if ring is not None else (0, 0)
     new_k, new_v = new if new is not None else (keys, values)
     spare = ws if ws is not None else (q, q, q)
