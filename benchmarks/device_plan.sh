@@ -64,8 +64,8 @@
 #   families     test_cuda_families + test_int8_step (no sixteenth-session call ran them)
 #   serve_push   16 clients through --front-process, the tree before the pushed streams (carry
 #                .prev = e73646b, .peers) against this one, alternating, two rounds
-#   groups       MUSER_CHUNK_GROUPS=on (a long chunk's merge groups one a program, folded after):
-#                its bit tests, then the A/B with the 16k profile (1B)
+#   (groups      MUSER_CHUNK_GROUPS, twentieth session: the bits held, the 16k prefill did not
+#                move -- 180.7k against 180.4k tok/s --; the code is gone, RESULTS.md has the run)
 #   host16k      the 16k prefill with the host loaded (carry .prev = the tree before the prepare
 #                tables moved to the device): old against this tree, whole and in 2k / 4k chunks
 set -u
@@ -149,13 +149,6 @@ stage_flatten() {  # MUSER_FLATTEN=dot|chunk: nested loops fused by Triton (same
   tests 240 -x tests/cuda/test_triton_chunk.py -k flatten
   bench 240 . benchmarks/exact_ab.py --models 1b --trees exact --profile \
     --variants "FD:MUSER_FLATTEN=dot;FC:MUSER_FLATTEN=chunk"
-}
-
-stage_groups() {   # MUSER_CHUNK_GROUPS=on: a long chunk's merge groups one a program (same bits)
-  tests 200 -x tests/cuda/test_chunk_groups.py
-  tests 200 -x tests/cuda/test_triton_chunk.py -k groups
-  bench 300 . benchmarks/exact_ab.py --models 1b --trees exact --profile \
-    --variants "G1:MUSER_CHUNK_GROUPS=on;G2:MUSER_CHUNK_GROUPS=32"
 }
 
 stage_fuse() {     # MUSER_FUSE_SUM=on: the down projection's pieces summed in the add+norm

@@ -83,12 +83,6 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                          "second launch -- as a decode step does (the same bits; 0: one program "
                          "walks a query tile's splits in order; H200, 1B at 2k: a 1-16 row "
                          "verification block 5.5 -> 2.0-2.7 ms)"),
-    "MUSER_CHUNK_GROUPS": ("off|on|32", "off", "backends/cuda (chunk attention)",
-                           "on: an eager chunk on a growing plane (a long prefill's global "
-                           "layers) runs one program a (query tile, merge group) and folds the "
-                           "parked group partials in a second launch (the same bits; at most "
-                           "2 GiB of workspace a layer, else the one-program loop); 32: the same "
-                           "with 32 query slots a program (no register spills at D = 256)"),
     "MUSER_CHUNK_PREP": ("decode|alone", "alone", "backends/cuda (chunk attention)",
                          "a chunk's q/k/v preparation (qk-norm, RoPE, the rows stored): decode = "
                          "the decode attention launch itself, told to attend over nothing; alone "
@@ -181,7 +175,6 @@ class Env:
     attn_tiles: str = "interior"
     chunk_first: str = "on"
     chunk_park: str = "16"
-    chunk_groups: str = "off"
     chunk_prep: str = "alone"
     flatten: str = "dot"
     fuse_sum: str = "on"
@@ -278,7 +271,6 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_ATTN_TILES", "attn_tiles"), ("MUSER_ATTN_ACC", "attn_acc"),
                         ("MUSER_CHUNK_GRAPHS", "chunk_graphs"), ("MUSER_PDL", "pdl"),
                         ("MUSER_CHUNK_FIRST", "chunk_first"), ("MUSER_CHUNK_PARK", "chunk_park"),
-                        ("MUSER_CHUNK_GROUPS", "chunk_groups"),
                         ("MUSER_CHUNK_PREP", "chunk_prep"), ("MUSER_FLATTEN", "flatten"),
                         ("MUSER_FUSE_SUM", "fuse_sum"), ("MUSER_PIPELINE", "pipeline"),
                         ("MUSER_MEGA", "mega"), ("MUSER_ATTN_REGS", "attn_regs"),

@@ -26,7 +26,7 @@ def _plane(kind, kv, d, dtype, dev):
 
 
 def _layout(kind, d, block_n, group=None, depth=1, loop="nested", dsplit=1, tiles=2, first=False,
-            park=16, prep="decode", flatten="off", groups="off"):
+            park=16, prep="decode", flatten="off"):
     from muser.backends.cuda.triton_attn import layout
     lay = layout(kind == "growing", d)
     # small splits and groups: many of each in 150 positions (two-level merges included; a
@@ -34,7 +34,7 @@ def _layout(kind, d, block_n, group=None, depth=1, loop="nested", dsplit=1, tile
     group = group or (2 if kind == "growing" else lay["group"])
     return {**lay, "block_n": block_n, "split": tiles * block_n, "group": group, "depth": depth,
             "chunk_loop": loop, "dsplit": dsplit, "first_tile": first, "park": park, "prep": prep,
-            "flatten": flatten, "chunk_groups": groups}
+            "flatten": flatten}
 
 
 def _inputs(heads, kv, d, dtype, dev, qk_norm, seed=0):
@@ -95,14 +95,12 @@ SPLITS = [[N], [1, 7, 97, 45], [50, 1, 1, 98], [16] * 9 + [6]]
     ("growing", None, 1, "nested", 4, 2, False, 16, D), ("growing", None, 1, "nested", 1, 2, False, 0, D),
     ("growing", None, 1, "nested", 1, 2, False, 0, "alone"),
     ("growing", None, 1, "flatten", 1, 2, False, 0, D),
-    ("growing", None, 4, "flatten", 1, 3, False, 16, D),
-    ("growing", None, 1, "groups", 1, 2, False, 0, D), ("growing", 3, 4, "groups", 1, 1, False, 16, D)])
+    ("growing", None, 4, "flatten", 1, 3, False, 16, D)])
 @pytest.mark.parametrize("heads,kv,d,qk_norm,softcap", [(4, 2, 32, True, None), (4, 1, 64, False, 5.0)])
 def test_a_chunk_row_has_the_decode_bits(dev, kdtype, kind, group, depth, loop, dsplit, tiles, first,
                                          park, prep, heads, kv, d, qk_norm, softcap):
     """(depth: the decode merges load 1 or 4 parked partials at once; loop: the chunk kernel's
-    loop structure ("flatten": the nested loop on fixed tile bounds, fused by Triton; "groups":
-    a long chunk's merge groups one a program, folded after); dsplit: value-column slices per query tile; first: one-tile splits started
+    loop structure ("flatten": the nested loop on fixed tile bounds, fused by Triton); dsplit: value-column slices per query tile; first: one-tile splits started
     by tile_first; park: chunks of up to that many rows (here [1, 7, 1, 1, 16, 6]) run one split
     a program and fold the parked partials after; prep: the chunk's q/k/v prepared by the decode
     launch itself or by its prologue compiled alone -- speed choices, the same bits)"""
@@ -110,9 +108,8 @@ def test_a_chunk_row_has_the_decode_bits(dev, kdtype, kind, group, depth, loop, 
         pytest.skip("numpy's matmul (the interpreter's dot) sums a column by the matrix's width")
     scale = d ** -0.5
     flatten = "chunk" if loop == "flatten" else "off"      # the nested loop, fused by Triton
-    groups = "on" if loop == "groups" else "off"           # ... its merge groups one a program
-    lay = _layout(kind, d, 16, group, depth, loop if loop in ("nested", "flat") else "nested",
-                  dsplit, tiles, first, park, prep, flatten, groups)
+    lay = _layout(kind, d, 16, group, depth, "nested" if flatten == "chunk" else loop, dsplit,
+                  tiles, first, park, prep, flatten)
     ins = _inputs(heads, kv, d, kdtype, dev, qk_norm)
     ref_out, ref_plane, nsplit, cap = _decode(kind, heads, kv, d, kdtype, dev, lay, *ins, scale, softcap)
     assert not ref_out.isnan().any()
@@ -120,9 +117,6 @@ def test_a_chunk_row_has_the_decode_bits(dev, kdtype, kind, group, depth, loop, 
     # numpy's, whose bits follow where a row sits in the matrix, so there a tile holds one
     # row in the decode step's slots
     block_m = 64 if HAS_CUDA else heads // kv
-    if groups == "on":          # the route must be taken, or the row pins nothing
-        from muser.backends.cuda.triton_chunk_park import group_count
-        assert group_count(lay["split"], lay["group"], N) > 1
     seen = set()
     for sizes in SPLITS:
         out, plane, routes = _chunks(kind, sizes, heads, kv, d, kdtype, dev, lay, nsplit, cap, *ins,

@@ -84,8 +84,7 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
                 "nested" if growing else "flat"),
             "dsplit": int(env.chunk_columns), "interior": env.attn_tiles == "interior",
             "acc_dot": env.attn_acc == "dot", "first_tile": env.chunk_first == "on",
-            "park": int(env.chunk_park), "prep": env.chunk_prep, "flatten": env.flatten,
-            "chunk_groups": env.chunk_groups}
+            "park": int(env.chunk_park), "prep": env.chunk_prep, "flatten": env.flatten}
 
 
 @functools.lru_cache(maxsize=None)

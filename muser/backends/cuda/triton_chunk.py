@@ -36,8 +36,7 @@ import functools
 import torch
 
 from .triton_attn import pieces
-from .triton_chunk_park import (GROUP_BYTES, fold_parked, group_count, group_rows, park_rows,
-                                 park_splits, park_workspace)
+from .triton_chunk_park import fold_parked, park_rows, park_splits, park_workspace
 from .triton_chunk_tiles import chunk_pieces
 from .triton_ops import _pow2
 
@@ -64,8 +63,7 @@ def _kernel():
                      SINKS: tl.constexpr, RING: tl.constexpr, FLAT: tl.constexpr,
                      DSPLIT: tl.constexpr, INTERIOR: tl.constexpr, ACC_DOT: tl.constexpr,
                      TWO: tl.constexpr, DEV: tl.constexpr, ONE: tl.constexpr,
-                     PARK: tl.constexpr, FLATTEN: tl.constexpr = False,
-                     GROUPS: tl.constexpr = False):
+                     PARK: tl.constexpr, FLATTEN: tl.constexpr = False):
         if DEV:
             # a captured pass (chunk_graph.py): the plane and the chunk's place come from device
             # memory -- TAB (k_ptr, v_ptr, row stride, head stride), META (start, rows, first,
@@ -129,28 +127,7 @@ def _kernel():
         lo_max = tl.where(window > 0, tl.maximum(p_max - window + 1, 0), 0)
         f0 = (lo_max + BLOCK_N - 1) // BLOCK_N * BLOCK_N
         f1 = (p_min + 1) // BLOCK_N * BLOCK_N
-        if PARK and GROUPS:
-            # one merge group of the tile's rows a program (grid axis 2: group lo_min // SPLIT
-            # // GS + part, absolute like the nested loop's): its splits from empty, each into
-            # the group as _split_done folds it; the group's (m, l, acc) parked for the fold,
-            # which does _group_end's merge into the total -- the nested loop with the groups
-            # spread over programs (two accumulators a program, not three)
-            ga = lo_min // SPLIT // GS + part
-            a_lo = tl.maximum(lo_min // SPLIT, ga * GS)
-            a_end = tl.minimum(ga * GS + GS - 1, a_hi)
-            if a_lo <= a_end:
-                for a in range(a_lo, a_end + 1):
-                    m, l, acc = _split_partial(a, t_first, p_max, f0, f1, K, V, first, rot, capm,
-                                               kcount, lo_min, rs, hs, kvh, dm, cv, dmv, cvv, q,
-                                               lo, hi, ones, scale, softcap, K2, V2, start, BM,
-                                               DPW, BLOCK_N, SPLIT, SOFTCAP, RING, INTERIOR,
-                                               ACC_DOT, TWO, KV, D)
-                    Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
-                slot = ((t * KV + kvh) * nsp + part).to(tl.int64) * BM + i     # [BM]
-                tl.store(MS + slot, Mg)
-                tl.store(LS + slot, Lg)
-                tl.store(ACC + slot[:, None] * DPW + tl.arange(0, DPW)[None, :], Ag)
-        elif PARK:
+        if PARK:
             # one split of the tile's rows a program (grid axis 2; triton_chunk_park.py folds
             # them): the nested loop's split body, from empty, its (m, l, acc) parked in order
             a = lo_min // SPLIT + part
@@ -254,9 +231,7 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     (a captured pass, chunk_graph.py; the args' values are then ignored, `ring` still says
     whether the view wraps).  Chunks of up to `lay["park"]` rows spread their splits over
     programs and fold them in a second launch (triton_chunk_park.py: the same bits); with
-    `dev` that needs `positions`, a bound on every position the pass can hold.  With
-    `lay["chunk_groups"]` "on", a longer eager chunk on a growing plane does the same with its
-    merge groups (the same bits)."""
+    `dev` that needs `positions`, a bound on every position the pass can hold."""
     R, H, D = q.shape
     KV = keys.shape[1]
     G = H // KV
@@ -271,25 +246,13 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     # slices of at least 16 columns (a dot's narrowest side)
     dsplit = max(1, min(dsplit or lay.get("dsplit", 1), 2 * _pow2(half, 8) // 16))
     park = park_rows(lay) >= R and dsplit == 1 and (dev is None or positions is not None)
-    # a long chunk on a growing plane (an eager prefill): one program a (query tile, merge
-    # group), the groups folded after -- the late tiles' 16k keys spread over 8 programs, and
-    # two accumulators a program (the nested loop's three spill at D = 256).  Past GROUP_BYTES
-    # of workspace, or within one group, the nested loop (the same bits either way)
-    nsp = group_count(lay["split"], lay["group"], start + R)
-    groups = (not park and ring is None and not window and dev is None and group_rows(lay) > 0
-              and nsp > 1)
     if park:                                  # a tile just large enough for the chunk
         block_m = min(block_m, max(16, _pow2(R * G)))
-    elif groups:                              # a launch shape: rows never meet
-        block_m = min(block_m, group_rows(lay))
     rows = max(1, block_m // G)
     bm = max(16, _pow2(rows * G))
     tiles = -(-R // rows)
-    warps = warps or (CHUNK_WARPS if block_m >= 64 or groups else lay["warps"])
-    ws = park_workspace(q.device, tiles * KV * nsp * bm, 2 * _pow2(half, 8), GROUP_BYTES) \
-        if groups else None
-    groups = ws is not None
-    nsp = nsp if groups else 1
+    warps = warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"])
+    ws, nsp = None, 1
     if park:
         nsp = park_splits(rows, lay["split"], window, positions if dev is not None else start + R)
         ws = park_workspace(q.device, tiles * KV * nsp * bm, 2 * _pow2(half, 8))
@@ -310,11 +273,10 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         TWO=new is not None, DEV=dev is not None,
         ONE=(bool(lay.get("first_tile")) and lay["split"] == lay["block_n"]
              and bool(lay.get("acc_dot"))),
-        PARK=ws is not None, FLATTEN=lay.get("flatten") in ("chunk", "on"), GROUPS=groups,
-        num_warps=warps,
+        PARK=ws is not None, FLATTEN=lay.get("flatten") in ("chunk", "on"), num_warps=warps,
         enable_fp_fusion=False,
         **({"num_stages": stages} if stages else {}))
     if ws is not None:
         fold_parked(out, KV, sinks, dev[1] if dev is not None else None, ws, start, R, window,
-                    nsp, tiles, rows, bm, interleaved, lay, warps, groups)
+                    nsp, tiles, rows, bm, interleaved, lay, warps)
     return out

@@ -47,30 +47,14 @@ def park_splits(rows: int, split: int, window: int | None, positions: int) -> in
     return -(-span // split) + 1
 
 
-PARK_BYTES = 64 << 20     # the most workspace a layer's parked split partials may take
-GROUP_BYTES = 2 << 30     # ... and its parked merge groups (a 16k prefill: 1B 609 MB, 4B 1.2 GB)
+PARK_BYTES = 64 << 20     # the most workspace a layer's parked partials may take
 
 
-def group_rows(lay: dict) -> int:
-    """Query slots a program when a long chunk on a growing plane spreads its merge groups over
-    programs (0: it does not).  "32": half the usual tile at 8 warps -- 214 registers, no
-    spills (sm_90), against 392 B spilled at 64 slots."""
-    if int(lay.get("dsplit", 1)) != 1:
-        return 0
-    return {"on": 64, "32": 32}.get(lay.get("chunk_groups", "off"), 0)
-
-
-def group_count(split: int, group: int, positions: int) -> int:
-    """Merge groups a tile of a growing plane's chunk may touch, for positions below
-    `positions` (a tile's keys run from position 0 to its last row)."""
-    return -(-positions // (split * group))
-
-
-def park_workspace(device, slots: int, dp: int, cap: int = PARK_BYTES):
+def park_workspace(device, slots: int, dp: int):
     """(m, l, acc) float32 [slots], [slots], [slots, dp] for one layer's launch pair, or None
-    past `cap` bytes.  Fresh each call: eagerly the caching allocator hands back the last
+    past PARK_BYTES.  Fresh each call: eagerly the caching allocator hands back the last
     layer's (stream-ordered); in a capture the graph's pool keeps them for its replays."""
-    if slots * (dp + 2) * 4 > cap:
+    if slots * (dp + 2) * 4 > PARK_BYTES:
         return None
     f32 = dict(dtype=torch.float32, device=device)
     return torch.empty(slots, **f32), torch.empty(slots, **f32), torch.empty(slots, dp, **f32)
@@ -90,8 +74,7 @@ def _fold_kernel():
                     H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                     HALF: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
                     BM: tl.constexpr, ROWS: tl.constexpr, SPLIT: tl.constexpr,
-                    GS: tl.constexpr, SINKS: tl.constexpr, DEV: tl.constexpr,
-                    GROUPS: tl.constexpr = False):
+                    GS: tl.constexpr, SINKS: tl.constexpr, DEV: tl.constexpr):
         if DEV:                                   # a captured pass: (start, rows) on the device
             start = tl.load(META)
             R = tl.load(META + 1)
@@ -118,21 +101,13 @@ def _fold_kernel():
         Mg = tl.full([BM], float("-inf"), tl.float32)
         Lg = tl.zeros([BM], tl.float32)
         Ag = tl.zeros([BM, DP], tl.float32)
-        if GROUPS:                                # parked merge groups: _group_end's merges
-            for j in range(0, a_hi // GS - a0 // GS + 1):
-                slot = ((t * KV + kvh) * nsp + j).to(tl.int64) * BM + i
-                m = tl.load(MS + slot)
-                l = tl.load(LS + slot)
-                acc = tl.load(ACC + slot[:, None] * DP + c[None, :])
-                Mt, Lt, At = _merge_one(Mt, Lt, At, m, l, acc)
-        else:
-            for a in range(a0, a_hi + 1):
-                slot = ((t * KV + kvh) * nsp + (a - a0)).to(tl.int64) * BM + i
-                m = tl.load(MS + slot)
-                l = tl.load(LS + slot)
-                acc = tl.load(ACC + slot[:, None] * DP + c[None, :])
-                Mg, Lg, Ag, Mt, Lt, At = _split_done(a, a_hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At,
-                                                     BM, DP, GS)
+        for a in range(a0, a_hi + 1):
+            slot = ((t * KV + kvh) * nsp + (a - a0)).to(tl.int64) * BM + i
+            m = tl.load(MS + slot)
+            l = tl.load(LS + slot)
+            acc = tl.load(ACC + slot[:, None] * DP + c[None, :])
+            Mg, Lg, Ag, Mt, Lt, At = _split_done(a, a_hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, BM,
+                                                 DP, GS)
         heads = kvh * G + hg
         if SINKS:
             Mt, Lt, At = _sink(SNK, heads, rv, Mt, Lt, At)
@@ -144,10 +119,9 @@ def _fold_kernel():
 
 def fold_parked(out: torch.Tensor, kv: int, sinks, meta, ws, start: int, R: int,
                 window: int | None, nsp: int, tiles: int, rows: int, bm: int, interleaved: bool,
-                lay: dict, warps: int, groups: bool = False) -> None:
+                lay: dict, warps: int) -> None:
     """Launch 2: every (tile, KV head)'s parked partials into out [R, H, D] (`meta`: a captured
-    pass's META, whose (start, rows) replace the args; `groups`: the partials are merge groups'
-    -- chunk_kernel's GROUPS route -- not splits')."""
+    pass's META, whose (start, rows) replace the args)."""
     _, H, D = out.shape
     ms, ls, acc = ws
     _fold_kernel()[(tiles, kv)](
@@ -155,5 +129,4 @@ def fold_parked(out: torch.Tensor, kv: int, sinks, meta, ws, start: int, R: int,
         int(start), int(R), int(window or 0), int(nsp),
         H=H, KV=kv, G=H // kv, D=D, HALF=D // 2, BLOCK_H=_pow2(D // 2, 8),
         INTERLEAVED=bool(interleaved), BM=bm, ROWS=rows, SPLIT=lay["split"], GS=lay["group"],
-        SINKS=sinks is not None, DEV=meta is not None, GROUPS=groups, num_warps=warps,
-        enable_fp_fusion=False)
+        SINKS=sinks is not None, DEV=meta is not None, num_warps=warps, enable_fp_fusion=False)
