@@ -265,11 +265,11 @@ stage_serve_front() {  # carry .peers: 16 greedy clients, one process against --
 
 stage_serve_push() {  # carry .peers, .prev (e73646b): --front-process with streams pushed from
   # the outbox against the tree before (each token through a queue and the stream's task);
-  # ROUNDS=1 for one pair
+  # ROUNDS=1 for one pair, TOKENS=4096 for levels of ~4 s
   for r in $(seq "${ROUNDS:-2}"); do
     for t in .prev .; do
       bench 200 $t benchmarks/server_load.py --model 270m --device cuda --slots 16 \
-        --levels 16,16 --tokens 1024 --pipeline auto --ignore-eos --front-process
+        --levels 16,16 --tokens "${TOKENS:-1024}" --pipeline auto --ignore-eos --front-process
     done
   done
 }
