@@ -66,6 +66,8 @@
 #                .prev = e73646b, .peers) against this one, alternating, two rounds
 #   (groups      MUSER_CHUNK_GROUPS, twentieth session: the bits held, the 16k prefill did not
 #                move -- 180.7k against 180.4k tok/s --; the code is gone, RESULTS.md has the run)
+#   tma          tma_dot_probe.py: dot_rows' chunk tiles through tensor descriptors (TMA): bits
+#                against the decode tiles, 16k-row times against cuBLAS and the default tile
 #   host16k      the 16k prefill with the host loaded (carry .prev = the tree before the prepare
 #                tables moved to the device): old against this tree, whole and in 2k / 4k chunks
 set -u
@@ -272,6 +274,9 @@ stage_serve_push() {  # carry .peers, .prev (e73646b): --front-process with stre
         --levels 16,16 --tokens "${TOKENS:-1024}" --pipeline auto --ignore-eos --front-process
     done
   done
+}
+stage_tma() {      # dot_rows' 128-row chunk tiles with TMA loads: same bits? faster at 16k rows?
+  bench 300 . benchmarks/tma_dot_probe.py --rows 16384
 }
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
   # worker's wait at greedy._launch's first copy the GIL's take_gil, or the CUDA driver?
