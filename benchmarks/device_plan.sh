@@ -68,6 +68,7 @@
 #                move -- 180.7k against 180.4k tok/s --; the code is gone, RESULTS.md has the run)
 #   tma          tma_dot_probe.py: dot_rows' chunk tiles through tensor descriptors (TMA): bits
 #                against the decode tiles, 16k-row times against cuBLAS and the default tile
+#   tma_ab       MUSER_DOT_TMA=on against off: the engine's chunk rows, then the 16k prefill
 #   host16k      the 16k prefill with the host loaded (carry .prev = the tree before the prepare
 #                tables moved to the device): old against this tree, whole and in 2k / 4k chunks
 set -u
@@ -276,7 +277,12 @@ stage_serve_push() {  # carry .peers, .prev (e73646b): --front-process with stre
   done
 }
 stage_tma() {      # dot_rows' 128-row chunk tiles with TMA loads: same bits? faster at 16k rows?
+  tests 200 -x tests/cuda/test_triton_ops.py tests/cuda/test_cuda_engine.py -k "tma_tiles or chunk_tile"
   bench 300 . benchmarks/tma_dot_probe.py --rows 16384
+}
+stage_tma_ab() {   # MUSER_DOT_TMA=on against off: the engine's rows, then the 16k prefill profile
+  MUSER_DOT_TMA=on tests 200 -x tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_engine.py -k "chunk or verify"
+  bench 300 . benchmarks/exact_ab.py --models 1b,270m --trees exact --profile --variants "TMA:MUSER_DOT_TMA=on"
 }
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
   # worker's wait at greedy._launch's first copy the GIL's take_gil, or the CUDA driver?

@@ -96,6 +96,10 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                       "prefill's dot_rows 47.2 -> 46.3 ms); chunk = the chunk attention's "
                       "splits on growing planes (fixed tile bounds, the group merge as selects; "
                       "slower: 36 -> 51 ms); on = both"),
+    "MUSER_DOT_TMA": ("off|on", "off", "backends/cuda (dot_rows)",
+                      "on: a prefill chunk's 128-row dot_rows tiles (16-bit weights) load by TMA "
+                      "(tensor descriptors, triton_dot_tma.py) -- the same pieces, dots and "
+                      "epilogue, so the same bits; off until measured on the H200"),
     "MUSER_FUSE_SUM": ("off|on", "on", "backends/cuda (decode step)",
                        "on: where the down projection leaves split-K pieces (decode tiles), the "
                        "add+norm after it sums them (split_sum's adds, in order) -- one launch a "
@@ -177,6 +181,7 @@ class Env:
     chunk_park: str = "16"
     chunk_prep: str = "alone"
     flatten: str = "dot"
+    dot_tma: str = "off"
     fuse_sum: str = "on"
     norm_in: str = "off"
     chunk_graphs: str = "on"
@@ -274,7 +279,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_CHUNK_PREP", "chunk_prep"), ("MUSER_FLATTEN", "flatten"),
                         ("MUSER_FUSE_SUM", "fuse_sum"), ("MUSER_PIPELINE", "pipeline"),
                         ("MUSER_MEGA", "mega"), ("MUSER_ATTN_REGS", "attn_regs"),
-                        ("MUSER_NORM_IN", "norm_in")):
+                        ("MUSER_NORM_IN", "norm_in"), ("MUSER_DOT_TMA", "dot_tma")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

@@ -175,3 +175,23 @@ def test_default_prefill_chunk_on_cuda():
     assert engine.config.chunk_size in (8192, 16384)
     big = torch.cuda.get_device_properties(0).total_memory >= 64 << 30
     assert engine.config.chunk_size == (16384 if big else 8192)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "cohere2"])
+def test_a_long_chunk_through_tma_tiles_has_the_pointer_tiles_bits(arch, monkeypatch):
+    """From 2,048 rows a chunk's projections take 128-row dot_rows tiles; with MUSER_DOT_TMA=on
+    they load by TMA (eager at 2,300 rows, inside the 2,048-row chunk graph): the last logits and
+    every K/V row are the bits of the pointer loads and of the prompt in chunks of 97."""
+    kw = dict(device="cuda", dtype="bfloat16", window=WINDOW, tokenizer=False, max_context=4096,
+              chunk_size=4096)
+    base = tiny_model(arch, **kw)
+    monkeypatch.setenv("MUSER_DOT_TMA", "on")
+    tma = tiny_model(arch, **kw)
+    p = ids(2300, 4)
+    a, b, c, d = base.new_session(), tma.new_session(), tma.new_session(), tma.new_session()
+    la, lb, lc = a.prefill(p), b.prefill(p), c.prefill(p, chunk_size=97)
+    d.prefill(p[:2048])
+    ld = d.prefill(p[2048:])
+    for other, s in ((lb, b), (lc, c), (ld, d)):
+        assert torch.equal(la, other)
+        assert a.snapshot().equal(s.snapshot())

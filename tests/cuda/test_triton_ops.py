@@ -272,6 +272,31 @@ def test_a_chunk_tile_gives_each_row_the_decode_tile_bits(dev, kdtype, glu, n, k
     # MUSER_FLATTEN: the in-kernel pieces and their K steps fused into one loop by Triton
     assert torch.equal(dot_rows(x, w, glu=glu, tile=chunk_tile(1 << 14, 256, glu), flatten=True),
                        small)
+    # MUSER_DOT_TMA: the same tiles loaded by TMA (triton_dot_tma.py)
+    assert torch.equal(dot_rows(x, w, glu=glu, tile=chunk_tile(1 << 14, 256, glu), tma=True),
+                       small)
+
+
+@pytest.mark.parametrize("glu,bias", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("k,piece", [(96, 0), (256, 64), (200, 64)])
+def test_tma_tiles_give_the_pointer_tiles_bits(dev, kdtype, glu, bias, k, piece):
+    """dot_tma (tiles loaded by TMA, zero-filled past the rows and keys) == dot_rows' masked
+    pointer loads of the same tiles: the same pieces from zero summed in order, the same
+    epilogue (bias, act*up) -- 70 rows (a partial row tile), a last piece shorter than the
+    others (k = 200), and a tile the route refuses (int8) left to the pointer loads."""
+    from muser.backends.cuda.triton_dot import dot_rows
+    from muser.backends.cuda.triton_dot_tma import dot_tma, tma_fits
+    n, tile = 48, (32, 32, 32, 4, 1)
+    g = torch.Generator().manual_seed(k + piece)
+    w = (torch.randn(2 * n if glu else n, k, generator=g) / k ** 0.5).to(dev, kdtype)
+    x = torch.randn(70, k, generator=g).to(dev, kdtype)
+    b = torch.randn(n, generator=g).to(dev, kdtype) if bias else None
+    ref = dot_rows(x, w, glu=glu, gelu=True, bias=b, tile=tile, config=(32, 32, 4, 1, piece))
+    ks, pieces = (piece, -(-k // piece)) if piece else (-(-k // 32) * 32, 1)
+    got = dot_tma(x, w, torch.empty_like(ref), n, glu, True, b, tile, ks, pieces, False)
+    assert torch.equal(got, ref)
+    assert not tma_fits(x, w.to(torch.int8), 128, 32, ks)
+    assert not tma_fits(x, w, 64, 32, ks)              # 64-row tiles: the pointer loads
 
 
 @pytest.mark.parametrize("glu,bias", [(False, False), (False, True), (True, False)])

@@ -100,6 +100,7 @@ class DecodeStep:
         # the separate form has no v-norm / V = K: Gemma 4 always takes the fused attention
         self.fused_attn = env.attn != "separate" or spec.v_norm or any(l.k_eq_v for l in spec.layers)
         self.flatten = env.flatten in ("dot", "on")   # dot_rows' in-kernel pieces: one loop
+        self.tma = env.dot_tma == "on"          # a chunk's 128-row tiles load by TMA
         self.fuse_sum = env.fuse_sum == "on"    # the down projection's pieces summed in add_norm
         # MUSER_NORM_IN: in steps of at most this many rows, an add+norm is done by the launch
         # of the projection that reads its x (`_add_norm`); 0: never
@@ -147,7 +148,7 @@ class DecodeStep:
                             defer=defer, widen=widen, **kw)
         if self.gemv is dot_rows:
             return dot_rows(x, w, pdl=self.pdl, flatten=self.flatten, defer=defer, widen=widen,
-                            **kw)
+                            tma=self.tma, **kw)
         y = self.gemv(x, w, **kw)
         return y.float() if widen else y
 

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import torch
 
 from .triton_dot_norm import NormIn, launch_norm
+from .triton_dot_tma import dot_tma, tma_fits
 from .triton_dot_tiles import CHUNK_K, CHUNK_ROWS, chunk_tile, dot_config
 from .triton_ops import norm_pieces, pdl_launch, pdl_pieces
 from .triton_pick import pick_pieces
@@ -27,7 +28,8 @@ from .triton_pick import pick_pieces
 @functools.lru_cache(maxsize=None)
 def act_pieces() -> dict:
     """`_act_up`, the one act(gate) * up of every projection kernel (dot_rows, split_sum and
-    triton_gemv's gemv), by the name the kernels call it."""
+    triton_gemv's gemv), and `_finish`, the one epilogue of dot_rows, split_sum and the TMA tiles,
+    by the names the kernels call them."""
     import triton
     import triton.language as tl
 
@@ -47,7 +49,25 @@ def act_pieces() -> dict:
             a = gf * tl.sigmoid(gf)
         return a.to(DT).to(tl.float32) * uf
 
-    return {"_act_up": act_up}
+    globals()["_act_up"] = act_up
+
+    @triton.jit
+    def finish(y, u, sy, su, b, WQ: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr,
+               GELU: tl.constexpr, DT: tl.constexpr):
+        """A row's float32 sums (all pieces) -> its output: the int8 rows' scales (sy, su), then
+        the bias, then act(gate) * up -- the one epilogue of dot_rows, split_sum and the TMA
+        tiles (triton_dot_tma.py)."""
+        if WQ:
+            y = y * sy
+            if GLU:
+                u = u * su
+        if HAS_BIAS:
+            y = y + b
+        if GLU:
+            y = _act_up(y, u, DT, GELU)
+        return y
+
+    return {"_act_up": act_up, "_finish": finish}
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,23 +104,7 @@ def _kernels():
                 accu = tl.dot(x, tl.trans(tl.load(wp + N * K, mask=m2, other=0).to(x.dtype)), accu)
         return acc, accu
 
-    @triton.jit
-    def finish(y, u, sy, su, b, WQ: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr,
-               GELU: tl.constexpr, DT: tl.constexpr):
-        """A row's float32 sums (all pieces) -> its output: the int8 rows' scales (sy, su), then
-        the bias, then act(gate) * up -- the one epilogue of dot_rows and split_sum."""
-        if WQ:
-            y = y * sy
-            if GLU:
-                u = u * su
-        if HAS_BIAS:
-            y = y + b
-        if GLU:
-            y = _act_up(y, u, DT, GELU)
-        return y
-
     globals()["_piece"] = piece_dot
-    globals()["_finish"] = finish
     globals().update(norm_pieces())
 
     @triton.jit
@@ -253,7 +257,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
              tile: tuple[int, int, int, int, int] | None = None,
              scale: torch.Tensor | None = None, pdl: bool = False,
              flatten: bool = False, defer: bool = False,
-             widen: bool = False, pick: bool = False):
+             widen: bool = False, pick: bool = False, tma: bool = False):
     """The same function as `gemv`, for rows in tiles of 16 on the tensor cores (K in fixed
     steps, optionally in fixed split-K pieces summed in order): batch-invariant too, and far
     cheaper per extra row than `gemv`'s loop.  `config` = (block_n, block_k, warps, stages,
@@ -272,6 +276,8 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     [B, tiles], for `triton_pick.pick_partials` (the pipelined greedy step's head; no pieces,
     no act*up).  `x` a NormIn (MUSER_NORM_IN): the rows are add_norm's x, normed by the
     launch itself (`dot_norm_kernel`; the tile's warps must be add_norm's: `norm_fuses`).
+    `tma` (MUSER_DOT_TMA): 128-row tiles of 16-bit weights load by TMA (triton_dot_tma.py:
+    the same pieces, dots and epilogue -- the same bits).
     Returns the output, or `Pieces` (defer), or the (values, columns) pair (pick)."""
     import triton
     kern, ssum, kern_norm = _kernels()
@@ -309,6 +315,9 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
         part = (torch.empty((pieces, B, 2 * n if glu else n), dtype=torch.float32,
                             device=x.device) if split else out)
     ks = piece if pieces * inside > 1 else triton.cdiv(k, bk) * bk    # keys per piece
+    if (tma and norm is None and not (split or pick or widen or wq)
+            and tma_fits(x, w, bm, bk, ks)):
+        return dot_tma(x, w, out, n, glu, gelu, bias, (bm, bn, bk, nw, st), ks, inside, pdl)
     b_arg = bias if bias is not None else w
     s_arg = scale if wq else w
     # int8: no FMA contraction, so `sum * scale + bias` rounds alike in both epilogues
