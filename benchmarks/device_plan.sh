@@ -281,8 +281,8 @@ stage_tma() {      # dot_rows' 128-row chunk tiles with TMA loads: same bits? fa
   bench 300 . benchmarks/tma_dot_probe.py --rows 16384
 }
 stage_tma_ab() {   # MUSER_DOT_TMA=on against off: the engine's rows, then the 16k prefill profile
-  MUSER_DOT_TMA=on tests 200 -x tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_engine.py -k "chunk or verify"
-  bench 300 . benchmarks/exact_ab.py --models 1b,270m --trees exact --profile --variants "TMA:MUSER_DOT_TMA=on"
+  tests 150 -x tests/cuda/test_triton_ops.py tests/cuda/test_cuda_engine.py -k "tma_tiles or chunk_tile"
+  bench 400 . benchmarks/exact_ab.py --models 1b,270m --trees exact --profile --variants "TMA:MUSER_DOT_TMA=on"
 }
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
   # worker's wait at greedy._launch's first copy the GIL's take_gil, or the CUDA driver?

@@ -259,7 +259,7 @@ def test_a_chunk_tile_gives_each_row_the_decode_tile_bits(dev, kdtype, glu, n, k
     WIDE_ROWS 128-row tiles with another K step and the split-K pieces summed in the kernel:
     each row is bitwise the 16-row decode tile's row."""
     from muser.backends.cuda.triton_dot import dot_rows
-    from muser.backends.cuda.triton_dot_tiles import chunk_tile
+    from muser.backends.cuda.triton_dot_tiles import chunk_tile, tma_tile
     if glu and n > 20000:
         pytest.skip("the head has no act*up")
     w = (torch.randn(2 * n if glu else n, k) / k ** 0.5).to(dev, kdtype)
@@ -272,9 +272,10 @@ def test_a_chunk_tile_gives_each_row_the_decode_tile_bits(dev, kdtype, glu, n, k
     # MUSER_FLATTEN: the in-kernel pieces and their K steps fused into one loop by Triton
     assert torch.equal(dot_rows(x, w, glu=glu, tile=chunk_tile(1 << 14, 256, glu), flatten=True),
                        small)
-    # MUSER_DOT_TMA: the same tiles loaded by TMA (triton_dot_tma.py)
+    # MUSER_DOT_TMA: the same tiles loaded by TMA (triton_dot_tma.py), and its own tiles
     assert torch.equal(dot_rows(x, w, glu=glu, tile=chunk_tile(1 << 14, 256, glu), tma=True),
                        small)
+    assert torch.equal(dot_rows(x, w, glu=glu, tile=tma_tile(n, k, glu), tma=True), small)
 
 
 @pytest.mark.parametrize("glu,bias", [(False, False), (False, True), (True, False), (True, True)])

@@ -20,7 +20,7 @@ import torch
 
 from .triton_dot_norm import NormIn, launch_norm
 from .triton_dot_tma import dot_tma, tma_fits
-from .triton_dot_tiles import CHUNK_K, CHUNK_ROWS, chunk_tile, dot_config
+from .triton_dot_tiles import CHUNK_K, CHUNK_ROWS, chunk_tile, dot_config, tma_tile
 from .triton_ops import norm_pieces, pdl_launch, pdl_pieces
 from .triton_pick import pick_pieces
 
@@ -317,7 +317,8 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     ks = piece if pieces * inside > 1 else triton.cdiv(k, bk) * bk    # keys per piece
     if (tma and norm is None and not (split or pick or widen or wq)
             and tma_fits(x, w, bm, bk, ks)):
-        return dot_tma(x, w, out, n, glu, gelu, bias, (bm, bn, bk, nw, st), ks, inside, pdl)
+        return dot_tma(x, w, out, n, glu, gelu, bias, tile or tma_tile(n, k, glu), ks, inside,
+                       pdl)
     b_arg = bias if bias is not None else w
     s_arg = scale if wq else w
     # int8: no FMA contraction, so `sum * scale + bias` rounds alike in both epilogues
