@@ -298,6 +298,9 @@ def test_tma_tiles_give_the_pointer_tiles_bits(dev, kdtype, glu, bias, k, piece)
     assert torch.equal(got, ref)
     assert not tma_fits(x, w.to(torch.int8), 128, 32, ks)
     assert not tma_fits(x, w, 64, 32, ks)              # 64-row tiles: the pointer loads
+    if x.is_cuda:
+        assert tma_fits(x, w, 128, 32, ks)
+        assert not tma_fits(x.view(-1)[1:1 + 69 * k].view(69, k), w, 128, 32, ks)  # unaligned
 
 
 @pytest.mark.parametrize("glu,bias", [(False, False), (False, True), (True, False)])

@@ -30,11 +30,12 @@ GROUP_M = 8      # row tiles that share a sweep of weight tiles (the L2 holds th
 def tma_fits(x: torch.Tensor, w: torch.Tensor, bm: int, bk: int, ks: int) -> bool:
     """Whether dot_rows(x, w) with a [bm, *, bk] tile and pieces of ks keys may load by TMA:
     128-row tiles, 16-bit float weights of the activations' dtype, contiguous rows whose
-    strides are 16-byte multiples (a descriptor's rule), whole K steps a piece."""
+    strides and starts are 16-byte multiples (a descriptor's rule), whole K steps a piece."""
     return (bm >= 128 and x.is_cuda and w.dtype == x.dtype
             and x.dtype in (torch.bfloat16, torch.float16)
             and x.is_contiguous() and w.is_contiguous()
-            and (x.shape[1] * x.element_size()) % 16 == 0 and ks % bk == 0)
+            and (x.shape[1] * x.element_size()) % 16 == 0 and ks % bk == 0
+            and x.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0)
 
 
 @functools.lru_cache(maxsize=None)
