@@ -275,7 +275,8 @@ def test_a_chunk_tile_gives_each_row_the_decode_tile_bits(dev, kdtype, glu, n, k
     # MUSER_DOT_TMA: the same tiles loaded by TMA (triton_dot_tma.py), and its own tiles
     assert torch.equal(dot_rows(x, w, glu=glu, tile=chunk_tile(1 << 14, 256, glu), tma=True),
                        small)
-    assert torch.equal(dot_rows(x, w, glu=glu, tile=tma_tile(n, k, glu), tma=True), small)
+    if tma_tile(n, k, glu):
+        assert torch.equal(dot_rows(x, w, glu=glu, tile=tma_tile(n, k, glu), tma=True), small)
 
 
 @pytest.mark.parametrize("glu,bias", [(False, False), (False, True), (True, False), (True, True)])

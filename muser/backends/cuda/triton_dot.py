@@ -315,10 +315,10 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
         part = (torch.empty((pieces, B, 2 * n if glu else n), dtype=torch.float32,
                             device=x.device) if split else out)
     ks = piece if pieces * inside > 1 else triton.cdiv(k, bk) * bk    # keys per piece
-    if (tma and norm is None and not (split or pick or widen or wq)
+    ttile = (tile or tma_tile(n, k, glu)) if tma else None
+    if (ttile and norm is None and not (split or pick or widen or wq)
             and tma_fits(x, w, bm, bk, ks)):
-        return dot_tma(x, w, out, n, glu, gelu, bias, tile or tma_tile(n, k, glu), ks, inside,
-                       pdl)
+        return dot_tma(x, w, out, n, glu, gelu, bias, ttile, ks, inside, pdl)
     b_arg = bias if bias is not None else w
     s_arg = scale if wq else w
     # int8: no FMA contraction, so `sum * scale + bias` rounds alike in both epilogues

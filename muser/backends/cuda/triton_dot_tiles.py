@@ -56,11 +56,15 @@ def chunk_tile(rows: int, bk: int, glu: bool) -> tuple[int, int, int, int, int]:
     return (64, 128, bk, 8, 2) if bk <= 256 else (64, 64, bk, 4, 1)
 
 
-def tma_tile(n: int, k: int, glu: bool) -> tuple[int, int, int, int, int]:
-    """A 128-row chunk tile loaded by TMA (MUSER_DOT_TMA; speed only, like chunk_tile).  H200,
-    16k rows (benchmarks/tma_dot_probe.py, twenty-first session; ms against the pointer tiles):
-    1B gate|up 128 x 128 x 4 stages 0.82 (1.01), down 128 x 256 0.42 (0.61), qkv 0.09 (0.12),
-    o 128 x 128 0.07 (0.08); the 270M's gate|up 128 x 64 0.17 (0.20), down 0.07 (0.08)."""
+def tma_tile(n: int, k: int, glu: bool) -> tuple[int, int, int, int, int] | None:
+    """A 128-row chunk tile loaded by TMA (MUSER_DOT_TMA; speed only, like chunk_tile), or None
+    where the pointer tile was faster.  H200, 16k rows (benchmarks/tma_dot_probe.py,
+    twenty-first session; ms against the pointer tiles): 1B gate|up 128 x 128 x 4 stages 0.82
+    (1.01), down 128 x 256 0.42 (0.61), qkv 0.09 (0.12), o 128 x 128 0.07 (0.08); the 270M's
+    gate|up 128 x 64 0.17 (0.20), down 0.07 (0.08) -- and its o projection (640 x 1024) 0.057
+    at best against 0.048: a narrow, short product stays on the pointer tile."""
+    if not glu and n < 1024 and k <= 1024:
+        return None
     if glu:
         return (128, 128, 64, 8, 4) if n >= 4096 else (128, 64, 64, 8, 3)
     return (128, 256, 64, 8, 3) if k >= 4096 else (128, 128, 64, 8, 3)
