@@ -317,7 +317,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     ks = piece if pieces * inside > 1 else triton.cdiv(k, bk) * bk    # keys per piece
     ttile = (tile or tma_tile(n, k, glu)) if tma else None
     if (ttile and norm is None and not (split or pick or widen or wq)
-            and tma_fits(x, w, bm, bk, ks)):
+            and tma_fits(x, w, bm, ttile[2], ks)):
         return dot_tma(x, w, out, n, glu, gelu, bias, ttile, ks, inside, pdl)
     b_arg = bias if bias is not None else w
     s_arg = scale if wq else w
