@@ -69,7 +69,8 @@
 #   tma          tma_dot_probe.py: dot_rows' chunk tiles through tensor descriptors (TMA): bits
 #                against the decode tiles, 16k-row times against cuBLAS and the default tile
 #   tma_ab       MUSER_DOT_TMA=on against off: the engine's chunk rows, then the 16k prefill
-#   tma_ab1      the same A/B on the 1B only, without the tests (a short call)
+#   tma_ab1      the 16k prefill alone, TMA on against off (prefill_tma_ab.py: bits, A B B A,
+#                kernel time; a short call)
 #   host16k      the 16k prefill with the host loaded (carry .prev = the tree before the prepare
 #                tables moved to the device): old against this tree, whole and in 2k / 4k chunks
 set -u
@@ -281,8 +282,8 @@ stage_tma() {      # dot_rows' 128-row chunk tiles with TMA loads: same bits? fa
   tests 200 -x tests/cuda/test_triton_ops.py tests/cuda/test_cuda_engine.py -k "tma_tiles or chunk_tile"
   bench 300 . benchmarks/tma_dot_probe.py --rows 16384
 }
-stage_tma_ab1() {  # MUSER_DOT_TMA=on against off on the 1B only (the 16k prefill profile), no tests
-  bench 300 . benchmarks/exact_ab.py --models 1b --trees exact --profile --variants "TMA:MUSER_DOT_TMA=on"
+stage_tma_ab1() {  # MUSER_DOT_TMA=on against off: the 16k prefill alone (bits, A B B A, profile)
+  bench 240 . benchmarks/prefill_tma_ab.py --models 1b,270m --rounds 2
 }
 stage_tma_ab() {   # MUSER_DOT_TMA=on against off: the engine's rows, then the 16k prefill profile
   tests 150 -x tests/cuda/test_triton_ops.py tests/cuda/test_cuda_engine.py -k "tma_tiles or chunk_tile"
