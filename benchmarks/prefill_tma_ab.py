@@ -21,8 +21,7 @@ def main():
     import muser
     for name in args.models.split(","):
         shape = SHAPES[name]
-        del_model, path = build(shape, 16384 + 1024)
-        del del_model
+        _, path = build(shape, 16384 + 1024)       # the weights on disk; the HF model dropped
         engines = {}
         for mode in ("off", "on"):
             os.environ["MUSER_DOT_TMA"] = mode          # read once, at load
