@@ -10,8 +10,13 @@ chunk tile, on the 1B's and 270M's projections, for a few tiles and program orde
 row tiles that share a sweep of weight tiles in the L2).
 
     PYTHONPATH=.:benchmarks python3 benchmarks/tma_dot_probe.py [--rows 16384]
+
+`--host`: the host's cost of a launch instead -- microseconds of CPU a call, pointer tiles
+against TMA tiles, at 256 rows (the GPU queue ahead, so the loop measures the host alone), and
+the pieces of a TMA launch alone (a TensorDescriptor built, one descriptor encoded).
 """
 import argparse
+import time
 
 import torch
 
@@ -38,10 +43,50 @@ def tma_rows(x, w, glu, tile, group):
                    False, group)
 
 
+def host_us(fn, reps=400):
+    """CPU microseconds a call of `fn` (launches only: the GPU is not waited for)."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    dt = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return dt / reps * 1e6
+
+
+def host(rows):
+    """The host's cost of a dot_rows launch, pointer tiles against TMA tiles, and of the pieces
+    of a TMA launch."""
+    import triton
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    dev, dt = "cuda", torch.bfloat16
+    for (n, k, glu) in SHAPES:
+        w = (torch.randn(2 * n if glu else n, k, device=dev) / k ** 0.5).to(dt)
+        x = torch.randn(rows, k, device=dev).to(dt)
+        tile = chunk_tile(1 << 14, dot_config(n, k, glu)[1], glu)
+        ptr = host_us(lambda: dot_rows(x, w, glu=glu, tile=tile))
+        tma = host_us(lambda: dot_rows(x, w, glu=glu, tile=tile, tma=True))
+        desc = host_us(lambda: TensorDescriptor(x, list(x.shape), list(x.stride()), [128, 64]))
+        fill = triton.runtime.driver.active.utils.fill_tma_descriptor
+        try:                                            # swizzle 128B, bf16 (host enum 9)
+            enc = host_us(lambda: fill(x.data_ptr(), 3, 2, 9, [128, 64], list(x.shape),
+                                       list(x.stride()), 0))
+        except Exception:                                                # noqa: BLE001
+            enc = float("nan")
+        print(f"({n},{k},{'glu' if glu else '-'}) {rows} rows, host us a call: pointer tiles "
+              f"{ptr:.1f}, TMA tiles {tma:.1f} (+{tma - ptr:.1f}); TensorDescriptor() {desc:.1f}, "
+              f"one descriptor encoded {enc:.1f}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=16384)
+    ap.add_argument("--host", action="store_true", help="the host's cost of a launch instead")
     args = ap.parse_args()
+    if args.host:
+        return host(args.rows)
     dev, dt = "cuda", torch.bfloat16
     torch.manual_seed(0)
     for (n, k, glu) in SHAPES:

@@ -40,7 +40,7 @@ from .step_weights import fuse_weights
 from .triton_moe import experts_rows, route_rows
 from .triton_dot import dot_rows
 from .triton_dot_norm import norm_fuses, norm_in
-from .triton_dot_tiles import dot_config
+from .triton_dot_tiles import dot_config, tma_pays
 from .triton_mega import mega_half
 from .triton_gemv import gemv
 from .weights_int8 import RowInt8
@@ -100,7 +100,7 @@ class DecodeStep:
         # the separate form has no v-norm / V = K: Gemma 4 always takes the fused attention
         self.fused_attn = env.attn != "separate" or spec.v_norm or any(l.k_eq_v for l in spec.layers)
         self.flatten = env.flatten in ("dot", "on")   # dot_rows' in-kernel pieces: one loop
-        self.tma = env.dot_tma == "on"          # a chunk's 128-row tiles load by TMA
+        self.tma = env.dot_tma                  # a chunk's 128-row tiles load by TMA: on|auto|off
         self.fuse_sum = env.fuse_sum == "on"    # the down projection's pieces summed in add_norm
         # MUSER_NORM_IN: in steps of at most this many rows, an add+norm is done by the launch
         # of the projection that reads its x (`_add_norm`); 0: never
@@ -147,8 +147,9 @@ class DecodeStep:
             return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, flatten=self.flatten,
                             defer=defer, widen=widen, **kw)
         if self.gemv is dot_rows:
+            tma = self.tma == "on" or (self.tma == "auto" and tma_pays(w.numel()))
             return dot_rows(x, w, pdl=self.pdl, flatten=self.flatten, defer=defer, widen=widen,
-                            tma=self.tma, **kw)
+                            tma=tma, **kw)
         y = self.gemv(x, w, **kw)
         return y.float() if widen else y
 

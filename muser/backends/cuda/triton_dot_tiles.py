@@ -2,7 +2,8 @@
 
 Owns: DOT_TILES / `dot_config` (the decode tiles per projection shape: block_n, the K step, warps,
 stages and the split-K piece -- the piece is part of a row's arithmetic, the rest is speed) and
-`chunk_tile` (a chunk's tiles: any shape, the decode tile's pieces).  Does not own: the kernels
+`chunk_tile` (a chunk's tiles: any shape, the decode tile's pieces), `tma_tile` / `tma_pays` (the
+TMA-loaded chunk tiles and where MUSER_DOT_TMA=auto takes them).  Does not own: the kernels
 (triton_dot.py).
 """
 from __future__ import annotations
@@ -54,6 +55,19 @@ def chunk_tile(rows: int, bk: int, glu: bool) -> tuple[int, int, int, int, int]:
     if glu:
         return 64, 64, bk, 8, (2 if bk <= 256 else 1)
     return (64, 128, bk, 8, 2) if bk <= 256 else (64, 64, bk, 4, 1)
+
+
+TMA_AUTO_WEIGHT = 1 << 22   # MUSER_DOT_TMA=auto: weights of at least this many elements
+
+
+def tma_pays(weight_elements: int) -> bool:
+    """MUSER_DOT_TMA=auto: whether a 128-row tile of this projection loads by TMA -- only where
+    the weight has TMA_AUTO_WEIGHT elements or more.  A TMA launch costs the host more (two
+    tensor descriptors built and encoded a call); it pays where the tile saves more than that:
+    the 1B's gate|up (2 x 6912 x 1152) and down (1152 x 6912) saved 0.18 ms each at 16k rows,
+    ~92% of its TMA gain, while the 270M (every weight < 2.7M elements) is host-bound and lost
+    2-8% of its 16k prefill with every tile on TMA (H200, twenty-second session)."""
+    return weight_elements >= TMA_AUTO_WEIGHT
 
 
 def tma_tile(n: int, k: int, glu: bool) -> tuple[int, int, int, int, int] | None:
