@@ -218,6 +218,23 @@ def prefill_profile(engine, n, vocab):
     return round(total, 1), round(wall * 1e3, 1), [(n, int(c), round(t, 2)) for n, c, t in rows[:16]]
 
 
+def prefill_sequence(engine, n, vocab, name):
+    """Milliseconds of each launch of kernel `name` in one n-token prefill, in launch order
+    (the chunk attention: one a layer, so its layers' costs side by side)."""
+    from torch.profiler import ProfilerActivity, profile
+    s = engine.new_session()
+    reserve(s, n)
+    ids = rand_ids(n, vocab, 12)
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        s.prefill(ids)
+        sync()
+    from torch.autograd import DeviceType
+    evs = [e for e in prof.events() if e.name.startswith(name) and e.device_type == DeviceType.CUDA]
+    evs.sort(key=lambda e: e.time_range.start)
+    return [round(e.time_range.elapsed_us() / 1e3, 2) for e in evs]
+
+
 def _best_prompt(engine, n, vocab, reps, seed, run):
     """Best seconds of `run(session, ids)` over reps fresh n-token prompts, after one that warms
     (kernels, tables, graphs); `run` returns once what it times is done."""

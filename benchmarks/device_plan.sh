@@ -69,8 +69,8 @@
 #   tma          tma_dot_probe.py: dot_rows' chunk tiles through tensor descriptors (TMA): bits
 #                against the decode tiles, 16k-row times against cuBLAS and the default tile
 #   tma_ab       MUSER_DOT_TMA=on against off: the engine's chunk rows, then the 16k prefill
-#   tma_auto     tma_dot_probe.py --host (a TMA launch's host cost), then exact_ab with
-#                MUSER_DOT_TMA=auto and =on against off
+#   tma_auto     tma_dot_probe.py --host (a TMA launch's host cost), prefill_tma_ab.py with
+#                off / auto / on (A B C C B A), then exact_ab with MUSER_DOT_TMA=auto against off
 #   tma_ab1      the 16k prefill alone, TMA on against off (prefill_tma_ab.py: bits, A B B A,
 #                kernel time; a short call)
 #   host16k      the 16k prefill with the host loaded (carry .prev = the tree before the prepare
@@ -293,8 +293,9 @@ stage_tma_ab() {   # MUSER_DOT_TMA=on against off: the engine's rows, then the 1
 }
 stage_tma_auto() {  # the host's cost of a TMA launch; MUSER_DOT_TMA=auto and on against off
   bench 120 . benchmarks/tma_dot_probe.py --host --rows 256
-  bench 420 . benchmarks/exact_ab.py --models 1b,270m --trees exact --profile \
-    --variants "AUTO:MUSER_DOT_TMA=auto;TMA:MUSER_DOT_TMA=on"
+  bench 240 . benchmarks/prefill_tma_ab.py --models 1b,270m --rounds 2 --modes off,auto,on
+  bench 300 . benchmarks/exact_ab.py --models 1b,270m --trees exact --profile \
+    --variants "AUTO:MUSER_DOT_TMA=auto"
 }
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
   # worker's wait at greedy._launch's first copy the GIL's take_gil, or the CUDA driver?

@@ -1,8 +1,10 @@
 """A short A/B of MUSER_DOT_TMA on the 16k prefill (CUDA): two engines on the same random
-weights, one with the pointer tiles and one with the TMA tiles, alternating; the last logits
-and every K/V row of a 16k prompt compared bitwise; then each one's kernel time by kernel.
+weights, one engine a MUSER_DOT_TMA mode (off: the pointer tiles), alternating; the last logits
+and every K/V row of a 16k prompt compared bitwise; then each one's kernel time by kernel, and
+the chunk attention's milliseconds layer by layer (the first engine's).
 
     PYTHONPATH=.:benchmarks python3 benchmarks/prefill_tma_ab.py [--models 1b] [--rounds 2]
+        [--modes off,on]
 """
 import argparse
 import os
@@ -10,20 +12,23 @@ import os
 import torch
 
 from cuda_bench import SHAPES
-from cuda_measure import build, muser_prefill, prefill_profile, rand_ids, reserve
+from cuda_measure import (build, muser_prefill, prefill_profile, prefill_sequence, rand_ids,
+                          reserve)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="1b")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--modes", default="off,on", help="MUSER_DOT_TMA modes, the first the base")
     args = ap.parse_args()
+    modes = args.modes.split(",")
     import muser
     for name in args.models.split(","):
         shape = SHAPES[name]
         _, path = build(shape, 16384 + 1024)       # the weights on disk; the HF model dropped
         engines = {}
-        for mode in ("off", "on"):
+        for mode in modes:
             os.environ["MUSER_DOT_TMA"] = mode          # read once, at load
             engines[mode] = muser.load(path, device="cuda", dtype="bfloat16", progress=False,
                                        max_context=16384 + 1024)
@@ -33,10 +38,13 @@ def main():
             s = eng.new_session()
             reserve(s, 16384)
             outs[mode] = (s.prefill(ids), s.snapshot())
-        same = torch.equal(outs["off"][0], outs["on"][0]) and outs["off"][1].equal(outs["on"][1])
-        print(f"{name}: 16k prefill, TMA on == off (logits, every K/V row): {same}", flush=True)
-        for r in range(args.rounds):
-            for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
+        base = outs[modes[0]]
+        for mode in modes[1:]:
+            same = torch.equal(base[0], outs[mode][0]) and base[1].equal(outs[mode][1])
+            print(f"{name}: 16k prefill, TMA {mode} == {modes[0]} (logits, every K/V row): "
+                  f"{same}", flush=True)
+        for r in range(args.rounds):                   # A B B A: each round reverses the order
+            for mode in (modes if r % 2 == 0 else modes[::-1]):
                 tps = muser_prefill(engines[mode], 16384, shape["vocab"], None)
                 print(f"{name} round {r + 1} TMA {mode}: 16k prefill {tps:,.0f} tok/s", flush=True)
         for mode, eng in engines.items():
@@ -44,6 +52,9 @@ def main():
             tops = ", ".join(f"{k[:28]} {ms:.1f}" for k, _, ms in top[:5])
             print(f"{name} TMA {mode}: kernels {kernel_ms:.1f} ms, wall {wall_ms:.1f} ms | {tops}",
                   flush=True)
+        seq = prefill_sequence(engines[modes[0]], 16384, shape["vocab"], "chunk_kernel")
+        print(f"{name} chunk attention by layer, ms ({len(seq)} launches, {sum(seq):.1f}): "
+              + " ".join(f"{t:.2f}" for t in seq), flush=True)
 
 
 if __name__ == "__main__":
