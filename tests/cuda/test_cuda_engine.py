@@ -184,6 +184,7 @@ def test_a_long_chunk_through_tma_tiles_has_the_pointer_tiles_bits(arch, monkeyp
     every K/V row are the bits of the pointer loads and of the prompt in chunks of 97."""
     kw = dict(device="cuda", dtype="bfloat16", window=WINDOW, tokenizer=False, max_context=4096,
               chunk_size=4096)
+    monkeypatch.setenv("MUSER_DOT_TMA", "off")         # the pointer loads (auto: the default)
     base = tiny_model(arch, **kw)
     monkeypatch.setenv("MUSER_DOT_TMA", "on")
     tma = tiny_model(arch, **kw)
