@@ -71,6 +71,7 @@
 #   tma_ab       MUSER_DOT_TMA=on against off: the engine's chunk rows, then the 16k prefill
 #   tma_auto     tma_dot_probe.py --host (a TMA launch's host cost), prefill_tma_ab.py with
 #                off / auto / on (A B C C B A), then exact_ab with MUSER_DOT_TMA=auto against off
+#   growing_ab   exact_ab --long with growing splits of 32 / 64 keys (flat loop; 32 nested)
 #   tma_ab1      the 16k prefill alone, TMA on against off (prefill_tma_ab.py: bits, A B B A,
 #                kernel time; a short call)
 #   host16k      the 16k prefill with the host loaded (carry .prev = the tree before the prepare
@@ -296,6 +297,11 @@ stage_tma_auto() {  # the host's cost of a TMA launch; MUSER_DOT_TMA=auto and on
   bench 240 . benchmarks/prefill_tma_ab.py --models 1b,270m --rounds 2 --modes off,auto,on
   bench 300 . benchmarks/exact_ab.py --models 1b,270m --trees exact --profile \
     --variants "AUTO:MUSER_DOT_TMA=auto"
+}
+stage_growing_ab() {  # the global layers' chunk attention: growing splits of one or two tiles
+  # (32 / 64 keys), flat loop, against the default 128-key splits (arithmetic: each its own)
+  bench 540 . benchmarks/exact_ab.py --models 1b,270m --trees exact --long --profile \
+    --variants "GR32F:MUSER_GROWING_ROWS=32,MUSER_CHUNK_LOOP=flat;GR64F:MUSER_GROWING_ROWS=64,MUSER_CHUNK_LOOP=flat;GR32:MUSER_GROWING_ROWS=32"
 }
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
   # worker's wait at greedy._launch's first copy the GIL's take_gil, or the CUDA driver?
