@@ -72,6 +72,7 @@
 #   tma_auto     tma_dot_probe.py --host (a TMA launch's host cost), prefill_tma_ab.py with
 #                off / auto / on (A B C C B A), then exact_ab with MUSER_DOT_TMA=auto against off
 #   growing_ab   exact_ab --long with growing splits of 32 / 64 keys (flat loop; 32 nested)
+#   growing_group  GR32F with first-level groups of 64 / 32 splits (2,048 / 1,024 keys)
 #   tma_ab1      the 16k prefill alone, TMA on against off (prefill_tma_ab.py: bits, A B B A,
 #                kernel time; a short call)
 #   host16k      the 16k prefill with the host loaded (carry .prev = the tree before the prepare
@@ -302,6 +303,11 @@ stage_growing_ab() {  # the global layers' chunk attention: growing splits of on
   # (32 / 64 keys), flat loop, against the default 128-key splits (arithmetic: each its own)
   bench 540 . benchmarks/exact_ab.py --models 1b,270m --trees exact --long --profile \
     --variants "GR32F:MUSER_GROWING_ROWS=32,MUSER_CHUNK_LOOP=flat;GR64F:MUSER_GROWING_ROWS=64,MUSER_CHUNK_LOOP=flat;GR32:MUSER_GROWING_ROWS=32"
+}
+stage_growing_group() {  # GR32F's decode cost was its 4x splits a group's merge folds: the
+  # same 2,048 keys a first-level group (64 splits of 32) or half of it (32), against the default
+  bench 420 . benchmarks/exact_ab.py --models 1b,270m --trees exact --long --profile \
+    --variants "GR32FG64:MUSER_GROWING_ROWS=32,MUSER_CHUNK_LOOP=flat,MUSER_GROWING_GROUP=64;GR32FG32:MUSER_GROWING_ROWS=32,MUSER_CHUNK_LOOP=flat,MUSER_GROWING_GROUP=32"
 }
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
   # worker's wait at greedy._launch's first copy the GIL's take_gil, or the CUDA driver?
