@@ -217,7 +217,7 @@ def _kernel():
                             mask=gm[:, None] & cv[None, :], other=0.0)
             # PREP (prepare_rows with MUSER_CHUNK_PREP=alone): the rows are stored; nothing attends
             if not PREP:
-                for w in tl.static_range(WALK):     # unrolled: WALK = 1 is the old binary
+                for w in range(WALK):               # WALK = 1: the old binary, byte for byte
                     sw = s * WALK + w
                     if sw < nact:
                         a = a0 + sw
