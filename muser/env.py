@@ -105,7 +105,8 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                       "(tensor descriptors, triton_dot_tma.py) -- the same pieces, dots and "
                       "epilogue, so the same bits; auto: only weights of 4M elements or more "
                       "(triton_dot_tiles.tma_pays: a TMA launch costs the host ~20-35 us more; "
-                      "H200, 16k prefill: 1B 179k -> 199k tok/s, 270M unchanged)"),
+                      "H200, 16k prefill: 1B 179k -> 199k tok/s, 270M unchanged); before sm_90 "
+                      "always off"),
     "MUSER_FUSE_SUM": ("off|on", "on", "backends/cuda (decode step)",
                        "on: where the down projection leaves split-K pieces (decode tiles), the "
                        "add+norm after it sums them (split_sum's adds, in order) -- one launch a "

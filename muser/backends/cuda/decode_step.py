@@ -100,7 +100,10 @@ class DecodeStep:
         # the separate form has no v-norm / V = K: Gemma 4 always takes the fused attention
         self.fused_attn = env.attn != "separate" or spec.v_norm or any(l.k_eq_v for l in spec.layers)
         self.flatten = env.flatten in ("dot", "on")   # dot_rows' in-kernel pieces: one loop
-        self.tma = env.dot_tma                  # a chunk's 128-row tiles load by TMA: on|auto|off
+        # a chunk's 128-row tiles load by TMA (on|auto|off): tensor descriptors need sm_90;
+        # before it the pointer tiles (the same bits) whatever MUSER_DOT_TMA says
+        self.tma = (env.dot_tma if dev.type == "cuda"
+                    and torch.cuda.get_device_capability(dev)[0] >= 9 else "off")
         self.fuse_sum = env.fuse_sum == "on"    # the down projection's pieces summed in add_norm
         # MUSER_NORM_IN: in steps of at most this many rows, an add+norm is done by the launch
         # of the projection that reads its x (`_add_norm`); 0: never
