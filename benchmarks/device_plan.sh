@@ -312,9 +312,10 @@ stage_growing_group() {  # GR32F's decode cost was its 4x splits a group's merge
 }
 stage_walk_ab() {  # MUSER_ATTN_WALK: the walking programs' bits on the GPU, then GR32F (32-key
   # growing splits, flat chunk loop: 16k prefill +7.5%, 16 sessions +5%) with walks of 2 and 4
+  # (walk 4 under the 8+-session register cap of 168 spills 68 B, sm90_ptx.py: also uncapped)
   tests 240 -x tests/cuda/test_triton_decode.py tests/cuda/test_cuda_engine.py -k "walking or register_cap"
   bench 480 . benchmarks/exact_ab.py --models 1b,270m --trees exact --long --profile \
-    --variants "GR32F:MUSER_GROWING_ROWS=32,MUSER_CHUNK_LOOP=flat;GR32FW2:MUSER_GROWING_ROWS=32,MUSER_CHUNK_LOOP=flat,MUSER_ATTN_WALK=2;GR32FW4:MUSER_GROWING_ROWS=32,MUSER_CHUNK_LOOP=flat,MUSER_ATTN_WALK=4"
+    --variants "GR32F:MUSER_GROWING_ROWS=32,MUSER_CHUNK_LOOP=flat;GR32FW2:MUSER_GROWING_ROWS=32,MUSER_CHUNK_LOOP=flat,MUSER_ATTN_WALK=2;GR32FW4:MUSER_GROWING_ROWS=32,MUSER_CHUNK_LOOP=flat,MUSER_ATTN_WALK=4;GR32FW4R:MUSER_GROWING_ROWS=32,MUSER_CHUNK_LOOP=flat,MUSER_ATTN_WALK=4,MUSER_ATTN_REGS=off"
 }
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
   # worker's wait at greedy._launch's first copy the GIL's take_gil, or the CUDA driver?
