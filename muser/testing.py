@@ -4,7 +4,9 @@ Owns: `tiny_model_dir(...)` (a Hugging Face model directory written by
 transformers' own `save_pretrained`, with a small BPE tokenizer trained by
 `tokenizers` and a Gemma-style chat template) and `tiny_model(...)` (the same,
 loaded as a muser Engine).  Directories are cached per argument set for the
-life of the process.  Does not own: anything the engine needs at run time.
+life of the process; `prompt_ids(...)` (seeded token ids for such a model) and
+`continue_both(s1, s2)` (the same calls on two sessions, every logit and the caches compared
+bitwise).  Does not own: anything the engine needs at run time.
 """
 from __future__ import annotations
 
@@ -167,3 +169,30 @@ def tiny_model(arch: str = "gemma3", device: str = "cpu", dtype: str = "float32"
     from .engine import load
     return load(str(tiny_model_dir(arch, **kw)), device=device, dtype=dtype, backend=backend,
                 chunk_size=chunk_size, quant=quant, progress=False)
+
+
+def prompt_ids(n: int, seed: int = 0, vocab: int = 384) -> list[int]:
+    """n token ids in [3, vocab) from a seeded generator (0-2: the tiny tokenizer's specials)."""
+    import torch
+    return torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+# (call, argument, chunk size): prefills in odd chunks, decodes and a verification block
+CONTINUE_STEPS = (("prefill", (5, 1), 2), ("decode", 17, None), ("extend", (6, 2), None),
+                  ("decode", 9, None), ("prefill", (9, 3), 4), ("decode", 5, None))
+
+
+def continue_both(s1, s2) -> None:
+    """Feed the same calls (CONTINUE_STEPS) to two sessions: every logit bitwise equal, then
+    their snapshots (every K/V row and the bookkeeping) equal."""
+    import torch
+    for kind, arg, chunk in CONTINUE_STEPS:
+        if kind == "decode":
+            o1, o2 = s1.decode(arg), s2.decode(arg)
+        elif kind == "prefill":
+            o1, o2 = s1.prefill(prompt_ids(*arg), chunk_size=chunk), \
+                s2.prefill(prompt_ids(*arg), chunk_size=chunk)
+        else:
+            o1, o2 = s1.extend(prompt_ids(*arg)), s2.extend(prompt_ids(*arg))
+        assert torch.equal(o1, o2), f"{kind} diverged"
+    assert s1.snapshot().equal(s2.snapshot())

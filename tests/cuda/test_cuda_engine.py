@@ -7,7 +7,7 @@ import torch
 from muser.backends.step import forward as one_forward
 from muser.cache import CacheGeometry, plan
 from muser.pack import format as pf
-from muser.testing import tiny_model
+from muser.testing import continue_both, prompt_ids as ids, tiny_model
 
 from cudautil import needs_gpu, rel
 
@@ -20,11 +20,6 @@ def pair(request):
     arch = request.param
     return (tiny_model(arch, device="cuda", dtype="bfloat16", window=WINDOW, tokenizer=False),
             tiny_model(arch, window=WINDOW, tokenizer=False))
-
-
-def ids(n, seed=0, vocab=384):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, vocab, (n,), generator=g).tolist()
 
 
 def test_graph_decode_equals_the_chunk_path_and_agrees_with_the_cpu_oracle(pair):
@@ -46,17 +41,6 @@ def test_graph_decode_equals_the_chunk_path_and_agrees_with_the_cpu_oracle(pair)
     assert runner is not None and runner.stats["captures"] >= 1 and runner.stats["replays"] >= 40
     assert gpu.exact_rows
     a.check_invariants()
-
-
-def continue_both(s1, s2):
-    for kind, arg, chunk in [("prefill", ids(5, 1), 2), ("decode", 17, None), ("extend", ids(6, 2), None),
-                             ("decode", 9, None), ("prefill", ids(9, 3), 4), ("decode", 5, None)]:
-        if kind == "prefill":
-            o1, o2 = s1.prefill(arg, chunk_size=chunk), s2.prefill(arg, chunk_size=chunk)
-        else:
-            o1, o2 = getattr(s1, kind)(arg), getattr(s2, kind)(arg)
-        assert torch.equal(o1, o2), f"{kind} diverged"
-    assert s1.snapshot().equal(s2.snapshot())
 
 
 @pytest.mark.parametrize("position", [1, 3, 4, 5, 8, 11, 13])

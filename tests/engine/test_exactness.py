@@ -3,7 +3,7 @@ and the ring backend agrees with the full-history oracle across every wrap phase
 import pytest
 import torch
 
-from muser.testing import FAMILIES, tiny_model
+from muser.testing import FAMILIES, continue_both, prompt_ids as ids, tiny_model
 
 WINDOW = 4
 
@@ -18,11 +18,6 @@ def engines(request):
     if fast:
         return tiny_model(arch, window=WINDOW, tokenizer=False, dtype="bfloat16", quant="int8"), oracle
     return tiny_model(arch, window=WINDOW, tokenizer=False), oracle
-
-
-def ids(n, seed=0, vocab=384):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, vocab, (n,), generator=g).tolist()
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 4, 7, 64])
@@ -40,19 +35,6 @@ def test_ring_agrees_with_oracle_across_wraps(engines, chunk):
     ext = ids(6, seed=7)
     torch.testing.assert_close(a.extend(ext), b.extend(ext), rtol=1e-4, atol=1e-4)
     a.check_invariants()
-
-
-def continue_both(s1, s2):
-    """Feed identical calls to two sessions; every logit must be bitwise equal."""
-    for step in [("prefill", ids(5, 1), 2), ("decode", 17, None), ("extend", ids(6, 2), None),
-                 ("prefill", ids(9, 3), 4), ("decode", 5, None)]:
-        kind, arg, chunk = step
-        if kind == "prefill":
-            out1, out2 = s1.prefill(arg, chunk_size=chunk), s2.prefill(arg, chunk_size=chunk)
-        else:
-            out1, out2 = getattr(s1, kind)(arg), getattr(s2, kind)(arg)
-        assert torch.equal(out1, out2), f"{kind} diverged after restore"
-    assert s1.snapshot().equal(s2.snapshot())
 
 
 @pytest.mark.parametrize("position", [1, 3, 4, 5, 8, 11, 13])

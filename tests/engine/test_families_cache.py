@@ -12,13 +12,9 @@ import torch
 import muser
 from muser.errors import PackModelMismatch
 from muser.pack.format import pack_from_bytes, pack_to_bytes
-from muser.testing import FAMILIES, tiny_model, tiny_model_dir
+from muser.testing import FAMILIES, prompt_ids as ids, tiny_model, tiny_model_dir
 
 transformers = pytest.importorskip("transformers")
-
-
-def ids(n, seed=0, vocab=384):
-    return torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 @pytest.fixture(scope="module")
