@@ -72,8 +72,9 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                           "for a global layer at 32k)"),
     "MUSER_CHUNK_LOOP": ("auto|nested|flat", "auto", "backends/cuda (chunk attention)",
                          "the chunk attention's loop: splits then tiles, or one loop over the tiles "
-                         "(the same bits; auto: flat on rings, nested on growing planes -- the "
-                         "faster of each on the H200)"),
+                         "(the same bits; auto: flat on rings and on growing splits of one "
+                         "tile, nested on longer growing splits -- the faster of each on the "
+                         "H200)"),
     "MUSER_CHUNK_COLUMNS": ("1|2|4", "1", "backends/cuda (chunk attention)",
                             "programs per query tile, each with a slice of the value columns "
                             "(the same bits: fewer accumulator registers, scores recomputed)"),
