@@ -187,12 +187,8 @@ def continue_both(s1, s2) -> None:
     their snapshots (every K/V row and the bookkeeping) equal."""
     import torch
     for kind, arg, chunk in CONTINUE_STEPS:
-        if kind == "decode":
-            o1, o2 = s1.decode(arg), s2.decode(arg)
-        elif kind == "prefill":
-            o1, o2 = s1.prefill(prompt_ids(*arg), chunk_size=chunk), \
-                s2.prefill(prompt_ids(*arg), chunk_size=chunk)
-        else:
-            o1, o2 = s1.extend(prompt_ids(*arg)), s2.extend(prompt_ids(*arg))
+        x = arg if kind == "decode" else prompt_ids(*arg)     # a token, or (n, seed) of ids
+        kw = {"chunk_size": chunk} if kind == "prefill" else {}
+        o1, o2 = getattr(s1, kind)(x, **kw), getattr(s2, kind)(x, **kw)
         assert torch.equal(o1, o2), f"{kind} diverged"
     assert s1.snapshot().equal(s2.snapshot())
