@@ -221,6 +221,7 @@ def prefill_profile(engine, n, vocab):
 def prefill_sequence(engine, n, vocab, name):
     """Milliseconds of each launch of kernel `name` in one n-token prefill, in launch order
     (the chunk attention: one a layer, so its layers' costs side by side)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     s = engine.new_session()
     reserve(s, n)
@@ -229,7 +230,6 @@ def prefill_sequence(engine, n, vocab, name):
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         s.prefill(ids)
         sync()
-    from torch.autograd import DeviceType
     evs = [e for e in prof.events() if e.name.startswith(name) and e.device_type == DeviceType.CUDA]
     evs.sort(key=lambda e: e.time_range.start)
     return [round(e.time_range.elapsed_us() / 1e3, 2) for e in evs]

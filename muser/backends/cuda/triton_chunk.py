@@ -27,8 +27,9 @@ the tiles with the boundaries inside it, which the compiler can
 software-pipeline (a ring split is one tile): the default on rings (H200, a
 sliding layer's 16k prefill 0.81 -> 0.62 ms) and on growing splits of one tile
 (MUSER_GROWING_ROWS=32: a global layer's 6.8 -> 5.4 ms), not on longer growing
-splits (8.0 against 10.7 ms at 128 keys).  `dsplit` (MUSER_CHUNK_COLUMNS) gives each of 1, 2 or 4
-programs a slice of the value columns -- no spills, more score work: slower.
+splits (8.0 against 10.7 ms at 128 keys).  `dsplit` (MUSER_CHUNK_COLUMNS) gives
+each of 1, 2 or 4 programs a slice of the value columns -- no spills, more score
+work: slower.
 """
 from __future__ import annotations
 
