@@ -21,7 +21,7 @@
 #   final        the greedy batch picks and the host bookkeeping on the GPU; decode at 2k / 32k
 #   host         where a verification block's and a 16-session step's host time goes (cProfile)
 #   aligned      plane-table reads told their alignment (16-byte async copies), decode walks
-#   walk_ab      the A/B of both against the tree before (carry .prev)
+#   decode_walk_ab  MUSER_DECODE_WALK group/row against the tree before (carry .prev)
 #   tiles        dot_rows' decode tiles timed in a graph with the weights coming from HBM
 #   greedy       Engine.decode_greedy pipelined (cuda/greedy.py): its GPU test, then the A/B
 #                with MUSER_PIPELINE=on against off, the default (16 sessions: issue 17 item 3)
@@ -201,7 +201,7 @@ stage_aligned() {  # aligned plane reads (and the decode walks, since removed): 
     tests/cuda/test_chunk_graph.py
 }
 
-stage_walk_ab() {  # carry .prev (git archive b83987d muser): the A/B of both
+stage_decode_walk_ab() {  # carry .prev (git archive b83987d muser): the A/B of both
   bench 540 . benchmarks/exact_ab.py --old .prev --models 270m,1b --trees old,exact --no-16k \
     --rounds ${ROUNDS:-1} \
     --variants "${WALKS:-WG:MUSER_DECODE_WALK=group;WR:MUSER_DECODE_WALK=row}"
