@@ -73,7 +73,6 @@
 #                off / auto / on (A B C C B A), then exact_ab with MUSER_DOT_TMA=auto against off
 #   growing_ab   exact_ab --long with growing splits of 32 / 64 keys (flat loop; 32 nested)
 #   growing_group  GR32F with first-level groups of 64 / 32 splits (2,048 / 1,024 keys)
-#   walk_ab      MUSER_ATTN_WALK's rows on the GPU, then GR32F with walks of 1 / 2 / 4
 #   tma_ab1      the 16k prefill alone, TMA on against off (prefill_tma_ab.py: bits, A B B A,
 #                kernel time; a short call)
 #   host16k      the 16k prefill with the host loaded (carry .prev = the tree before the prepare
@@ -309,13 +308,6 @@ stage_growing_group() {  # GR32F's decode cost was its 4x splits a group's merge
   # same 2,048 keys a first-level group (64 splits of 32) or half of it (32), against the default
   bench 420 . benchmarks/exact_ab.py --models 1b,270m --trees exact --long --profile \
     --variants "GR32FG64:MUSER_GROWING_ROWS=32,MUSER_CHUNK_LOOP=flat,MUSER_GROWING_GROUP=64;GR32FG32:MUSER_GROWING_ROWS=32,MUSER_CHUNK_LOOP=flat,MUSER_GROWING_GROUP=32"
-}
-stage_walk_ab() {  # MUSER_ATTN_WALK: the walking programs' bits on the GPU, then GR32F (32-key
-  # growing splits, flat chunk loop: 16k prefill +7.5%, 16 sessions +5%) with walks of 2 and 4
-  # (walk 4 under the 8+-session register cap of 168 spills 68 B, sm90_ptx.py: also uncapped)
-  tests 240 -x tests/cuda/test_triton_decode.py tests/cuda/test_cuda_engine.py -k "walking or register_cap"
-  bench 480 . benchmarks/exact_ab.py --models 1b,270m --trees exact --long --profile \
-    --variants "GR32F:MUSER_GROWING_ROWS=32,MUSER_CHUNK_LOOP=flat;GR32FW2:MUSER_GROWING_ROWS=32,MUSER_CHUNK_LOOP=flat,MUSER_ATTN_WALK=2;GR32FW4:MUSER_GROWING_ROWS=32,MUSER_CHUNK_LOOP=flat,MUSER_ATTN_WALK=4;GR32FW4R:MUSER_GROWING_ROWS=32,MUSER_CHUNK_LOOP=flat,MUSER_ATTN_WALK=4,MUSER_ATTN_REGS=off"
 }
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
   # worker's wait at greedy._launch's first copy the GIL's take_gil, or the CUDA driver?

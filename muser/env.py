@@ -62,10 +62,6 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_GROWING_GROUP": ("int >= 1", "16", "backends/cuda (attention)",
                             "growing-plane splits per first-level merge group (part of the "
                             "arithmetic: experiments)"),
-    "MUSER_ATTN_WALK": ("int >= 1", "1", "backends/cuda (decode attention)",
-                        "splits one decode-attention program takes one after another, each from "
-                        "empty, parked and ticketed as its own (the same bits; a narrower grid, "
-                        "the prologue once for them: experiments)"),
     "MUSER_MERGE_LOADS": ("1|4", "4", "backends/cuda (decode attention)",
                           "parked split partials loaded at once by a decode merge (the same "
                           "bits either way; H200: 4 is 5% faster for a ring layer at 2k, 10% "
@@ -199,7 +195,6 @@ class Env:
     attn_regs: str = "auto"
     attn_acc: str = "dot"
     growing_group: int = 16
-    attn_walk: int = 1
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)
     attn_growing: tuple[int, int] | None = None
     test_ref_dir: Path | None = None
@@ -292,8 +287,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),
-                        ("MUSER_RING_GROUP", "ring_group"), ("MUSER_GROWING_GROUP", "growing_group"),
-                        ("MUSER_ATTN_WALK", "attn_walk")):
+                        ("MUSER_RING_GROUP", "ring_group"), ("MUSER_GROWING_GROUP", "growing_group")):
         if (v := get(name)) is not None:
             kw[field] = _count(name, v)
     for name, field in (("MUSER_ATTN_RING", "attn_ring"), ("MUSER_ATTN_GROWING", "attn_growing")):

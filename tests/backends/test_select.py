@@ -98,7 +98,6 @@ def test_every_cuda_module_imports_without_triton():
     (True, Env(growing_rows=64), {"split": 64, "chunk_loop": "nested"}),
     (False, Env(ring_rows=64), {"split": 64, "chunk_loop": "flat"}),
     (True, Env(growing_rows=32, chunk_loop="nested"), {"chunk_loop": "nested"}),
-    (True, Env(), {"walk": 1}), (True, Env(attn_walk=4), {"walk": 4}),
 ])
 def test_the_cuda_attention_layout_follows_the_env(growing, env, want):
     """triton_attn.layout: the reduction shape a decode step and a chunk share (no Triton needed)."""
@@ -111,7 +110,6 @@ def test_the_cuda_attention_layout_follows_the_env(growing, env, want):
     (Env(attn_tiles="masked"), True),          # a speed choice: the same bits
     (Env(chunk_loop="nested"), True),
     (Env(merge_loads="1"), True),
-    (Env(attn_walk=4), True),                  # a decode program's splits in turn: scheduling
     (Env(dot_tma="on"), True), (Env(dot_tma="off"), True),     # how a tile reaches smem
     (Env(attn_acc="add"), False),              # the arithmetic
     (Env(ring_rows=64), False),

@@ -180,24 +180,3 @@ def test_a_long_chunk_through_tma_tiles_has_the_pointer_tiles_bits(arch, monkeyp
     for other, s in ((lb, b), (lc, c), (ld, d)):
         assert torch.equal(la, other)
         assert a.snapshot().equal(s.snapshot())
-
-
-@pytest.mark.parametrize("rows", ["128", "32"])
-def test_walking_decode_splits_keeps_the_bits_and_the_encoding(rows, monkeypatch):
-    """MUSER_ATTN_WALK=3 (a decode program takes three splits one after another) is scheduling:
-    the same cut encoding, and a prompt's decode steps (graph replays, growing splits of 128
-    or 32 keys) give the walk=1 engine's logits and K/V rows bitwise, alone and in a batch."""
-    monkeypatch.setenv("MUSER_GROWING_ROWS", rows)
-    kw = dict(device="cuda", dtype="bfloat16", window=WINDOW, tokenizer=False)
-    base = tiny_model("gemma3", **kw)
-    monkeypatch.setenv("MUSER_ATTN_WALK", "3")
-    walk = tiny_model("gemma3", **kw)
-    assert walk.backend.encoding_tag == base.backend.encoding_tag
-    a, b, c = base.new_session(), walk.new_session(), walk.new_session()
-    for s in (a, b, c):
-        s.prefill(ids(300, 6))
-    for t in ids(20, 7):
-        la = a.decode(t)
-        lb, lc = walk.decode_batch([b, c], [t, t])
-        assert torch.equal(la, lb) and torch.equal(la, lc)
-    assert a.snapshot().equal(b.snapshot()) and a.snapshot().equal(c.snapshot())

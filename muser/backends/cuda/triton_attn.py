@@ -66,8 +66,7 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     structure, value-column slices, one-tile splits started without a state and the row count
     up to which splits go one a program; prep: which binary prepares a chunk's rows; flatten:
     whether the growing planes' split loop is one fused loop ("chunk" / "on");
-    interior: tiles every row sees whole skip the masks; walk: splits a decode program takes
-    one after another -- speed choices, not bits ones;
+    interior: tiles every row sees whole skip the masks -- speed choices, not bits ones;
     acc_dot: p @ V accumulates onto the rescaled accumulator inside the dot -- a bits one).
 
     block_n: (32, 4 warps) at head dims over 128 and (64, 4) below -- the largest tiles whose
@@ -87,8 +86,7 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
                 "flat" if not growing or split == block_n else "nested"),
             "dsplit": int(env.chunk_columns), "interior": env.attn_tiles == "interior",
             "acc_dot": env.attn_acc == "dot", "first_tile": env.chunk_first == "on",
-            "park": int(env.chunk_park), "prep": env.chunk_prep, "flatten": env.flatten,
-            "walk": env.attn_walk}
+            "park": int(env.chunk_park), "prep": env.chunk_prep, "flatten": env.flatten}
 
 
 @functools.lru_cache(maxsize=None)

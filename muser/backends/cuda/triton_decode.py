@@ -20,9 +20,6 @@ rotation and all, in POSITION order.
 
 Grid (B * KV, NSPLIT): program s takes split a0 + s of triton_attn's absolute splits (a0 =
 the row's first), writes its (max, sum, acc) partial, and takes a ticket for its merge group.
-With `walk` W > 1 (MUSER_ATTN_WALK) the grid is (B * KV, ceil(NSPLIT / W)) and program s takes
-splits a0 + sW .. a0 + sW + W - 1 one after another, each exactly as a program of its own
-would (from empty, its own slot, its own ticket): scheduling, not arithmetic.
 The last of a group to arrive folds the group's partials in split order; when a row spans
 several groups, the last group to arrive folds the groups in order.  Which program merges
 never changes what is folded or in which order, so the result is bitwise reproducible --
@@ -102,7 +99,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
             nsplit, scale, softcap, interleaved, ws, out, split, group, block_n, warps,
             depth=1, chunk_loop=None, dsplit=1, interior=True, acc_dot=False, first_tile=False,
             park=0, prep="decode", flatten="off", capacity=0, sinks=None, v_norm=False,
-            k_eq_v=False, qout=None, grid_splits=None, pdl=False, maxnreg=None, walk=1):
+            k_eq_v=False, qout=None, grid_splits=None, pdl=False, maxnreg=None):
     kern = _kernel()  # (chunk_loop, dsplit, interior, first_tile, park: the chunk kernel's keys)
     prepare = qout is not None and grid_splits == 1   # prepare_rows (prep "alone": PREP binary)
     B = table.shape[0]
@@ -118,7 +115,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
     src = qkv if qkv is not None else q
     rope = cos is not None
     dummy = ws.ms
-    kern[(B * kv_heads, grid_splits or -(-nsplit // walk))](
+    kern[(B * kv_heads, grid_splits or nsplit)](
         src, src, pos, cos if rope else dummy, sin if rope else dummy,
         q_norm if q_norm is not None else dummy, k_norm if k_norm is not None else dummy,
         table, meta, ws.ms, ws.ls, ws.acc, ws.cnt, out, sinks if sinks is not None else dummy,
@@ -130,7 +127,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         QK_NORM=q_norm is not None, ROPE=rope, INTERLEAVED=bool(interleaved),
         SOFTCAP=softcap is not None, SINKS=sinks is not None, V_NORM=bool(v_norm),
         K_EQ_V=bool(k_eq_v), RING=capacity > 0, ACC_DOT=bool(acc_dot),
-        PREP=prepare and prep == "alone", WALK=1 if prepare else int(walk),
+        PREP=prepare and prep == "alone",
         num_warps=warps, enable_fp_fusion=False,
         # a register cap is register allocation only (the same instructions, the same bits):
         # 168 lets three programs share an SM where 208 let two (decode_step.regs_for)

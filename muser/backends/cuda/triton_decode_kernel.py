@@ -114,11 +114,10 @@ def _kernel():
                     FUSED: tl.constexpr, QK_NORM: tl.constexpr, ROPE: tl.constexpr,
                     INTERLEAVED: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
                     V_NORM: tl.constexpr, K_EQ_V: tl.constexpr, RING: tl.constexpr,
-                    ACC_DOT: tl.constexpr, PDL: tl.constexpr, PREP: tl.constexpr = False,
-                    WALK: tl.constexpr = 1):
+                    ACC_DOT: tl.constexpr, PDL: tl.constexpr, PREP: tl.constexpr = False):
         _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         pid = tl.program_id(0)                    # b * KV + kvh
-        s = tl.program_id(1)                      # splits s*WALK.., counted from the row's first
+        s = tl.program_id(1)                      # split, counted from the row's first
         b = pid // KV
         kvh = pid % KV
         # independent loads first (latency-bound): plane address, slot, length, position
@@ -134,11 +133,8 @@ def _kernel():
         # over SPLIT, ~264 at 32k); a split past the row's last would only repeat the live
         # splits' prologue and stores.  It leaves at once; split 0 always works (prepare_rows:
         # no split is live, split 0 stores the rows).  The live splits run the same
-        # instructions as before: the same bits.  WALK (MUSER_ATTN_WALK) > 1: a program takes
-        # WALK consecutive splits one after the other, each from empty, parked in its own slot
-        # and ticketed as its own -- the grid is WALK times narrower and the prologue (q, k, v,
-        # norms, RoPE, the row's store) runs once for them; a split's instructions are unchanged.
-        if (s * WALK < nact) | (s == 0):
+        # instructions as before: the same bits.
+        if (s < nact) | (s == 0):
             # Columns of the [*, 2 * BLOCK_H] tiles: the two rotation halves joined.  `dm` is the
             # memory dim of column c, `cv` whether it is a real dim (D need not be a power of 2).
             dm, cv = _columns(tl.arange(0, 2 * BLOCK_H), D, HALF, BLOCK_H, INTERLEAVED)
@@ -217,73 +213,66 @@ def _kernel():
                             mask=gm[:, None] & cv[None, :], other=0.0)
             # PREP (prepare_rows with MUSER_CHUNK_PREP=alone): the rows are stored; nothing attends
             if not PREP:
-                for w in range(WALK):               # WALK = 1: the old binary, byte for byte
-                    sw = s * WALK + w
-                    if sw < nact:
-                        a = a0 + sw
-                        t_lo = tl.maximum(a * SPLIT, (lo_pos // BLOCK_N) * BLOCK_N)
-                        t_hi = tl.minimum(a * SPLIT + SPLIT, pos + 1)
-                        lo_v = tl.zeros([BLOCK_G], tl.int64) + lo_pos
-                        hi_v = tl.zeros([BLOCK_G], tl.int64) + pos + 1
-                        ones = tl.full([BLOCK_N, 16], 1.0, O.dtype.element_ty)
-                        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-                        l = tl.zeros([BLOCK_G], tl.float32)
-                        acc = tl.zeros([BLOCK_G, 2 * BLOCK_H], tl.float32)
-                        # every tile masked: skipping the masks on the tiles the row sees whole
-                        # gives the same values and a faster kernel alone, but the three-loop
-                        # binary cost 0.35 ms per 1B decode step in the engine (H200,
-                        # benchmarks/NOTES.md, eighth session)
-                        for start in range(t_lo, t_hi, BLOCK_N):
-                            m, l, acc = _decode_tile(kp, vp, start, slot, pos, lo_pos, capm, rs,
-                                                     hs, kvh, dm, cv, q, lo_v, hi_v, m, l, acc,
-                                                     ones, scale, softcap, BLOCK_N, SOFTCAP, RING,
-                                                     True, ACC_DOT)
-                        base = pid * NSPLIT + sw
-                        tl.store(MS + base * G + g, m, mask=gm)
-                        tl.store(LS + base * G + g, l, mask=gm)
-                        tl.store(ACC + (base * G + g)[:, None] * D + dm[None, :], acc,
-                                 mask=gm[:, None] & cv[None, :])
-                        # tickets: the group of absolute split a, counted from the row's first
-                        gc = tl.arange(0, BLOCK_GC)
-                        gcm = gc < G
-                        grp = a // GS
-                        g_first = tl.maximum(grp * GS, a0)
-                        g_last = tl.minimum(grp * GS + GS - 1, a_last)
-                        ngrp = a_last // GS - a0 // GS + 1
-                        gcnt = CNT + NROWS + pid * NGG + (grp - a0 // GS)
-                        tl.debug_barrier()
-                        ticket = tl.atomic_add(gcnt, 1, sem="acq_rel", scope="gpu")
-                        if ticket == g_last - g_first:
-                            tl.store(gcnt, 0)
-                            M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, g_first - a0,
-                                            g_last - g_first + 1, a0,
-                                            gc, gcm, dm, cv, G, D, GS, False, DEPTH, BLOCK_GC,
-                                            2 * BLOCK_H)
-                            if ngrp > 1:              # park the group's total in its first slot
-                                gb = (pid * NSPLIT + g_first - a0) * G + gc
-                                tl.store(MS + gb, M, mask=gcm)
-                                tl.store(LS + gb, L, mask=gcm)
-                                tl.store(ACC + gb[:, None] * D + dm[None, :], A,
-                                         mask=gcm[:, None] & cv[None, :])
-                                tl.debug_barrier()
-                                top = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
-                                if top == ngrp - 1:
-                                    tl.store(CNT + pid, 0)
-                                    # (a chunk folds one group's total into an empty total
-                                    # too: exact)
-                                    M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, 0, ngrp, a0, gc,
-                                                    gcm, dm, cv, G, D, GS, True, DEPTH, BLOCK_GC,
-                                                    2 * BLOCK_H)
-                                    if SINKS:
-                                        M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
-                                    tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
-                                             (A / L[:, None]).to(O.dtype.element_ty),
-                                             mask=gcm[:, None] & cv[None, :])
-                            else:
+                if s < nact:
+                    a = a0 + s
+                    t_lo = tl.maximum(a * SPLIT, (lo_pos // BLOCK_N) * BLOCK_N)
+                    t_hi = tl.minimum(a * SPLIT + SPLIT, pos + 1)
+                    lo_v = tl.zeros([BLOCK_G], tl.int64) + lo_pos
+                    hi_v = tl.zeros([BLOCK_G], tl.int64) + pos + 1
+                    ones = tl.full([BLOCK_N, 16], 1.0, O.dtype.element_ty)
+                    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+                    l = tl.zeros([BLOCK_G], tl.float32)
+                    acc = tl.zeros([BLOCK_G, 2 * BLOCK_H], tl.float32)
+                    # every tile masked: skipping the masks on the tiles the row sees whole gives the
+                    # same values and a faster kernel alone, but the three-loop binary cost 0.35 ms per
+                    # 1B decode step in the engine (H200, benchmarks/NOTES.md, eighth session)
+                    for start in range(t_lo, t_hi, BLOCK_N):
+                        m, l, acc = _decode_tile(kp, vp, start, slot, pos, lo_pos, capm, rs, hs, kvh,
+                                                 dm, cv, q, lo_v, hi_v, m, l, acc, ones, scale,
+                                                 softcap, BLOCK_N, SOFTCAP, RING, True, ACC_DOT)
+                    base = pid * NSPLIT + s
+                    tl.store(MS + base * G + g, m, mask=gm)
+                    tl.store(LS + base * G + g, l, mask=gm)
+                    tl.store(ACC + (base * G + g)[:, None] * D + dm[None, :], acc,
+                             mask=gm[:, None] & cv[None, :])
+                    # tickets: the group of absolute split a, counted from the row's first group
+                    gc = tl.arange(0, BLOCK_GC)
+                    gcm = gc < G
+                    grp = a // GS
+                    g_first = tl.maximum(grp * GS, a0)
+                    g_last = tl.minimum(grp * GS + GS - 1, a_last)
+                    ngrp = a_last // GS - a0 // GS + 1
+                    gcnt = CNT + NROWS + pid * NGG + (grp - a0 // GS)
+                    tl.debug_barrier()
+                    ticket = tl.atomic_add(gcnt, 1, sem="acq_rel", scope="gpu")
+                    if ticket == g_last - g_first:
+                        tl.store(gcnt, 0)
+                        M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, g_first - a0,
+                                        g_last - g_first + 1, a0,
+                                        gc, gcm, dm, cv, G, D, GS, False, DEPTH, BLOCK_GC, 2 * BLOCK_H)
+                        if ngrp > 1:                      # park the group's total in its first slot
+                            gb = (pid * NSPLIT + g_first - a0) * G + gc
+                            tl.store(MS + gb, M, mask=gcm)
+                            tl.store(LS + gb, L, mask=gcm)
+                            tl.store(ACC + gb[:, None] * D + dm[None, :], A,
+                                     mask=gcm[:, None] & cv[None, :])
+                            tl.debug_barrier()
+                            top = tl.atomic_add(CNT + pid, 1, sem="acq_rel", scope="gpu")
+                            if top == ngrp - 1:
+                                tl.store(CNT + pid, 0)
+                                # (a chunk folds one group's total into an empty total too: exact)
+                                M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, 0, ngrp, a0, gc, gcm, dm, cv,
+                                                G, D, GS, True, DEPTH, BLOCK_GC, 2 * BLOCK_H)
                                 if SINKS:
                                     M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
                                 tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
                                          (A / L[:, None]).to(O.dtype.element_ty),
                                          mask=gcm[:, None] & cv[None, :])
+                        else:
+                            if SINKS:
+                                M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
+                            tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
+                                     (A / L[:, None]).to(O.dtype.element_ty),
+                                     mask=gcm[:, None] & cv[None, :])
 
     return attn_kernel
