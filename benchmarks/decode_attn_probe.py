@@ -6,7 +6,10 @@ in a CUDA graph and replayed (us per launch).  Variants override triton_attn.lay
 (split, group, depth, block_n, warps); `q-given` runs decode_attention on a prepared q (no
 norm / RoPE / store / reload prologue) -- the prologue's cost is the difference.
 
-    PYTHONPATH=. python3 benchmarks/decode_attn_probe.py [context ...]
+    PYTHONPATH=. python3 benchmarks/decode_attn_probe.py [context ...] [qk] [NAME:KEY=INT,...]
+
+A `NAME:KEY=INT,...` argument (e.g. `bn64w8:block_n=64,warps=8`) replaces the built-in variants
+with the ones given (the default layout always runs first).
 """
 import sys
 
@@ -42,6 +45,18 @@ def graph_us(fn, reps=20, replays=20):
     return ev[0].elapsed_time(ev[1]) * 1e3 / reps / replays
 
 
+def variants(args: list[str]) -> list[tuple[str, dict]]:
+    """The layouts to time: the built-in list, or `default` and the NAME:KEY=INT,... args."""
+    given = [a for a in args if ":" in a]
+    if not given:
+        return VARIANTS
+    out = [("default", {})]
+    for a in given:
+        name, spec = a.split(":", 1)
+        out.append((name, {k: int(v) for k, v in (kv.split("=") for kv in spec.split(","))}))
+    return out
+
+
 def main():
     dev, dt = "cuda", torch.bfloat16
     contexts = [int(a) for a in sys.argv[1:] if a.isdigit()] or [2048, 32768]
@@ -66,8 +81,10 @@ def main():
             meta = torch.tensor([[slot, n]], dtype=torch.int64, device=dev)
             pos = torch.tensor([ctx], dtype=torch.int64, device=dev)
             out = torch.empty(1, H, D, device=dev, dtype=dt)
-            for name, over in VARIANTS:
+            for name, over in variants(sys.argv[1:]):
                 lay = {**layout(kind == "growing", D), **over}
+                # whole tiles a split, as layout() rounds (a ring's 32 under a 64-key tile: 64)
+                lay["split"] = max(lay["block_n"], -(-lay["split"] // lay["block_n"]) * lay["block_n"])
                 nsplit = td.splits_for(plane.capacity, kind == "growing", lay["split"])
                 ws = td.DecodeWorkspace(1, KV, H // KV, D, nsplit, dev)
                 try:

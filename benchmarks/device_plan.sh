@@ -56,6 +56,8 @@
 #                (against the tree before, carry .prev): greedy tests, A/B, greedy_tail
 #   streams_fix  the busy-stream greedy test against the tree without the fill wait (carry .bug:
 #                it must fail there), then the greedy rows and greedy_tail on this tree
+#   ceiling      Triton flash attention by key tile vs FA-2 and the exact chunk layouts; the
+#                decode launch at 64 / 128-key tiles (issue 12's global layers)
 #   norm_in      MUSER_NORM_IN (dot_rows norms its own rows: one launch an add+norm fewer):
 #                bits against add_norm + dot, the engine's rows, then the A/B at 1 and 16 rows
 #   tiles1b_ab   the 1B's gate/up (64,128,8,4) and down (32,128,4,4) decode tiles (sixteenth
@@ -309,6 +311,15 @@ stage_growing_group() {  # GR32F's decode cost was its 4x splits a group's merge
   bench 420 . benchmarks/exact_ab.py --models 1b,270m --trees exact --long --profile \
     --variants "GR32FG64:MUSER_GROWING_ROWS=32,MUSER_CHUNK_LOOP=flat,MUSER_GROWING_GROUP=64;GR32FG32:MUSER_GROWING_ROWS=32,MUSER_CHUNK_LOOP=flat,MUSER_GROWING_GROUP=32"
 }
+stage_ceiling() {  # issue 12: a plain Triton flash attention's 16k time by key tile against
+  # FlashAttention-2 and the exact chunk layouts (32 / 64 / 128-key tiles), then the decode
+  # launch at 64 / 128-key tiles (2k / 32k): is the key tile the lever, and can decode pay it?
+  bench 300 . benchmarks/fa_ceiling.py
+  bench 240 . benchmarks/decode_attn_probe.py 2048 32768 qk "bn64w4:block_n=64,warps=4" \
+    "bn64w8:block_n=64,warps=8" "bn64w8s64:block_n=64,warps=8,split=64" \
+    "bn128w8:block_n=128,warps=8" "bn128w8s256:block_n=128,warps=8,split=256"
+}
+
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
   # worker's wait at greedy._launch's first copy the GIL's take_gil, or the CUDA driver?
   bench 240 . benchmarks/server_load.py --model 270m --device cuda --slots 16 --levels 16,16 \
