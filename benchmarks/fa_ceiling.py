@@ -10,11 +10,13 @@ asks two things on the Gemma-3-1B geometry (4 heads, 1 KV head, D 256, causal, 1
    If 32-key tiles cost ~2x what 128-key ones do even there, the decode step's 32-key tile (the
    arithmetic both kernels share) is the lever; if Triton's best is far from FA-2, it is not.
 2. The exact chunk kernel on the same inputs: the default layout (growing splits of 128 keys,
-   nested loop) and growing splits of one 32-key tile with the flat loop (GR32F).
+   nested loop), other key tiles and splits, and triton_chunk_lean.py (the default layout's
+   bits with the group's and total's state in memory: one register accumulator, 4 warps),
+   checked torch.equal against the default.
 
 Every Triton variant is checked against FlashAttention-2 (max |diff| printed; bf16 output).
 
-    PYTHONPATH=. python3 benchmarks/fa_ceiling.py [--rows 16384] [--reps 5]
+    PYTHONPATH=. python3 benchmarks/fa_ceiling.py [--rows 16384] [--reps 5] [--parts fa,lean,exact]
 """
 from __future__ import annotations
 
@@ -37,6 +39,9 @@ EXACT = [("exact chunk, default (32-key tiles, 128-key splits, nested)", {}),
          ("exact chunk, 64-key tiles, 128-key splits, nested", {"block_n": 64, "split": 128}),
          ("exact chunk, 128-key tiles and splits, flat", {"block_n": 128, "split": 128,
                                                           "chunk_loop": "flat"})]
+
+# triton_chunk_lean.py on the default layout: (query slots a program, warps)
+LEAN = [(64, 4), (64, 8), (32, 4), (128, 8)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,6 +129,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=16384)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--parts", default="fa,lean,exact",
+                    help="which rows besides FA-2: fa (plain Triton), lean, exact (layouts)")
     a = ap.parse_args()
     dev, dt = "cuda", torch.bfloat16
     torch.manual_seed(0)
@@ -135,7 +142,8 @@ def main():
     ms = timed(lambda: flash(q, k, v), a.reps)
     print(f"| variant | ms | TFLOP/s | max diff vs FA-2 |\n|---|---:|---:|---:|")
     print(f"| FlashAttention-2 | {ms:.2f} | {flops / ms / 1e9:.0f} | 0 |", flush=True)
-    for bm, bn, warps, stages in CONFIGS:
+    parts = set(a.parts.split(","))
+    for bm, bn, warps, stages in CONFIGS if "fa" in parts else ():
         name = f"Triton FA BM {bm} BN {bn} warps {warps} stages {stages}"
         try:
             out = triton_fa(q, k, v, bm, bn, warps, stages)
@@ -147,7 +155,20 @@ def main():
     from muser.backends.cuda.triton_attn import layout
     from muser.backends.cuda.triton_chunk import chunk_attention
     base = layout(True, D)
-    for name, over in EXACT:
+    exact = chunk_attention(q, k, v, 0, 0, None, SCALE, None, False, base)
+    from muser.backends.cuda.triton_chunk_lean import lean_attention
+    for bm, warps in LEAN if "lean" in parts else ():
+        name = f"lean chunk (state in memory), BM {bm} warps {warps}"
+        fn = lambda: lean_attention(q, k, v, 0, 0, SCALE, None, False, base,  # noqa: E731
+                                    block_m=bm, warps=warps)
+        try:
+            out = fn()
+            ms = timed(fn, a.reps)
+            print(f"| {name} | {ms:.2f} | {flops / ms / 1e9:.0f} | equal to the exact "
+                  f"default: {torch.equal(out, exact)} |", flush=True)
+        except Exception as e:                                          # noqa: BLE001
+            print(f"| {name} | failed: {type(e).__name__} {str(e)[:120]} | | |", flush=True)
+    for name, over in EXACT if "exact" in parts else EXACT[:1]:
         lay = {**base, **over}
         fn = lambda: chunk_attention(q, k, v, 0, 0, None, SCALE, None, False, lay)  # noqa: E731
         try:
