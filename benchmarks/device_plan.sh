@@ -58,7 +58,7 @@
 #                it must fail there), then the greedy rows and greedy_tail on this tree
 #   ceiling      Triton flash attention by key tile vs FA-2 and the exact chunk layouts; the
 #                decode launch at 64 / 128-key tiles (issue 12's global layers)
-#   lean         the lean chunk route (group / total state in memory): bits, then 16k time
+#   steps        the exact kernel's habits added to flash attention one at a time; its tiles
 #   norm_in      MUSER_NORM_IN (dot_rows norms its own rows: one launch an add+norm fewer):
 #                bits against add_norm + dot, the engine's rows, then the A/B at 1 and 16 rows
 #   tiles1b_ab   the 1B's gate/up (64,128,8,4) and down (32,128,4,4) decode tiles (sixteenth
@@ -321,10 +321,9 @@ stage_ceiling() {  # issue 12: a plain Triton flash attention's 16k time by key 
     "bn128w8:block_n=128,warps=8" "bn128w8s256:block_n=128,warps=8,split=256"
 }
 
-stage_lean() {  # triton_chunk_lean.py: its bits against the decode kernel, then its 16k time
-  # against the exact default and FlashAttention-2 (torch.equal to the default printed)
-  tests 240 -x tests/cuda/test_triton_chunk_lean.py
-  bench 240 . benchmarks/fa_ceiling.py --parts lean
+stage_steps() {  # issue 12: the exact chunk kernel's habits added to a plain flash attention
+  # one at a time (what each costs), and the exact kernel on other query tiles / warps
+  bench 300 . benchmarks/fa_ceiling.py --parts steps,slots
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the

@@ -10,13 +10,14 @@ asks two things on the Gemma-3-1B geometry (4 heads, 1 KV head, D 256, causal, 1
    If 32-key tiles cost ~2x what 128-key ones do even there, the decode step's 32-key tile (the
    arithmetic both kernels share) is the lever; if Triton's best is far from FA-2, it is not.
 2. The exact chunk kernel on the same inputs: the default layout (growing splits of 128 keys,
-   nested loop), other key tiles and splits, and triton_chunk_lean.py (the default layout's
-   bits with the group's and total's state in memory: one register accumulator, 4 warps),
-   checked torch.equal against the default.
+   nested loop) and other key tiles and splits.
+3. Between the two (`steps`): the exact kernel's habits added to the plain kernel one at a
+   time -- row sums by a dot with ones, exp with a guarded alpha and no FMA contraction,
+   state kept by select where a row sees nothing, and the split / group / total structure.
 
 Every Triton variant is checked against FlashAttention-2 (max |diff| printed; bf16 output).
 
-    PYTHONPATH=. python3 benchmarks/fa_ceiling.py [--rows 16384] [--reps 5] [--parts fa,lean,exact]
+    PYTHONPATH=. python3 benchmarks/fa_ceiling.py [--rows 16384] [--reps 5] [--parts fa,steps,exact,slots]
 """
 from __future__ import annotations
 
@@ -39,9 +40,19 @@ EXACT = [("exact chunk, default (32-key tiles, 128-key splits, nested)", {}),
          ("exact chunk, 64-key tiles, 128-key splits, nested", {"block_n": 64, "split": 128}),
          ("exact chunk, 128-key tiles and splits, flat", {"block_n": 128, "split": 128,
                                                           "chunk_loop": "flat"})]
+# the default layout with other query tiles (a launch shape: rows never meet): (slots, warps)
+SLOTS = [(64, 4), (32, 4), (32, 8), (16, 4)]
 
-# triton_chunk_lean.py on the default layout: (query slots a program, warps)
-LEAN = [(64, 4), (64, 8), (32, 4), (128, 8)]
+# the exact kernel's habits added to flash attention one at a time (BM 64, BN 32)
+STEPS = [("4 warps", {}), ("+ row sums by a dot with ones", {"ones": True}),
+         ("+ exp, guarded alpha, no FMA fusion", {"exp": True, "fusion": False}),
+         ("+ state kept by select on masked tiles", {"sel": True}),
+         ("all three", {"ones": True, "exp": True, "fusion": False, "sel": True}),
+         ("all three + 4-tile splits, groups of 16 (3 accumulators)",
+          {"ones": True, "exp": True, "fusion": False, "sel": True, "splits": 4}),
+         ("all three + splits, 8 warps",
+          {"ones": True, "exp": True, "fusion": False, "sel": True, "splits": 4, "warps": 8}),
+         ("exp + splits only, 8 warps", {"exp": True, "splits": 4, "warps": 8})]
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,8 +61,61 @@ def _fa():
     import triton.language as tl
 
     @triton.jit
+    def fold(q, k, v, kk, rows, m, l, acc, ones, qk_scale, MASKED: tl.constexpr,
+             ONES: tl.constexpr, EXP: tl.constexpr, SEL: tl.constexpr):
+        """One key tile into the running softmax (flash attention's step), with the exact
+        kernel's habits one at a time: ONES the row sums as a dot with ones, EXP exp (not
+        exp2) and its guarded alpha, SEL a row that sees none of a masked tile keeps its
+        state by select (two accumulators live)."""
+        s = tl.dot(q, tl.trans(k)) * qk_scale                # [BM, BN]
+        see = kk[None, :] <= rows[:, None]
+        if MASKED:
+            s = tl.where(see, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        if EXP:
+            alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
+            p = tl.exp(s - m_new[:, None])
+        else:
+            alpha = tl.math.exp2(m - m_new)
+            p = tl.math.exp2(s - m_new[:, None])
+        if MASKED and EXP:
+            p = tl.where(see, p, 0.0)
+        p = p.to(v.dtype)
+        if ONES:
+            l_new = l * alpha + tl.max(tl.dot(p, ones), 1)
+        else:
+            l_new = l * alpha + tl.sum(p.to(tl.float32), 1)
+        acc_new = tl.dot(p, v, acc * alpha[:, None])
+        if MASKED and SEL:
+            live = tl.max(see.to(tl.int32), 1) > 0
+            return (tl.where(live, m_new, m), tl.where(live, l_new, l),
+                    tl.where(live[:, None], acc_new, acc))
+        return m_new, l_new, acc_new
+
+    globals()["fold"] = fold            # the interpreter looks for names in module globals
+
+    @triton.jit
+    def merge(M, L, A, m, l, a):
+        """merge_one's arithmetic (triton_attn.py), selects and all."""
+        M_new = tl.maximum(M, m)
+        none = M_new == float("-inf")
+        alpha = tl.where(none, 0.0, tl.exp(M - M_new))
+        w = tl.where(none, 0.0, tl.exp(m - M_new))
+        L2 = L * alpha + w * l
+        A2 = A * alpha[:, None] + w[:, None] * a
+        empty = m == float("-inf")
+        fresh = M == float("-inf")
+        return (tl.where(empty, M, tl.where(fresh, m, M_new)),
+                tl.where(empty, L, tl.where(fresh, l, L2)),
+                tl.where(empty[:, None], A, tl.where(fresh[:, None], a, A2)))
+
+    globals()["merge"] = merge
+
+    @triton.jit
     def fa_kernel(Q, K, V, O, N, qk_scale, H: tl.constexpr, KVH: tl.constexpr,
-                  D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+                  D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                  ONES: tl.constexpr = False, EXP: tl.constexpr = False,
+                  SEL: tl.constexpr = False, SPLITS: tl.constexpr = 0):
         # heavy tiles (late rows: more keys) first
         t = tl.num_programs(0) - 1 - tl.program_id(0)
         h = tl.program_id(1)
@@ -61,48 +125,63 @@ def _fa():
         live = rows < N
         q = tl.load(Q + (rows[:, None].to(tl.int64) * H + h) * D + d[None, :],
                     mask=live[:, None], other=0.0)           # [BM, D]
+        ones = tl.full([BN, 16], 1.0, Q.dtype.element_ty)
         m = tl.full([BM], float("-inf"), tl.float32)
         l = tl.zeros([BM], tl.float32)
         acc = tl.zeros([BM, D], tl.float32)
+        # SPLITS > 0: the exact kernel's structure -- a split of SPLITS tiles from empty, folded
+        # into a group at its end, groups of 16 splits into a total (three accumulators)
+        Mg = tl.full([BM], float("-inf"), tl.float32)
+        Lg = tl.zeros([BM], tl.float32)
+        Ag = tl.zeros([BM, D], tl.float32)
+        Mt = tl.full([BM], float("-inf"), tl.float32)
+        Lt = tl.zeros([BM], tl.float32)
+        At = tl.zeros([BM, D], tl.float32)
         hi = tl.minimum(t * BM + BM, N)
         whole = (t * BM) // BN * BN                          # keys every row sees: [0, whole)
-        for st in range(0, whole, BN):
-            kk = st + tl.arange(0, BN)
-            off = (kk[:, None].to(tl.int64) * KVH + kvh) * D + d[None, :]
-            k = tl.load(K + off)
-            s = tl.dot(q, tl.trans(k)) * qk_scale             # [BM, BN], log2 units
-            m_new = tl.maximum(m, tl.max(s, 1))
-            p = tl.math.exp2(s - m_new[:, None])
-            alpha = tl.math.exp2(m - m_new)
-            l = l * alpha + tl.sum(p, 1)
-            v = tl.load(V + off)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-            m = m_new
-        for st in range(whole, hi, BN):                      # the diagonal: masked
+        for st in range(0, hi, BN):
             kk = st + tl.arange(0, BN)
             off = (kk[:, None].to(tl.int64) * KVH + kvh) * D + d[None, :]
             ok = kk < N
             k = tl.load(K + off, mask=ok[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * qk_scale
-            s = tl.where(kk[None, :] <= rows[:, None], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            p = tl.math.exp2(s - m_new[:, None])
-            alpha = tl.math.exp2(m - m_new)
-            l = l * alpha + tl.sum(p, 1)
             v = tl.load(V + off, mask=ok[:, None], other=0.0)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-            m = m_new
+            if SPLITS > 0:
+                fresh = (st // BN) % SPLITS == 0
+                m = tl.where(fresh, float("-inf"), m)
+                l = tl.where(fresh, 0.0, l)
+                acc = tl.where(fresh, 0.0, acc)
+            if st < whole:
+                m, l, acc = fold(q, k, v, kk, rows, m, l, acc, ones, qk_scale, False, ONES, EXP,
+                                 SEL)
+            else:
+                m, l, acc = fold(q, k, v, kk, rows, m, l, acc, ones, qk_scale, True, ONES, EXP,
+                                 SEL)
+            if SPLITS > 0:
+                last = st + BN >= hi
+                if ((st // BN) % SPLITS == SPLITS - 1) | last:
+                    Mg, Lg, Ag = merge(Mg, Lg, Ag, m, l, acc)
+                    if ((st // BN // SPLITS) % 16 == 15) | last:
+                        Mt, Lt, At = merge(Mt, Lt, At, Mg, Lg, Ag)
+                        Mg = tl.full([BM], float("-inf"), tl.float32)
+                        Lg = tl.zeros([BM], tl.float32)
+                        Ag = tl.zeros([BM, D], tl.float32)
+        if SPLITS > 0:
+            l = Lt
+            acc = At
         tl.store(O + (rows[:, None].to(tl.int64) * H + h) * D + d[None, :],
                  (acc / l[:, None]).to(O.dtype.element_ty), mask=live[:, None])
 
     return fa_kernel
 
 
-def triton_fa(q, k, v, bm, bn, warps, stages):
+def triton_fa(q, k, v, bm, bn, warps, stages, ones=False, exp=False, sel=False, splits=0,
+              fusion=True):
     n = q.shape[0]
     out = torch.empty_like(q)
-    _fa()[(-(-n // bm), H)](q, k, v, out, n, SCALE * 1.4426950408889634, H=H, KVH=KV, D=D,
-                            BM=bm, BN=bn, num_warps=warps, num_stages=stages)
+    _fa()[(-(-n // bm), H)](q, k, v, out, n, SCALE * (1.0 if exp else 1.4426950408889634),
+                            H=H, KVH=KV, D=D, BM=bm, BN=bn, ONES=ones, EXP=exp, SEL=sel,
+                            SPLITS=splits, num_warps=warps, num_stages=stages,
+                            enable_fp_fusion=fusion)
     return out
 
 
@@ -129,8 +208,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=16384)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--parts", default="fa,lean,exact",
-                    help="which rows besides FA-2: fa (plain Triton), lean, exact (layouts)")
+    ap.add_argument("--parts", default="fa,steps,exact,slots",
+                    help="which rows besides FA-2: fa (plain Triton by tile), steps (the exact "
+                         "kernel's habits added to it), exact (the chunk kernel's layouts), slots "
+                         "(its query tiles and warps)")
     a = ap.parse_args()
     dev, dt = "cuda", torch.bfloat16
     torch.manual_seed(0)
@@ -152,25 +233,27 @@ def main():
             print(f"| {name} | {ms:.2f} | {flops / ms / 1e9:.0f} | {diff:.3g} |", flush=True)
         except Exception as e:                                          # noqa: BLE001
             print(f"| {name} | failed: {type(e).__name__} {str(e)[:120]} | | |", flush=True)
+    for name, kw in STEPS if "steps" in parts else ():
+        try:
+            fn = lambda: triton_fa(q, k, v, 64, 32, kw.get("warps", 4), 2, **{  # noqa: E731
+                x: y for x, y in kw.items() if x != "warps"})
+            out = fn()
+            diff = (out.float() - ref.float()).abs().max().item()
+            ms = timed(fn, a.reps)
+            print(f"| flash, BM 64, BN 32: {name} | {ms:.2f} | {flops / ms / 1e9:.0f} | "
+                  f"{diff:.3g} |", flush=True)
+        except Exception as e:                                          # noqa: BLE001
+            print(f"| flash: {name} | failed: {type(e).__name__} {str(e)[:120]} | | |", flush=True)
     from muser.backends.cuda.triton_attn import layout
     from muser.backends.cuda.triton_chunk import chunk_attention
     base = layout(True, D)
-    exact = chunk_attention(q, k, v, 0, 0, None, SCALE, None, False, base)
-    from muser.backends.cuda.triton_chunk_lean import lean_attention
-    for bm, warps in LEAN if "lean" in parts else ():
-        name = f"lean chunk (state in memory), BM {bm} warps {warps}"
-        fn = lambda: lean_attention(q, k, v, 0, 0, SCALE, None, False, base,  # noqa: E731
-                                    block_m=bm, warps=warps)
-        try:
-            out = fn()
-            ms = timed(fn, a.reps)
-            print(f"| {name} | {ms:.2f} | {flops / ms / 1e9:.0f} | equal to the exact "
-                  f"default: {torch.equal(out, exact)} |", flush=True)
-        except Exception as e:                                          # noqa: BLE001
-            print(f"| {name} | failed: {type(e).__name__} {str(e)[:120]} | | |", flush=True)
-    for name, over in EXACT if "exact" in parts else EXACT[:1]:
+    runs = [(name, over, 64, None) for name, over in (EXACT if "exact" in parts else EXACT[:1])]
+    runs += [(f"exact chunk, default layout, {bm} slots, {w} warps", {}, bm, w)
+             for bm, w in (SLOTS if "slots" in parts else ())]
+    for name, over, bm, warps in runs:
         lay = {**base, **over}
-        fn = lambda: chunk_attention(q, k, v, 0, 0, None, SCALE, None, False, lay)  # noqa: E731
+        fn = lambda: chunk_attention(q, k, v, 0, 0, None, SCALE, None, False, lay,  # noqa: E731
+                                     block_m=bm, warps=warps)
         try:
             out = fn()
             diff = (out.float() - ref.float()).abs().max().item()

@@ -37,8 +37,6 @@ CHUNK = dict(H=4, KV=1, G=4, D=256, HALF=128, BLOCK_H=128, INTERLEAVED=False, BM
              BLOCK_N=32, SPLIT=32, GS=4, SOFTCAP=False, SINKS=False, RING=True, FLAT=True,
              DSPLIT=1, INTERIOR=True, ACC_DOT=True, TWO=True, DEV=True, ONE=True, PARK=False)
 GROWING = dict(RING=False, FLAT=False, ONE=False, SPLIT=128, GS=16)
-LEAN = dict(H=4, KV=1, G=4, D=256, HALF=128, BLOCK_H=128, INTERLEAVED=False, BM=64, ROWS=16,
-            BLOCK_N=32, SPLIT=128, GS=16, SOFTCAP=False, INTERIOR=True, ACC_DOT=True)
 FOLD = dict(H=4, KV=1, G=4, D=256, HALF=128, BLOCK_H=128, INTERLEAVED=False, BM=32, ROWS=8,
             SPLIT=128, GS=16, SINKS=False, DEV=True)
 DECODE = dict(H=4, KV=1, G=4, D=256, HALF=128, BLOCK_H=128, BLOCK_G=16, BLOCK_GC=4, BLOCK_N=32,
@@ -119,9 +117,6 @@ CONFIGS = [
     ("mlp half, one persistent launch, 270M", "mega", {}, 4),
     ("mlp half, one persistent launch, 1B", "mega", MEGA_1B, 4),
     ("fold growing captured", "fold", {}, 4),
-    ("lean chunk growing, 4 warps", "lean", {}, 4),
-    ("lean chunk growing, 8 warps", "lean", {}, 8),
-    ("lean chunk growing, 32 slots, 4 warps", "lean", dict(BM=32, ROWS=8), 4),
     ("fold ring eager sinks", "fold", dict(SINKS=True, DEV=False, BM=16, ROWS=4, SPLIT=32, GS=4),
      4),
 ]
@@ -142,7 +137,7 @@ TILES = [
 TYPES = {  # argument types as the engine passes them (others are i32)
     # chunk attention and the fold
     "Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "SNK": "*bf16", "K2": "*bf16",
-    "V2": "*bf16", "WM": "*fp32", "WL": "*fp32", "WA": "*fp32", "MS": "*fp32", "LS": "*fp32", "ACC": "*fp32", "TAB": "*i64", "META": "*i64",
+    "V2": "*bf16", "MS": "*fp32", "LS": "*fp32", "ACC": "*fp32", "TAB": "*i64", "META": "*i64",
     "scale": "fp32", "softcap": "fp32",
     # decode attention
     "QKV": "*bf16", "POS": "*i64", "COS": "*fp32", "SIN": "*fp32", "QN": "*bf16", "KN": "*bf16",
@@ -279,7 +274,6 @@ def norm_check(compiled: dict) -> None:
 def main():
     import triton
     from muser.backends.cuda.triton_chunk import _kernel
-    from muser.backends.cuda.triton_chunk_lean import _kernel as _lean_kernel
     from muser.backends.cuda.triton_chunk_park import _fold_kernel
     from muser.backends.cuda.triton_decode_kernel import _kernel as _decode_kernel
     from muser.backends.cuda.triton_dot import _kernels as _dot_kernels
@@ -296,7 +290,6 @@ def main():
                     help="each norm-in dot's prologue against its add_norm's float ops")
     args = ap.parse_args()
     kernels = {"chunk": (_kernel(), CHUNK), "fold": (_fold_kernel(), FOLD),
-               "lean": (_lean_kernel(), LEAN),
                "decode": (_decode_kernel(), DECODE), "dot": (_dot_kernels()[0], DOWN),
                "add_norm": (_ops_kernels()[0], ADD_NORM),
                "add_pieces": (_ops_kernels()[2], ADD_PIECES),
