@@ -59,6 +59,7 @@
 #   ceiling      Triton flash attention by key tile vs FA-2 and the exact chunk layouts; the
 #                decode launch at 64 / 128-key tiles (issue 12's global layers)
 #   steps        the exact kernel's habits added to flash attention one at a time; its tiles
+#   align        aligned chunk row runs without the state-keeping select: bits, 16k time
 #   norm_in      MUSER_NORM_IN (dot_rows norms its own rows: one launch an add+norm fewer):
 #                bits against add_norm + dot, the engine's rows, then the A/B at 1 and 16 rows
 #   tiles1b_ab   the 1B's gate/up (64,128,8,4) and down (32,128,4,4) decode tiles (sixteenth
@@ -324,6 +325,12 @@ stage_ceiling() {  # issue 12: a plain Triton flash attention's 16k time by key 
 stage_steps() {  # issue 12: the exact chunk kernel's habits added to a plain flash attention
   # one at a time (what each costs), and the exact kernel on other query tiles / warps
   bench 300 . benchmarks/fa_ceiling.py --parts steps,slots
+}
+
+stage_align() {  # lay["align"]: the chunk kernel's aligned row runs without tile_step's
+  # state-keeping select -- its bits on the GPU, then its 16k time against the default
+  tests 240 -x tests/cuda/test_triton_chunk.py -k "aligned or (growing and nested)"
+  bench 200 . benchmarks/fa_ceiling.py --parts align --reps 7
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the

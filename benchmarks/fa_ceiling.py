@@ -17,7 +17,7 @@ asks two things on the Gemma-3-1B geometry (4 heads, 1 KV head, D 256, causal, 1
 
 Every Triton variant is checked against FlashAttention-2 (max |diff| printed; bf16 output).
 
-    PYTHONPATH=. python3 benchmarks/fa_ceiling.py [--rows 16384] [--reps 5] [--parts fa,steps,exact,slots]
+    PYTHONPATH=. python3 benchmarks/fa_ceiling.py [--rows 16384] [--reps 5] [--parts fa,steps,exact,slots,align]
 """
 from __future__ import annotations
 
@@ -42,6 +42,9 @@ EXACT = [("exact chunk, default (32-key tiles, 128-key splits, nested)", {}),
                                                           "chunk_loop": "flat"})]
 # the default layout with other query tiles (a launch shape: rows never meet): (slots, warps)
 SLOTS = [(64, 4), (32, 4), (32, 8), (16, 4)]
+# the default layout with aligned row runs and no state-keeping select (lay["align"]):
+# (slots, warps); torch.equal against the default printed
+ALIGNED = [(64, 8), (64, 4), (32, 4)]
 
 # the exact kernel's habits added to flash attention one at a time (BM 64, BN 32)
 STEPS = [("4 warps", {}), ("+ row sums by a dot with ones", {"ones": True}),
@@ -208,10 +211,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=16384)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--parts", default="fa,steps,exact,slots",
+    ap.add_argument("--parts", default="fa,steps,exact,slots,align",
                     help="which rows besides FA-2: fa (plain Triton by tile), steps (the exact "
                          "kernel's habits added to it), exact (the chunk kernel's layouts), slots "
-                         "(its query tiles and warps)")
+                         "(its query tiles and warps), align (aligned row runs, no keeping select)")
     a = ap.parse_args()
     dev, dt = "cuda", torch.bfloat16
     torch.manual_seed(0)
@@ -250,6 +253,17 @@ def main():
     runs = [(name, over, 64, None) for name, over in (EXACT if "exact" in parts else EXACT[:1])]
     runs += [(f"exact chunk, default layout, {bm} slots, {w} warps", {}, bm, w)
              for bm, w in (SLOTS if "slots" in parts else ())]
+    if "align" in parts:
+        exact = chunk_attention(q, k, v, 0, 0, None, SCALE, None, False, base)
+        for bm, warps in ALIGNED:
+            lay = {**base, "align": True}
+            fn = lambda: chunk_attention(q, k, v, 0, 0, None, SCALE, None, False,  # noqa: E731
+                                         lay, block_m=bm, warps=warps)
+            out = fn()
+            ms = timed(fn, a.reps)
+            print(f"| exact chunk, aligned rows, no keeping select, {bm} slots, {warps} warps | "
+                  f"{ms:.2f} | {flops / ms / 1e9:.0f} | equal to the default: "
+                  f"{torch.equal(out, exact)} |", flush=True)
     for name, over, bm, warps in runs:
         lay = {**base, **over}
         fn = lambda: chunk_attention(q, k, v, 0, 0, None, SCALE, None, False, lay,  # noqa: E731

@@ -171,3 +171,17 @@ def test_sinks_give_a_chunk_row_the_decode_bits(dev, kdtype):
     parts = [chunk_attention(q[a:a + 16], k, v, a, 0, 48, 0.2, None, False, lay, sinks=sinks,
                              block_m=block_m) for a in range(0, 100, 16)]
     assert lay["park"] >= 16 and torch.equal(torch.cat(parts), torch.cat(want))
+
+
+@pytest.mark.parametrize("sizes", [[1, 7, 97, 45], [50, 1, 1, 98]])
+def test_aligned_row_runs_without_the_keeping_select_have_the_decode_bits(dev, kdtype, sizes):
+    """lay["align"] (an experiment): a growing plane's programs take ROWS-aligned runs of
+    positions, so every row sees a key of every tile its program walks and tile_step's
+    state-keeping select is left out -- still the decode step's bits, chunks starting anywhere."""
+    heads, kv, d = 4, 2, 32
+    lay = _layout("growing", d, 16)
+    ins = _inputs(heads, kv, d, kdtype, dev, True)
+    ref, _, nsplit, cap = _decode("growing", heads, kv, d, kdtype, dev, lay, *ins, d ** -0.5, None)
+    out, _, _ = _chunks("growing", sizes, heads, kv, d, kdtype, dev, {**lay, "align": True},
+                        nsplit, cap, *ins, d ** -0.5, None, 32)
+    assert torch.equal(out, ref)

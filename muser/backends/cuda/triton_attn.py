@@ -113,11 +113,13 @@ def pieces() -> dict:
 
     @triton.jit
     def tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap, SOFTCAP: tl.constexpr,
-                  MASKED: tl.constexpr, ACC_DOT: tl.constexpr):
+                  MASKED: tl.constexpr, ACC_DOT: tl.constexpr, KEEP: tl.constexpr = True):
         """Fold one tile of keys into each row's running softmax.
         q [BM, DP], k/v [BN, DP], kpos [BN] positions, lo/hi [BM]: row i sees [lo_i, hi_i).
         MASKED False: a tile every row sees whole (the caller knows) -- the same values with
-        the selects left out (they would all pick their first operand)."""
+        the selects left out (they would all pick their first operand).  KEEP False: the caller
+        knows every row it keeps sees at least one key of the tile, so the select that keeps a
+        row's state where it sees none is left out (it would pick acc_new for every such row)."""
         sc, valid = _scores(q, k, kpos, lo, hi, scale, softcap, SOFTCAP, MASKED)
         m_new = tl.maximum(m, tl.max(sc, 1))
         alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
@@ -134,7 +136,7 @@ def pieces() -> dict:
             acc_new = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
         else:
             acc_new = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        if MASKED:
+        if MASKED and KEEP:
             # a row that sees no key of this tile keeps its state as it was, bit for bit (not
             # "times exp(0) plus zero products": what a chunk row does where a decode row never
             # goes)

@@ -65,7 +65,8 @@ def _kernel():
                      SINKS: tl.constexpr, RING: tl.constexpr, FLAT: tl.constexpr,
                      DSPLIT: tl.constexpr, INTERIOR: tl.constexpr, ACC_DOT: tl.constexpr,
                      TWO: tl.constexpr, DEV: tl.constexpr, ONE: tl.constexpr,
-                     PARK: tl.constexpr, FLATTEN: tl.constexpr = False):
+                     PARK: tl.constexpr, FLATTEN: tl.constexpr = False,
+                     ALIGN: tl.constexpr = False, KEEP: tl.constexpr = True):
         if DEV:
             # a captured pass (chunk_graph.py): the plane and the chunk's place come from device
             # memory -- TAB (k_ptr, v_ptr, row stride, head stride), META (start, rows, first,
@@ -86,9 +87,21 @@ def _kernel():
         kvh = tl.program_id(1)
         part = tl.program_id(2)                  # which 1 / DSPLIT of the value columns
         i = tl.arange(0, BM)
-        r = t * ROWS + i // G                    # query row of slot i
+        # ALIGN (a growing plane, no window; ROWS divides BLOCK_N): a program's rows are the
+        # chunk's positions in one aligned run of ROWS, so they never straddle a key tile and
+        # every row sees a key of every tile and split the program walks -- tile_step's
+        # state-keeping select never picks the old state (KEEP False leaves it out)
+        #   positions  |start ... |ROWS-aligned | ... |   program t: [t*ROWS - shift, +ROWS)
+        if ALIGN:
+            shift = start % ROWS
+            r = t * ROWS + i // G - shift
+        else:
+            r = t * ROWS + i // G                # query row of slot i
         hg = i % G                               # its head within the KV group
-        rv = (i < ROWS * G) & (r < R)
+        if ALIGN:
+            rv = (i < ROWS * G) & (r >= 0) & (r < R)
+        else:
+            rv = (i < ROWS * G) & (r < R)
         # columns as the decode kernel lays them out
         dm, cv = _columns(tl.arange(0, 2 * BLOCK_H), D, HALF, BLOCK_H, INTERLEAVED)
         # value / output columns of this program: a slice of the same column order (a column of
@@ -108,8 +121,12 @@ def _kernel():
                     mask=rv[:, None] & cv[None, :], other=0.0)
         # (triton_chunk_park's fold repeats these lines: as a shared helper they compiled in
         # another order, and these binaries are the ones measured on the H200)
-        r_end = tl.minimum(t * ROWS + ROWS, R)
-        p_min = start + t * ROWS
+        if ALIGN:
+            r_end = tl.minimum(t * ROWS + ROWS - shift, R)
+            p_min = start + tl.maximum(t * ROWS - shift, 0)
+        else:
+            r_end = tl.minimum(t * ROWS + ROWS, R)
+            p_min = start + t * ROWS
         p_max = start + r_end - 1
         lo_min = tl.where(window > 0, tl.maximum(p_min - window + 1, 0), 0)
         a_hi = p_max // SPLIT
@@ -198,7 +215,7 @@ def _kernel():
                                                kcount, lo_min, rs, hs, kvh, dm, cv, dmv, cvv, q,
                                                lo, hi, ones, scale, softcap, K2, V2, start, BM,
                                                DPW, BLOCK_N, SPLIT, SOFTCAP, RING, INTERIOR,
-                                               ACC_DOT, TWO, KV, D)
+                                               ACC_DOT, TWO, KV, D, KEEP)
                     Mg, Lg, Ag, Mt, Lt, At = _split_done(a, a_hi, m, l, acc, Mg, Lg, Ag, Mt, Lt,
                                                          At, BM, DPW, GS)
             if SINKS:
@@ -252,7 +269,12 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         block_m = min(block_m, max(16, _pow2(R * G)))
     rows = max(1, block_m // G)
     bm = max(16, _pow2(rows * G))
-    tiles = -(-R // rows)
+    # lay["align"] (an experiment: fa_ceiling.py): aligned row runs on a growing plane's
+    # nested loop, eager passes only
+    align = (bool(lay.get("align")) and ring is None and not window and not park and dev is None
+             and new is None and lay.get("chunk_loop") != "flat" and not lay.get("flatten")
+             in ("chunk", "on") and lay["block_n"] % rows == 0 and dsplit == 1)
+    tiles = -(-(R + (start % rows if align else 0)) // rows)
     warps = warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"])
     ws, nsp = None, 1
     if park:
@@ -275,7 +297,8 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         TWO=new is not None, DEV=dev is not None,
         ONE=(bool(lay.get("first_tile")) and lay["split"] == lay["block_n"]
              and bool(lay.get("acc_dot"))),
-        PARK=ws is not None, FLATTEN=lay.get("flatten") in ("chunk", "on"), num_warps=warps,
+        PARK=ws is not None, FLATTEN=lay.get("flatten") in ("chunk", "on"), ALIGN=align,
+        KEEP=not align, num_warps=warps,
         enable_fp_fusion=False,
         **({"num_stages": stages} if stages else {}))
     if ws is not None:

@@ -62,16 +62,18 @@ def chunk_pieces() -> dict:
                   q, lo, hi, m, l, acc, ones, scale, softcap, K2, V2, start,
                   BLOCK_N: tl.constexpr, SOFTCAP: tl.constexpr, RING: tl.constexpr,
                   MASKED: tl.constexpr, ACC_DOT: tl.constexpr, TWO: tl.constexpr,
-                  KV: tl.constexpr, D: tl.constexpr, FIRST: tl.constexpr = False):
+                  KV: tl.constexpr, D: tl.constexpr, FIRST: tl.constexpr = False,
+                  KEEP: tl.constexpr = True):
         """The tile of keys at positions st.. folded into the split's running softmax (FIRST: a
-        split's first tile, from the empty state, which m / l / acc then are not read as)."""
+        split's first tile, from the empty state, which m / l / acc then are not read as;
+        KEEP: tile_step's)."""
         kpos = st + tl.arange(0, BLOCK_N)
         k, v = _chunk_tile(K, V, kpos, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm,
                            cv, dmv, cvv, K2, V2, start, RING, TWO, KV, D)
         if FIRST:
             return _tile_first(q, k, v, kpos, lo, hi, ones, scale, softcap, SOFTCAP, MASKED)
         return _tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap, SOFTCAP,
-                          MASKED, ACC_DOT)
+                          MASKED, ACC_DOT, KEEP)
 
     globals()["_keys_tile"] = keys_tile
 
@@ -81,10 +83,10 @@ def chunk_pieces() -> dict:
                       BM: tl.constexpr, DPW: tl.constexpr, BLOCK_N: tl.constexpr,
                       SPLIT: tl.constexpr, SOFTCAP: tl.constexpr, RING: tl.constexpr,
                       INTERIOR: tl.constexpr, ACC_DOT: tl.constexpr, TWO: tl.constexpr,
-                      KV: tl.constexpr, D: tl.constexpr):
+                      KV: tl.constexpr, D: tl.constexpr, KEEP: tl.constexpr = True):
         """Split a's partial (m, l, acc) for a tile's rows, from empty: its key tiles in order,
         the ones every row sees whole ([f0, f1), INTERIOR) without masks -- the nested loop's
-        body, and a parked program's whole work."""
+        body, and a parked program's whole work (KEEP: tile_step's)."""
         m = tl.full([BM], float("-inf"), tl.float32)
         l = tl.zeros([BM], tl.float32)
         acc = tl.zeros([BM, DPW], tl.float32)
@@ -99,7 +101,7 @@ def chunk_pieces() -> dict:
             m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh,
                                    dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones, scale, softcap,
                                    K2, V2, start, BLOCK_N, SOFTCAP, RING, True, ACC_DOT, TWO,
-                                   KV, D)
+                                   KV, D, False, KEEP)
         for st in range(a1, b1, BLOCK_N):
             m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh,
                                    dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones, scale, softcap,
@@ -109,7 +111,7 @@ def chunk_pieces() -> dict:
             m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh,
                                    dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones, scale, softcap,
                                    K2, V2, start, BLOCK_N, SOFTCAP, RING, True, ACC_DOT, TWO,
-                                   KV, D)
+                                   KV, D, False, KEEP)
         return m, l, acc
 
     globals()["_split_partial"] = split_partial
