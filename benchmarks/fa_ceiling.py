@@ -44,7 +44,7 @@ EXACT = [("exact chunk, default (32-key tiles, 128-key splits, nested)", {}),
 SLOTS = [(64, 4), (32, 4), (32, 8), (16, 4)]
 # the default layout with aligned row runs and no state-keeping select (lay["align"]):
 # (slots, warps); torch.equal against the default printed
-ALIGNED = [(64, 8), (64, 4), (32, 4)]
+ALIGNED = [("tiles", 64, 8), (True, 64, 8), (True, 64, 4), (True, 32, 4)]
 
 # the exact kernel's habits added to flash attention one at a time (BM 64, BN 32)
 STEPS = [("4 warps", {}), ("+ row sums by a dot with ones", {"ones": True}),
@@ -255,13 +255,14 @@ def main():
              for bm, w in (SLOTS if "slots" in parts else ())]
     if "align" in parts:
         exact = chunk_attention(q, k, v, 0, 0, None, SCALE, None, False, base)
-        for bm, warps in ALIGNED:
-            lay = {**base, "align": True}
+        for mode, bm, warps in ALIGNED:
+            lay = {**base, "align": mode}
             fn = lambda: chunk_attention(q, k, v, 0, 0, None, SCALE, None, False,  # noqa: E731
                                          lay, block_m=bm, warps=warps)
             out = fn()
             ms = timed(fn, a.reps)
-            print(f"| exact chunk, aligned rows, no keeping select, {bm} slots, {warps} warps | "
+            what = "no keeping select" if mode == "tiles" else "no selects"
+            print(f"| exact chunk, aligned rows, {what}, {bm} slots, {warps} warps | "
                   f"{ms:.2f} | {flops / ms / 1e9:.0f} | equal to the default: "
                   f"{torch.equal(out, exact)} |", flush=True)
     for name, over, bm, warps in runs:

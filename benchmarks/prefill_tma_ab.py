@@ -1,10 +1,10 @@
-"""A short A/B of MUSER_DOT_TMA on the 16k prefill (CUDA): two engines on the same random
-weights, one engine a MUSER_DOT_TMA mode (off: the pointer tiles), alternating; the last logits
-and every K/V row of a 16k prompt compared bitwise; then each one's kernel time by kernel, and
-the chunk attention's milliseconds layer by layer (the first engine's).
+"""A short A/B of a knob on the 16k prefill (CUDA; MUSER_DOT_TMA unless --knob): engines on
+the same random weights, one a mode of the knob each, alternating; the last logits and every K/V
+row of a 16k prompt compared bitwise against the first mode's; then each one's kernel time by
+kernel, and the chunk attention's milliseconds layer by layer (the first engine's).
 
     PYTHONPATH=.:benchmarks python3 benchmarks/prefill_tma_ab.py [--models 1b] [--rounds 2]
-        [--modes off,on]
+        [--knob MUSER_DOT_TMA] [--modes off,on]
 """
 import argparse
 import os
@@ -20,7 +20,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="1b")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--modes", default="off,on", help="MUSER_DOT_TMA modes, the first the base")
+    ap.add_argument("--knob", default="MUSER_DOT_TMA", help="the MUSER_* knob the modes set")
+    ap.add_argument("--modes", default="off,on", help="the knob's modes, the first the base")
     args = ap.parse_args()
     modes = args.modes.split(",")
     import muser
@@ -29,7 +30,7 @@ def main():
         _, path = build(shape, 16384 + 1024)       # the weights on disk; the HF model dropped
         engines = {}
         for mode in modes:
-            os.environ["MUSER_DOT_TMA"] = mode          # read once, at load
+            os.environ[args.knob] = mode                # read once, at load
             engines[mode] = muser.load(path, device="cuda", dtype="bfloat16", progress=False,
                                        max_context=16384 + 1024)
         ids = rand_ids(16384, shape["vocab"], 5)
@@ -41,20 +42,22 @@ def main():
         base = outs[modes[0]]
         for mode in modes[1:]:
             same = torch.equal(base[0], outs[mode][0]) and base[1].equal(outs[mode][1])
-            print(f"{name}: 16k prefill, TMA {mode} == {modes[0]} (logits, every K/V row): "
+            print(f"{name}: 16k prefill, {args.knob} {mode} == {modes[0]} (logits, every K/V row): "
                   f"{same}", flush=True)
         for r in range(args.rounds):                   # A B B A: each round reverses the order
             for mode in (modes if r % 2 == 0 else modes[::-1]):
                 tps = muser_prefill(engines[mode], 16384, shape["vocab"], None)
-                print(f"{name} round {r + 1} TMA {mode}: 16k prefill {tps:,.0f} tok/s", flush=True)
+                print(f"{name} round {r + 1} {args.knob} {mode}: 16k prefill {tps:,.0f} tok/s",
+                      flush=True)
         for mode, eng in engines.items():
             kernel_ms, wall_ms, top = prefill_profile(eng, 16384, shape["vocab"])
             tops = ", ".join(f"{k[:28]} {ms:.1f}" for k, _, ms in top[:5])
-            print(f"{name} TMA {mode}: kernels {kernel_ms:.1f} ms, wall {wall_ms:.1f} ms | {tops}",
+            print(f"{name} {args.knob} {mode}: kernels {kernel_ms:.1f} ms, wall {wall_ms:.1f} ms | {tops}",
                   flush=True)
-        seq = prefill_sequence(engines[modes[0]], 16384, shape["vocab"], "chunk_kernel")
-        print(f"{name} chunk attention by layer, ms ({len(seq)} launches, {sum(seq):.1f}): "
-              + " ".join(f"{t:.2f}" for t in seq), flush=True)
+        for mode in modes:
+            seq = prefill_sequence(engines[mode], 16384, shape["vocab"], "chunk_kernel")
+            print(f"{name} {mode}: chunk attention by layer, ms ({len(seq)} launches, "
+                  f"{sum(seq):.1f}): " + " ".join(f"{t:.2f}" for t in seq), flush=True)
 
 
 if __name__ == "__main__":

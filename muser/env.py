@@ -71,6 +71,12 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                          "(the same bits; auto: flat on rings and on growing splits of one "
                          "tile, nested on longer growing splits -- the faster of each on the "
                          "H200)"),
+    "MUSER_CHUNK_ALIGN": ("off|tiles|on", "off", "backends/cuda (chunk attention)",
+                          "eager chunks over a growing plane: each program takes an aligned run "
+                          "of positions, so every row sees a key of every tile it walks and the "
+                          "selects that keep a row's state where it sees none are left out "
+                          "(tiles: tile_step's; on: merge_one's too) -- the same bits by "
+                          "construction (experiments)"),
     "MUSER_CHUNK_COLUMNS": ("1|2|4", "1", "backends/cuda (chunk attention)",
                             "programs per query tile, each with a slice of the value columns "
                             "(the same bits: fewer accumulator registers, scores recomputed)"),
@@ -182,6 +188,7 @@ class Env:
     chunk_columns: str = "1"
     attn_tiles: str = "interior"
     chunk_first: str = "on"
+    chunk_align: str = "off"
     chunk_park: str = "16"
     chunk_prep: str = "alone"
     flatten: str = "dot"
@@ -283,7 +290,8 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_CHUNK_PREP", "chunk_prep"), ("MUSER_FLATTEN", "flatten"),
                         ("MUSER_FUSE_SUM", "fuse_sum"), ("MUSER_PIPELINE", "pipeline"),
                         ("MUSER_MEGA", "mega"), ("MUSER_ATTN_REGS", "attn_regs"),
-                        ("MUSER_NORM_IN", "norm_in"), ("MUSER_DOT_TMA", "dot_tma")):
+                        ("MUSER_NORM_IN", "norm_in"), ("MUSER_DOT_TMA", "dot_tma"),
+                        ("MUSER_CHUNK_ALIGN", "chunk_align")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

@@ -173,15 +173,18 @@ def test_sinks_give_a_chunk_row_the_decode_bits(dev, kdtype):
     assert lay["park"] >= 16 and torch.equal(torch.cat(parts), torch.cat(want))
 
 
-@pytest.mark.parametrize("sizes", [[1, 7, 97, 45], [50, 1, 1, 98]])
-def test_aligned_row_runs_without_the_keeping_select_have_the_decode_bits(dev, kdtype, sizes):
+@pytest.mark.parametrize("align,sizes", [("tiles", [1, 7, 97, 45]), (True, [50, 1, 1, 98]),
+                                         (True, [1, 7, 97, 45])])
+def test_aligned_row_runs_without_the_selects_have_the_decode_bits(dev, kdtype, align, sizes):
     """lay["align"] (an experiment): a growing plane's programs take ROWS-aligned runs of
-    positions, so every row sees a key of every tile its program walks and tile_step's
-    state-keeping select is left out -- still the decode step's bits, chunks starting anywhere."""
+    positions, so every row sees a key of every tile and split its program walks: tile_step's
+    state-keeping select is left out ("tiles"), and merge_one's too (True: merge_live from a
+    -0.0 empty state) -- still the decode step's bits, chunks starting anywhere.  (Under the
+    interpreter the selects only ever matter for zero signs; the GPU rows are the real check.)"""
     heads, kv, d = 4, 2, 32
     lay = _layout("growing", d, 16)
     ins = _inputs(heads, kv, d, kdtype, dev, True)
     ref, _, nsplit, cap = _decode("growing", heads, kv, d, kdtype, dev, lay, *ins, d ** -0.5, None)
-    out, _, _ = _chunks("growing", sizes, heads, kv, d, kdtype, dev, {**lay, "align": True},
+    out, _, _ = _chunks("growing", sizes, heads, kv, d, kdtype, dev, {**lay, "align": align},
                         nsplit, cap, *ins, d ** -0.5, None, 32)
     assert torch.equal(out, ref)

@@ -65,7 +65,8 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     decode merge loads at once; chunk_loop, dsplit, first_tile and park: the chunk kernel's loop
     structure, value-column slices, one-tile splits started without a state and the row count
     up to which splits go one a program; prep: which binary prepares a chunk's rows; flatten:
-    whether the growing planes' split loop is one fused loop ("chunk" / "on");
+    whether the growing planes' split loop is one fused loop ("chunk" / "on"); align: aligned
+    row runs without the state-keeping selects (MUSER_CHUNK_ALIGN, triton_chunk.py);
     interior: tiles every row sees whole skip the masks -- speed choices, not bits ones;
     acc_dot: p @ V accumulates onto the rescaled accumulator inside the dot -- a bits one).
 
@@ -86,7 +87,8 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
                 "flat" if not growing or split == block_n else "nested"),
             "dsplit": int(env.chunk_columns), "interior": env.attn_tiles == "interior",
             "acc_dot": env.attn_acc == "dot", "first_tile": env.chunk_first == "on",
-            "park": int(env.chunk_park), "prep": env.chunk_prep, "flatten": env.flatten}
+            "park": int(env.chunk_park), "prep": env.chunk_prep, "flatten": env.flatten,
+            "align": {"off": False, "tiles": "tiles", "on": True}[env.chunk_align]}
 
 
 @functools.lru_cache(maxsize=None)
@@ -200,6 +202,19 @@ def pieces() -> dict:
                 tl.where(empty[:, None], A, tl.where(fresh[:, None], a, A2)))
 
     @triton.jit
+    def merge_live(M, L, A, m, l, a):
+        """merge_one's values without its [BM, D] selects, for a caller whose running state
+        starts at (-inf, -0.0, -0.0) and whose partials are never empty (a chunk's aligned row
+        runs, triton_chunk.py).  Into that empty state a partial goes as it is: alpha = 0 and
+        -0.0 * 0 = -0.0, w = 1, and x + (-0.0) = x for every x, -0.0 included -- what
+        merge_one's `fresh` select returns.  Otherwise the same expressions as merge_one."""
+        M_new = tl.maximum(M, m)
+        none = M_new == float("-inf")
+        alpha = tl.where(none, 0.0, tl.exp(M - M_new))
+        w = tl.where(none, 0.0, tl.exp(m - M_new))
+        return M_new, L * alpha + w * l, A * alpha[:, None] + w[:, None] * a
+
+    @triton.jit
     def sink(SNK, heads, hm, M, L, A):
         """Join each head's sink logit to the merged softmax as one more key with no value:
         M' = max(M, sink), L' = L e^(M - M') + e^(sink - M'), A' = A e^(M - M')."""
@@ -227,4 +242,5 @@ def pieces() -> dict:
         return kp, vp, rs, hs
 
     return {"_tile_step": tile_step, "_tile_first": tile_first, "_merge_one": merge_one,
+            "_merge_live": merge_live,
             "_sink": sink, "_columns": columns, "_plane_at": plane_at}

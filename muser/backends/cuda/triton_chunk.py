@@ -66,7 +66,8 @@ def _kernel():
                      DSPLIT: tl.constexpr, INTERIOR: tl.constexpr, ACC_DOT: tl.constexpr,
                      TWO: tl.constexpr, DEV: tl.constexpr, ONE: tl.constexpr,
                      PARK: tl.constexpr, FLATTEN: tl.constexpr = False,
-                     ALIGN: tl.constexpr = False, KEEP: tl.constexpr = True):
+                     ALIGN: tl.constexpr = False, KEEP: tl.constexpr = True,
+                     LIVE: tl.constexpr = False):
         if DEV:
             # a captured pass (chunk_graph.py): the plane and the chunk's place come from device
             # memory -- TAB (k_ptr, v_ptr, row stride, head stride), META (start, rows, first,
@@ -132,11 +133,17 @@ def _kernel():
         a_hi = p_max // SPLIT
         ones = tl.full([BLOCK_N, 16], 1.0, O.dtype.element_ty)
         Mt = tl.full([BM], float("-inf"), tl.float32)
-        Lt = tl.zeros([BM], tl.float32)
-        At = tl.zeros([BM, DPW], tl.float32)
         Mg = tl.full([BM], float("-inf"), tl.float32)
-        Lg = tl.zeros([BM], tl.float32)
-        Ag = tl.zeros([BM, DPW], tl.float32)
+        if LIVE:                                 # merge_live's empty state (triton_attn.py)
+            Lt = tl.full([BM], -0.0, tl.float32)
+            At = tl.full([BM, DPW], -0.0, tl.float32)
+            Lg = tl.full([BM], -0.0, tl.float32)
+            Ag = tl.full([BM, DPW], -0.0, tl.float32)
+        else:
+            Lt = tl.zeros([BM], tl.float32)
+            At = tl.zeros([BM, DPW], tl.float32)
+            Lg = tl.zeros([BM], tl.float32)
+            Ag = tl.zeros([BM, DPW], tl.float32)
         t_first = (lo_min // BLOCK_N) * BLOCK_N
         # Key tiles every row of this program sees whole: [f0, f1) -- past the last row's window
         # start, before the first row's position.  There (INTERIOR) tile_step leaves out the
@@ -216,8 +223,12 @@ def _kernel():
                                                lo, hi, ones, scale, softcap, K2, V2, start, BM,
                                                DPW, BLOCK_N, SPLIT, SOFTCAP, RING, INTERIOR,
                                                ACC_DOT, TWO, KV, D, KEEP)
-                    Mg, Lg, Ag, Mt, Lt, At = _split_done(a, a_hi, m, l, acc, Mg, Lg, Ag, Mt, Lt,
-                                                         At, BM, DPW, GS)
+                    if LIVE:
+                        Mg, Lg, Ag, Mt, Lt, At = _split_done_live(a, a_hi, m, l, acc, Mg, Lg, Ag,
+                                                                  Mt, Lt, At, BM, DPW, GS)
+                    else:
+                        Mg, Lg, Ag, Mt, Lt, At = _split_done(a, a_hi, m, l, acc, Mg, Lg, Ag, Mt,
+                                                             Lt, At, BM, DPW, GS)
             if SINKS:
                 Mt, Lt, At = _sink(SNK, heads, rv, Mt, Lt, At)
             tl.store(O + (r.to(tl.int64) * H + heads)[:, None] * D + dmv[None, :],
@@ -270,7 +281,8 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     rows = max(1, block_m // G)
     bm = max(16, _pow2(rows * G))
     # lay["align"] (an experiment: fa_ceiling.py): aligned row runs on a growing plane's
-    # nested loop, eager passes only
+    # nested loop, eager passes only -- without tile_step's keeping select and merge_one's
+    # selects (merge_live); "tiles": without the first only
     align = (bool(lay.get("align")) and ring is None and not window and not park and dev is None
              and new is None and lay.get("chunk_loop") != "flat" and not lay.get("flatten")
              in ("chunk", "on") and lay["block_n"] % rows == 0 and dsplit == 1)
@@ -298,7 +310,7 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         ONE=(bool(lay.get("first_tile")) and lay["split"] == lay["block_n"]
              and bool(lay.get("acc_dot"))),
         PARK=ws is not None, FLATTEN=lay.get("flatten") in ("chunk", "on"), ALIGN=align,
-        KEEP=not align, num_warps=warps,
+        KEEP=not align, LIVE=align and lay.get("align") != "tiles", num_warps=warps,
         enable_fp_fusion=False,
         **({"num_stages": stages} if stages else {}))
     if ws is not None:

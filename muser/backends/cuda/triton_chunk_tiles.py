@@ -152,6 +152,20 @@ def chunk_pieces() -> dict:
         Ag = tl.where(end, 0.0, Ag)
         return Mg, Lg, Ag, Mt, Lt, At
 
+    @triton.jit
+    def split_done_live(a, a_hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, BM: tl.constexpr,
+                        DPW: tl.constexpr, GS: tl.constexpr):
+        """`split_done` with merge_live (aligned row runs: no split is empty, the group and the
+        total start at (-inf, -0.0, -0.0)): the same values, no [BM, D] selects."""
+        Mg, Lg, Ag = _merge_live(Mg, Lg, Ag, m, l, acc)
+        if (a % GS == GS - 1) | (a == a_hi):
+            Mt, Lt, At = _merge_live(Mt, Lt, At, Mg, Lg, Ag)
+            Mg = tl.full([BM], float("-inf"), tl.float32)
+            Lg = tl.full([BM], -0.0, tl.float32)
+            Ag = tl.full([BM, DPW], -0.0, tl.float32)
+        return Mg, Lg, Ag, Mt, Lt, At
+
+    globals()["_split_done_live"] = split_done_live
     globals()["_split_done_sel"] = split_done_sel
     globals()["_split_done"] = split_done
 
@@ -198,5 +212,5 @@ def chunk_pieces() -> dict:
 
     return {"_chunk_tile": chunk_tile, "_keys_tile": keys_tile, "_split_partial": split_partial,
             "_group_end": group_end, "_split_done": split_done,
-            "_split_done_sel": split_done_sel,
+            "_split_done_sel": split_done_sel, "_split_done_live": split_done_live,
             "_flat_tile": flat_tile}
