@@ -330,10 +330,12 @@ stage_steps() {  # issue 12: the exact chunk kernel's habits added to a plain fl
 stage_align() {  # MUSER_CHUNK_ALIGN: the chunk kernel's aligned row runs without the
   # state-keeping selects -- its bits on the GPU, its 16k time against the default, then the
   # engines' 16k prefill off / tiles / on (logits and every K/V row bitwise), A B C C B A
-  tests 240 -x tests/cuda/test_triton_chunk.py -k "aligned or (growing and nested)"
-  bench 200 . benchmarks/fa_ceiling.py --parts align --reps 7
-  bench 300 . benchmarks/prefill_tma_ab.py --models 1b,270m --knob MUSER_CHUNK_ALIGN \
+  tests 240 -x tests/cuda/test_triton_chunk.py -k "aligned"
+  bench 240 . benchmarks/prefill_tma_ab.py --models 1b --knob MUSER_CHUNK_ALIGN \
     --modes off,tiles,on
+  bench 200 . benchmarks/fa_ceiling.py --parts align --reps 7
+  bench 200 . benchmarks/prefill_tma_ab.py --models 270m --knob MUSER_CHUNK_ALIGN \
+    --modes off,on
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
