@@ -205,13 +205,14 @@ def pieces() -> dict:
     def merge_live(M, L, A, m, l, a):
         """merge_one's values without its [BM, D] selects, for a caller whose running state
         starts at (-inf, -0.0, -0.0) and whose partials are never empty (a chunk's aligned row
-        runs, triton_chunk.py).  Into that empty state a partial goes as it is: alpha = 0 and
-        -0.0 * 0 = -0.0, w = 1, and x + (-0.0) = x for every x, -0.0 included -- what
-        merge_one's `fresh` select returns.  Otherwise the same expressions as merge_one."""
+        runs, triton_chunk.py).  Into that empty state a partial goes as it is: alpha =
+        exp(-inf) = 0 and -0.0 * 0 = -0.0, w = 1 (selected, not exp(0)), and x + (-0.0) = x for
+        every x, -0.0 included -- what merge_one's `fresh` select returns.  Otherwise the same
+        expressions as merge_one ([BM] selects only)."""
         M_new = tl.maximum(M, m)
         none = M_new == float("-inf")
         alpha = tl.where(none, 0.0, tl.exp(M - M_new))
-        w = tl.where(none, 0.0, tl.exp(m - M_new))
+        w = tl.where(none, 0.0, tl.where(M == float("-inf"), 1.0, tl.exp(m - M_new)))
         return M_new, L * alpha + w * l, A * alpha[:, None] + w[:, None] * a
 
     @triton.jit
