@@ -60,6 +60,7 @@
 #                decode launch at 64 / 128-key tiles (issue 12's global layers)
 #   steps        the exact kernel's habits added to flash attention one at a time; its tiles
 #   align        aligned chunk row runs without the state-keeping select: bits, 16k time
+#   align_engine the engine rows and CUDA invariance rows on MUSER_CHUNK_ALIGN=on
 #   norm_in      MUSER_NORM_IN (dot_rows norms its own rows: one launch an add+norm fewer):
 #                bits against add_norm + dot, the engine's rows, then the A/B at 1 and 16 rows
 #   tiles1b_ab   the 1B's gate/up (64,128,8,4) and down (32,128,4,4) decode tiles (sixteenth
@@ -336,6 +337,11 @@ stage_align() {  # MUSER_CHUNK_ALIGN: the chunk kernel's aligned row runs withou
   bench 200 . benchmarks/fa_ceiling.py --parts align --reps 7
   bench 200 . benchmarks/prefill_tma_ab.py --models 270m --knob MUSER_CHUNK_ALIGN \
     --modes off,on
+}
+
+stage_align_engine() {  # MUSER_CHUNK_ALIGN=on the default: the engine rows and the CUDA
+  # invariance rows on it
+  tests 260 -x tests/cuda/test_cuda_engine.py tests/engine/test_invariance.py -k "cuda"
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the

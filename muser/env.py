@@ -71,12 +71,13 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                          "(the same bits; auto: flat on rings and on growing splits of one "
                          "tile, nested on longer growing splits -- the faster of each on the "
                          "H200)"),
-    "MUSER_CHUNK_ALIGN": ("off|tiles|on", "off", "backends/cuda (chunk attention)",
+    "MUSER_CHUNK_ALIGN": ("off|tiles|on", "on", "backends/cuda (chunk attention)",
                           "eager chunks over a growing plane: each program takes an aligned run "
                           "of positions, so every row sees a key of every tile it walks and the "
                           "selects that keep a row's state where it sees none are left out "
                           "(tiles: tile_step's; on: merge_one's too) -- the same bits by "
-                          "construction (experiments)"),
+                          "construction (H200: a 1B global layer's 16k chunk 6.77 -> 5.63 ms, "
+                          "the 16k prefill 203k -> 215k tok/s, logits and K/V rows equal)"),
     "MUSER_CHUNK_COLUMNS": ("1|2|4", "1", "backends/cuda (chunk attention)",
                             "programs per query tile, each with a slice of the value columns "
                             "(the same bits: fewer accumulator registers, scores recomputed)"),
@@ -188,7 +189,7 @@ class Env:
     chunk_columns: str = "1"
     attn_tiles: str = "interior"
     chunk_first: str = "on"
-    chunk_align: str = "off"
+    chunk_align: str = "on"
     chunk_park: str = "16"
     chunk_prep: str = "alone"
     flatten: str = "dot"

@@ -176,7 +176,7 @@ def test_sinks_give_a_chunk_row_the_decode_bits(dev, kdtype):
 @pytest.mark.parametrize("align,sizes", [("tiles", [1, 7, 97, 45]), (True, [50, 1, 1, 98]),
                                          (True, [1, 7, 97, 45])])
 def test_aligned_row_runs_without_the_selects_have_the_decode_bits(dev, kdtype, align, sizes):
-    """lay["align"] (an experiment): a growing plane's programs take ROWS-aligned runs of
+    """lay["align"] (MUSER_CHUNK_ALIGN): a growing plane's programs take ROWS-aligned runs of
     positions, so every row sees a key of every tile and split its program walks: tile_step's
     state-keeping select is left out ("tiles"), and merge_one's too (True: merge_live from a
     -0.0 empty state) -- still the decode step's bits, chunks starting anywhere.  (Under the

@@ -280,7 +280,7 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         block_m = min(block_m, max(16, _pow2(R * G)))
     rows = max(1, block_m // G)
     bm = max(16, _pow2(rows * G))
-    # lay["align"] (an experiment: fa_ceiling.py): aligned row runs on a growing plane's
+    # lay["align"] (MUSER_CHUNK_ALIGN, on by default): aligned row runs on a growing plane's
     # nested loop, eager passes only -- without tile_step's keeping select and merge_one's
     # selects (merge_live); "tiles": without the first only
     align = (bool(lay.get("align")) and ring is None and not window and not park and dev is None
