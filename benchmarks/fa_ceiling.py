@@ -63,6 +63,8 @@ def _fa():
     import triton
     import triton.language as tl
 
+    from muser.backends.cuda.triton_attn import pieces
+
     @triton.jit
     def fold(q, k, v, kk, rows, m, l, acc, ones, qk_scale, MASKED: tl.constexpr,
              ONES: tl.constexpr, EXP: tl.constexpr, SEL: tl.constexpr):
@@ -97,22 +99,7 @@ def _fa():
 
     globals()["fold"] = fold            # the interpreter looks for names in module globals
 
-    @triton.jit
-    def merge(M, L, A, m, l, a):
-        """merge_one's arithmetic (triton_attn.py), selects and all."""
-        M_new = tl.maximum(M, m)
-        none = M_new == float("-inf")
-        alpha = tl.where(none, 0.0, tl.exp(M - M_new))
-        w = tl.where(none, 0.0, tl.exp(m - M_new))
-        L2 = L * alpha + w * l
-        A2 = A * alpha[:, None] + w[:, None] * a
-        empty = m == float("-inf")
-        fresh = M == float("-inf")
-        return (tl.where(empty, M, tl.where(fresh, m, M_new)),
-                tl.where(empty, L, tl.where(fresh, l, L2)),
-                tl.where(empty[:, None], A, tl.where(fresh[:, None], a, A2)))
-
-    globals()["merge"] = merge
+    globals()["merge"] = pieces()["_merge_one"]      # the exact kernels' merge, selects and all
 
     @triton.jit
     def fa_kernel(Q, K, V, O, N, qk_scale, H: tl.constexpr, KVH: tl.constexpr,
