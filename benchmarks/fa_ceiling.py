@@ -99,7 +99,8 @@ def _fa():
 
     globals()["fold"] = fold            # the interpreter looks for names in module globals
 
-    globals()["merge"] = pieces()["_merge_one"]      # the exact kernels' merge, selects and all
+    merge = pieces()["_merge_one"]      # the exact kernels' merge, selects and all
+    globals()["merge"] = merge
 
     @triton.jit
     def fa_kernel(Q, K, V, O, N, qk_scale, H: tl.constexpr, KVH: tl.constexpr,
