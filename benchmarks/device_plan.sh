@@ -61,6 +61,7 @@
 #   steps        the exact kernel's habits added to flash attention one at a time; its tiles
 #   align        aligned chunk row runs without the state-keeping select: bits, 16k time
 #   align_engine the engine rows and CUDA invariance rows on MUSER_CHUNK_ALIGN=on
+#   masked_ab    MUSER_ATTN_TILES=masked on the aligned chunk route: 16k prefill and decode A/B
 #   norm_in      MUSER_NORM_IN (dot_rows norms its own rows: one launch an add+norm fewer):
 #                bits against add_norm + dot, the engine's rows, then the A/B at 1 and 16 rows
 #   tiles1b_ab   the 1B's gate/up (64,128,8,4) and down (32,128,4,4) decode tiles (sixteenth
@@ -342,6 +343,16 @@ stage_align() {  # MUSER_CHUNK_ALIGN: the chunk kernel's aligned row runs withou
 stage_align_engine() {  # MUSER_CHUNK_ALIGN=on the default: the engine rows and the CUDA
   # invariance rows on it
   tests 260 -x tests/cuda/test_cuda_engine.py tests/engine/test_invariance.py -k "cuda"
+}
+
+stage_masked_ab() {  # with the aligned chunk route, masked key tiles cost only a select on the
+  # [64, 32] scores: MUSER_ATTN_TILES=masked compiles the growing chunk loop once instead of
+  # three times (sm_90: 138k -> 75k chars of PTX, spills 680 -> 364 B) -- the same bits
+  # (interior is a speed choice); the 16k prefill A/B, then decode (the knob moves it too)
+  bench 240 . benchmarks/prefill_tma_ab.py --models 1b,270m --knob MUSER_ATTN_TILES \
+    --modes interior,masked
+  bench 300 . benchmarks/exact_ab.py --models 1b,270m --trees exact --long --no-16k \
+    --variants "M:MUSER_ATTN_TILES=masked"
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
