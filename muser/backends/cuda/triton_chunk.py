@@ -282,10 +282,12 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     bm = max(16, _pow2(rows * G))
     # lay["align"] (MUSER_CHUNK_ALIGN, on by default): aligned row runs on a growing plane's
     # nested loop, eager passes only -- without tile_step's keeping select and merge_one's
-    # selects (merge_live); "tiles": without the first only
+    # selects (merge_live); "tiles": without the first only.  A run must sit in one key tile
+    # (block_n % rows == 0), and no window may start inside the keys (rings, sliding planes)
     align = (bool(lay.get("align")) and ring is None and not window and not park and dev is None
-             and new is None and lay.get("chunk_loop") != "flat" and not lay.get("flatten")
-             in ("chunk", "on") and lay["block_n"] % rows == 0 and dsplit == 1)
+             and new is None and lay.get("chunk_loop") != "flat"
+             and lay.get("flatten") not in ("chunk", "on") and lay["block_n"] % rows == 0
+             and dsplit == 1)
     tiles = -(-(R + (start % rows if align else 0)) // rows)
     warps = warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"])
     ws, nsp = None, 1
