@@ -66,8 +66,7 @@ def _kernel():
                      DSPLIT: tl.constexpr, INTERIOR: tl.constexpr, ACC_DOT: tl.constexpr,
                      TWO: tl.constexpr, DEV: tl.constexpr, ONE: tl.constexpr,
                      PARK: tl.constexpr, FLATTEN: tl.constexpr = False,
-                     ALIGN: tl.constexpr = False, KEEP: tl.constexpr = True,
-                     LIVE: tl.constexpr = False):
+                     ALIGN: tl.constexpr = False, LIVE: tl.constexpr = False):
         if DEV:
             # a captured pass (chunk_graph.py): the plane and the chunk's place come from device
             # memory -- TAB (k_ptr, v_ptr, row stride, head stride), META (start, rows, first,
@@ -88,11 +87,13 @@ def _kernel():
         kvh = tl.program_id(1)
         part = tl.program_id(2)                  # which 1 / DSPLIT of the value columns
         i = tl.arange(0, BM)
+        KEEP: tl.constexpr = not ALIGN           # tile_step's state-keeping select
         # ALIGN (a growing plane, no window; ROWS divides BLOCK_N): a program's rows are the
         # chunk's positions in one aligned run of ROWS, so they never straddle a key tile and
         # every row sees a key of every tile and split the program walks -- tile_step's
         # state-keeping select never picks the old state (KEEP False leaves it out)
         #   positions  |start ... |ROWS-aligned | ... |   program t: [t*ROWS - shift, +ROWS)
+        # (r and rv in separate branches: so the default binaries keep their instruction order)
         if ALIGN:
             shift = start % ROWS
             r = t * ROWS + i // G - shift
@@ -312,7 +313,7 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         ONE=(bool(lay.get("first_tile")) and lay["split"] == lay["block_n"]
              and bool(lay.get("acc_dot"))),
         PARK=ws is not None, FLATTEN=lay.get("flatten") in ("chunk", "on"), ALIGN=align,
-        KEEP=not align, LIVE=align and lay.get("align") != "tiles", num_warps=warps,
+        LIVE=align and lay.get("align") != "tiles", num_warps=warps,
         enable_fp_fusion=False,
         **({"num_stages": stages} if stages else {}))
     if ws is not None:
