@@ -62,6 +62,7 @@
 #   align        aligned chunk row runs without the state-keeping select: bits, 16k time
 #   align_engine the engine rows and CUDA invariance rows on MUSER_CHUNK_ALIGN=on
 #   masked_ab    MUSER_ATTN_TILES=masked on the aligned chunk route: 16k prefill and decode A/B
+#                (its halves alone: masked_pre, masked_dec)
 #   norm_in      MUSER_NORM_IN (dot_rows norms its own rows: one launch an add+norm fewer):
 #                bits against add_norm + dot, the engine's rows, then the A/B at 1 and 16 rows
 #   tiles1b_ab   the 1B's gate/up (64,128,8,4) and down (32,128,4,4) decode tiles (sixteenth
@@ -349,8 +350,16 @@ stage_masked_ab() {  # with the aligned chunk route, masked key tiles cost only 
   # [64, 32] scores: MUSER_ATTN_TILES=masked compiles the growing chunk loop once instead of
   # three times (sm_90: 138k -> 75k chars of PTX, spills 680 -> 364 B) -- the same bits
   # (interior is a speed choice); the 16k prefill A/B, then decode (the knob moves it too)
+  stage_masked_pre
+  stage_masked_dec
+}
+
+stage_masked_pre() {  # masked_ab's first half: the 16k prefill
   bench 240 . benchmarks/prefill_tma_ab.py --models 1b,270m --knob MUSER_ATTN_TILES \
     --modes interior,masked
+}
+
+stage_masked_dec() {  # masked_ab's second half: decode
   bench 300 . benchmarks/exact_ab.py --models 1b,270m --trees exact --long --no-16k \
     --variants "M:MUSER_ATTN_TILES=masked"
 }
