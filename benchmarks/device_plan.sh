@@ -61,6 +61,8 @@
 #   steps        the exact kernel's habits added to flash attention one at a time; its tiles
 #   align        aligned chunk row runs without the state-keeping select: bits, 16k time
 #   align_engine the engine rows and CUDA invariance rows on MUSER_CHUNK_ALIGN=on
+#   group1_ab    merge groups of one split (growing and ring): decode / 16k A/B, invariance
+#   flat_ab      the flat chunk loop on aligned growing runs: GPU bit rows, 16k prefill A/B
 #   masked_ab    MUSER_ATTN_TILES=masked on the aligned chunk route: 16k prefill and decode A/B
 #                (its halves alone: masked_pre, masked_dec)
 #   norm_in      MUSER_NORM_IN (dot_rows norms its own rows: one launch an add+norm fewer):
@@ -362,6 +364,22 @@ stage_masked_pre() {  # masked_ab's first half: the 16k prefill
 stage_masked_dec() {  # masked_ab's second half: decode
   bench 300 . benchmarks/exact_ab.py --models 1b,270m --trees exact --long --no-16k \
     --variants "M:MUSER_ATTN_TILES=masked"
+}
+
+stage_group1_ab() {  # merge groups of one split (an arithmetic change: decode and chunk alike):
+  # the chunk kernel keeps two [64, 256] accumulators instead of three (sm_90: 680 -> 48 B of
+  # spills); what the decode merge pays for folding every split in one sequence
+  bench 330 . benchmarks/exact_ab.py --models 1b,270m --trees exact --long --profile \
+    --variants "G1R1:MUSER_GROWING_GROUP=1,MUSER_RING_GROUP=1"
+  MUSER_GROWING_GROUP=1 MUSER_RING_GROUP=1 tests 200 -x tests/engine/test_invariance.py -k cuda
+}
+
+stage_flat_ab() {  # the flat loop on aligned growing runs (_flat_tile_live: a split reset where
+  # it ends, no selects; sm_90 spills 680 -> 136 B): its GPU bit rows, then the 16k prefill
+  # (logits and every K/V row against the nested loop), A B B A with the per-layer times
+  tests 240 -x tests/cuda/test_triton_chunk.py -k "aligned"
+  bench 300 . benchmarks/prefill_tma_ab.py --models 1b,270m --knob MUSER_CHUNK_LOOP \
+    --modes auto,flat
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the

@@ -73,6 +73,8 @@ CONFIGS = [
      {**GROWING, "TWO": False, "DEV": False, "ALIGN": True}, 8),
     ("chunk growing nested eager aligned, no selects", "chunk",
      {**GROWING, "TWO": False, "DEV": False, "ALIGN": True, "LIVE": True}, 8),
+    ("chunk growing flat eager aligned, no selects", "chunk",
+     {**GROWING, "FLAT": True, "TWO": False, "DEV": False, "ALIGN": True, "LIVE": True}, 8),
     ("chunk growing parked", "chunk", {**GROWING, "PARK": True, "BM": 16, "ROWS": 4}, 4),
     ("chunk ring parked", "chunk", dict(PARK=True, BM=32, ROWS=8), 4),
     ("decode ring fused", "decode", {}, 4),

@@ -182,24 +182,40 @@ def _kernel():
                 if INTERIOR:
                     a1 = tl.minimum(tl.maximum(f0, t_first), p_max + 1)
                     b1 = tl.maximum(a1, tl.minimum(f1, p_max + 1))
-                for st in range(t_first, a1, BLOCK_N):
-                    m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
-                        st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm,
-                        cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
-                        softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, True,
-                        ACC_DOT, TWO, KV, D, ONE)
-                for st in range(a1, b1, BLOCK_N):
-                    m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
-                        st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm,
-                        cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
-                        softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, False,
-                        ACC_DOT, TWO, KV, D, ONE)
-                for st in range(b1, p_max + 1, BLOCK_N):
-                    m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
-                        st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm,
-                        cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
-                        softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, RING, True,
-                        ACC_DOT, TWO, KV, D, ONE)
+                if LIVE:
+                    # aligned row runs (a growing plane): the tiles before the diagonal one
+                    # unmasked, the diagonal masked; no selects (triton_chunk_tiles.py)
+                    for st in range(t_first, b1, BLOCK_N):
+                        m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile_live(
+                            st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs,
+                            kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At,
+                            ones, scale, softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS,
+                            SOFTCAP, RING, not INTERIOR, ACC_DOT, TWO, KV, D)
+                    for st in range(b1, p_max + 1, BLOCK_N):
+                        m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile_live(
+                            st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs,
+                            kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At,
+                            ones, scale, softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS,
+                            SOFTCAP, RING, True, ACC_DOT, TWO, KV, D)
+                else:
+                    for st in range(t_first, a1, BLOCK_N):
+                        m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
+                            st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs,
+                            kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At,
+                            ones, scale, softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS,
+                            SOFTCAP, RING, True, ACC_DOT, TWO, KV, D, ONE)
+                    for st in range(a1, b1, BLOCK_N):
+                        m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
+                            st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs,
+                            kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At,
+                            ones, scale, softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS,
+                            SOFTCAP, RING, False, ACC_DOT, TWO, KV, D, ONE)
+                    for st in range(b1, p_max + 1, BLOCK_N):
+                        m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
+                            st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs,
+                            kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At,
+                            ones, scale, softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS,
+                            SOFTCAP, RING, True, ACC_DOT, TWO, KV, D, ONE)
             elif FLATTEN:
                 # the nested loop with every split's tiles on fixed bounds (masked; tiles no row
                 # sees fold as exact no-ops, as the tile's rows past a row's own position already
@@ -284,9 +300,10 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     # lay["align"] (MUSER_CHUNK_ALIGN, on by default): aligned row runs on a growing plane's
     # nested loop, eager passes only -- without tile_step's keeping select and merge_one's
     # selects (merge_live); "tiles": without the first only.  A run must sit in one key tile
-    # (block_n % rows == 0), and no window may start inside the keys (rings, sliding planes)
+    # (block_n % rows == 0), and no window may start inside the keys (rings, sliding planes);
+    # the flat loop takes it with "on" only (_flat_tile_live: no selects at all)
     align = (bool(lay.get("align")) and ring is None and not window and not park and dev is None
-             and new is None and lay.get("chunk_loop") != "flat"
+             and new is None and (lay.get("chunk_loop") != "flat" or lay.get("align") is True)
              and lay.get("flatten") not in ("chunk", "on") and lay["block_n"] % rows == 0
              and dsplit == 1)
     tiles = -(-(R + (start % rows if align else 0)) // rows)

@@ -4,7 +4,8 @@ Owns: `chunk_pieces()` -- `_chunk_tile` (a tile of K/V read by position: an orde
 ring in place, and with TWO the chunk's own rows from `start` on), `_keys_tile` (that tile
 folded into a split's running softmax), `_split_partial` (a split from empty), `_split_done` /
 `_group_end` (the merges at a split's and a group's end) and `_flat_tile` (one step of the flat
-loop: a split starts, folds, and ends into its group and the total).  Does not own: the loops
+loop: a split starts, folds, and ends into its group and the total; `_flat_tile_live` the same
+for aligned row runs, without selects).  Does not own: the loops
 and the grid (triton_chunk.py), the arithmetic they share with the decode kernel
 (triton_attn.py).
 """
@@ -210,7 +211,34 @@ def chunk_pieces() -> dict:
 
     globals()["_flat_tile"] = flat_tile
 
+    @triton.jit
+    def flat_tile_live(st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh,
+                       dm, cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones,
+                       scale, softcap, K2, V2, start, BM: tl.constexpr, DPW: tl.constexpr,
+                       BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, GS: tl.constexpr,
+                       SOFTCAP: tl.constexpr, RING: tl.constexpr, MASKED: tl.constexpr,
+                       ACC_DOT: tl.constexpr, TWO: tl.constexpr, KV: tl.constexpr,
+                       D: tl.constexpr):
+        """`flat_tile` for aligned row runs (triton_chunk.py's ALIGN with LIVE): no select
+        anywhere.  The split's state is reset where the split ends, inside the branch that
+        merges it, to the (-inf, +0, +0) a nested split starts from -- not selected back at
+        the next split's first tile -- and its merges are `split_done_live`'s: the same
+        tile_step / merge sequence as the aligned nested loop, so the same bits."""
+        m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh,
+                               dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones, scale, softcap,
+                               K2, V2, start, BLOCK_N, SOFTCAP, RING, MASKED, ACC_DOT, TWO,
+                               KV, D, False, False)
+        if ((st + BLOCK_N) % SPLIT == 0) | (st + BLOCK_N > p_max):       # the split ends here
+            Mg, Lg, Ag, Mt, Lt, At = _split_done_live(st // SPLIT, p_max // SPLIT, m, l, acc,
+                                                      Mg, Lg, Ag, Mt, Lt, At, BM, DPW, GS)
+            m = tl.full([BM], float("-inf"), tl.float32)
+            l = tl.zeros([BM], tl.float32)
+            acc = tl.zeros([BM, DPW], tl.float32)
+        return m, l, acc, Mg, Lg, Ag, Mt, Lt, At
+
+    globals()["_flat_tile_live"] = flat_tile_live
+
     return {"_chunk_tile": chunk_tile, "_keys_tile": keys_tile, "_split_partial": split_partial,
             "_group_end": group_end, "_split_done": split_done,
             "_split_done_sel": split_done_sel, "_split_done_live": split_done_live,
-            "_flat_tile": flat_tile}
+            "_flat_tile": flat_tile, "_flat_tile_live": flat_tile_live}
