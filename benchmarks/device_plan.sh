@@ -63,6 +63,7 @@
 #   align_engine the engine rows and CUDA invariance rows on MUSER_CHUNK_ALIGN=on
 #   group1_ab    merge groups of one split (growing and ring): decode / 16k A/B, invariance
 #   flat_ab      the flat chunk loop on aligned growing runs: GPU bit rows, 16k prefill A/B
+#   order_ab     MUSER_CHUNK_ORDER=heavy (last query tiles first): bits, 16k A/B flat and nested
 #   masked_ab    MUSER_ATTN_TILES=masked on the aligned chunk route: 16k prefill and decode A/B
 #                (its halves alone: masked_pre, masked_dec)
 #   norm_in      MUSER_NORM_IN (dot_rows norms its own rows: one launch an add+norm fewer):
@@ -380,6 +381,15 @@ stage_flat_ab() {  # the flat loop on aligned growing runs (_flat_tile_live: a s
   tests 240 -x tests/cuda/test_triton_chunk.py -k "aligned"
   bench 300 . benchmarks/prefill_tma_ab.py --models 1b,270m --knob MUSER_CHUNK_LOOP \
     --modes auto,flat
+}
+
+stage_order_ab() {  # MUSER_CHUNK_ORDER=heavy: a growing plane's last query tiles (the most
+  # keys) start first, on the flat aligned loop and on the nested one (a launch order: the
+  # same bits; 1,024 programs of work ~ t on 132 SMs, one CTA each: ~20% over the mean light-first)
+  tests 240 -x tests/cuda/test_triton_chunk.py -k "aligned"
+  MUSER_CHUNK_LOOP=flat bench 240 . benchmarks/prefill_tma_ab.py --models 1b,270m \
+    --knob MUSER_CHUNK_ORDER --modes light,heavy
+  bench 200 . benchmarks/prefill_tma_ab.py --models 1b --knob MUSER_CHUNK_ORDER --modes light,heavy
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the

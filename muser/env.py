@@ -71,6 +71,11 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                          "(the same bits; auto: flat on rings and on growing splits of one "
                          "tile, nested on longer growing splits -- the faster of each on the "
                          "H200)"),
+    "MUSER_CHUNK_ORDER": ("light|heavy", "light", "backends/cuda (chunk attention)",
+                          "the order a chunk's query tiles start in on a growing plane: first "
+                          "rows first (light) or last rows -- the most keys -- first (heavy), "
+                          "so the long programs do not finish alone at the end (the same bits: "
+                          "each program's work is its own)"),
     "MUSER_CHUNK_ALIGN": ("off|tiles|on", "on", "backends/cuda (chunk attention)",
                           "eager chunks over a growing plane: each program takes an aligned run "
                           "of positions, so every row sees a key of every tile it walks and the "
@@ -190,6 +195,7 @@ class Env:
     attn_tiles: str = "interior"
     chunk_first: str = "on"
     chunk_align: str = "on"
+    chunk_order: str = "light"
     chunk_park: str = "16"
     chunk_prep: str = "alone"
     flatten: str = "dot"
@@ -292,7 +298,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_FUSE_SUM", "fuse_sum"), ("MUSER_PIPELINE", "pipeline"),
                         ("MUSER_MEGA", "mega"), ("MUSER_ATTN_REGS", "attn_regs"),
                         ("MUSER_NORM_IN", "norm_in"), ("MUSER_DOT_TMA", "dot_tma"),
-                        ("MUSER_CHUNK_ALIGN", "chunk_align")):
+                        ("MUSER_CHUNK_ALIGN", "chunk_align"), ("MUSER_CHUNK_ORDER", "chunk_order")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

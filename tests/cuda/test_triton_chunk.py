@@ -173,20 +173,24 @@ def test_sinks_give_a_chunk_row_the_decode_bits(dev, kdtype):
     assert lay["park"] >= 16 and torch.equal(torch.cat(parts), torch.cat(want))
 
 
-@pytest.mark.parametrize("align,sizes,loop", [
-    ("tiles", [1, 7, 97, 45], "nested"), (True, [50, 1, 1, 98], "nested"),
-    (True, [1, 7, 97, 45], "nested"), (True, [50, 1, 1, 98], "flat"), (True, [1, 7, 97, 45], "flat")])
-def test_aligned_row_runs_without_the_selects_have_the_decode_bits(dev, kdtype, align, sizes, loop):
+@pytest.mark.parametrize("align,sizes,loop,heavy", [
+    ("tiles", [1, 7, 97, 45], "nested", False), (True, [50, 1, 1, 98], "nested", False),
+    (True, [1, 7, 97, 45], "nested", True), (True, [50, 1, 1, 98], "flat", False),
+    (True, [1, 7, 97, 45], "flat", True)])
+def test_aligned_row_runs_without_the_selects_have_the_decode_bits(dev, kdtype, align, sizes, loop,
+                                                                   heavy):
     """lay["align"] (MUSER_CHUNK_ALIGN): a growing plane's programs take ROWS-aligned runs of
     positions, so every row sees a key of every tile and split its program walks: tile_step's
     state-keeping select is left out ("tiles"), and merge_one's too (True: merge_live from a
     -0.0 empty state) -- still the decode step's bits, chunks starting anywhere.  (Under the
     interpreter the selects only ever matter for zero signs; the GPU rows are the real check.)
-    loop "flat": the flat loop's aligned tile step, which resets a split where it ends."""
+    loop "flat": the flat loop's aligned tile step, which resets a split where it ends; heavy:
+    the last query tiles start first (MUSER_CHUNK_ORDER, a launch order only)."""
     heads, kv, d = 4, 2, 32
     lay = _layout("growing", d, 16, loop=loop)
     ins = _inputs(heads, kv, d, kdtype, dev, True)
     ref, _, nsplit, cap = _decode("growing", heads, kv, d, kdtype, dev, lay, *ins, d ** -0.5, None)
-    out, _, _ = _chunks("growing", sizes, heads, kv, d, kdtype, dev, {**lay, "align": align},
+    out, _, _ = _chunks("growing", sizes, heads, kv, d, kdtype, dev,
+                        {**lay, "align": align, "heavy": heavy},
                         nsplit, cap, *ins, d ** -0.5, None, 32)
     assert torch.equal(out, ref)

@@ -66,7 +66,8 @@ def _kernel():
                      DSPLIT: tl.constexpr, INTERIOR: tl.constexpr, ACC_DOT: tl.constexpr,
                      TWO: tl.constexpr, DEV: tl.constexpr, ONE: tl.constexpr,
                      PARK: tl.constexpr, FLATTEN: tl.constexpr = False,
-                     ALIGN: tl.constexpr = False, LIVE: tl.constexpr = False):
+                     ALIGN: tl.constexpr = False, LIVE: tl.constexpr = False,
+                     HEAVY: tl.constexpr = False):
         if DEV:
             # a captured pass (chunk_graph.py): the plane and the chunk's place come from device
             # memory -- TAB (k_ptr, v_ptr, row stride, head stride), META (start, rows, first,
@@ -83,7 +84,10 @@ def _kernel():
             rot = tl.load(META + 3)
             capm = tl.load(META + 4)
             kcount = tl.load(META + 5)
-        t = tl.program_id(0)
+        if HEAVY:                                # the tiles with the most keys start first
+            t = tl.num_programs(0) - 1 - tl.program_id(0)
+        else:
+            t = tl.program_id(0)
         kvh = tl.program_id(1)
         part = tl.program_id(2)                  # which 1 / DSPLIT of the value columns
         i = tl.arange(0, BM)
@@ -330,7 +334,8 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         ONE=(bool(lay.get("first_tile")) and lay["split"] == lay["block_n"]
              and bool(lay.get("acc_dot"))),
         PARK=ws is not None, FLATTEN=lay.get("flatten") in ("chunk", "on"), ALIGN=align,
-        LIVE=align and lay.get("align") != "tiles", num_warps=warps,
+        LIVE=align and lay.get("align") != "tiles", HEAVY=bool(lay.get("heavy")) and ring is None,
+        num_warps=warps,
         enable_fp_fusion=False,
         **({"num_stages": stages} if stages else {}))
     if ws is not None:
