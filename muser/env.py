@@ -68,9 +68,9 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                           "for a global layer at 32k)"),
     "MUSER_CHUNK_LOOP": ("auto|nested|flat", "auto", "backends/cuda (chunk attention)",
                          "the chunk attention's loop: splits then tiles, or one loop over the tiles "
-                         "(the same bits; auto: flat on rings and on growing splits of one "
-                         "tile, nested on longer growing splits -- the faster of each on the "
-                         "H200)"),
+                         "(the same bits; auto: flat on rings, on growing splits of one tile "
+                         "and on aligned growing runs (MUSER_CHUNK_ALIGN=on), nested on other "
+                         "growing chunks -- the faster of each on the H200)"),
     "MUSER_CHUNK_ORDER": ("light|heavy", "light", "backends/cuda (chunk attention)",
                           "the order a chunk's query tiles start in on a growing plane: first "
                           "rows first (light) or last rows -- the most keys -- first (heavy), "

@@ -83,9 +83,12 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     return {"split": split, "group": env.growing_group if growing else env.ring_group,
             "block_n": block_n, "warps": warps, "depth": int(env.merge_loads),
             # auto: flat on rings and on growing splits of one tile (16k prefill, 1B global
-            # layer 6.8 -> 5.4 ms, where nested one-tile splits took 2x), nested elsewhere
+            # layer 6.8 -> 5.4 ms, where nested one-tile splits took 2x); on longer growing
+            # splits "aligned": flat where a chunk's rows run aligned without selects
+            # (triton_chunk.py; 5.65 -> 5.38 ms), nested elsewhere (8.0 against 10.7 ms flat
+            # with the selects)
             "chunk_loop": env.chunk_loop if env.chunk_loop != "auto" else (
-                "flat" if not growing or split == block_n else "nested"),
+                "flat" if not growing or split == block_n else "aligned"),
             "dsplit": int(env.chunk_columns), "interior": env.attn_tiles == "interior",
             "acc_dot": env.attn_acc == "dot", "first_tile": env.chunk_first == "on",
             "park": int(env.chunk_park), "prep": env.chunk_prep, "flatten": env.flatten,

@@ -25,9 +25,10 @@ split with `tile_first` (triton_attn.py: no state to reset or rescale; the same 
 `chunk_loop="flat"` (MUSER_CHUNK_LOOP) runs the same sequence as one loop over
 the tiles with the boundaries inside it, which the compiler can
 software-pipeline (a ring split is one tile): the default on rings (H200, a
-sliding layer's 16k prefill 0.81 -> 0.62 ms) and on growing splits of one tile
-(MUSER_GROWING_ROWS=32: a global layer's 6.8 -> 5.4 ms), not on longer growing
-splits (8.0 against 10.7 ms at 128 keys).  `dsplit` (MUSER_CHUNK_COLUMNS) gives
+sliding layer's 16k prefill 0.81 -> 0.62 ms), on growing splits of one tile
+(MUSER_GROWING_ROWS=32: a global layer's 6.8 -> 5.4 ms) and on aligned growing
+runs (loop "aligned": no selects, a split reset where it ends; 5.65 -> 5.38 ms at
+128-key splits), not on other growing chunks (8.0 against 10.7 ms with the selects).  `dsplit` (MUSER_CHUNK_COLUMNS) gives
 each of 1, 2 or 4 programs a slice of the value columns -- no spills, more score
 work: slower.
 """
@@ -310,6 +311,9 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
              and new is None and (lay.get("chunk_loop") != "flat" or lay.get("align") is True)
              and lay.get("flatten") not in ("chunk", "on") and lay["block_n"] % rows == 0
              and dsplit == 1)
+    live = align and lay.get("align") is True                 # merge_live: no selects at all
+    # chunk_loop "aligned" (auto on longer growing splits): flat on such runs, nested elsewhere
+    flat = lay.get("chunk_loop") == "flat" or (lay.get("chunk_loop") == "aligned" and live)
     tiles = -(-(R + (start % rows if align else 0)) // rows)
     warps = warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"])
     ws, nsp = None, 1
@@ -328,13 +332,13 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         H=H, KV=KV, G=G, D=D, HALF=half, BLOCK_H=_pow2(half, 8), INTERLEAVED=bool(interleaved),
         BM=bm, ROWS=rows, BLOCK_N=lay["block_n"], SPLIT=lay["split"],
         GS=lay["group"], SOFTCAP=softcap is not None, SINKS=sinks is not None,
-        RING=ring is not None, FLAT=lay.get("chunk_loop") == "flat", DSPLIT=dsplit,
+        RING=ring is not None, FLAT=flat, DSPLIT=dsplit,
         INTERIOR=bool(lay.get("interior", True)), ACC_DOT=bool(lay.get("acc_dot", False)),
         TWO=new is not None, DEV=dev is not None,
         ONE=(bool(lay.get("first_tile")) and lay["split"] == lay["block_n"]
              and bool(lay.get("acc_dot"))),
         PARK=ws is not None, FLATTEN=lay.get("flatten") in ("chunk", "on"), ALIGN=align,
-        LIVE=align and lay.get("align") != "tiles", HEAVY=bool(lay.get("heavy")) and ring is None,
+        LIVE=live, HEAVY=bool(lay.get("heavy")) and ring is None,
         num_warps=warps,
         enable_fp_fusion=False,
         **({"num_stages": stages} if stages else {}))
