@@ -384,12 +384,13 @@ stage_flat_ab() {  # the flat loop on aligned growing runs (_flat_tile_live: a s
 }
 
 stage_order_ab() {  # MUSER_CHUNK_ORDER=heavy: a growing plane's last query tiles (the most
-  # keys) start first, on the flat aligned loop and on the nested one (a launch order: the
+  # keys) start first, on the flat aligned loop (the default) and on the nested one (a launch order: the
   # same bits; 1,024 programs of work ~ t on 132 SMs, one CTA each: ~20% over the mean light-first)
   tests 240 -x tests/cuda/test_triton_chunk.py -k "aligned"
   MUSER_CHUNK_LOOP=flat bench 240 . benchmarks/prefill_tma_ab.py --models 1b,270m \
     --knob MUSER_CHUNK_ORDER --modes light,heavy
-  bench 200 . benchmarks/prefill_tma_ab.py --models 1b --knob MUSER_CHUNK_ORDER --modes light,heavy
+  MUSER_CHUNK_LOOP=nested bench 200 . benchmarks/prefill_tma_ab.py --models 1b \
+    --knob MUSER_CHUNK_ORDER --modes light,heavy
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
