@@ -64,6 +64,7 @@
 #   group1_ab    merge groups of one split (growing and ring): decode / 16k A/B, invariance
 #   flat_ab      the flat chunk loop on aligned growing runs: GPU bit rows, 16k prefill A/B
 #   order_ab     MUSER_CHUNK_ORDER=heavy (last query tiles first): bits, 16k A/B flat and nested
+#   wide         the chunk kernel's query tile / warps / column slices on the aligned flat loop
 #   masked_ab    MUSER_ATTN_TILES=masked on the aligned chunk route: 16k prefill and decode A/B
 #                (its halves alone: masked_pre, masked_dec)
 #   norm_in      MUSER_NORM_IN (dot_rows norms its own rows: one launch an add+norm fewer):
@@ -391,6 +392,13 @@ stage_order_ab() {  # MUSER_CHUNK_ORDER=heavy: a growing plane's last query tile
     --knob MUSER_CHUNK_ORDER --modes light,heavy
   MUSER_CHUNK_LOOP=nested bench 200 . benchmarks/prefill_tma_ab.py --models 1b \
     --knob MUSER_CHUNK_ORDER --modes light,heavy
+}
+
+stage_wide() {  # the chunk kernel's launch shape on the aligned flat default: 128 slots (the
+  # warpgroups on rows) or 4 warps (one warpgroup) with value-column slices; every chunk row
+  # first (align now takes column slices too)
+  tests 200 -x tests/cuda/test_triton_chunk.py
+  bench 200 . benchmarks/fa_ceiling.py --parts wide --reps 7
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the

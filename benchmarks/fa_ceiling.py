@@ -17,7 +17,7 @@ asks two things on the Gemma-3-1B geometry (4 heads, 1 KV head, D 256, causal, 1
 
 Every Triton variant is checked against FlashAttention-2 (max |diff| printed; bf16 output).
 
-    PYTHONPATH=. python3 benchmarks/fa_ceiling.py [--rows 16384] [--reps 5] [--parts fa,steps,exact,slots,align]
+    PYTHONPATH=. python3 benchmarks/fa_ceiling.py [--rows 16384] [--reps 5] [--parts fa,steps,exact,slots,align,wide]
 """
 from __future__ import annotations
 
@@ -45,6 +45,13 @@ SLOTS = [(64, 4), (32, 4), (32, 8), (16, 4)]
 # the default layout with aligned row runs and no state-keeping select (lay["align"]):
 # (slots, warps); torch.equal against the default printed
 ALIGNED = [("tiles", 64, 8), (True, 64, 8), (True, 64, 4), (True, 32, 4)]
+
+# the default layout (aligned, flat) with other query tiles and value-column slices (a launch
+# shape: the same bits): (slots, warps, dsplit).  Why: at 8 warps a [64, 32] score tile splits
+# its 32 keys over two warpgroups (sm_90: m64n16 wgmma, the row max and p @ V's operand through
+# shared memory every tile); 128 slots put the warpgroups on rows, 4 warps keep one -- the
+# accumulators fit only in column slices (each slice recomputes the scores)
+WIDE = [(64, 8, 1), (128, 8, 2), (128, 8, 4), (64, 4, 2), (64, 4, 4), (32, 4, 2)]
 
 # the exact kernel's habits added to flash attention one at a time (BM 64, BN 32)
 STEPS = [("4 warps", {}), ("+ row sums by a dot with ones", {"ones": True}),
@@ -202,7 +209,8 @@ def main():
     ap.add_argument("--parts", default="fa,steps,exact,slots,align",
                     help="which rows besides FA-2: fa (plain Triton by tile), steps (the exact "
                          "kernel's habits added to it), exact (the chunk kernel's layouts), slots "
-                         "(its query tiles and warps), align (aligned row runs, no keeping select)")
+                         "(its query tiles and warps), align (aligned row runs, no keeping select), wide "
+                         "(query tiles, warps and value-column slices on the default)")
     a = ap.parse_args()
     dev, dt = "cuda", torch.bfloat16
     torch.manual_seed(0)
@@ -253,6 +261,20 @@ def main():
             print(f"| exact chunk, aligned rows, {what}, {bm} slots, {warps} warps | "
                   f"{ms:.2f} | {flops / ms / 1e9:.0f} | equal to the default: "
                   f"{torch.equal(out, exact)} |", flush=True)
+    if "wide" in parts:
+        exact = chunk_attention(q, k, v, 0, 0, None, SCALE, None, False, base)
+        for bm, warps, ds in WIDE:
+            fn = lambda: chunk_attention(q, k, v, 0, 0, None, SCALE, None, False,  # noqa: E731
+                                         base, block_m=bm, warps=warps, dsplit=ds)
+            try:
+                out = fn()
+                ms = timed(fn, a.reps)
+                print(f"| exact chunk, {bm} slots, {warps} warps, {ds} column slices | "
+                      f"{ms:.2f} | {flops / ms / 1e9:.0f} | equal to the default: "
+                      f"{torch.equal(out, exact)} |", flush=True)
+            except Exception as e:                                      # noqa: BLE001
+                print(f"| exact chunk, {bm}/{warps}/{ds} | failed: {type(e).__name__} "
+                      f"{str(e)[:120]} | | |", flush=True)
     for name, over, bm, warps in runs:
         lay = {**base, **over}
         fn = lambda: chunk_attention(q, k, v, 0, 0, None, SCALE, None, False, lay,  # noqa: E731

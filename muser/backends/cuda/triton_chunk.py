@@ -309,8 +309,7 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     # the flat loop takes it with "on" only (_flat_tile_live: no selects at all)
     align = (bool(lay.get("align")) and ring is None and not window and not park and dev is None
              and new is None and (lay.get("chunk_loop") != "flat" or lay.get("align") is True)
-             and lay.get("flatten") not in ("chunk", "on") and lay["block_n"] % rows == 0
-             and dsplit == 1)
+             and lay.get("flatten") not in ("chunk", "on") and lay["block_n"] % rows == 0)
     live = align and lay.get("align") is True                 # merge_live: no selects at all
     # chunk_loop "aligned" (auto on longer growing splits): flat on such runs, nested elsewhere
     flat = lay.get("chunk_loop") == "flat" or (lay.get("chunk_loop") == "aligned" and live)
