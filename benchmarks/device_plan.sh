@@ -64,6 +64,7 @@
 #   group1_ab    merge groups of one split (growing and ring): decode / 16k A/B, invariance
 #   flat_ab      the flat chunk loop on aligned growing runs: GPU bit rows, 16k prefill A/B
 #   order_ab     MUSER_CHUNK_ORDER=heavy (last query tiles first): bits, 16k A/B flat and nested
+#   ring_live_ab MUSER_RING_LIVE=on (rings' whole tiles merged without selects): 16k A/B
 #   wide         the chunk kernel's query tile / warps / column slices on the aligned flat loop
 #   masked_ab    MUSER_ATTN_TILES=masked on the aligned chunk route: 16k prefill and decode A/B
 #                (its halves alone: masked_pre, masked_dec)
@@ -385,13 +386,16 @@ stage_flat_ab() {  # the flat loop on aligned growing runs (_flat_tile_live: a s
 }
 
 stage_order_ab() {  # MUSER_CHUNK_ORDER=heavy: a growing plane's last query tiles (the most
-  # keys) start first, on the flat aligned loop (the default) and on the nested one (a launch order: the
-  # same bits; 1,024 programs of work ~ t on 132 SMs, one CTA each: ~20% over the mean light-first)
-  tests 240 -x tests/cuda/test_triton_chunk.py -k "aligned"
-  MUSER_CHUNK_LOOP=flat bench 240 . benchmarks/prefill_tma_ab.py --models 1b,270m \
-    --knob MUSER_CHUNK_ORDER --modes light,heavy
-  MUSER_CHUNK_LOOP=nested bench 200 . benchmarks/prefill_tma_ab.py --models 1b \
-    --knob MUSER_CHUNK_ORDER --modes light,heavy
+  # keys) start first, on the aligned flat default (bit rows: stage wide); a launch order, the
+  # same bits; 1,024 programs of work ~ t on 132 SMs, one CTA each: ~20% over the mean
+  # light-first
+  bench 240 . benchmarks/prefill_tma_ab.py --models 1b,270m --knob MUSER_CHUNK_ORDER \
+    --modes light,heavy
+}
+
+stage_ring_live_ab() {  # MUSER_RING_LIVE=on: rings' whole tiles fold by merge_live (no selects;
+  # the same bits): the 16k prefill A/B (logits and every K/V row against off)
+  bench 240 . benchmarks/prefill_tma_ab.py --models 1b,270m --knob MUSER_RING_LIVE --modes off,on
 }
 
 stage_wide() {  # the chunk kernel's launch shape on the aligned flat default: 128 slots (the

@@ -76,6 +76,10 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                           "rows first (light) or last rows -- the most keys -- first (heavy), "
                           "so the long programs do not finish alone at the end (the same bits: "
                           "each program's work is its own)"),
+    "MUSER_RING_LIVE": ("off|on", "off", "backends/cuda (chunk attention)",
+                        "the flat chunk loop over one-tile splits (rings) folds a tile every row "
+                        "sees whole into its group without merge_one's selects (merge_live; "
+                        "edge tiles keep them) -- the same bits by construction"),
     "MUSER_CHUNK_ALIGN": ("off|tiles|on", "on", "backends/cuda (chunk attention)",
                           "eager chunks over a growing plane: each program takes an aligned run "
                           "of positions, so every row sees a key of every tile it walks and the "
@@ -196,6 +200,7 @@ class Env:
     chunk_first: str = "on"
     chunk_align: str = "on"
     chunk_order: str = "light"
+    ring_live: str = "off"
     chunk_park: str = "16"
     chunk_prep: str = "alone"
     flatten: str = "dot"
@@ -298,7 +303,8 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_FUSE_SUM", "fuse_sum"), ("MUSER_PIPELINE", "pipeline"),
                         ("MUSER_MEGA", "mega"), ("MUSER_ATTN_REGS", "attn_regs"),
                         ("MUSER_NORM_IN", "norm_in"), ("MUSER_DOT_TMA", "dot_tma"),
-                        ("MUSER_CHUNK_ALIGN", "chunk_align"), ("MUSER_CHUNK_ORDER", "chunk_order")):
+                        ("MUSER_CHUNK_ALIGN", "chunk_align"), ("MUSER_CHUNK_ORDER", "chunk_order"),
+                        ("MUSER_RING_LIVE", "ring_live")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

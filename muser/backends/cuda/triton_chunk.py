@@ -28,9 +28,9 @@ software-pipeline (a ring split is one tile): the default on rings (H200, a
 sliding layer's 16k prefill 0.81 -> 0.62 ms), on growing splits of one tile
 (MUSER_GROWING_ROWS=32: a global layer's 6.8 -> 5.4 ms) and on aligned growing
 runs (loop "aligned": no selects, a split reset where it ends; 5.65 -> 5.38 ms at
-128-key splits), not on other growing chunks (8.0 against 10.7 ms with the selects).  `dsplit` (MUSER_CHUNK_COLUMNS) gives
-each of 1, 2 or 4 programs a slice of the value columns -- no spills, more score
-work: slower.
+128-key splits), not on other growing chunks (8.0 against 10.7 ms with the selects).
+`dsplit` (MUSER_CHUNK_COLUMNS) gives each of 1, 2 or 4 programs a slice of the value
+columns -- no spills, more score work: slower.
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def _kernel():
                      TWO: tl.constexpr, DEV: tl.constexpr, ONE: tl.constexpr,
                      PARK: tl.constexpr, FLATTEN: tl.constexpr = False,
                      ALIGN: tl.constexpr = False, LIVE: tl.constexpr = False,
-                     HEAVY: tl.constexpr = False):
+                     HEAVY: tl.constexpr = False, LIVE_IN: tl.constexpr = False):
         if DEV:
             # a captured pass (chunk_graph.py): the plane and the chunk's place come from device
             # memory -- TAB (k_ptr, v_ptr, row stride, head stride), META (start, rows, first,
@@ -140,7 +140,7 @@ def _kernel():
         ones = tl.full([BLOCK_N, 16], 1.0, O.dtype.element_ty)
         Mt = tl.full([BM], float("-inf"), tl.float32)
         Mg = tl.full([BM], float("-inf"), tl.float32)
-        if LIVE:                                 # merge_live's empty state (triton_attn.py)
+        if LIVE or LIVE_IN:                      # merge_live's empty state (triton_attn.py)
             Lt = tl.full([BM], -0.0, tl.float32)
             At = tl.full([BM, DPW], -0.0, tl.float32)
             Lg = tl.full([BM], -0.0, tl.float32)
@@ -208,19 +208,19 @@ def _kernel():
                             st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs,
                             kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At,
                             ones, scale, softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS,
-                            SOFTCAP, RING, True, ACC_DOT, TWO, KV, D, ONE)
+                            SOFTCAP, RING, True, ACC_DOT, TWO, KV, D, ONE, LIVE_IN)
                     for st in range(a1, b1, BLOCK_N):
                         m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
                             st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs,
                             kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At,
                             ones, scale, softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS,
-                            SOFTCAP, RING, False, ACC_DOT, TWO, KV, D, ONE)
+                            SOFTCAP, RING, False, ACC_DOT, TWO, KV, D, ONE, LIVE_IN)
                     for st in range(b1, p_max + 1, BLOCK_N):
                         m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
                             st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs,
                             kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At,
                             ones, scale, softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS,
-                            SOFTCAP, RING, True, ACC_DOT, TWO, KV, D, ONE)
+                            SOFTCAP, RING, True, ACC_DOT, TWO, KV, D, ONE, LIVE_IN)
             elif FLATTEN:
                 # the nested loop with every split's tiles on fixed bounds (masked; tiles no row
                 # sees fold as exact no-ops, as the tile's rows past a row's own position already
@@ -313,6 +313,8 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     live = align and lay.get("align") is True                 # merge_live: no selects at all
     # chunk_loop "aligned" (auto on longer growing splits): flat on such runs, nested elsewhere
     flat = lay.get("chunk_loop") == "flat" or (lay.get("chunk_loop") == "aligned" and live)
+    one = (bool(lay.get("first_tile")) and lay["split"] == lay["block_n"]
+           and bool(lay.get("acc_dot")))
     tiles = -(-(R + (start % rows if align else 0)) // rows)
     warps = warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"])
     ws, nsp = None, 1
@@ -334,11 +336,10 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         RING=ring is not None, FLAT=flat, DSPLIT=dsplit,
         INTERIOR=bool(lay.get("interior", True)), ACC_DOT=bool(lay.get("acc_dot", False)),
         TWO=new is not None, DEV=dev is not None,
-        ONE=(bool(lay.get("first_tile")) and lay["split"] == lay["block_n"]
-             and bool(lay.get("acc_dot"))),
+        ONE=one,
         PARK=ws is not None, FLATTEN=lay.get("flatten") in ("chunk", "on"), ALIGN=align,
-        LIVE=live, HEAVY=bool(lay.get("heavy")) and ring is None,
-        num_warps=warps,
+        LIVE=live, LIVE_IN=bool(lay.get("ring_live")) and flat and one and not live,
+        HEAVY=bool(lay.get("heavy")) and ring is None, num_warps=warps,
         enable_fp_fusion=False,
         **({"num_stages": stages} if stages else {}))
     if ws is not None:
