@@ -64,7 +64,8 @@
 #   group1_ab    merge groups of one split (growing and ring): decode / 16k A/B, invariance
 #   flat_ab      the flat chunk loop on aligned growing runs: GPU bit rows, 16k prefill A/B
 #   order_ab     MUSER_CHUNK_ORDER=heavy (last query tiles first): bits, 16k A/B flat and nested
-#   ring_live_ab MUSER_RING_LIVE=on (rings' whole tiles merged without selects): 16k A/B
+#   (ring_live_ab MUSER_RING_LIVE=on, rings' whole tiles merged without selects: equal bits,
+#                a ring layer 0.40 -> 0.39 ms; removed, twenty-fourth session)
 #   wide         the chunk kernel's query tile / warps / column slices on the aligned flat loop
 #   masked_ab    MUSER_ATTN_TILES=masked on the aligned chunk route: 16k prefill and decode A/B
 #                (its halves alone: masked_pre, masked_dec)
@@ -394,7 +395,8 @@ stage_order_ab() {  # MUSER_CHUNK_ORDER=heavy: a growing plane's last query tile
 }
 
 stage_ring_live_ab() {  # MUSER_RING_LIVE=on: rings' whole tiles fold by merge_live (no selects;
-  # the same bits): the 16k prefill A/B (logits and every K/V row against off)
+  # the same bits): the 16k prefill A/B (logits and every K/V row against off).  Twenty-fourth
+  # session: equal bits, a ring layer 0.40 -> 0.39 ms; the code is gone (RESULTS.md)
   bench 240 . benchmarks/prefill_tma_ab.py --models 1b,270m --knob MUSER_RING_LIVE --modes off,on
 }
 

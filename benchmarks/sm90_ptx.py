@@ -65,9 +65,9 @@ MEGA_1B = dict(N=1152, F=6912, BLOCK=2048, BN1=32, BK1=128, KS1=1152, BN2=64, BK
 CONFIGS = [
     ("chunk ring flat captured", "chunk", {}, 8),
     ("chunk ring flat eager", "chunk", dict(TWO=False, DEV=False), 8),
-    ("chunk ring flat eager, whole tiles merged live", "chunk",
-     dict(TWO=False, DEV=False, LIVE_IN=True), 8),
-    ("chunk ring flat captured, whole tiles merged live", "chunk", dict(LIVE_IN=True), 8),
+    ("chunk growing flat eager aligned, wide (128 slots, 2 halves)", "chunk",
+     {**GROWING, "FLAT": True, "TWO": False, "DEV": False, "ALIGN": True, "LIVE": True,
+      "BM": 128, "ROWS": 32, "DSPLIT": 2}, 8),
     ("chunk growing flat eager aligned, heavy first", "chunk",
      {**GROWING, "FLAT": True, "TWO": False, "DEV": False, "ALIGN": True, "LIVE": True,
       "HEAVY": True}, 8),

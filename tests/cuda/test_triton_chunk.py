@@ -196,20 +196,20 @@ def test_aligned_row_runs_without_the_selects_have_the_decode_bits(dev, kdtype, 
     assert torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("kind", ["ring", "growing"])
-def test_whole_one_tile_splits_fold_without_selects_with_the_decode_bits(dev, kdtype, kind):
-    """lay["ring_live"] (MUSER_RING_LIVE): the flat loop over one-tile splits folds a tile
-    every row sees whole into its group by merge_live (from a -0.0 empty group); edge tiles
-    keep merge_one -- the decode step's bits, chunks of every size and alignment.  (growing:
-    one-tile splits with the alignment off, the same loop.)"""
-    heads, kv, d = 4, 1, 64
-    lay = {**_layout(kind, d, 16, depth=4, loop="flat", tiles=1, first=True, park=0),
-           "ring_live": True, "align": False}
-    ins = _inputs(heads, kv, d, kdtype, dev, False)
-    ref, ref_plane, nsplit, cap = _decode(kind, heads, kv, d, kdtype, dev, lay, *ins, d ** -0.5,
-                                          5.0)
-    block_m = 64 if HAS_CUDA else heads // kv
+@pytest.mark.parametrize("loop", ["aligned", "nested"])
+def test_wide_query_tiles_in_column_halves_have_the_decode_bits(dev, kdtype, loop):
+    """lay["wide"] (MUSER_CHUNK_WIDE): aligned runs at 4 query heads a KV head and head dim
+    256 take 128 query slots a program in two value-column halves -- a launch shape, so the
+    decode step's bits, chunks of every size and alignment (GPU only: under the interpreter a
+    column slice's dot sums by the slice's width)."""
+    if not HAS_CUDA:
+        pytest.skip("numpy's matmul (the interpreter's dot) sums a column by the matrix's width")
+    heads, kv, d = 4, 1, 256
+    lay = {**_layout("growing", d, 32, loop=loop, park=0), "wide": True}
+    ins = _inputs(heads, kv, d, kdtype, dev, True)
+    ref, _, nsplit, cap = _decode("growing", heads, kv, d, kdtype, dev, lay, *ins, d ** -0.5,
+                                  None)
     for sizes in SPLITS:
-        out, plane, _ = _chunks(kind, sizes, heads, kv, d, kdtype, dev, lay, nsplit, cap, *ins,
-                                d ** -0.5, 5.0, block_m)
+        out, _, _ = _chunks("growing", sizes, heads, kv, d, kdtype, dev, lay, nsplit, cap, *ins,
+                            d ** -0.5, None, 64)
         assert torch.equal(out, ref), (sizes, (out.float() - ref.float()).abs().max())

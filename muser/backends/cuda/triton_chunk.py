@@ -45,6 +45,7 @@ from .triton_ops import _pow2
 
 CHUNK_ROWS = 64               # query slots per program on the GPU (a decode step has 16)
 CHUNK_WARPS = 8               # at 64 slots: 4 warps spill the [64, D] accumulators (H200: 3x slower)
+WIDE_ROWS = 128               # query slots a program on lay["wide"]'s launch shape (below)
 
 
 @functools.lru_cache(maxsize=None)
@@ -68,7 +69,7 @@ def _kernel():
                      TWO: tl.constexpr, DEV: tl.constexpr, ONE: tl.constexpr,
                      PARK: tl.constexpr, FLATTEN: tl.constexpr = False,
                      ALIGN: tl.constexpr = False, LIVE: tl.constexpr = False,
-                     HEAVY: tl.constexpr = False, LIVE_IN: tl.constexpr = False):
+                     HEAVY: tl.constexpr = False):
         if DEV:
             # a captured pass (chunk_graph.py): the plane and the chunk's place come from device
             # memory -- TAB (k_ptr, v_ptr, row stride, head stride), META (start, rows, first,
@@ -140,7 +141,7 @@ def _kernel():
         ones = tl.full([BLOCK_N, 16], 1.0, O.dtype.element_ty)
         Mt = tl.full([BM], float("-inf"), tl.float32)
         Mg = tl.full([BM], float("-inf"), tl.float32)
-        if LIVE or LIVE_IN:                      # merge_live's empty state (triton_attn.py)
+        if LIVE:                                 # merge_live's empty state (triton_attn.py)
             Lt = tl.full([BM], -0.0, tl.float32)
             At = tl.full([BM, DPW], -0.0, tl.float32)
             Lg = tl.full([BM], -0.0, tl.float32)
@@ -208,19 +209,19 @@ def _kernel():
                             st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs,
                             kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At,
                             ones, scale, softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS,
-                            SOFTCAP, RING, True, ACC_DOT, TWO, KV, D, ONE, LIVE_IN)
+                            SOFTCAP, RING, True, ACC_DOT, TWO, KV, D, ONE)
                     for st in range(a1, b1, BLOCK_N):
                         m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
                             st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs,
                             kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At,
                             ones, scale, softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS,
-                            SOFTCAP, RING, False, ACC_DOT, TWO, KV, D, ONE, LIVE_IN)
+                            SOFTCAP, RING, False, ACC_DOT, TWO, KV, D, ONE)
                     for st in range(b1, p_max + 1, BLOCK_N):
                         m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
                             st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs,
                             kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At,
                             ones, scale, softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS,
-                            SOFTCAP, RING, True, ACC_DOT, TWO, KV, D, ONE, LIVE_IN)
+                            SOFTCAP, RING, True, ACC_DOT, TWO, KV, D, ONE)
             elif FLATTEN:
                 # the nested loop with every split's tiles on fixed bounds (masked; tiles no row
                 # sees fold as exact no-ops, as the tile's rows past a row's own position already
@@ -311,6 +312,18 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
              and new is None and (lay.get("chunk_loop") != "flat" or lay.get("align") is True)
              and lay.get("flatten") not in ("chunk", "on") and lay["block_n"] % rows == 0)
     live = align and lay.get("align") is True                 # merge_live: no selects at all
+    if (live and lay.get("wide") and block_m == CHUNK_ROWS and dsplit == 1 and warps is None
+            and G * lay["block_n"] == WIDE_ROWS and 2 * _pow2(half, 8) >= 256):
+        # lay["wide"] (MUSER_CHUNK_WIDE): 128 query slots a program in two value-column halves.
+        # At 64 slots and 8 warps a [64, 32] score tile is split over the two warpgroups by
+        # key (sm_90: m64n16 wgmma), so the row max, the sums and p cross shared memory every
+        # tile; at 128 slots each warpgroup owns 64 rows whole, and the halves keep the three
+        # [128, 128] float32 states in registers (each half recomputes the scores).  A launch
+        # shape: the same bits.  H200, a 1B global layer's 16k chunk: 5.39 -> 3.95 ms
+        # (benchmarks/fa_ceiling.py --parts wide).  One aligned run a program: G x block_n slots
+        block_m, dsplit = WIDE_ROWS, 2
+        rows = block_m // G
+        bm = block_m
     # chunk_loop "aligned" (auto on longer growing splits): flat on such runs, nested elsewhere
     flat = lay.get("chunk_loop") == "flat" or (lay.get("chunk_loop") == "aligned" and live)
     one = (bool(lay.get("first_tile")) and lay["split"] == lay["block_n"]
@@ -338,8 +351,7 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         TWO=new is not None, DEV=dev is not None,
         ONE=one,
         PARK=ws is not None, FLATTEN=lay.get("flatten") in ("chunk", "on"), ALIGN=align,
-        LIVE=live, LIVE_IN=bool(lay.get("ring_live")) and flat and one and not live,
-        HEAVY=bool(lay.get("heavy")) and ring is None, num_warps=warps,
+        LIVE=live, HEAVY=bool(lay.get("heavy")) and ring is None, num_warps=warps,
         enable_fp_fusion=False,
         **({"num_stages": stages} if stages else {}))
     if ws is not None:

@@ -176,16 +176,11 @@ def chunk_pieces() -> dict:
                   K2, V2, start, BM: tl.constexpr, DPW: tl.constexpr, BLOCK_N: tl.constexpr,
                   SPLIT: tl.constexpr, GS: tl.constexpr, SOFTCAP: tl.constexpr,
                   RING: tl.constexpr, MASKED: tl.constexpr, ACC_DOT: tl.constexpr,
-                  TWO: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, ONE: tl.constexpr,
-                  LIVE_IN: tl.constexpr = False):
+                  TWO: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, ONE: tl.constexpr):
         """One step of the flat loop: a split starts (from empty) at its first tile, the tile
         folds in, and where the split ends it folds into its group, a group into the total.
         ONE: every split is one tile (a ring's, SPLIT == BLOCK_N: t_first and every step are
-        multiples of it), so every tile starts its split -- `tile_first`, no state to reset.
-        LIVE_IN (with ONE): a tile every row sees whole (not MASKED) is a partial no row finds
-        empty, so it folds into the group by `merge_live`, without merge_one's [BM, D] selects
-        -- the same values, the group starting at (-inf, -0.0, -0.0) (triton_attn.py); edge
-        tiles and the group's fold into the total keep merge_one."""
+        multiples of it), so every tile starts its split -- `tile_first`, no state to reset."""
         if ONE:
             m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh,
                                    dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones, scale, softcap,
@@ -205,18 +200,9 @@ def chunk_pieces() -> dict:
             # every tile ends its split: its merge unconditional.  (Under the runtime `if`
             # below, Triton 3.6's software pipeliner fails -- "PassManager::run failed" in
             # TritonGPUPipeline -- on a dot whose result only that `if` reads.)
-            if LIVE_IN and not MASKED:
-                Mg, Lg, Ag = _merge_live(Mg, Lg, Ag, m, l, acc)
-            else:
-                Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
+            Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
             if ((st // SPLIT) % GS == GS - 1) | last:
-                if LIVE_IN:
-                    Mt, Lt, At = _merge_one(Mt, Lt, At, Mg, Lg, Ag)
-                    Mg = tl.full([BM], float("-inf"), tl.float32)
-                    Lg = tl.full([BM], -0.0, tl.float32)
-                    Ag = tl.full([BM, DPW], -0.0, tl.float32)
-                else:
-                    Mt, Lt, At, Mg, Lg, Ag = _group_end(Mt, Lt, At, Mg, Lg, Ag, BM, DPW)
+                Mt, Lt, At, Mg, Lg, Ag = _group_end(Mt, Lt, At, Mg, Lg, Ag, BM, DPW)
         elif ((st + BLOCK_N) % SPLIT == 0) | last:          # the split ends here
             Mg, Lg, Ag = _merge_one(Mg, Lg, Ag, m, l, acc)
             if ((st // SPLIT) % GS == GS - 1) | last:
