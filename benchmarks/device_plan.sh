@@ -66,6 +66,7 @@
 #   order_ab     MUSER_CHUNK_ORDER=heavy (last query tiles first): bits, 16k A/B flat and nested
 #   (ring_live_ab MUSER_RING_LIVE=on, rings' whole tiles merged without selects: equal bits,
 #                a ring layer 0.40 -> 0.39 ms; removed, twenty-fourth session)
+#   wide_check   MUSER_CHUNK_WIDE=on (default): GPU bit rows, 16k prefill off/on, engine rows
 #   wide         the chunk kernel's query tile / warps / column slices on the aligned flat loop
 #   masked_ab    MUSER_ATTN_TILES=masked on the aligned chunk route: 16k prefill and decode A/B
 #                (its halves alone: masked_pre, masked_dec)
@@ -405,6 +406,14 @@ stage_wide() {  # the chunk kernel's launch shape on the aligned flat default: 1
   # first (align now takes column slices too)
   tests 200 -x tests/cuda/test_triton_chunk.py
   bench 200 . benchmarks/fa_ceiling.py --parts wide --reps 7
+}
+
+stage_wide_check() {  # MUSER_CHUNK_WIDE=on (the default since the twenty-fourth session, whose
+  # budget ran out before an engine run): its GPU bit rows, the engine and CUDA invariance rows
+  # on it, then the 16k prefill off / on (logits and every K/V row)
+  tests 200 -x tests/cuda/test_triton_chunk.py -k "wide or aligned"
+  bench 240 . benchmarks/prefill_tma_ab.py --models 1b,270m --knob MUSER_CHUNK_WIDE --modes off,on
+  tests 260 -x tests/cuda/test_cuda_engine.py tests/engine/test_invariance.py -k "cuda"
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
