@@ -6,7 +6,8 @@ row reduced exactly as the decode step reduces it (triton_attn.py: the same
 absolute splits, tiles and merge order), so a row's output does not depend on
 the chunk it came in.  Does not own: staging (muser.cache.staging decides what
 the view holds and when the chunk's rows land), q/k/v preparation
-(triton_decode.prepare_rows), the reduction shape (triton_attn.layout).
+(triton_decode.prepare_rows), the reduction shape (triton_attn.layout), which
+launch shape and loop a chunk takes (chunk_route.py).
 
 One program = one tile of BM query slots (BM // G query rows x the G heads of
 one KV head) and walks its rows' splits in order:
@@ -38,14 +39,12 @@ import functools
 
 import torch
 
+from .chunk_route import CHUNK_ROWS, chunk_route
 from .triton_attn import pieces
-from .triton_chunk_park import fold_parked, park_rows, park_splits, park_workspace
+from .triton_chunk_park import fold_parked, park_workspace
 from .triton_chunk_tiles import chunk_pieces
 from .triton_ops import _pow2
 
-CHUNK_ROWS = 64               # query slots per program on the GPU (a decode step has 16)
-CHUNK_WARPS = 8               # at 64 slots: 4 warps spill the [64, D] accumulators (H200: 3x slower)
-WIDE_ROWS = 128               # query slots a program on lay["wide"]'s launch shape (below)
 
 
 @functools.lru_cache(maxsize=None)
@@ -296,65 +295,33 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     if R == 0:
         return out
     half = D // 2
-    # slices of at least 16 columns (a dot's narrowest side)
-    dsplit = max(1, min(dsplit or lay.get("dsplit", 1), 2 * _pow2(half, 8) // 16))
-    park = park_rows(lay) >= R and dsplit == 1 and (dev is None or positions is not None)
-    if park:                                  # a tile just large enough for the chunk
-        block_m = min(block_m, max(16, _pow2(R * G)))
-    rows = max(1, block_m // G)
-    bm = max(16, _pow2(rows * G))
-    # lay["align"] (MUSER_CHUNK_ALIGN, on by default): aligned row runs on a growing plane's
-    # nested loop, eager passes only -- without tile_step's keeping select and merge_one's
-    # selects (merge_live); "tiles": without the first only.  A run must sit in one key tile
-    # (block_n % rows == 0), and no window may start inside the keys (rings, sliding planes);
-    # the flat loop takes it with "on" only (_flat_tile_live: no selects at all)
-    align = (bool(lay.get("align")) and ring is None and not window and not park and dev is None
-             and new is None and (lay.get("chunk_loop") != "flat" or lay.get("align") is True)
-             and lay.get("flatten") not in ("chunk", "on") and lay["block_n"] % rows == 0)
-    live = align and lay.get("align") is True                 # merge_live: no selects at all
-    if (live and lay.get("wide") and block_m == CHUNK_ROWS and dsplit == 1 and warps is None
-            and G * lay["block_n"] == WIDE_ROWS and 2 * _pow2(half, 8) >= 256):
-        # lay["wide"] (MUSER_CHUNK_WIDE): 128 query slots a program in two value-column halves.
-        # At 64 slots and 8 warps a [64, 32] score tile is split over the two warpgroups by
-        # key (sm_90: m64n16 wgmma), so the row max, the sums and p cross shared memory every
-        # tile; at 128 slots each warpgroup owns 64 rows whole, and the halves keep the three
-        # [128, 128] float32 states in registers (each half recomputes the scores).  A launch
-        # shape: the same bits.  H200, a 1B global layer's 16k chunk: 5.39 -> 3.95 ms
-        # (benchmarks/fa_ceiling.py --parts wide).  One aligned run a program: G x block_n slots
-        block_m, dsplit = WIDE_ROWS, 2
-        rows = block_m // G
-        bm = block_m
-    # chunk_loop "aligned" (auto on longer growing splits): flat on such runs, nested elsewhere
-    flat = lay.get("chunk_loop") == "flat" or (lay.get("chunk_loop") == "aligned" and live)
-    one = (bool(lay.get("first_tile")) and lay["split"] == lay["block_n"]
-           and bool(lay.get("acc_dot")))
-    tiles = -(-(R + (start % rows if align else 0)) // rows)
-    warps = warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"])
-    ws, nsp = None, 1
-    if park:
-        nsp = park_splits(rows, lay["split"], window, positions if dev is not None else start + R)
-        ws = park_workspace(q.device, tiles * KV * nsp * bm, 2 * _pow2(half, 8))
+    rt = chunk_route(R, G, D, start, lay, ring=ring is not None, window=window,
+                     dev=dev is not None, new=new is not None, positions=positions,
+                     block_m=block_m, warps=warps, dsplit=dsplit)
+    # past PARK_BYTES of partials a parked tile runs unparked (its launch shape kept)
+    ws = park_workspace(q.device, rt.tiles * KV * rt.nsp * rt.bm, 2 * _pow2(half, 8)) \
+        if rt.park else None
     rot, capm = ring if ring is not None else (0, 0)
     new_k, new_v = new if new is not None else (keys, values)
     spare = ws if ws is not None else (q, q, q)
-    _kernel()[(tiles, KV, nsp if ws is not None else dsplit)](
+    _kernel()[(rt.tiles, KV, rt.nsp if ws is not None else rt.dsplit)](
         q, keys, values, out, sinks if sinks is not None else q, new_k, new_v,
         dev[0] if dev is not None else q, dev[1] if dev is not None else q, *spare,
         int(start), R, int(first), int(rot), int(capm),
         int(kcount if kcount is not None else keys.shape[0]),
-        keys.stride(0), keys.stride(1), int(window or 0), float(scale), float(softcap or 1.0), nsp,
+        keys.stride(0), keys.stride(1), int(window or 0), float(scale), float(softcap or 1.0),
+        rt.nsp,
         H=H, KV=KV, G=G, D=D, HALF=half, BLOCK_H=_pow2(half, 8), INTERLEAVED=bool(interleaved),
-        BM=bm, ROWS=rows, BLOCK_N=lay["block_n"], SPLIT=lay["split"],
+        BM=rt.bm, ROWS=rt.rows, BLOCK_N=lay["block_n"], SPLIT=lay["split"],
         GS=lay["group"], SOFTCAP=softcap is not None, SINKS=sinks is not None,
-        RING=ring is not None, FLAT=flat, DSPLIT=dsplit,
+        RING=ring is not None, FLAT=rt.flat, DSPLIT=rt.dsplit,
         INTERIOR=bool(lay.get("interior", True)), ACC_DOT=bool(lay.get("acc_dot", False)),
-        TWO=new is not None, DEV=dev is not None,
-        ONE=one,
-        PARK=ws is not None, FLATTEN=lay.get("flatten") in ("chunk", "on"), ALIGN=align,
-        LIVE=live, HEAVY=bool(lay.get("heavy")) and ring is None, num_warps=warps,
+        TWO=new is not None, DEV=dev is not None, ONE=rt.one, PARK=ws is not None,
+        FLATTEN=lay.get("flatten") in ("chunk", "on"), ALIGN=rt.align, LIVE=rt.live,
+        HEAVY=rt.heavy, num_warps=rt.warps,
         enable_fp_fusion=False,
         **({"num_stages": stages} if stages else {}))
     if ws is not None:
         fold_parked(out, KV, sinks, dev[1] if dev is not None else None, ws, start, R, window,
-                    nsp, tiles, rows, bm, interleaved, lay, warps)
+                    rt.nsp, rt.tiles, rt.rows, rt.bm, interleaved, lay, rt.warps)
     return out

@@ -1,0 +1,67 @@
+"""chunk_route: which launch a chunk's attention takes, pinned on the CPU (the GPU rows hold each
+route to the decode kernel's bits; these hold the rules that pick them).  Every case is a
+real layout (triton_attn.layout) at a real model's shape."""
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from muser.backends.cuda.chunk_route import chunk_route
+from muser.backends.cuda.triton_attn import layout
+from muser.env import Env
+
+GROWING = layout(True, 256)                   # Gemma 3 1B / 270M global layers (D 256)
+RING = layout(False, 256)
+EAGER = dict(ring=False, window=None, dev=False, new=False)
+
+
+@pytest.mark.parametrize("why, R, G, D, lay, kw, want", [
+    ("a long prompt on a global layer at G 4: aligned, wide, flat",
+     16384, 4, 256, GROWING, EAGER,
+     dict(rows=32, bm=128, dsplit=2, park=False, align=True, live=True, flat=True, tiles=512,
+          warps=8)),
+    ("the same with MUSER_CHUNK_WIDE off: 64 slots whole",
+     16384, 4, 256, layout(True, 256, Env(chunk_wide="off")), EAGER,
+     dict(rows=16, bm=64, dsplit=1, align=True, flat=True, tiles=1024, warps=8)),
+    ("G 2 (Gemma 3 4B / 12B / 27B): 64 slots are 32 rows, aligned but not wide",
+     4096, 2, 256, GROWING, EAGER,
+     dict(rows=32, bm=64, dsplit=1, align=True, live=True, flat=True)),
+    ("G 1: 64 rows do not fit one 32-key tile -- not aligned, the nested loop",
+     4096, 1, 256, GROWING, EAGER, dict(rows=64, align=False, live=False, flat=False)),
+    ("a ring read in place: never aligned (a window's start edge), flat (one-tile splits)",
+     4096, 4, 256, RING, dict(EAGER, ring=True, window=512),
+     dict(rows=16, bm=64, dsplit=1, align=False, flat=True, one=True, heavy=False)),
+    ("a captured pass (chunk graph): not aligned, the nested loop",
+     2048, 4, 256, GROWING, dict(EAGER, dev=True, new=True, positions=32768),
+     dict(rows=16, align=False, flat=False, park=False)),
+    ("a verification block of 8 rows: parked splits, a tile just large enough",
+     8, 4, 256, GROWING, EAGER, dict(park=True, bm=32, rows=8, align=False, dsplit=1)),
+    ("MUSER_CHUNK_ALIGN=tiles: aligned, selects of merge_one kept, so nested",
+     4096, 4, 256, layout(True, 256, Env(chunk_align="tiles")), EAGER,
+     dict(align=True, live=False, flat=False, bm=64, dsplit=1)),
+    ("MUSER_CHUNK_ORDER=heavy: last query tiles first on a growing plane",
+     4096, 4, 256, layout(True, 256, Env(chunk_order="heavy")), EAGER, dict(heavy=True)),
+    ("head dim 128 (Cohere2's): aligned, not wide (measured at 256 only)",
+     4096, 4, 128, layout(True, 128), EAGER, dict(align=True, dsplit=1, bm=64)),
+])
+def test_the_route_a_chunk_takes(why, R, G, D, lay, kw, want):
+    rt = chunk_route(R, G, D, 0, lay, **kw)
+    got = {k: getattr(rt, k) for k in want}
+    assert got == want, why
+
+
+def test_a_caller_s_launch_shape_is_kept():
+    """Probes and tests that name a shape get it: wide picks only for the default shape."""
+    rt = chunk_route(4096, 4, 256, 0, GROWING, **EAGER, block_m=64, warps=4, dsplit=2)
+    assert (rt.bm, rt.warps, rt.dsplit, rt.align) == (64, 4, 2, True)
+
+
+@given(R=st.integers(1, 40000), start=st.integers(0, 40000), G=st.sampled_from([1, 2, 4, 8]))
+def test_the_programs_cover_every_row_once(R, start, G):
+    """Tile t covers rows [t * rows - shift, (t + 1) * rows - shift) (shift = start % rows when
+    aligned, else 0): the tiles cover rows 0 .. R - 1, and the last tile is not empty."""
+    rt = chunk_route(R, G, 256, start, GROWING, **EAGER)
+    shift = start % rt.rows if rt.align else 0
+    assert rt.tiles * rt.rows - shift >= R > (rt.tiles - 1) * rt.rows - shift
+    assert rt.rows * G <= rt.bm
+    if rt.align:                    # a run sits in one key tile: no row straddles
+        assert GROWING["block_n"] % rt.rows == 0
