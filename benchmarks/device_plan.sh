@@ -66,6 +66,7 @@
 #   order_ab     MUSER_CHUNK_ORDER=heavy (last query tiles first): bits, 16k A/B flat and nested
 #   (ring_live_ab MUSER_RING_LIVE=on, rings' whole tiles merged without selects: equal bits,
 #                a ring layer 0.40 -> 0.39 ms; removed, twenty-fourth session)
+#   others       the wide shapes on a sliding layer and a G = 2 global layer (fa_ceiling)
 #   wide_check   MUSER_CHUNK_WIDE=on (default): GPU bit rows, 16k prefill off/on, engine rows
 #   wide         the chunk kernel's query tile / warps / column slices on the aligned flat loop
 #   masked_ab    MUSER_ATTN_TILES=masked on the aligned chunk route: 16k prefill and decode A/B
@@ -406,6 +407,11 @@ stage_wide() {  # the chunk kernel's launch shape on the aligned flat default: 1
   # first (align now takes column slices too)
   tests 200 -x tests/cuda/test_triton_chunk.py
   bench 200 . benchmarks/fa_ceiling.py --parts wide --reps 7
+}
+
+stage_others() {  # the wide launch shape's question for a sliding layer and a G = 2 global
+  # layer (fa_ceiling --parts others: equal bits across shapes, ms)
+  bench 200 . benchmarks/fa_ceiling.py --parts others --reps 7
 }
 
 stage_wide_check() {  # MUSER_CHUNK_WIDE=on (the default since the twenty-fourth session, whose

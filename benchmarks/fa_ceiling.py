@@ -17,7 +17,7 @@ asks two things on the Gemma-3-1B geometry (4 heads, 1 KV head, D 256, causal, 1
 
 Every Triton variant is checked against FlashAttention-2 (max |diff| printed; bf16 output).
 
-    PYTHONPATH=. python3 benchmarks/fa_ceiling.py [--rows 16384] [--reps 5] [--parts fa,steps,exact,slots,align,wide]
+    PYTHONPATH=. python3 benchmarks/fa_ceiling.py [--rows 16384] [--reps 5] [--parts fa,steps,exact,slots,align,wide,others]
 """
 from __future__ import annotations
 
@@ -52,6 +52,11 @@ ALIGNED = [("tiles", 64, 8), (True, 64, 8), (True, 64, 4), (True, 32, 4)]
 # shared memory every tile); 128 slots put the warpgroups on rows, 4 warps keep one -- the
 # accumulators fit only in column slices (each slice recomputes the scores)
 WIDE = [(64, 8, 1), (128, 8, 2), (128, 8, 4), (64, 4, 2), (64, 4, 4), (32, 4, 2)]
+# the same question where the wide shape does not reach yet: a sliding layer (window 512, the
+# ring layout, unaligned: its selects kept) and a G = 2 global layer (Gemma 3 4B: 8 heads over
+# 4 KV heads; 64 slots are 32 rows, aligned) -- (label, heads, kv, window, shapes)
+OTHERS = [("sliding, window 512", 4, 1, 512, [(64, 8, 1), (128, 8, 2), (64, 4, 2)]),
+          ("global, G 2", 8, 4, None, [(64, 8, 1), (64, 4, 2), (128, 8, 2)])]
 
 # the exact kernel's habits added to flash attention one at a time (BM 64, BN 32)
 STEPS = [("4 warps", {}), ("+ row sums by a dot with ones", {"ones": True}),
@@ -210,7 +215,8 @@ def main():
                     help="which rows besides FA-2: fa (plain Triton by tile), steps (the exact "
                          "kernel's habits added to it), exact (the chunk kernel's layouts), slots "
                          "(its query tiles and warps), align (aligned row runs, no keeping select), wide "
-                         "(query tiles, warps and value-column slices on the default)")
+                         "(query tiles, warps and value-column slices on the default), others (the same "
+                         "for a sliding layer and a G 2 global layer)")
     a = ap.parse_args()
     dev, dt = "cuda", torch.bfloat16
     torch.manual_seed(0)
@@ -275,6 +281,27 @@ def main():
             except Exception as e:                                      # noqa: BLE001
                 print(f"| exact chunk, {bm}/{warps}/{ds} | failed: {type(e).__name__} "
                       f"{str(e)[:120]} | | |", flush=True)
+    if "others" in parts:
+        for label, heads, kvh, window, shapes in OTHERS:
+            qo = torch.randn(a.rows, heads, D, device=dev, dtype=dt)
+            ko = torch.randn(a.rows, kvh, D, device=dev, dtype=dt)
+            vo = torch.randn(a.rows, kvh, D, device=dev, dtype=dt)
+            lay = layout(window is None, D)
+            base_out = None
+            for bm, warps, ds in shapes:
+                fn = lambda: chunk_attention(qo, ko, vo, 0, 0, window, SCALE,  # noqa: E731
+                                             None, False, lay, block_m=bm, warps=warps,
+                                             dsplit=ds)
+                try:
+                    out = fn()
+                    base_out = out if base_out is None else base_out
+                    ms = timed(fn, a.reps)
+                    print(f"| {label}: {bm} slots, {warps} warps, {ds} column slices | "
+                          f"{ms:.2f} | | equal to the first: {torch.equal(out, base_out)} |",
+                          flush=True)
+                except Exception as e:                                  # noqa: BLE001
+                    print(f"| {label}: {bm}/{warps}/{ds} | failed: {type(e).__name__} "
+                          f"{str(e)[:120]} | | |", flush=True)
     for name, over, bm, warps in runs:
         lay = {**base, **over}
         fn = lambda: chunk_attention(q, k, v, 0, 0, None, SCALE, None, False, lay,  # noqa: E731
