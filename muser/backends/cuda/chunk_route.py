@@ -4,7 +4,7 @@ Owns: `chunk_route(...)` -> `ChunkRoute` -- for one chunk of R query rows over o
 query slots a program takes, the value-column slices, whether splits are parked and folded
 after, whether programs take aligned runs of positions (and so leave the selects out), the
 flat or nested loop, the launch order, the grid and the warps.  Pure Python (no Triton, no
-tensors): the rules are pinned on the CPU (tests/backends/test_chunk_route.py).  Does not own:
+tensor): the rules are pinned on the CPU (tests/backends/test_chunk_route.py).  Does not own:
 the kernel and its launch (triton_chunk.py), the workspace and the fold (triton_chunk_park.py),
 the reduction shape -- split, group, key tile -- which is the arithmetic (triton_attn.layout).
 
@@ -25,7 +25,7 @@ from .triton_chunk_park import park_rows, park_splits
 from .triton_ops import _pow2
 
 CHUNK_ROWS = 64               # query slots per program on the GPU (a decode step has 16)
-CHUNK_WARPS = 8               # at 64 slots: 4 warps spill the [64, D] accumulators (H200: 3x slower)
+CHUNK_WARPS = 8               # at 64 slots: 4 warps spill the [64, D] states (H200: 3x slower)
 WIDE_SLOTS = 128              # query slots a program on lay["wide"]'s launch shape (below)
 
 
@@ -43,9 +43,6 @@ class ChunkRoute:
     heavy: bool      # the last query tiles (the most keys) start first
     tiles: int       # programs along the rows
     warps: int
-
-    def grid(self, kv: int) -> tuple[int, int, int]:
-        return (self.tiles, kv, self.nsp if self.park else self.dsplit)
 
 
 def chunk_route(R: int, G: int, D: int, start: int, lay: dict, *, ring: bool, window: int | None,

@@ -46,7 +46,6 @@ from .triton_chunk_tiles import chunk_pieces
 from .triton_ops import _pow2
 
 
-
 @functools.lru_cache(maxsize=None)
 def _kernel():
     import triton
