@@ -200,16 +200,21 @@ def test_aligned_row_runs_without_the_selects_have_the_decode_bits(dev, kdtype, 
 def test_wide_query_tiles_in_column_halves_have_the_decode_bits(dev, kdtype, loop):
     """lay["wide"] (MUSER_CHUNK_WIDE): aligned runs at 4 query heads a KV head and head dim
     256 take 128 query slots a program in two value-column halves -- a launch shape, so the
-    decode step's bits, chunks of every size and alignment (GPU only: under the interpreter a
-    column slice's dot sums by the slice's width)."""
-    if not HAS_CUDA:
-        pytest.skip("numpy's matmul (the interpreter's dot) sums a column by the matrix's width")
+    decode step's bits, chunks of every size and alignment.  Under the interpreter a column
+    slice's dot sums by the slice's width (numpy), so there the values are held close, not
+    equal: what it checks is the route's indexing (the runs' shift, the halves' columns)."""
+    from muser.backends.cuda.chunk_route import chunk_route
     heads, kv, d = 4, 1, 256
     lay = {**_layout("growing", d, 32, loop=loop, park=0), "wide": True}
+    rt = chunk_route(97, heads // kv, d, 1, lay, ring=False, window=None, dev=False, new=False)
+    assert (rt.bm, rt.dsplit, rt.align) == (128, 2, True)            # the route under test
     ins = _inputs(heads, kv, d, kdtype, dev, True)
     ref, _, nsplit, cap = _decode("growing", heads, kv, d, kdtype, dev, lay, *ins, d ** -0.5,
                                   None)
     for sizes in SPLITS:
         out, _, _ = _chunks("growing", sizes, heads, kv, d, kdtype, dev, lay, nsplit, cap, *ins,
                             d ** -0.5, None, 64)
-        assert torch.equal(out, ref), (sizes, (out.float() - ref.float()).abs().max())
+        if HAS_CUDA:
+            assert torch.equal(out, ref), (sizes, (out.float() - ref.float()).abs().max())
+        else:
+            torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
