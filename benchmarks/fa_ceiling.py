@@ -33,7 +33,7 @@ CONFIGS = [(64, 32, 4, 2), (64, 32, 8, 2), (64, 64, 4, 2), (64, 64, 8, 2), (64, 
            (64, 128, 8, 2), (128, 32, 8, 2), (128, 64, 8, 2), (128, 128, 8, 2)]
 
 # the exact chunk kernel's layouts (triton_attn.layout fields over the growing default)
-EXACT = [("exact chunk, default (32-key tiles, 128-key splits, nested)", {}),
+EXACT = [("exact chunk, default layout (32-key tiles, 128-key splits)", {}),
          ("exact chunk, GR32F (32-key tiles and splits, flat)", {"split": 32, "chunk_loop": "flat"}),
          ("exact chunk, 64-key tiles and splits, flat", {"block_n": 64, "split": 64,
                                                          "chunk_loop": "flat"}),
@@ -194,6 +194,21 @@ def flash(q, k, v):
                                                     0.0, True, False, scale=SCALE)[0][0]
 
 
+def row(name, fn, reps, flops, last):
+    """One table row: fn's median time over reps, its TFLOP/s (flops 0: left blank) and
+    last(output) -- or why it failed (a variant that does not compile is this probe's answer,
+    not a crash).  Returns the output, None on a failure."""
+    try:
+        out = fn()
+        ms = timed(fn, reps)
+    except Exception as e:                                              # noqa: BLE001
+        print(f"| {name} | failed: {type(e).__name__} {str(e)[:120]} | | |", flush=True)
+        return None
+    rate = f"{flops / ms / 1e9:.0f}" if flops else ""
+    print(f"| {name} | {ms:.2f} | {rate} | {last(out)} |", flush=True)
+    return out
+
+
 def timed(fn, reps):
     fn()
     torch.cuda.synchronize()
@@ -229,91 +244,58 @@ def main():
     print(f"| variant | ms | TFLOP/s | max diff vs FA-2 |\n|---|---:|---:|---:|")
     print(f"| FlashAttention-2 | {ms:.2f} | {flops / ms / 1e9:.0f} | 0 |", flush=True)
     parts = set(a.parts.split(","))
+
+    def diff(out):
+        return f"{(out.float() - ref.float()).abs().max().item():.3g}"
+
     for bm, bn, warps, stages in CONFIGS if "fa" in parts else ():
-        name = f"Triton FA BM {bm} BN {bn} warps {warps} stages {stages}"
-        try:
-            out = triton_fa(q, k, v, bm, bn, warps, stages)
-            diff = (out.float() - ref.float()).abs().max().item()
-            ms = timed(lambda: triton_fa(q, k, v, bm, bn, warps, stages), a.reps)
-            print(f"| {name} | {ms:.2f} | {flops / ms / 1e9:.0f} | {diff:.3g} |", flush=True)
-        except Exception as e:                                          # noqa: BLE001
-            print(f"| {name} | failed: {type(e).__name__} {str(e)[:120]} | | |", flush=True)
+        row(f"Triton FA BM {bm} BN {bn} warps {warps} stages {stages}",
+            functools.partial(triton_fa, q, k, v, bm, bn, warps, stages), a.reps, flops, diff)
     for name, kw in STEPS if "steps" in parts else ():
-        try:
-            fn = lambda: triton_fa(q, k, v, 64, 32, kw.get("warps", 4), 2, **{  # noqa: E731
-                x: y for x, y in kw.items() if x != "warps"})
-            out = fn()
-            diff = (out.float() - ref.float()).abs().max().item()
-            ms = timed(fn, a.reps)
-            print(f"| flash, BM 64, BN 32: {name} | {ms:.2f} | {flops / ms / 1e9:.0f} | "
-                  f"{diff:.3g} |", flush=True)
-        except Exception as e:                                          # noqa: BLE001
-            print(f"| flash: {name} | failed: {type(e).__name__} {str(e)[:120]} | | |", flush=True)
+        row(f"flash, BM 64, BN 32: {name}",
+            functools.partial(triton_fa, q, k, v, 64, 32, kw.get("warps", 4), 2,
+                              **{x: y for x, y in kw.items() if x != "warps"}),
+            a.reps, flops, diff)
     from muser.backends.cuda.triton_attn import layout
     from muser.backends.cuda.triton_chunk import chunk_attention
     base = layout(True, D)
+    exact = chunk_attention(q, k, v, 0, 0, None, SCALE, None, False, base)
+
+    def same(out):
+        return f"equal to the default: {torch.equal(out, exact)}"
+
+    for mode, bm, warps in ALIGNED if "align" in parts else ():
+        what = "no keeping select" if mode == "tiles" else "no selects"
+        row(f"exact chunk, aligned rows, {what}, {bm} slots, {warps} warps",
+            functools.partial(chunk_attention, q, k, v, 0, 0, None, SCALE, None, False,
+                              {**base, "align": mode}, block_m=bm, warps=warps),
+            a.reps, flops, same)
+    for bm, warps, ds in WIDE if "wide" in parts else ():
+        row(f"exact chunk, {bm} slots, {warps} warps, {ds} column slices",
+            functools.partial(chunk_attention, q, k, v, 0, 0, None, SCALE, None, False, base,
+                              block_m=bm, warps=warps, dsplit=ds),
+            a.reps, flops, same)
+    for label, heads, kvh, window, shapes in OTHERS if "others" in parts else ():
+        qo = torch.randn(a.rows, heads, D, device=dev, dtype=dt)
+        ko = torch.randn(a.rows, kvh, D, device=dev, dtype=dt)
+        vo = torch.randn(a.rows, kvh, D, device=dev, dtype=dt)
+        first = []                                   # the first shape's output: the others' ref
+        for bm, warps, ds in shapes:
+            out = row(f"{label}: {bm} slots, {warps} warps, {ds} column slices",
+                      functools.partial(chunk_attention, qo, ko, vo, 0, 0, window, SCALE, None,
+                                        False, layout(window is None, D), block_m=bm,
+                                        warps=warps, dsplit=ds),
+                      a.reps, 0, lambda o: f"equal to the first: "
+                                           f"{torch.equal(o, first[0] if first else o)}")
+            if out is not None and not first:
+                first.append(out)
     runs = [(name, over, 64, None) for name, over in (EXACT if "exact" in parts else EXACT[:1])]
     runs += [(f"exact chunk, default layout, {bm} slots, {w} warps", {}, bm, w)
              for bm, w in (SLOTS if "slots" in parts else ())]
-    if "align" in parts:
-        exact = chunk_attention(q, k, v, 0, 0, None, SCALE, None, False, base)
-        for mode, bm, warps in ALIGNED:
-            lay = {**base, "align": mode}
-            fn = lambda: chunk_attention(q, k, v, 0, 0, None, SCALE, None, False,  # noqa: E731
-                                         lay, block_m=bm, warps=warps)
-            out = fn()
-            ms = timed(fn, a.reps)
-            what = "no keeping select" if mode == "tiles" else "no selects"
-            print(f"| exact chunk, aligned rows, {what}, {bm} slots, {warps} warps | "
-                  f"{ms:.2f} | {flops / ms / 1e9:.0f} | equal to the default: "
-                  f"{torch.equal(out, exact)} |", flush=True)
-    if "wide" in parts:
-        exact = chunk_attention(q, k, v, 0, 0, None, SCALE, None, False, base)
-        for bm, warps, ds in WIDE:
-            fn = lambda: chunk_attention(q, k, v, 0, 0, None, SCALE, None, False,  # noqa: E731
-                                         base, block_m=bm, warps=warps, dsplit=ds)
-            try:
-                out = fn()
-                ms = timed(fn, a.reps)
-                print(f"| exact chunk, {bm} slots, {warps} warps, {ds} column slices | "
-                      f"{ms:.2f} | {flops / ms / 1e9:.0f} | equal to the default: "
-                      f"{torch.equal(out, exact)} |", flush=True)
-            except Exception as e:                                      # noqa: BLE001
-                print(f"| exact chunk, {bm}/{warps}/{ds} | failed: {type(e).__name__} "
-                      f"{str(e)[:120]} | | |", flush=True)
-    if "others" in parts:
-        for label, heads, kvh, window, shapes in OTHERS:
-            qo = torch.randn(a.rows, heads, D, device=dev, dtype=dt)
-            ko = torch.randn(a.rows, kvh, D, device=dev, dtype=dt)
-            vo = torch.randn(a.rows, kvh, D, device=dev, dtype=dt)
-            lay = layout(window is None, D)
-            base_out = None
-            for bm, warps, ds in shapes:
-                fn = lambda: chunk_attention(qo, ko, vo, 0, 0, window, SCALE,  # noqa: E731
-                                             None, False, lay, block_m=bm, warps=warps,
-                                             dsplit=ds)
-                try:
-                    out = fn()
-                    base_out = out if base_out is None else base_out
-                    ms = timed(fn, a.reps)
-                    print(f"| {label}: {bm} slots, {warps} warps, {ds} column slices | "
-                          f"{ms:.2f} | | equal to the first: {torch.equal(out, base_out)} |",
-                          flush=True)
-                except Exception as e:                                  # noqa: BLE001
-                    print(f"| {label}: {bm}/{warps}/{ds} | failed: {type(e).__name__} "
-                          f"{str(e)[:120]} | | |", flush=True)
     for name, over, bm, warps in runs:
-        lay = {**base, **over}
-        fn = lambda: chunk_attention(q, k, v, 0, 0, None, SCALE, None, False, lay,  # noqa: E731
-                                     block_m=bm, warps=warps)
-        try:
-            out = fn()
-            diff = (out.float() - ref.float()).abs().max().item()
-            ms = timed(fn, a.reps)
-            print(f"| {name} | {ms:.2f} | {flops / ms / 1e9:.0f} | {diff:.3g} |", flush=True)
-        except Exception as e:                                          # noqa: BLE001
-            print(f"| {name} | failed: {type(e).__name__} {str(e)[:120]} | | |", flush=True)
-
+        row(name, functools.partial(chunk_attention, q, k, v, 0, 0, None, SCALE, None, False,
+                                    {**base, **over}, block_m=bm, warps=warps),
+            a.reps, flops, diff)
 
 if __name__ == "__main__":
     main()
