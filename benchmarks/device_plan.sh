@@ -68,6 +68,7 @@
 #                a ring layer 0.40 -> 0.39 ms; removed, twenty-fourth session)
 #   others       the wide shapes on a sliding layer and a G = 2 global layer (fa_ceiling)
 #   wide_check   MUSER_CHUNK_WIDE=on (default): GPU bit rows, 16k prefill off/on, engine rows
+#   wide2        the wide shapes on rings and G 2 runs, heavy order default: bits, 16k, engines
 #   wide         the chunk kernel's query tile / warps / column slices on the aligned flat loop
 #   masked_ab    MUSER_ATTN_TILES=masked on the aligned chunk route: 16k prefill and decode A/B
 #                (its halves alone: masked_pre, masked_dec)
@@ -419,6 +420,15 @@ stage_wide_check() {  # MUSER_CHUNK_WIDE=on (the default since the twenty-fourth
   # on it, then the 16k prefill off / on (logits and every K/V row)
   tests 200 -x tests/cuda/test_triton_chunk.py -k "wide or aligned"
   bench 240 . benchmarks/prefill_tma_ab.py --models 1b,270m --knob MUSER_CHUNK_WIDE --modes off,on
+  tests 260 -x tests/cuda/test_cuda_engine.py tests/engine/test_invariance.py -k "cuda"
+}
+
+stage_wide2() {  # twenty-fifth session: the wide shapes on rings (G 4) and G 2 aligned runs, the
+  # heavy order by default: their GPU bit rows, the 16k prefill wide off / on (logits and every
+  # K/V row), the G 2 sliding shapes, then the engine and CUDA invariance rows
+  tests 200 -x tests/cuda/test_triton_chunk.py -k "wide or aligned or ring"
+  bench 240 . benchmarks/prefill_tma_ab.py --models 1b,270m --knob MUSER_CHUNK_WIDE --modes off,on
+  bench 120 . benchmarks/fa_ceiling.py --parts others --reps 7
   tests 260 -x tests/cuda/test_cuda_engine.py tests/engine/test_invariance.py -k "cuda"
 }
 

@@ -52,11 +52,12 @@ ALIGNED = [("tiles", 64, 8), (True, 64, 8), (True, 64, 4), (True, 32, 4)]
 # shared memory every tile); 128 slots put the warpgroups on rows, 4 warps keep one -- the
 # accumulators fit only in column slices (each slice recomputes the scores)
 WIDE = [(64, 8, 1), (128, 8, 2), (128, 8, 4), (64, 4, 2), (64, 4, 4), (32, 4, 2)]
-# the same question where the wide shape does not reach yet: a sliding layer (window 512, the
-# ring layout, unaligned: its selects kept) and a G = 2 global layer (Gemma 3 4B: 8 heads over
-# 4 KV heads; 64 slots are 32 rows, aligned) -- (label, heads, kv, window, shapes)
+# the same question on a sliding layer (window 512, the ring layout, unaligned: its selects
+# kept), a G = 2 global layer (Gemma 3 4B: 8 heads over 4 KV heads; 64 slots are 32 rows,
+# aligned) and a G = 2 sliding one (the 4B's window, 1,024) -- (label, heads, kv, window, shapes)
 OTHERS = [("sliding, window 512", 4, 1, 512, [(64, 8, 1), (128, 8, 2), (64, 4, 2)]),
-          ("global, G 2", 8, 4, None, [(64, 8, 1), (64, 4, 2), (128, 8, 2)])]
+          ("global, G 2", 8, 4, None, [(64, 8, 1), (64, 4, 2), (128, 8, 2)]),
+          ("sliding G 2, window 1024", 8, 4, 1024, [(64, 8, 1), (64, 4, 2), (128, 8, 2)])]
 
 # the exact kernel's habits added to flash attention one at a time (BM 64, BN 32)
 STEPS = [("4 warps", {}), ("+ row sums by a dot with ones", {"ones": True}),

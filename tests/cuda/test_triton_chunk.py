@@ -196,25 +196,34 @@ def test_aligned_row_runs_without_the_selects_have_the_decode_bits(dev, kdtype, 
     assert torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("loop", ["aligned", "nested"])
-def test_wide_query_tiles_in_column_halves_have_the_decode_bits(dev, kdtype, loop):
-    """lay["wide"] (MUSER_CHUNK_WIDE): aligned runs at 4 query heads a KV head and head dim
-    256 take 128 query slots a program in two value-column halves -- a launch shape, so the
+@pytest.mark.parametrize("kind,heads,kv,loop,shape", [
+    ("growing", 4, 1, "aligned", (128, 2, 8, True)), ("growing", 4, 1, "nested", (128, 2, 8, True)),
+    ("growing", 4, 2, "aligned", (64, 2, 4, True)), ("ring", 4, 1, "flat", (128, 2, 8, False))])
+def test_wide_query_tiles_in_column_halves_have_the_decode_bits(dev, kdtype, kind, heads, kv, loop,
+                                                                shape):
+    """lay["wide"] (MUSER_CHUNK_WIDE) at head dim 256, each warpgroup on whole score rows
+    (chunk_route._wide): aligned runs at 4 query heads a KV head in 128 query slots, at 2 heads
+    in 64 slots at 4 warps, and a ring's chunks (its selects kept: in place, shadow, ring
+    decode) at 4 heads in 128 slots -- all in two value-column halves.  A launch shape, so the
     decode step's bits, chunks of every size and alignment.  Under the interpreter a column
     slice's dot sums by the slice's width (numpy), so there the values are held close, not
     equal: what it checks is the route's indexing (the runs' shift, the halves' columns)."""
     from muser.backends.cuda.chunk_route import chunk_route
-    heads, kv, d = 4, 1, 256
-    lay = {**_layout("growing", d, 32, loop=loop, park=0), "wide": True}
-    rt = chunk_route(97, heads // kv, d, 1, lay, ring=False, window=None, dev=False, new=False)
-    assert (rt.bm, rt.dsplit, rt.align) == (128, 2, True)            # the route under test
+    d = 256
+    lay = {**_layout(kind, d, 32, loop=loop, park=0), "wide": True}
+    rt = chunk_route(97, heads // kv, d, 1, lay, ring=False, window=48 if kind == "ring" else None,
+                     dev=False, new=False)
+    assert (rt.bm, rt.dsplit, rt.warps, rt.align) == shape           # the route under test
     ins = _inputs(heads, kv, d, kdtype, dev, True)
-    ref, _, nsplit, cap = _decode("growing", heads, kv, d, kdtype, dev, lay, *ins, d ** -0.5,
-                                  None)
+    ref, _, nsplit, cap = _decode(kind, heads, kv, d, kdtype, dev, lay, *ins, d ** -0.5, None)
+    seen = set()
     for sizes in SPLITS:
-        out, _, _ = _chunks("growing", sizes, heads, kv, d, kdtype, dev, lay, nsplit, cap, *ins,
-                            d ** -0.5, None, 64)
+        out, _, routes = _chunks(kind, sizes, heads, kv, d, kdtype, dev, lay, nsplit, cap, *ins,
+                                 d ** -0.5, None, 64)
+        seen |= routes
         if HAS_CUDA:
             assert torch.equal(out, ref), (sizes, (out.float() - ref.float()).abs().max())
         else:
             torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    if kind == "ring":
+        assert seen == {"in place", "shadow", "ring decode"}

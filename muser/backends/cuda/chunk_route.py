@@ -26,7 +26,29 @@ from .triton_ops import _pow2
 
 CHUNK_ROWS = 64               # query slots per program on the GPU (a decode step has 16)
 CHUNK_WARPS = 8               # at 64 slots: 4 warps spill the [64, D] states (H200: 3x slower)
-WIDE_SLOTS = 128              # query slots a program on lay["wide"]'s launch shape (below)
+WIDE_SLOTS = 128              # query slots a program on lay["wide"]'s launch shapes (_wide)
+
+
+def _wide(G: int, block_n: int, live: bool, window: int | None) -> tuple[int, int, int] | None:
+    """lay["wide"] (MUSER_CHUNK_WIDE) at head dim 256: (query slots, value-column slices, warps)
+    where each warpgroup owns whole rows of the score tile, or None (the default shape).  Why:
+    at 64 slots and 8 warps a [64, 32] score tile is split over the two warpgroups by key
+    (sm_90: m64n16 wgmma), so the row max, the sums and p cross shared memory every tile.  At
+    128 slots each warpgroup owns 64 rows whole (m64n32); at 4 warps one warpgroup owns all 64.
+    The column halves keep the [slots, 128] float32 states in registers (each half recomputes
+    the scores).  Measured on the H200 (fa_ceiling.py --parts wide,others; 16k rows):
+
+        aligned run, G x block_n = 128 (1B/270M global)  128 slots, 8 warps   5.39 -> 3.95 ms
+        aligned run, G x block_n =  64 (G 2: 4B..27B)     64 slots, 4 warps  10.10 -> 8.34 ms
+        sliding, G 4, window 512 (selects kept)          128 slots, 8 warps   0.40 -> 0.30 ms
+        (G 2 at 128 slots is 64 rows: two key tiles, not aligned -- 12.2 ms, slower)"""
+    if live and G * block_n == WIDE_SLOTS:            # one aligned run a program
+        return WIDE_SLOTS, 2, 8
+    if live and G * block_n == CHUNK_ROWS:
+        return CHUNK_ROWS, 2, 4
+    if window and G == 4:
+        return WIDE_SLOTS, 2, 8
+    return None
 
 
 @dataclass(frozen=True)
@@ -70,18 +92,11 @@ def chunk_route(R: int, G: int, D: int, start: int, lay: dict, *, ring: bool, wi
              and not new and (lay.get("chunk_loop") != "flat" or lay.get("align") is True)
              and lay.get("flatten") not in ("chunk", "on") and lay["block_n"] % rows == 0)
     live = align and lay.get("align") is True
-    if (live and lay.get("wide") and block_m == CHUNK_ROWS and dsplit == 1 and warps is None
-            and G * lay["block_n"] == WIDE_SLOTS and 2 * _pow2(half, 8) >= 256):
-        # lay["wide"] (MUSER_CHUNK_WIDE): 128 query slots a program in two value-column halves.
-        # At 64 slots and 8 warps a [64, 32] score tile is split over the two warpgroups by
-        # key (sm_90: m64n16 wgmma), so the row max, the sums and p cross shared memory every
-        # tile; at 128 slots each warpgroup owns 64 rows whole (m64n32), and the halves keep
-        # the three [128, 128] float32 states in registers (each half recomputes the scores).
-        # H200, a 1B global layer's 16k chunk: 5.39 -> 3.95 ms (fa_ceiling.py --parts wide).
-        # One aligned run a program: G x block_n slots
-        block_m, dsplit = WIDE_SLOTS, 2
-        rows = block_m // G
-        bm = block_m
+    if (lay.get("wide") and block_m == CHUNK_ROWS and dsplit == 1 and warps is None
+            and not park and not dev and not new and 2 * _pow2(half, 8) >= 256):
+        block_m, dsplit, warps = _wide(G, lay["block_n"], live, window) or (block_m, 1, None)
+        rows = max(1, block_m // G)
+        bm = max(16, _pow2(rows * G))
     # chunk_loop "aligned" (auto on longer growing splits): flat on such runs, nested elsewhere
     flat = lay.get("chunk_loop") == "flat" or (lay.get("chunk_loop") == "aligned" and live)
     one = (bool(lay.get("first_tile")) and lay["split"] == lay["block_n"]
@@ -89,5 +104,6 @@ def chunk_route(R: int, G: int, D: int, start: int, lay: dict, *, ring: bool, wi
     tiles = -(-(R + (start % rows if align else 0)) // rows)
     nsp = park_splits(rows, lay["split"], window, positions if dev else start + R) if park else 1
     return ChunkRoute(rows=rows, bm=bm, dsplit=dsplit, park=park, nsp=nsp, align=align,
-                      live=live, flat=flat, one=one, heavy=bool(lay.get("heavy")) and not ring,
+                      live=live, flat=flat, one=one,
+                      heavy=bool(lay.get("heavy")) and not ring and not window,
                       tiles=tiles, warps=warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"]))
