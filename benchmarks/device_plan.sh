@@ -68,6 +68,7 @@
 #                a ring layer 0.40 -> 0.39 ms; removed, twenty-fourth session)
 #   others       the wide shapes on a sliding layer and a G = 2 global layer (fa_ceiling)
 #   wide_check   MUSER_CHUNK_WIDE=on (default): GPU bit rows, 16k prefill off/on, engine rows
+#   deep         16 warps / pipeline depths beside the wide default; G 2 ring wide bits
 #   wide2        the wide shapes on rings and G 2 runs, heavy order default: bits, 16k, engines
 #   wide         the chunk kernel's query tile / warps / column slices on the aligned flat loop
 #   masked_ab    MUSER_ATTN_TILES=masked on the aligned chunk route: 16k prefill and decode A/B
@@ -430,6 +431,12 @@ stage_wide2() {  # twenty-fifth session: the wide shapes on rings (G 4) and G 2 
   bench 240 . benchmarks/prefill_tma_ab.py --models 1b,270m --knob MUSER_CHUNK_WIDE --modes off,on
   bench 120 . benchmarks/fa_ceiling.py --parts others --reps 7
   tests 260 -x tests/cuda/test_cuda_engine.py tests/engine/test_invariance.py -k "cuda"
+}
+
+stage_deep() {  # the wide default's neighbours: 16 warps, pipeline depths (fa_ceiling --parts deep),
+  # and the G 2 sliding wide row's bits
+  tests 150 -x tests/cuda/test_triton_chunk.py -k "wide"
+  bench 150 . benchmarks/fa_ceiling.py --parts deep --reps 7
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the

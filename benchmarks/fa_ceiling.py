@@ -17,7 +17,7 @@ asks two things on the Gemma-3-1B geometry (4 heads, 1 KV head, D 256, causal, 1
 
 Every Triton variant is checked against FlashAttention-2 (max |diff| printed; bf16 output).
 
-    PYTHONPATH=. python3 benchmarks/fa_ceiling.py [--rows 16384] [--reps 5] [--parts fa,steps,exact,slots,align,wide,others]
+    PYTHONPATH=. python3 benchmarks/fa_ceiling.py [--rows 16384] [--reps 5] [--parts fa,steps,exact,slots,align,wide,others,deep]
 """
 from __future__ import annotations
 
@@ -52,6 +52,11 @@ ALIGNED = [("tiles", 64, 8), (True, 64, 8), (True, 64, 4), (True, 32, 4)]
 # shared memory every tile); 128 slots put the warpgroups on rows, 4 warps keep one -- the
 # accumulators fit only in column slices (each slice recomputes the scores)
 WIDE = [(64, 8, 1), (128, 8, 2), (128, 8, 4), (64, 4, 2), (64, 4, 4), (32, 4, 2)]
+# the wide default's neighbours (twenty-fifth session): 16 warps at 128 slots (whole or in
+# halves), and the default route at each software-pipeline depth -- a global and a sliding
+# layer: (slots, warps, dsplit, stages); None = the route's own choice
+DEEP = [(128, 16, 1, None), (128, 16, 2, None), (None, None, None, 2), (None, None, None, 3),
+        (None, None, None, 4)]
 # the same question on a sliding layer (window 512, the ring layout, unaligned: its selects
 # kept), a G = 2 global layer (Gemma 3 4B: 8 heads over 4 KV heads; 64 slots are 32 rows,
 # aligned) and a G = 2 sliding one (the 4B's window, 1,024) -- (label, heads, kv, window, shapes)
@@ -232,7 +237,7 @@ def main():
                          "kernel's habits added to it), exact (the chunk kernel's layouts), slots "
                          "(its query tiles and warps), align (aligned row runs, no keeping select), wide "
                          "(query tiles, warps and value-column slices on the default), others (the same "
-                         "for a sliding layer and a G 2 global layer)")
+                         "for a sliding layer and a G 2 global layer), deep (16 warps, pipeline depths)")
     a = ap.parse_args()
     dev, dt = "cuda", torch.bfloat16
     torch.manual_seed(0)
@@ -276,6 +281,18 @@ def main():
             functools.partial(chunk_attention, q, k, v, 0, 0, None, SCALE, None, False, base,
                               block_m=bm, warps=warps, dsplit=ds),
             a.reps, flops, same)
+    for label, window in (("global", None), ("sliding, window 512", 512)) if "deep" in parts else ():
+        first = []
+        for bm, warps, ds, stages in [(None, None, None, None)] + DEEP:
+            out = row(f"{label}: {bm or 'route'} slots, {warps or 'route'} warps, "
+                      f"{ds or 'route'} column slices, {stages or 'default'} stages",
+                      functools.partial(chunk_attention, q, k, v, 0, 0, window, SCALE, None,
+                                        False, layout(window is None, D), block_m=bm or 64,
+                                        warps=warps, dsplit=ds, stages=stages),
+                      a.reps, 0, lambda o: f"equal to the first: "
+                                           f"{torch.equal(o, first[0] if first else o)}")
+            if out is not None and not first:
+                first.append(out)
     for label, heads, kvh, window, shapes in OTHERS if "others" in parts else ():
         qo = torch.randn(a.rows, heads, D, device=dev, dtype=dt)
         ko = torch.randn(a.rows, kvh, D, device=dev, dtype=dt)

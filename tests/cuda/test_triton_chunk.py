@@ -198,13 +198,14 @@ def test_aligned_row_runs_without_the_selects_have_the_decode_bits(dev, kdtype, 
 
 @pytest.mark.parametrize("kind,heads,kv,loop,shape", [
     ("growing", 4, 1, "aligned", (128, 2, 8, True)), ("growing", 4, 1, "nested", (128, 2, 8, True)),
-    ("growing", 4, 2, "aligned", (64, 2, 4, True)), ("ring", 4, 1, "flat", (128, 2, 8, False))])
+    ("growing", 4, 2, "aligned", (64, 2, 4, True)), ("ring", 4, 1, "flat", (128, 2, 8, False)),
+    ("ring", 4, 2, "flat", (128, 2, 8, False))])
 def test_wide_query_tiles_in_column_halves_have_the_decode_bits(dev, kdtype, kind, heads, kv, loop,
                                                                 shape):
     """lay["wide"] (MUSER_CHUNK_WIDE) at head dim 256, each warpgroup on whole score rows
     (chunk_route._wide): aligned runs at 4 query heads a KV head in 128 query slots, at 2 heads
     in 64 slots at 4 warps, and a ring's chunks (its selects kept: in place, shadow, ring
-    decode) at 4 heads in 128 slots -- all in two value-column halves.  A launch shape, so the
+    decode) at 4 and 2 heads in 128 slots -- all in two value-column halves.  A launch shape, so the
     decode step's bits, chunks of every size and alignment.  Under the interpreter a column
     slice's dot sums by the slice's width (numpy), so there the values are held close, not
     equal: what it checks is the route's indexing (the runs' shift, the halves' columns)."""

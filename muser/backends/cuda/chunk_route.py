@@ -41,12 +41,13 @@ def _wide(G: int, block_n: int, live: bool, window: int | None) -> tuple[int, in
         aligned run, G x block_n = 128 (1B/270M global)  128 slots, 8 warps   5.39 -> 3.95 ms
         aligned run, G x block_n =  64 (G 2: 4B..27B)     64 slots, 4 warps  10.10 -> 8.34 ms
         sliding, G 4, window 512 (selects kept)          128 slots, 8 warps   0.40 -> 0.30 ms
-        (G 2 at 128 slots is 64 rows: two key tiles, not aligned -- 12.2 ms, slower)"""
+        sliding, G 2, window 1024 (the 4B's)             128 slots, 8 warps   1.38 -> 1.03 ms
+        (a G 2 global run at 128 slots is 64 rows: two key tiles, not aligned -- 9.6 -> 11.6)"""
     if live and G * block_n == WIDE_SLOTS:            # one aligned run a program
         return WIDE_SLOTS, 2, 8
     if live and G * block_n == CHUNK_ROWS:
         return CHUNK_ROWS, 2, 4
-    if window and G == 4:
+    if window and G in (2, 4):
         return WIDE_SLOTS, 2, 8
     return None
 
