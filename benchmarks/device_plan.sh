@@ -68,6 +68,7 @@
 #                a ring layer 0.40 -> 0.39 ms; removed, twenty-fourth session)
 #   others       the wide shapes on a sliding layer and a G = 2 global layer (fa_ceiling)
 #   wide_check   MUSER_CHUNK_WIDE=on (default): GPU bit rows, 16k prefill off/on, engine rows
+#   wide_ab      exact_ab: wide + heavy against narrow + light, 1B and 4B, 512 / 16k / 2k chunks
 #   deep         16 warps / pipeline depths beside the wide default; G 2 ring wide bits
 #   wide2        the wide shapes on rings and G 2 runs, heavy order default: bits, 16k, engines
 #   wide         the chunk kernel's query tile / warps / column slices on the aligned flat loop
@@ -437,6 +438,13 @@ stage_deep() {  # the wide default's neighbours: 16 warps, pipeline depths (fa_c
   # and the G 2 sliding wide row's bits
   tests 150 -x tests/cuda/test_triton_chunk.py -k "wide"
   bench 150 . benchmarks/fa_ceiling.py --parts deep --reps 7
+}
+
+stage_wide_ab() {  # the wide shapes and heavy order against the shapes before (64 slots whole,
+  # light order) through the engine: 1B (G 4) and 4B (G 2) random weights, prefill 512 / 16k and
+  # 16k in 2k chunks (few programs at 512 rows: does the wide shape cost there?), decode as control
+  bench 560 . benchmarks/exact_ab.py --models 1b,4b --trees exact --rounds 1 --chunks 2048 \
+    --variants "narrow:MUSER_CHUNK_WIDE=off,MUSER_CHUNK_ORDER=light"
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
