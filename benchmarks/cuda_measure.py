@@ -201,9 +201,9 @@ def muser_greedy(engine, batch, context, steps, vocab, prof=False):
                                                   [(n, c, round(t, 1)) for n, c, t in rows[:14]])
 
 
-def prefill_profile(engine, n, vocab):
-    """Kernel time of one n-token prefill with the engine's default chunk: total ms, wall ms,
-    top kernels [(name, launches, ms)]."""
+def prefill_profile(engine, n, vocab, chunk=None):
+    """Kernel time of one n-token prefill in chunks of `chunk` rows (None: the engine's
+    default): total ms, wall ms, top kernels [(name, launches, ms)]."""
     from torch.profiler import ProfilerActivity, profile
     s = engine.new_session()
     reserve(s, n)
@@ -211,16 +211,17 @@ def prefill_profile(engine, n, vocab):
     sync()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
-        s.prefill(ids)
+        s.prefill(ids, chunk_size=chunk)
         sync()
         wall = time.perf_counter() - t0
     total, rows = top_kernels(prof, 1, 1e3, 60)
     return round(total, 1), round(wall * 1e3, 1), [(n, int(c), round(t, 2)) for n, c, t in rows[:16]]
 
 
-def prefill_sequence(engine, n, vocab, name):
-    """Milliseconds of each launch of kernel `name` in one n-token prefill, in launch order
-    (the chunk attention: one a layer, so its layers' costs side by side)."""
+def prefill_sequence(engine, n, vocab, name, chunk=None):
+    """Milliseconds of each launch of kernel `name` in one n-token prefill (chunks of `chunk`
+    rows), in launch order (the chunk attention: one a layer, so its layers' costs side by
+    side)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     s = engine.new_session()
@@ -228,7 +229,7 @@ def prefill_sequence(engine, n, vocab, name):
     ids = rand_ids(n, vocab, 12)
     sync()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        s.prefill(ids)
+        s.prefill(ids, chunk_size=chunk)
         sync()
     evs = [e for e in prof.events() if e.name.startswith(name) and e.device_type == DeviceType.CUDA]
     evs.sort(key=lambda e: e.time_range.start)

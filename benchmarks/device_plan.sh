@@ -68,6 +68,7 @@
 #                a ring layer 0.40 -> 0.39 ms; removed, twenty-fourth session)
 #   others       the wide shapes on a sliding layer and a G = 2 global layer (fa_ceiling)
 #   wide_check   MUSER_CHUNK_WIDE=on (default): GPU bit rows, 16k prefill off/on, engine rows
+#   chunked      the 16k prompt in 2k chunks: chunk graphs on / off, kernels, attention by launch
 #   wide_ab      exact_ab: wide + heavy against narrow + light, 1B and 4B, 512 / 16k / 2k chunks
 #   deep         16 warps / pipeline depths beside the wide default; G 2 ring wide bits
 #   wide2        the wide shapes on rings and G 2 runs, heavy order default: bits, 16k, engines
@@ -445,6 +446,13 @@ stage_wide_ab() {  # the wide shapes and heavy order against the shapes before (
   # 16k in 2k chunks (few programs at 512 rows: does the wide shape cost there?), decode as control
   bench 560 . benchmarks/exact_ab.py --models 1b,4b --trees exact --rounds 1 --chunks 2048 \
     --variants "narrow:MUSER_CHUNK_WIDE=off,MUSER_CHUNK_ORDER=light"
+}
+
+stage_chunked() {  # the 16k prompt in 2k chunks (a server's prefill): 129k tok/s against 243k
+  # whole (wide_ab).  Captured chunk graphs (the default) against the eager pass: bits, time,
+  # kernels, the chunk attention launch by launch
+  bench 240 . benchmarks/prefill_tma_ab.py --models 1b --rounds 1 --knob MUSER_CHUNK_GRAPHS \
+    --modes on,off --chunk 2048
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the

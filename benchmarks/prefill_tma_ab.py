@@ -4,7 +4,7 @@ row of a 16k prompt compared bitwise against the first mode's; then each one's k
 kernel, and the chunk attention's milliseconds layer by layer (the first engine's).
 
     PYTHONPATH=.:benchmarks python3 benchmarks/prefill_tma_ab.py [--models 1b] [--rounds 2]
-        [--knob MUSER_DOT_TMA] [--modes off,on]
+        [--knob MUSER_DOT_TMA] [--modes off,on] [--chunk 2048]
 """
 import argparse
 import os
@@ -22,6 +22,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--knob", default="MUSER_DOT_TMA", help="the MUSER_* knob the modes set")
     ap.add_argument("--modes", default="off,on", help="the knob's modes, the first the base")
+    ap.add_argument("--chunk", type=int, default=None, help="the prompt in chunks of this size")
     args = ap.parse_args()
     modes = args.modes.split(",")
     import muser
@@ -38,7 +39,7 @@ def main():
         for mode, eng in engines.items():
             s = eng.new_session()
             reserve(s, 16384)
-            outs[mode] = (s.prefill(ids), s.snapshot())
+            outs[mode] = (s.prefill(ids, chunk_size=args.chunk), s.snapshot())
         base = outs[modes[0]]
         for mode in modes[1:]:
             same = torch.equal(base[0], outs[mode][0]) and base[1].equal(outs[mode][1])
@@ -46,16 +47,17 @@ def main():
                   f"{same}", flush=True)
         for r in range(args.rounds):                   # A B B A: each round reverses the order
             for mode in (modes if r % 2 == 0 else modes[::-1]):
-                tps = muser_prefill(engines[mode], 16384, shape["vocab"], None)
+                tps = muser_prefill(engines[mode], 16384, shape["vocab"], args.chunk)
                 print(f"{name} round {r + 1} {args.knob} {mode}: 16k prefill {tps:,.0f} tok/s",
                       flush=True)
         for mode, eng in engines.items():
-            kernel_ms, wall_ms, top = prefill_profile(eng, 16384, shape["vocab"])
+            kernel_ms, wall_ms, top = prefill_profile(eng, 16384, shape["vocab"], args.chunk)
             tops = ", ".join(f"{k[:28]} {ms:.1f}" for k, _, ms in top[:5])
             print(f"{name} {args.knob} {mode}: kernels {kernel_ms:.1f} ms, wall {wall_ms:.1f} ms | {tops}",
                   flush=True)
         for mode in modes:
-            seq = prefill_sequence(engines[mode], 16384, shape["vocab"], "chunk_kernel")
+            seq = prefill_sequence(engines[mode], 16384, shape["vocab"], "chunk_kernel",
+                                   args.chunk)
             print(f"{name} {mode}: chunk attention by layer, ms ({len(seq)} launches, "
                   f"{sum(seq):.1f}): " + " ".join(f"{t:.2f}" for t in seq), flush=True)
 
