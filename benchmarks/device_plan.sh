@@ -68,6 +68,7 @@
 #                a ring layer 0.40 -> 0.39 ms; removed, twenty-fourth session)
 #   others       the wide shapes on a sliding layer and a G = 2 global layer (fa_ceiling)
 #   wide_check   MUSER_CHUNK_WIDE=on (default): GPU bit rows, 16k prefill off/on, engine rows
+#   graph_align  captured chunk passes aligned / wide: graph bits, before / after (.prev), 2k chunks
 #   chunked      the 16k prompt in 2k chunks: chunk graphs on / off, kernels, attention by launch
 #   wide_ab      exact_ab: wide + heavy against narrow + light, 1B and 4B, 512 / 16k / 2k chunks
 #   deep         16 warps / pipeline depths beside the wide default; G 2 ring wide bits
@@ -452,6 +453,16 @@ stage_chunked() {  # the 16k prompt in 2k chunks (a server's prefill): 129k tok/
   # whole (wide_ab).  Captured chunk graphs (the default) against the eager pass: bits, time,
   # kernels, the chunk attention launch by launch
   bench 240 . benchmarks/prefill_tma_ab.py --models 1b --rounds 1 --knob MUSER_CHUNK_GRAPHS \
+    --modes on,off --chunk 2048
+}
+
+stage_graph_align() {  # carry .prev (the tree before): captured chunk passes take the aligned /
+  # wide routes.  Their graph-vs-eager bit rows, the before / after run (512 prefill = one
+  # graph; 16k in 2k chunks = eight), then the 16k in 2k chunks graphs on / off (bits, kernels)
+  tests 150 -x tests/cuda/test_chunk_graph.py
+  bench 220 . benchmarks/exact_ab.py --old .prev --models 1b --trees old,exact --rounds 1 \
+    --chunks 2048
+  bench 150 . benchmarks/prefill_tma_ab.py --models 1b --rounds 1 --knob MUSER_CHUNK_GRAPHS \
     --modes on,off --chunk 2048
 }
 

@@ -44,9 +44,13 @@ EAGER = dict(ring=False, window=None, dev=False, new=False)
     ("a sliding layer at G 1: the default shape (not measured wide)",
      4096, 1, 256, RING, dict(EAGER, window=1024),
      dict(rows=64, bm=64, dsplit=1, warps=8, align=False)),
-    ("a captured pass (chunk graph): not aligned, the nested loop",
+    ("a captured pass (chunk graph): aligned and wide as an eager one, one tile more for the "
+     "shift its start (read on the device) may need",
      2048, 4, 256, GROWING, dict(EAGER, dev=True, new=True, positions=32768),
-     dict(rows=16, align=False, flat=False, park=False)),
+     dict(rows=32, bm=128, dsplit=2, align=True, live=True, flat=True, park=False, tiles=65)),
+    ("a captured pass on a ring: wide, its selects kept",
+     2048, 4, 256, RING, dict(EAGER, ring=True, window=512, dev=True, new=True, positions=32768),
+     dict(rows=32, bm=128, dsplit=2, align=False, tiles=64)),
     ("a verification block of 8 rows: parked splits, a tile just large enough",
      8, 4, 256, GROWING, EAGER, dict(park=True, bm=32, rows=8, align=False, dsplit=1)),
     ("MUSER_CHUNK_ALIGN=tiles: aligned, selects of merge_one kept, so nested",
@@ -81,3 +85,16 @@ def test_the_programs_cover_every_row_once(R, start, G):
     assert rt.rows * G <= rt.bm
     if rt.align:                    # a run sits in one key tile: no row straddles
         assert GROWING["block_n"] % rt.rows == 0
+
+
+@given(R=st.integers(1, 2048), start=st.integers(0, 40000), G=st.sampled_from([1, 2, 4, 8]))
+def test_a_captured_pass_launches_tiles_for_any_start(R, start, G):
+    """A captured pass's grid is fixed at capture, its start read on the device: its tiles cover
+    the rows whatever the start's shift, and past them is at most one tile, which the kernel
+    runs with no keys (p_max -1: triton_chunk.py)."""
+    rt = chunk_route(R, G, 256, 0, GROWING, **dict(EAGER, dev=True, new=True, positions=65536))
+    shift = start % rt.rows if rt.align else 0
+    assert rt.tiles * rt.rows - shift >= R
+    empty = sum(1 for t in range(rt.tiles) if t * rt.rows - shift >= R)
+    assert empty <= 1 and (empty == 0 or not rt.align or rt.tiles > 1)
+    assert rt.align == (not rt.park and GROWING["block_n"] % rt.rows == 0)

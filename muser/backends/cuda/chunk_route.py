@@ -85,16 +85,16 @@ def chunk_route(R: int, G: int, D: int, start: int, lay: dict, *, ring: bool, wi
     rows = max(1, block_m // G)
     bm = max(16, _pow2(rows * G))
     # lay["align"] (MUSER_CHUNK_ALIGN, on by default): aligned row runs on a growing plane,
-    # eager passes only -- without tile_step's keeping select and merge_one's selects
+    # eager and captured passes -- without tile_step's keeping select and merge_one's selects
     # (merge_live); "tiles": without the first only.  A run must sit in one key tile
     # (block_n % rows == 0), and no window may start inside the keys (rings, sliding planes);
     # the flat loop takes it with "on" only (_flat_tile_live: no selects at all)
-    align = (bool(lay.get("align")) and not ring and not window and not park and not dev
-             and not new and (lay.get("chunk_loop") != "flat" or lay.get("align") is True)
+    align = (bool(lay.get("align")) and not ring and not window and not park
+             and (lay.get("chunk_loop") != "flat" or lay.get("align") is True)
              and lay.get("flatten") not in ("chunk", "on") and lay["block_n"] % rows == 0)
     live = align and lay.get("align") is True
     if (lay.get("wide") and block_m == CHUNK_ROWS and dsplit == 1 and warps is None
-            and not park and not dev and not new and 2 * _pow2(half, 8) >= 256):
+            and not park and 2 * _pow2(half, 8) >= 256):
         block_m, dsplit, warps = _wide(G, lay["block_n"], live, window) or (block_m, 1, None)
         rows = max(1, block_m // G)
         bm = max(16, _pow2(rows * G))
@@ -102,7 +102,9 @@ def chunk_route(R: int, G: int, D: int, start: int, lay: dict, *, ring: bool, wi
     flat = lay.get("chunk_loop") == "flat" or (lay.get("chunk_loop") == "aligned" and live)
     one = (bool(lay.get("first_tile")) and lay["split"] == lay["block_n"]
            and bool(lay.get("acc_dot")))
-    tiles = -(-(R + (start % rows if align else 0)) // rows)
+    # aligned runs shift the tiles by start % rows; a captured pass reads its start on the
+    # device, so it launches for the largest shift (a last tile past the chunk walks no key)
+    tiles = -(-(R + ((rows - 1 if dev else start % rows) if align else 0)) // rows)
     nsp = park_splits(rows, lay["split"], window, positions if dev else start + R) if park else 1
     return ChunkRoute(rows=rows, bm=bm, dsplit=dsplit, park=park, nsp=nsp, align=align,
                       live=live, flat=flat, one=one,

@@ -134,6 +134,11 @@ def _kernel():
             r_end = tl.minimum(t * ROWS + ROWS, R)
             p_min = start + t * ROWS
         p_max = start + r_end - 1
+        if DEV:
+            if ALIGN:
+                # a captured pass launches ceil((R + ROWS - 1) / ROWS) tiles (its start, so its
+                # shift, is read here): a last tile past the chunk walks no key (p_max -1)
+                p_max = tl.where(t * ROWS - shift < R, p_max, -1)
         lo_min = tl.where(window > 0, tl.maximum(p_min - window + 1, 0), 0)
         a_hi = p_max // SPLIT
         ones = tl.full([BLOCK_N, 16], 1.0, O.dtype.element_ty)
