@@ -82,11 +82,13 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                          "(a launch shape, the same bits; chunk_route.py): aligned runs at 4 "
                          "query heads a KV head take 128 query slots in two value-column halves "
                          "(H200, a 1B global layer's 16k chunk 5.39 -> 3.95 ms), at 2 heads 64 "
-                         "slots at 4 warps in halves (10.1 -> 8.3 ms), and sliding layers at 4 "
-                         "heads 128 slots in halves (0.40 -> 0.30 ms)"),
+                         "slots at 4 warps in halves (10.1 -> 8.3 ms), and sliding layers at 2 "
+                         "and 4 heads 128 slots in halves (0.40 -> 0.30 ms at 4, 1.38 -> 1.03 "
+                         "at 2); eager and captured chunks alike"),
     "MUSER_CHUNK_ALIGN": ("off|tiles|on", "on", "backends/cuda (chunk attention)",
-                          "eager chunks over a growing plane: each program takes an aligned run "
-                          "of positions, so every row sees a key of every tile it walks and the "
+                          "chunks over a growing plane (eager and captured): each program "
+                          "takes an aligned run of positions, so every row sees a key of every "
+                          "tile it walks and the "
                           "selects that keep a row's state where it sees none are left out "
                           "(tiles: tile_step's; on: merge_one's too) -- the same bits by "
                           "construction (H200: a 1B global layer's 16k chunk 6.77 -> 5.63 ms, "

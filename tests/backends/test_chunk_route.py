@@ -11,7 +11,7 @@ from muser.env import Env
 
 GROWING = layout(True, 256)                   # Gemma 3 1B / 270M global layers (D 256)
 RING = layout(False, 256)
-EAGER = dict(ring=False, window=None, dev=False, new=False)
+EAGER = dict(ring=False, window=None, dev=False)
 
 
 @pytest.mark.parametrize("why, R, G, D, lay, kw, want", [
@@ -46,10 +46,10 @@ EAGER = dict(ring=False, window=None, dev=False, new=False)
      dict(rows=64, bm=64, dsplit=1, warps=8, align=False)),
     ("a captured pass (chunk graph): aligned and wide as an eager one, one tile more for the "
      "shift its start (read on the device) may need",
-     2048, 4, 256, GROWING, dict(EAGER, dev=True, new=True, positions=32768),
+     2048, 4, 256, GROWING, dict(EAGER, dev=True, positions=32768),
      dict(rows=32, bm=128, dsplit=2, align=True, live=True, flat=True, park=False, tiles=65)),
     ("a captured pass on a ring: wide, its selects kept",
-     2048, 4, 256, RING, dict(EAGER, ring=True, window=512, dev=True, new=True, positions=32768),
+     2048, 4, 256, RING, dict(EAGER, ring=True, window=512, dev=True, positions=32768),
      dict(rows=32, bm=128, dsplit=2, align=False, tiles=64)),
     ("a verification block of 8 rows: parked splits, a tile just large enough",
      8, 4, 256, GROWING, EAGER, dict(park=True, bm=32, rows=8, align=False, dsplit=1)),
@@ -92,7 +92,7 @@ def test_a_captured_pass_launches_tiles_for_any_start(R, start, G):
     """A captured pass's grid is fixed at capture, its start read on the device: its tiles cover
     the rows whatever the start's shift, and past them is at most one tile, which the kernel
     runs with no keys (p_max -1: triton_chunk.py)."""
-    rt = chunk_route(R, G, 256, 0, GROWING, **dict(EAGER, dev=True, new=True, positions=65536))
+    rt = chunk_route(R, G, 256, 0, GROWING, **dict(EAGER, dev=True, positions=65536))
     shift = start % rt.rows if rt.align else 0
     assert rt.tiles * rt.rows - shift >= R
     empty = sum(1 for t in range(rt.tiles) if t * rt.rows - shift >= R)

@@ -213,7 +213,7 @@ def test_wide_query_tiles_in_column_halves_have_the_decode_bits(dev, kdtype, kin
     d = 256
     lay = {**_layout(kind, d, 32, loop=loop, park=0), "wide": True}
     rt = chunk_route(97, heads // kv, d, 1, lay, ring=False, window=48 if kind == "ring" else None,
-                     dev=False, new=False)
+                     dev=False)
     assert (rt.bm, rt.dsplit, rt.warps, rt.align) == shape           # the route under test
     ins = _inputs(heads, kv, d, kdtype, dev, True)
     ref, _, nsplit, cap = _decode(kind, heads, kv, d, kdtype, dev, lay, *ins, d ** -0.5, None)

@@ -68,13 +68,19 @@ class ChunkRoute:
     warps: int
 
 
+def _slots(block_m: int, G: int) -> tuple[int, int]:
+    """(query rows a program, the kernel's slot tile: a power of two >= rows * G, >= 16)."""
+    rows = max(1, block_m // G)
+    return rows, max(16, _pow2(rows * G))
+
+
 def chunk_route(R: int, G: int, D: int, start: int, lay: dict, *, ring: bool, window: int | None,
-                dev: bool, new: bool, positions: int | None = None, block_m: int = CHUNK_ROWS,
+                dev: bool, positions: int | None = None, block_m: int = CHUNK_ROWS,
                 warps: int | None = None, dsplit: int | None = None) -> ChunkRoute:
     """The route of R query rows at positions start.. (G query heads a KV head, head dim D) on a
     layer laid out as `lay`: `ring` (a ring read in place), `window`, `dev` (a captured pass:
-    its place read on the device, `positions` a bound on every position it can hold), `new`
-    (the chunk's own K/V rows apart from the history).  block_m / warps / dsplit: a caller's
+    its place read on the device, `positions` a bound on every position it can hold; the
+    chunk's own K/V rows apart from the history change no route).  block_m / warps / dsplit: a caller's
     launch shape (tests, probes); left at their defaults the route picks."""
     half = D // 2
     # slices of at least 16 columns (a dot's narrowest side)
@@ -82,8 +88,7 @@ def chunk_route(R: int, G: int, D: int, start: int, lay: dict, *, ring: bool, wi
     park = park_rows(lay) >= R and dsplit == 1 and (not dev or positions is not None)
     if park:                                  # a tile just large enough for the chunk
         block_m = min(block_m, max(16, _pow2(R * G)))
-    rows = max(1, block_m // G)
-    bm = max(16, _pow2(rows * G))
+    rows, bm = _slots(block_m, G)
     # lay["align"] (MUSER_CHUNK_ALIGN, on by default): aligned row runs on a growing plane,
     # eager and captured passes -- without tile_step's keeping select and merge_one's selects
     # (merge_live); "tiles": without the first only.  A run must sit in one key tile
@@ -96,8 +101,7 @@ def chunk_route(R: int, G: int, D: int, start: int, lay: dict, *, ring: bool, wi
     if (lay.get("wide") and block_m == CHUNK_ROWS and dsplit == 1 and warps is None
             and not park and 2 * _pow2(half, 8) >= 256):
         block_m, dsplit, warps = _wide(G, lay["block_n"], live, window) or (block_m, 1, None)
-        rows = max(1, block_m // G)
-        bm = max(16, _pow2(rows * G))
+        rows, bm = _slots(block_m, G)          # wide keeps an aligned run in one key tile
     # chunk_loop "aligned" (auto on longer growing splits): flat on such runs, nested elsewhere
     flat = lay.get("chunk_loop") == "flat" or (lay.get("chunk_loop") == "aligned" and live)
     one = (bool(lay.get("first_tile")) and lay["split"] == lay["block_n"]

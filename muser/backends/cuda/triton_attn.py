@@ -67,8 +67,8 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     up to which splits go one a program; prep: which binary prepares a chunk's rows; flatten:
     whether the growing planes' split loop is one fused loop ("chunk" / "on"); align: aligned
     row runs without the state-keeping selects (MUSER_CHUNK_ALIGN, triton_chunk.py); heavy: a
-    growing plane's chunk starts its last query tiles first (MUSER_CHUNK_ORDER); wide: aligned
-    runs take 128 query slots in two value-column halves (MUSER_CHUNK_WIDE; chunk_route.py);
+    growing plane's chunk starts its last query tiles first (MUSER_CHUNK_ORDER); wide: at head
+    dim 256 each warpgroup owns whole score rows (MUSER_CHUNK_WIDE; chunk_route._wide);
     interior: tiles every row sees whole skip the masks -- speed choices, not bits ones;
     acc_dot: p @ V accumulates onto the rescaled accumulator inside the dot -- a bits one).
 

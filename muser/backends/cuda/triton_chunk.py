@@ -300,7 +300,7 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         return out
     half = D // 2
     rt = chunk_route(R, G, D, start, lay, ring=ring is not None, window=window,
-                     dev=dev is not None, new=new is not None, positions=positions,
+                     dev=dev is not None, positions=positions,
                      block_m=block_m, warps=warps, dsplit=dsplit)
     # past PARK_BYTES of partials a parked tile runs unparked (its launch shape kept)
     ws = park_workspace(q.device, rt.tiles * KV * rt.nsp * rt.bm, 2 * _pow2(half, 8)) \
