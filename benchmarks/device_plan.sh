@@ -68,6 +68,9 @@
 #                a ring layer 0.40 -> 0.39 ms; removed, twenty-fourth session)
 #   others       the wide shapes on a sliding layer and a G = 2 global layer (fa_ceiling)
 #   wide_check   MUSER_CHUNK_WIDE=on (default): GPU bit rows, 16k prefill off/on, engine rows
+#   graph_keys   MUSER_GRAPH_KEYS staged (one ordered view) against apart: graph bits, engine
+#                rows, the 2k chunks' attention A/B, 270M / 1B
+#   graph_keys_ab  the same knob: exact_ab (512, 16k, 2k chunks) and verification blocks
 #   graph_align  captured chunk passes aligned / wide: graph bits, before / after (.prev), 2k chunks
 #   chunked      the 16k prompt in 2k chunks: chunk graphs on / off, kernels, attention by launch
 #   wide_ab      exact_ab: wide + heavy against narrow + light, 1B and 4B, 512 / 16k / 2k chunks
@@ -464,6 +467,23 @@ stage_graph_align() {  # carry .prev (the tree before): captured chunk passes ta
     --chunks 2048
   bench 150 . benchmarks/prefill_tma_ab.py --models 1b --rounds 1 --knob MUSER_CHUNK_GRAPHS \
     --modes on,off --chunk 2048
+}
+
+stage_graph_keys() {  # captured chunk passes read one ordered view (a growing plane's rows
+  # placed past its end, a ring's history in a shadow): graph == eager bits for both knob
+  # values, the engine's CUDA rows, then the 16k prompt in 2k chunks staged against apart
+  tests 200 -x tests/cuda/test_chunk_graph.py
+  tests 260 -x tests/cuda/test_cuda_engine.py tests/engine/test_invariance.py -k "cuda"
+  bench 200 . benchmarks/prefill_tma_ab.py --models 1b,270m --rounds 1 --knob MUSER_GRAPH_KEYS \
+    --modes apart,staged --chunk 2048
+}
+
+stage_graph_keys_ab() {  # MUSER_GRAPH_KEYS in the engine: 512-token prefill (one graph), 16k
+  # in 2k chunks, decode; then verification blocks (1 + k rows through a bucket's graph)
+  bench 260 . benchmarks/exact_ab.py --models 1b,270m --trees exact --rounds 1 --chunks 2048 \
+    --variants "apart:MUSER_GRAPH_KEYS=apart" --no-16k
+  MUSER_GRAPH_KEYS=apart bench 120 . benchmarks/verify_cost.py 1b 2048
+  bench 120 . benchmarks/verify_cost.py 1b 2048
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the

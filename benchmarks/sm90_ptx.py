@@ -78,6 +78,12 @@ CONFIGS = [
      {**GROWING, "FLAT": True, "TWO": False, "DEV": False, "ALIGN": True, "LIVE": True,
       "BM": 128, "ROWS": 32, "DSPLIT": 2, "HEAVY": True}, 8),
     ("chunk ring flat captured wide", "chunk", dict(BM=128, ROWS=32, DSPLIT=2), 8),
+    # MUSER_GRAPH_KEYS=staged: captured passes over one ordered view, told its alignment
+    ("chunk growing flat captured aligned, wide, heavy, staged", "chunk",
+     {**GROWING, "FLAT": True, "ALIGN": True, "LIVE": True, "BM": 128, "ROWS": 32, "DSPLIT": 2,
+      "HEAVY": True, "TWO": False, "HINTS": True}, 8),
+    ("chunk sliding flat captured wide, staged shadow", "chunk",
+     dict(BM=128, ROWS=32, DSPLIT=2, TWO=False, RING=False, HINTS=True), 8),
     ("chunk sliding flat eager wide (ordered shadow)", "chunk",
      dict(BM=128, ROWS=32, DSPLIT=2, TWO=False, DEV=False, RING=False), 8),
     ("chunk growing nested captured", "chunk", GROWING, 8),

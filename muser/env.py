@@ -137,6 +137,13 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                            "of rows -- the same bits as the eager pass, without its host "
                            "overhead (H200, 1B: a 512-token prefill 1.74x, a verification "
                            "block 16.8 -> 6.6 ms); off: eager chunks"),
+    "MUSER_GRAPH_KEYS": ("apart|staged", "staged", "backends/cuda (graph runner)",
+                         "where a captured chunk pass reads keys: apart = the history in place "
+                         "(a ring by its wrapped slots) and the chunk's own rows from a second "
+                         "buffer; staged = one ordered view, as the eager pass reads -- a growing "
+                         "plane takes the chunk's rows past its end first, a ring's history is "
+                         "gathered into an ordered shadow (the same bits; apart compiled to "
+                         "scalar loads and 1-3 KB of spills a thread)"),
     "MUSER_PDL": ("off|on", "on", "backends/cuda (decode step)",
                   "on: the decode step's kernels launch as programmatic dependents (sm_90): "
                   "each may launch while the one before finishes, and waits for it on the "
@@ -214,6 +221,7 @@ class Env:
     fuse_sum: str = "on"
     norm_in: str = "off"
     chunk_graphs: str = "on"
+    graph_keys: str = "staged"
     pdl: str = "on"
     pipeline: str = "on"
     mega: str = "off"
@@ -304,6 +312,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_CHUNK_LOOP", "chunk_loop"), ("MUSER_CHUNK_COLUMNS", "chunk_columns"),
                         ("MUSER_ATTN_TILES", "attn_tiles"), ("MUSER_ATTN_ACC", "attn_acc"),
                         ("MUSER_CHUNK_GRAPHS", "chunk_graphs"), ("MUSER_PDL", "pdl"),
+                        ("MUSER_GRAPH_KEYS", "graph_keys"),
                         ("MUSER_CHUNK_FIRST", "chunk_first"), ("MUSER_CHUNK_PARK", "chunk_park"),
                         ("MUSER_CHUNK_PREP", "chunk_prep"), ("MUSER_FLATTEN", "flatten"),
                         ("MUSER_FUSE_SUM", "fuse_sum"), ("MUSER_PIPELINE", "pipeline"),

@@ -66,17 +66,24 @@ def read_evictions(planes: list[Plane], start: int, counts: list[int]
 
 
 def store_many(planes: list[Plane], start: int, keys: list[torch.Tensor],
-               values: list[torch.Tensor]) -> None:
+               values: list[torch.Tensor], placed: list[bool] | None = None) -> None:
     """`plane.store(start, keys[i], values[i])` for every plane of one session, with the logs'
-    reads and the rows' writes each one copy.  Every plane's checks run before anything moves."""
+    reads and the rows' writes each one copy.  Every plane's checks run before anything moves.
+    `placed[i]`: plane i (`writes_ahead`) holds these rows past its end already (a captured
+    chunk pass wrote them there): its bookkeeping and log move, its rows are not copied again."""
     counts = []
-    for p, k, v in zip(planes, keys, values):
+    for i, (p, k, v) in enumerate(zip(planes, keys, values)):
         counts.append(p._check_rows(k, v, "store"))
         p._check_reservation(start, counts[-1])
+        if placed is not None and placed[i] and not p.writes_ahead:
+            raise CacheError(f"layer {p.layer}: a {p.kind} plane cannot hold rows past its end "
+                             f"before they are committed (placed rows at {start})")
     evicted = read_evictions(planes, start, counts)
     dst, src = [], []
-    for p, k, v, n, ev in zip(planes, keys, values, counts, evicted):
+    for i, (p, k, v, n, ev) in enumerate(zip(planes, keys, values, counts, evicted)):
         first_slot, first_row = p.advance(n, (k, v), ev)
+        if placed is not None and placed[i]:
+            continue
         for kd, vd, off, r in p.slot_views(first_slot, n - first_row):
             a = first_row + off
             dst += [kd, vd]

@@ -124,6 +124,19 @@ class Plane:
         source_first = max(0, self.origin_logical - start_position)
         return source_first, count - source_first
 
+    # May a chunk's rows be written past `end` before `advance` commits them?  Only where no
+    # slot past `end` holds a live row: a growing plane's (a ring's next slots hold its oldest
+    # live rows).  A captured chunk pass asks (backends/cuda/chunk_graph.py).
+    writes_ahead = False
+
+    def make_room(self, start_position: int, count: int) -> None:
+        """The checks `advance` makes for positions [start, start + count), and storage for
+        them (a growing plane grows); bookkeeping unchanged.  Rows a `writes_ahead` plane then
+        takes past `end` are not live until `advance`: a chunk abandoned in between leaves the
+        plane as it was."""
+        self._check_reservation(start_position, count)
+        self._ensure_storage(start_position + count)
+
     def append(self, position: int) -> int:
         """Reserve one row for `position`; returns the slot it must be written to."""
         self.append_batch(position, 1)
@@ -343,6 +356,7 @@ class GrowingPlane(Plane):
 
     kind = "growing"
     head_major = True
+    writes_ahead = True
 
     def __init__(self, layer, max_context, kv_heads, head_dim, dtype, device,
                  window: int | None = None, min_rows: int = 256):

@@ -89,6 +89,38 @@ def test_store_many_checks_every_plane_before_anything_moves():
     assert all(torch.equal(p.keys, k) for p, k in zip(a, keys))
 
 
+def test_rows_placed_ahead_commit_as_a_store_does():
+    """A growing plane (`writes_ahead`) given its rows past its end first (what a captured chunk
+    pass does after `make_room`), then committed with placed=True: the same planes as a store;
+    under a checkpoint the same rollback.  A ring cannot be told its rows are placed."""
+    a, b = session(), session()
+    placed = [p.writes_ahead for p in a]
+    assert placed == [False, False, True, False]
+    pos = 0
+    for n, rows in ((3, 0), (5, 6), (40, 0)):            # 40: the growing plane grows
+        cp = (Checkpoint(a, pos, rows), Checkpoint(b, pos, rows)) if rows else None
+        ks, vs = chunk(n, pos, a)
+        for p, k, v, ahead in zip(a, ks, vs, placed):
+            if ahead:
+                p.make_room(pos, n)
+                p.keys[:, pos:pos + n] = k.transpose(0, 1)
+                p.values[:, pos:pos + n] = v.transpose(0, 1)
+        store_many(a, pos, ks, vs, placed)
+        store_many(b, pos, ks, vs)
+        same(a, b)
+        if cp:
+            cp[0].rollback(2)
+            cp[1].rollback(2)
+            same(a, b)
+            n = 2
+        pos += n
+    with pytest.raises(CacheError, match="layer 0: a ring plane cannot hold rows past its end"):
+        store_many(a, pos, *chunk(1, 9, a), [True, False, True, False])
+    with pytest.raises(CacheError, match="discontin|position"):
+        a[2].make_room(pos + 1, 1)
+    assert a[2].end == pos
+
+
 def test_copy_rows_takes_mixed_pairs():
     base = torch.arange(24.0).view(2, 4, 3)            # [KV, rows, D], head-major
     dst = [torch.zeros(2, 3), torch.zeros(4, 3, dtype=torch.float64), base[:, 1:3].transpose(0, 1),

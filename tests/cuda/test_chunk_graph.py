@@ -17,6 +17,7 @@ from muser.backends.cuda.chunk_step import chunk_pass
 from muser.backends.cuda.graph import GraphRunner
 from muser.backends.step import forward as one_forward
 from muser.env import Env
+from muser.errors import CacheOverflow
 from muser.testing import tiny_model
 
 pytestmark = needs_kernels
@@ -28,9 +29,11 @@ def engine():
     return tiny_model("gemma3", device=dev, dtype=dt, window=4, tokenizer=False, max_context=512)
 
 
-@pytest.fixture(scope="module")
-def runner(engine):
-    return GraphRunner(engine, Env(chunk_graphs="on"), capture=HAS_CUDA)
+@pytest.fixture(scope="module", params=["staged", "apart"])
+def runner(engine, request):
+    """Both ways a captured pass reads keys (MUSER_GRAPH_KEYS): one ordered view -- a growing
+    plane's rows placed past its end, a ring's history gathered into a shadow -- or apart."""
+    return GraphRunner(engine, Env(chunk_graphs="on", graph_keys=request.param), capture=HAS_CUDA)
 
 
 def ids_of(n, seed=0):
@@ -110,6 +113,23 @@ def test_the_last_row_only_and_no_logits(engine, runner):
     s = engine.new_session()
     none = one_forward(engine, [s], [ids], False, False, logits=False, pass_fn=runner.chunk_pass)
     assert none.shape[0] == 0 and s.position == 30
+
+
+def test_a_chunk_past_the_context_is_refused_before_the_graph_writes(engine, runner):
+    """The stores' checks run before the replay: a refused chunk leaves every plane (and the
+    rows past a growing plane's end the graph would have written) as they were."""
+    a, b = engine.new_session(), engine.new_session()
+    h = ids_of(engine.max_context - 10, 5)
+    for s in (a, b):
+        one_forward(engine, [s], [h], False, False, pass_fn=eager(runner))
+    before = taken(runner)
+    with pytest.raises(CacheOverflow):
+        one_forward(engine, [a], [ids_of(16, 6)], True, False, pass_fn=runner.chunk_pass)
+    assert taken(runner) == before
+    planes_equal(a, b, True)
+    xa = one_forward(engine, [a], [ids_of(10, 6)], True, False, pass_fn=runner.chunk_pass)
+    xb = one_forward(engine, [b], [ids_of(10, 6)], True, False, pass_fn=eager(runner))
+    assert same(xa, xb, HAS_CUDA)
 
 
 def test_what_a_chunk_graph_does_not_take(engine, runner):

@@ -3,13 +3,22 @@ without the ~19 launches a layer the eager chunk pass makes from Python.
 
 Owns: `ChunkGraphs` -- per bucket of rows (2, 4, ... 2,048) one captured pass of the decode
 step's layer loop over static buffers.  Inputs go up as one packed upload that the graph itself
-copies in (ids | positions | per layer the plane table row | per layer (start, rows, first,
-rot, capacity, history rows)); the chunk attention reads the session's planes by those device
-values (`chunk_attention(..., new=, dev=)`) -- the history in place, the chunk's own rows from
-the bucket's k/v buffers -- so one graph serves any session at any position.  After the replay
-the chunk's real rows go into the planes through `cache.many.store_many` (their bookkeeping and
-undo logs: the caller's transaction and a speculative round's checkpoint hold), and the head runs eagerly
-on the rows asked for.  Does not own: whether a pass qualifies (`applies`; chunk_step.chunk_pass
+copies in (ids | positions | per layer the plane's table row | the attention view's | (start,
+rows, first, rot or the shadow's first slot, capacity, key rows)); the chunk attention reads
+by those device values (`chunk_attention(..., dev=)`), so one graph serves any session at any
+position.  Where the keys are read (MUSER_GRAPH_KEYS, triton_graph_rows.py):
+
+    staged (default)  one ordered view, as the eager pass reads: a plane that `writes_ahead`
+                      (growing) takes the chunk's rows past its end in the graph, checked and
+                      grown before the replay (`Plane.make_room`); a ring's history is gathered
+                      into the bucket's shadow, the chunk's rows written right after it
+    apart             the history in place (a ring by its wrapped slots), the chunk's own rows
+                      from the bucket's k/v buffers (`new=`): scalar loads, 1-3 KB of spills
+
+After the replay the chunk's real rows are committed through `cache.many.store_many` (their
+bookkeeping and undo logs: the caller's transaction and a speculative round's checkpoint hold;
+rows already placed are not copied again), and the head runs eagerly on the rows asked for.
+Does not own: whether a pass qualifies (`applies`; chunk_step.chunk_pass
 asks), the kernels, the transaction (backends/step.py).
 
 Why: a 512-token prefill of the 270M shape is 2.6 ms of kernels in 15-21 ms of wall time on the
@@ -18,12 +27,13 @@ H200 (benchmarks/prefill_host_probe.py); a verification block is the same host w
 Why the bits are the eager pass's (one arithmetic per token, docs/exactness.md):
 
     eager pass   rows 0..R-1                  keys: a staged view (in place / shadow / ring)
-    this pass    rows 0..R-1 | pad ..Rb-1     keys: history in place + the chunk's own rows
+    this pass    rows 0..R-1 | pad ..Rb-1     keys: one ordered view (staged) or two (apart)
 
 the same launches with the same constants; the padding rows (positions past the last real one,
 RoPE'd at the last real position) are not rows any real row sees, and the kernel's row count
-is the real one; a row's bits do not depend on its neighbours in a tile; keys read from two
-sources by position are the same values folded in the same order as keys read from one view.
+is the real one (a padding row is never placed in a plane); a row's bits do not depend on its
+neighbours in a tile; keys read by position from any of these views are the same values folded
+in the same order.
 tests/cuda/test_chunk_graph.py holds the two passes equal.
 """
 from __future__ import annotations
@@ -32,6 +42,7 @@ import torch
 
 from ...cache.many import store_many
 from .triton_decode import plane_row, prepare_tables
+from .triton_graph_rows import fill_shadow, place_rows
 
 BUCKETS = (2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 
@@ -42,20 +53,23 @@ def bucket_for(rows: int) -> int | None:
 
 
 class _Bucket:
-    """One bucket's static buffers and, once captured, its graph and hidden-rows output."""
+    """One bucket's static buffers and, once captured, its graph and hidden-rows output.
+    `shadows[i]`: layer i's ring gathers its history into an ordered shadow (staged keys)."""
 
-    def __init__(self, step, rows: int, device):
+    def __init__(self, step, rows: int, device, shadows: list[bool]):
         spec, dt = step.spec, step.engine.dtype
         L = len(spec.layers)
         self.rows = rows
-        # ids [Rb] | pos [Rb] | tables [L, 4] | metas [L, 6], uploaded as one copy
-        self.host = torch.zeros(2 * rows + 10 * L, dtype=torch.int64)
+        # ids [Rb] | pos [Rb] | plane tables [L, 4] | view tables [L, 4] | metas [L, 6], uploaded
+        # as one copy (a view table: what the attention reads -- the plane, or a ring's shadow)
+        self.host = torch.zeros(2 * rows + 14 * L, dtype=torch.int64)
         if torch.device(device).type == "cuda":
             self.host = self.host.pin_memory()
         self.packed = torch.zeros(self.host.shape, dtype=torch.int64, device=device)
         self.ids, self.pos = self.packed[:rows], self.packed[rows:2 * rows]
         self.tab = self.packed[2 * rows:2 * rows + 4 * L].view(L, 4)
-        self.meta = self.packed[2 * rows + 4 * L:].view(L, 6)
+        self.vtab = self.packed[2 * rows + 4 * L:2 * rows + 8 * L].view(L, 4)
+        self.meta = self.packed[2 * rows + 8 * L:].view(L, 6)
         # per layer: the chunk's k / v [Rb, KV, D] (kept until the stores after the replay); q
         # and the attention output [Rb, H, D] one buffer per head dim (read before the next
         # layer writes them)
@@ -64,12 +78,21 @@ class _Bucket:
                                            device=device) for ls in spec.layers}
         self.q = [by_dim[ls.head_dim][0] for ls in spec.layers]
         self.out = [by_dim[ls.head_dim][1] for ls in spec.layers]
-        for ls in spec.layers:
+        # a shadowed ring's keys: [cap + Rb, KV, D] = positions start - cap .. start - 1 | the
+        # chunk's rows (self.k[i] is the tail: prepare_rows writes the rows in place)
+        self.sk, self.sv = [None] * L, [None] * L
+        for i, (ls, cap) in enumerate(zip(spec.layers, step.caps)):
             KV, D = ls.kv_heads, ls.head_dim
-            k = torch.empty(rows, KV, D, dtype=dt, device=device)
+            if shadows[i]:
+                self.sk[i] = torch.zeros(cap + rows, KV, D, dtype=dt, device=device)
+                self.sv[i] = torch.zeros_like(self.sk[i])
+                k, v = self.sk[i][cap:], self.sv[i][cap:]
+            else:
+                k = torch.empty(rows, KV, D, dtype=dt, device=device)
+                v = torch.empty_like(k)
             self.k.append(k)
-            self.v.append(torch.empty_like(k))
-            self.prep.append(prepare_tables(k, self.v[-1]))
+            self.v.append(v)
+            self.prep.append(prepare_tables(k, v))
         self.graph = None
         self.graph_done = None             # an event after the last replay (it read `host`)
         self.hidden = None                 # [Rb, hidden]: the last pass's final-normed rows
@@ -79,10 +102,15 @@ class ChunkGraphs:
     """Captured single-session chunk passes of one DecodeStep (`capture=False`: the same
     static-buffer pass run eagerly -- the CPU tests under Triton's interpreter)."""
 
-    def __init__(self, step, windows: list[int | None], capture: bool = True):
+    def __init__(self, step, windows: list[int | None], capture: bool = True,
+                 staged: bool = True):
         self.step = step
         self.windows = windows             # per layer: the plane's window (None: unbounded)
         self.capture = capture
+        # MUSER_GRAPH_KEYS: staged -- every layer's keys in one ordered view (a plane that
+        # `writes_ahead` takes the chunk's rows past its end first, a ring gathers a shadow);
+        # apart -- the history in place and the chunk's own rows from the bucket's buffers
+        self.staged = staged
         self.buckets: dict[int, _Bucket] = {}
         self.pool = None
         self.failed: str | None = None     # why capturing failed (then every pass goes eager)
@@ -101,18 +129,35 @@ class ChunkGraphs:
         (None: the capture failed -- nothing was stored; the caller takes the eager pass)."""
         R, start = len(chunk), session.position
         rows = bucket_for(R)
+        planes = [session.planes[i] for i in session.plane_of]
+        # the stores' checks before the replay (nothing moves; a growing plane grows): staged,
+        # a plane that `writes_ahead` takes the chunk's rows past its end inside the graph
+        for p in planes:
+            p.make_room(start, R)
+        placed = [self.staged and p.writes_ahead for p in planes]
         b = self.buckets.get(rows)
         if b is None:
-            b = self.buckets[rows] = _Bucket(self.step, rows, engine.device)
-        planes = [session.planes[i] for i in session.plane_of]
+            shadows = [self.staged and not p.writes_ahead for p in planes]
+            b = self.buckets[rows] = _Bucket(self.step, rows, engine.device, shadows)
         last = start + R - 1            # padding rows take the last real position (RoPE tables)
         flat = (list(chunk) + [0] * (rows - R)
                 + [min(start + r, last) for r in range(rows)])
-        for p in planes:
-            flat += plane_row(p)
-        for p in planes:
-            flat += [start, R, p.origin_logical, p.origin_physical,
-                     p.capacity if p.kind == "ring" else 0, p.len]
+        tabs = [plane_row(p) for p in planes]
+        flat += [x for t in tabs for x in t]
+        for t, p, sk, sv in zip(tabs, planes, b.sk, b.sv):
+            if sk is None:
+                flat += t
+            else:                       # the shadow from the live history's first row on
+                skip = (p.capacity - p.len) * sk.stride(0) * sk.element_size()
+                flat += [sk.data_ptr() + skip, sv.data_ptr() + skip, sk.stride(0), sk.stride(1)]
+        for p, ahead, sk in zip(planes, placed, b.sk):
+            if ahead:                   # the history, then the chunk's rows placed after it
+                flat += [start, R, p.origin_logical, 0, 0, p.len + R]
+            elif sk is not None:        # gathered from slot(start) on; read as the eager shadow
+                flat += [start, R, p.origin_logical, p.slot(start), p.capacity, p.len + R]
+            else:
+                flat += [start, R, p.origin_logical, p.origin_physical,
+                         p.capacity if p.kind == "ring" else 0, p.len]
         if b.graph_done is not None:
             b.graph_done.synchronize()         # the last replay has read the pinned buffer
         b.host.numpy()[:] = flat
@@ -127,7 +172,7 @@ class ChunkGraphs:
             b.graph_done.record()
             self.stats["replays"] += 1
         # the rows, their undo logs and bookkeeping, every plane's at once (a few copies)
-        store_many(planes, start, [k[:R] for k in b.k], [v[:R] for v in b.v])
+        store_many(planes, start, [k[:R] for k in b.k], [v[:R] for v in b.v], placed)
         if not logits:
             return torch.empty((0, self.step.spec.vocab_size), dtype=torch.float32,
                                device=engine.device)
@@ -148,11 +193,17 @@ class ChunkGraphs:
                               b.q[i], b.k[i], b.v[i], *b.prep[i], v_norm=spec.v_norm,
                               k_eq_v=lw.wv is None, capacity=cap, **lay)
             # (the view args only carry dtype and strides here: TAB / META say where to read)
+            ring, new = ((0, cap) if cap else None), (b.k[i], b.v[i])
+            if b.sk[i] is not None:                    # a ring's history, ordered
+                fill_shadow(b.tab[i], b.meta[i], b.sk[i], b.sv[i], cap)
+                ring, new = None, None
+            elif self.staged:                          # the rows past the plane's end
+                place_rows(b.k[i], b.v[i], b.tab[i], b.meta[i])
+                ring, new = None, None
             return chunk_attention(b.q[i], b.k[i], b.v[i], 0, 0, self.windows[i],
                                    spec.layer_scale(ls), spec.attn_logit_softcap,
                                    spec.rope_interleaved, lay, sinks=lw.sinks, out=b.out[i],
-                                   ring=(0, cap) if cap else None, new=(b.k[i], b.v[i]),
-                                   dev=(b.tab[i], b.meta[i]),
+                                   ring=ring, new=new, dev=(b.vtab[i], b.meta[i]),
                                    positions=self.step.engine.max_context)
 
         return step.layers(b.ids, attend)

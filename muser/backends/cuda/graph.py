@@ -116,7 +116,8 @@ class GraphRunner:
         caps = [0 if p.kind == "growing" else p.capacity for p in probe]
         self.step = DecodeStep(engine, self.layer_group, splits, len(keys), layouts, caps, env)
         # one session's chunk in one replay (MUSER_CHUNK_GRAPHS; the same bits)
-        self.graphs = (ChunkGraphs(self.step, [p.window for p in probe], capture)
+        self.graphs = (ChunkGraphs(self.step, [p.window for p in probe], capture,
+                                   staged=env.graph_keys == "staged")
                        if env.chunk_graphs == "on" and self.step.invariant else None)
         self.capture = capture
         self.entries: dict[int, _Entry] = {}

@@ -67,17 +67,23 @@ def _kernel():
                      TWO: tl.constexpr, DEV: tl.constexpr, ONE: tl.constexpr,
                      PARK: tl.constexpr, FLATTEN: tl.constexpr = False,
                      ALIGN: tl.constexpr = False, LIVE: tl.constexpr = False,
-                     HEAVY: tl.constexpr = False):
+                     HEAVY: tl.constexpr = False, HINTS: tl.constexpr = False):
         if DEV:
             # a captured pass (chunk_graph.py): the plane and the chunk's place come from device
             # memory -- TAB (k_ptr, v_ptr, row stride, head stride), META (start, rows, first,
             # rot, capacity or 0, history rows) -- so one graph serves every position
-            # (not _plane_at: told the alignment, these binaries made a 512-token prefill 3-6%
-            # slower on the H200 -- benchmarks/NOTES.md, twelfth session)
-            K = tl.load(TAB).to(tl.pointer_type(O.dtype.element_ty))
-            V = tl.load(TAB + 1).to(tl.pointer_type(O.dtype.element_ty))
-            rs = tl.load(TAB + 2)
-            hs = tl.load(TAB + 3)
+            # HINTS (keys in one ordered view, chunk_graph's staged keys): told the alignment
+            # plane_row checked, the K/V tiles load as the eager kernel's (16-byte async copies,
+            # pipelined); without it (the chunk's own rows apart, TWO) a pointer read from
+            # memory is 2-byte aligned as far as Triton knows: scalar loads, yet told it there,
+            # the binaries spilled more and a 512-token prefill ran 3-6% slower (twelfth session)
+            if HINTS:
+                K, V, rs, hs = _plane_at(TAB, O.dtype.element_ty, D)
+            else:
+                K = tl.load(TAB).to(tl.pointer_type(O.dtype.element_ty))
+                V = tl.load(TAB + 1).to(tl.pointer_type(O.dtype.element_ty))
+                rs = tl.load(TAB + 2)
+                hs = tl.load(TAB + 3)
             start = tl.load(META)
             R = tl.load(META + 1)
             first = tl.load(META + 2)
@@ -322,7 +328,7 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         INTERIOR=bool(lay.get("interior", True)), ACC_DOT=bool(lay.get("acc_dot", False)),
         TWO=new is not None, DEV=dev is not None, ONE=rt.one, PARK=ws is not None,
         FLATTEN=lay.get("flatten") in ("chunk", "on"), ALIGN=rt.align, LIVE=rt.live,
-        HEAVY=rt.heavy, num_warps=rt.warps,
+        HEAVY=rt.heavy, HINTS=dev is not None and new is None, num_warps=rt.warps,
         enable_fp_fusion=False,
         **({"num_stages": stages} if stages else {}))
     if ws is not None:
