@@ -68,6 +68,8 @@
 #                a ring layer 0.40 -> 0.39 ms; removed, twenty-fourth session)
 #   others       the wide shapes on a sliding layer and a G = 2 global layer (fa_ceiling)
 #   wide_check   MUSER_CHUNK_WIDE=on (default): GPU bit rows, 16k prefill off/on, engine rows
+#   tiles_graph  dot_rows chunk tiles timed in a graph at 512 / 2,048 rows; TMA on vs auto at 16k
+#   tiles_2k     dot_rows tiles (pointer, TMA, 64-row) at 512 / 2,048 rows; a 512 prefill's time
 #   graph_keys   MUSER_GRAPH_KEYS staged (one ordered view) against apart: graph bits, engine
 #                rows, the 2k chunks' attention A/B, 270M / 1B
 #   graph_keys_ab  the same knob: exact_ab (512, 16k, 2k chunks) and verification blocks
@@ -484,6 +486,23 @@ stage_graph_keys_ab() {  # MUSER_GRAPH_KEYS in the engine: 512-token prefill (on
     --variants "apart:MUSER_GRAPH_KEYS=apart" --no-16k
   MUSER_GRAPH_KEYS=apart bench 120 . benchmarks/verify_cost.py 1b 2048
   bench 120 . benchmarks/verify_cost.py 1b 2048
+}
+
+stage_tiles_2k() {  # dot_rows tiles for 512- and 2,048-row chunks (a prompt, a server's prefill
+  # round): 128-row tiles leave multiprocessors idle there.  Pointer and TMA tiles, bits against
+  # the decode tiles; then where a 512-token prefill's time goes (host or kernels, by kernel)
+  bench 150 . benchmarks/tma_dot_probe.py --rows 2048
+  bench 150 . benchmarks/tma_dot_probe.py --rows 512
+  bench 120 . benchmarks/dot_chunk_sweep.py --rows 2048
+  bench 150 . benchmarks/prefill_host_probe.py 1b,270m 512
+}
+
+stage_tiles_graph() {  # dot_rows chunk tiles in a graph (weights from HBM) at 512 / 2,048 rows:
+  # what a captured chunk pass pays a projection (the 1B's 512-token prefill: 4.2 of 5.4 ms);
+  # then MUSER_DOT_TMA on against auto at 16k (qkv / o on TMA tiles too)
+  bench 300 . benchmarks/chunk_tiles_graph.py 1b,270m --rows 512,2048
+  bench 150 . benchmarks/prefill_tma_ab.py --models 1b --rounds 1 --knob MUSER_DOT_TMA \
+    --modes auto,on
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the

@@ -30,7 +30,11 @@ SHAPES = [(1536, 1152, False), (1152, 1024, False), (6912, 1152, True), (1152, 6
 # (block_m, block_n, block_k, warps, stages), group_m
 CANDIDATES = [((128, 128, 64, 8, 3), 1), ((128, 128, 64, 8, 3), 8), ((128, 128, 64, 8, 4), 8),
               ((128, 256, 64, 8, 3), 8), ((128, 64, 64, 8, 4), 8), ((128, 128, 64, 4, 4), 8),
-              ((128, 256, 64, 8, 4), 8)]
+              ((128, 256, 64, 8, 4), 8),
+              # 64-row tiles (one warpgroup): for 512- and 2,048-row chunks, where 128-row tiles
+              # leave multiprocessors idle (the 1B's down projection at 2,048 rows: 80 programs)
+              ((64, 128, 64, 4, 4), 8), ((64, 256, 64, 4, 3), 8), ((64, 64, 64, 4, 4), 8),
+              ((64, 128, 64, 4, 3), 1)]
 
 
 def tma_rows(x, w, glu, tile, group):
