@@ -122,10 +122,11 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_DOT_TMA": ("off|auto|on", "auto", "backends/cuda (dot_rows)",
                       "on: a prefill chunk's 128-row dot_rows tiles (16-bit weights) load by TMA "
                       "(tensor descriptors, triton_dot_tma.py) -- the same pieces, dots and "
-                      "epilogue, so the same bits; auto: only weights of 4M elements or more "
-                      "(triton_dot_tiles.tma_pays: a TMA launch costs the host ~20-35 us more; "
-                      "H200, 16k prefill: 1B 179k -> 199k tok/s, 270M unchanged); before sm_90 "
-                      "always off"),
+                      "epilogue, so the same bits; auto: weights of 4M elements or more, and every "
+                      "weight in chunks of 64-2,048 rows, which run as captured graphs "
+                      "(triton_dot_tiles.tma_pays: a TMA launch costs the host ~20-35 us more, "
+                      "paid once in a graph; H200, 16k prefill: 1B 179k -> 199k tok/s, 270M "
+                      "unchanged); before sm_90 always off"),
     "MUSER_FUSE_SUM": ("off|on", "on", "backends/cuda (decode step)",
                        "on: where the down projection leaves split-K pieces (decode tiles), the "
                        "add+norm after it sums them (split_sum's adds, in order) -- one launch a "

@@ -12,7 +12,7 @@ from test_chunk_step_host import IDS, FakeStep, fake_attention, fake_prepare
 from muser.attention.reference import attention as reference
 from muser.attention.reference import visibility_mask
 
-from muser.backends.cuda import chunk_step, triton_chunk, triton_decode
+from muser.backends.cuda import chunk_graph, chunk_step, triton_chunk, triton_decode
 from muser.backends.cuda.chunk_graph import ChunkGraphs, bucket_for
 from muser.backends.step import forward as one_forward
 from muser.testing import tiny_model
@@ -41,20 +41,61 @@ def fake_prepare_into(qkv, pos, cos, sin, qn, kn, eps, heads, kv, d, nsplit, int
         dst.copy_(src)
 
 
-PLANES = {}            # data_ptr -> plane of the session in the pass (to read the tables back)
+PLANES = []            # the planes of the session in the pass (to read the tables back)
+GRAPHS = []            # the ChunkGraphs of the pass (their buckets' shadows, by pointer)
+
+
+def at(ptr: int, rows: int, rs: int, hs: int, kv: int, d: int) -> torch.Tensor:
+    """The [rows, KV, D] view a device table row's pointer and strides name: found among the
+    planes' and the buckets' tensors (what the kernels would address)."""
+    tensors = [t for p in PLANES for t in (p.keys, p.values)]
+    tensors += [t for g in GRAPHS for b in g.buckets.values() for t in b.sk + b.sv if t is not None]
+    for t in tensors:
+        base, size = t.data_ptr(), t.numel() * t.element_size()
+        if base <= ptr < base + size:
+            off = t.storage_offset() + (ptr - base) // t.element_size()
+            return torch.as_strided(t, (rows, kv, d), (rs, hs, 1), off)
+    raise AssertionError(f"no tensor at {ptr:#x}")
+
+
+def fake_place_rows(k, v, tab, meta):
+    """triton_graph_rows.place_rows in plain torch: rows [0, R) past the plane's end."""
+    kp, vp, rs, hs = tab.tolist()
+    start, R, first = meta.tolist()[:3]
+    for ptr, src in ((kp, k), (vp, v)):
+        at(ptr + (start - first) * rs * src.element_size(), R, rs, hs, *src.shape[1:]).copy_(src[:R])
+
+
+def fake_fill_shadow(tab, meta, dk, dv, cap):
+    """triton_graph_rows.fill_shadow in plain torch: the ring from slot s0 on, in order."""
+    kp, vp, rs, hs = tab.tolist()
+    slots = (meta[3].item() + torch.arange(cap)) % cap
+    for ptr, dst in ((kp, dk), (vp, dv)):
+        dst[:cap].copy_(at(ptr, cap, rs, hs, *dst.shape[1:])[slots])
 
 
 def fake_graph_attention(q, keys, values, start, first, window, scale, softcap, interleaved, lay,
                          sinks=None, ring=None, block_m=None, out=None, warps=None, new=None,
                          kcount=None, dev=None, positions=None):
-    """The reference attention over what the device tables say: history rows from the plane
-    the table row points at, by (first, rot, capacity, count), then the chunk's own rows."""
+    """The reference attention over what the device tables say: key rows from the view the
+    table row points at, by (first, rot, capacity, count) -- a plane, or a ring's shadow --
+    then, apart (`new`), the chunk's own rows."""
     if dev is None:
         return fake_attention(q, keys, values, start, first, window, scale, softcap, interleaved,
                               lay, sinks, ring, block_m, out, warps)
     tab, meta = dev
     start, R, first, rot, capm, count = meta.tolist()
-    plane = PLANES[int(tab[0])]
+    if new is None:                      # staged: one ordered view, `count` rows from `first`
+        kp, vp, rs, hs = tab.tolist()
+        KV, D = keys.shape[1:]
+        k, v = at(kp, count, rs, hs, KV, D), at(vp, count, rs, hs, KV, D)
+        kpos = torch.arange(first, first + count)
+        qpos = torch.arange(start, start + R)
+        res = reference(q[:R].float(), k.float(), v.float(), visibility_mask(qpos, kpos, window),
+                        scale, None)
+        out[:R] = res.to(out.dtype)
+        return out
+    plane = next(p for p in PLANES if p.keys.data_ptr() == int(tab[0]))   # (storage as reserved)
     assert int(tab[1]) == plane.values.data_ptr() and (ring is not None) == (capm > 0)
     hpos = torch.arange(first, first + count)
     slots = (rot + hpos - first) % capm if capm else hpos - first
@@ -76,24 +117,29 @@ def engine(monkeypatch):
     monkeypatch.setattr(chunk_step, "chunk_attention", fake_attention)
     monkeypatch.setattr(triton_decode, "prepare_rows_into", fake_prepare_into)
     monkeypatch.setattr(triton_chunk, "chunk_attention", fake_graph_attention)
+    monkeypatch.setattr(chunk_graph, "place_rows", fake_place_rows)
+    monkeypatch.setattr(chunk_graph, "fill_shadow", fake_fill_shadow)
     return tiny_model("gemma3", window=4, tokenizer=False, max_context=256)
 
 
 def passes(engine, step, graphs):
     def through(eng, ss, cs, al, pad, logits=True):
         step.pos = torch.cat([torch.arange(s.position, s.position + len(c)) for s, c in zip(ss, cs)])
-        PLANES.clear()
-        PLANES.update({p.keys.data_ptr(): p for s in ss for p in s.planes})
+        PLANES[:] = [p for s in ss for p in s.planes]
+        GRAPHS[:] = [graphs] if graphs is not None else []
         return chunk_step.chunk_pass(step, eng, ss, cs, al, pad, logits, graphs)
     return through
 
 
+@pytest.mark.parametrize("staged", [True, False])
 @pytest.mark.parametrize("cuts", [[14], [5, 9], [1, 1, 1, 11], [3, 1, 4, 1, 5], [2, 12]])
-def test_chunks_through_graphs_leave_the_session_as_the_eager_pass_does(engine, cuts):
+def test_chunks_through_graphs_leave_the_session_as_the_eager_pass_does(engine, cuts, staged):
     """Every chunk of a session through a graph pass (the history read through the uploaded
-    tables; rings of 4 wrap), against the same chunks through the eager pass."""
+    tables; rings of 4 wrap), against the same chunks through the eager pass -- with the keys
+    staged (growing planes' rows placed past their end, rings' history in a shadow) or apart."""
     step = Step(engine)
-    graphs = ChunkGraphs(step, [p.window for p in engine.new_session().planes], capture=False)
+    graphs = ChunkGraphs(step, [p.window for p in engine.new_session().planes], capture=False,
+                         staged=staged)
     a, b, at = engine.new_session(), engine.new_session(), 0
     for n, c in enumerate(cuts):
         la = one_forward(engine, [a], [IDS[at:at + c]], True, False, pass_fn=passes(engine, step, graphs))

@@ -259,7 +259,7 @@ def test_a_chunk_tile_gives_each_row_the_decode_tile_bits(dev, kdtype, glu, n, k
     WIDE_ROWS 128-row tiles with another K step and the split-K pieces summed in the kernel:
     each row is bitwise the 16-row decode tile's row."""
     from muser.backends.cuda.triton_dot import dot_rows
-    from muser.backends.cuda.triton_dot_tiles import chunk_tile, tma_tile
+    from muser.backends.cuda.triton_dot_tiles import chunk_tile, dot_config, tma_tile
     if glu and n > 20000:
         pytest.skip("the head has no act*up")
     w = (torch.randn(2 * n if glu else n, k) / k ** 0.5).to(dev, kdtype)
@@ -277,6 +277,14 @@ def test_a_chunk_tile_gives_each_row_the_decode_tile_bits(dev, kdtype, glu, n, k
                        small)
     if tma_tile(n, k, glu):
         assert torch.equal(dot_rows(x, w, glu=glu, tile=tma_tile(n, k, glu), tma=True), small)
+    # the tiles below WIDE_ROWS (a captured chunk pass): pointer tiles with the pieces on the
+    # grid, and gate|up by TMA
+    piece = dot_config(n, k, glu)[4]
+    assert torch.equal(dot_rows(x, w, glu=glu, tile=chunk_tile(512, 256, glu, piece)), small)
+    if tma_tile(n, k, glu, 512):
+        assert torch.equal(dot_rows(x, w, glu=glu, tile=tma_tile(n, k, glu, 512), tma=True),
+                           small)
+    assert torch.equal(dot_rows(x, w, glu=glu, tma=True), small)
 
 
 @pytest.mark.parametrize("glu,bias", [(False, False), (False, True), (True, False), (True, True)])

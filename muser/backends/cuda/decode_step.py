@@ -39,7 +39,7 @@ from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_atten
 from .step_weights import fuse_weights
 from .triton_moe import experts_rows, route_rows
 from .triton_dot import dot_rows
-from .triton_dot_norm import norm_fuses, norm_in
+from .triton_dot_norm import NormIn, norm_fuses, norm_in
 from .triton_dot_tiles import dot_config, tma_pays
 from .triton_mega import mega_half
 from .triton_gemv import gemv
@@ -150,7 +150,8 @@ class DecodeStep:
             return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, flatten=self.flatten,
                             defer=defer, widen=widen, **kw)
         if self.gemv is dot_rows:
-            tma = self.tma == "on" or (self.tma == "auto" and tma_pays(w.numel()))
+            rows = (x.x if isinstance(x, NormIn) else x).shape[0]
+            tma = self.tma == "on" or (self.tma == "auto" and tma_pays(w.numel(), rows))
             return dot_rows(x, w, pdl=self.pdl, flatten=self.flatten, defer=defer, widen=widen,
                             tma=tma, **kw)
         y = self.gemv(x, w, **kw)

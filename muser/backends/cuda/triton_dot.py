@@ -295,7 +295,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     pieces = triton.cdiv(k, piece) if piece else 1
     bm, inside = 16, 1
     if rows != 16 and (tile is not None or B >= CHUNK_ROWS):
-        bm, bn, bk, nw, st = tile or chunk_tile(B, CHUNK_K.get((n, k, glu), bk), glu)
+        bm, bn, bk, nw, st = tile or chunk_tile(B, CHUNK_K.get((n, k, glu), bk), glu, piece)
         if bm >= 128:            # enough programs without the pieces on the grid (512 rows: not)
             inside, pieces = pieces, 1
     split = pieces > 1
@@ -315,7 +315,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
         part = (torch.empty((pieces, B, 2 * n if glu else n), dtype=torch.float32,
                             device=x.device) if split else out)
     ks = piece if pieces * inside > 1 else triton.cdiv(k, bk) * bk    # keys per piece
-    ttile = (tile or tma_tile(n, k, glu)) if tma else None
+    ttile = (tile or tma_tile(n, k, glu, B)) if tma else None
     if (ttile and norm is None and not (split or pick or widen or wq)
             and tma_fits(x, w, bm, ttile[2], ks)):
         return dot_tma(x, w, out, n, glu, gelu, bias, ttile, ks, inside, pdl)
