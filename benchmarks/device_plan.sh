@@ -68,6 +68,7 @@
 #                a ring layer 0.40 -> 0.39 ms; removed, twenty-fourth session)
 #   others       the wide shapes on a sliding layer and a G = 2 global layer (fa_ceiling)
 #   wide_check   MUSER_CHUNK_WIDE=on (default): GPU bit rows, 16k prefill off/on, engine rows
+#   small_tiles2 the engine rows on them; the 1B before / after in two rounds
 #   small_tiles  the tiles below 2,048 rows and TMA in captured chunks: bits, engine, before / after
 #   tiles_graph  dot_rows chunk tiles timed in a graph at 512 / 2,048 rows; TMA on vs auto at 16k
 #   tiles_2k     dot_rows tiles (pointer, TMA, 64-row) at 512 / 2,048 rows; a 512 prefill's time
@@ -510,9 +511,16 @@ stage_small_tiles() {  # carry .prev (the tree before): dot_rows tiles below 2,0
   # in a graph (64-row pointer tiles, gate|up on TMA) and TMA for every weight in captured chunks:
   # their bit rows, the engine's rows, then before / after (512 prefill, 2k chunks, decode)
   tests 200 -x tests/cuda/test_triton_ops.py -k "chunk_tile or tma"
-  tests 260 -x tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_engine.py \
-    tests/engine/test_invariance.py -k "cuda or graph or chunk"
+  tests 100 -x tests/cuda/test_chunk_graph.py
+  tests 260 -x tests/cuda/test_cuda_engine.py tests/engine/test_invariance.py -k cuda
   bench 220 . benchmarks/exact_ab.py --old .prev --models 1b,270m --trees old,exact --rounds 1 \
+    --chunks 2048
+}
+
+stage_small_tiles2() {  # carry .prev: the engine's CUDA rows on the small tiles, then the 1B's
+  # 16k prefill (one 16,384-row chunk: tiles unchanged) before / after, two rounds
+  tests 260 -x tests/cuda/test_cuda_engine.py tests/engine/test_invariance.py -k cuda
+  bench 240 . benchmarks/exact_ab.py --old .prev --models 1b --trees old,exact --rounds 2 \
     --chunks 2048
 }
 
