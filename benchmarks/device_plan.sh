@@ -68,6 +68,7 @@
 #                a ring layer 0.40 -> 0.39 ms; removed, twenty-fourth session)
 #   others       the wide shapes on a sliding layer and a G = 2 global layer (fa_ceiling)
 #   wide_check   MUSER_CHUNK_WIDE=on (default): GPU bit rows, 16k prefill off/on, engine rows
+#   small_tiles_4b  the 4B's shapes under those rules: graph-timed tiles, 512 prefill before / after
 #   small_tiles2 the engine rows on them; the 1B before / after in two rounds
 #   small_tiles  the tiles below 2,048 rows and TMA in captured chunks: bits, engine, before / after
 #   tiles_graph  dot_rows chunk tiles timed in a graph at 512 / 2,048 rows; TMA on vs auto at 16k
@@ -522,6 +523,13 @@ stage_small_tiles2() {  # carry .prev: the engine's CUDA rows on the small tiles
   tests 260 -x tests/cuda/test_cuda_engine.py tests/engine/test_invariance.py -k cuda
   bench 240 . benchmarks/exact_ab.py --old .prev --models 1b --trees old,exact --rounds 2 \
     --chunks 2048
+}
+
+stage_small_tiles_4b() {  # carry .prev: the 4B's projections under the small-chunk rules (its
+  # shapes were not timed when the rules were chosen), then its 512-token prefill before / after
+  bench 150 . benchmarks/chunk_tiles_graph.py 4b --rows 512,2048
+  bench 220 . benchmarks/exact_ab.py --old .prev --models 4b --trees old,exact --rounds 1 \
+    --decode-only
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
