@@ -68,6 +68,7 @@
 #                a ring layer 0.40 -> 0.39 ms; removed, twenty-fourth session)
 #   others       the wide shapes on a sliding layer and a G = 2 global layer (fa_ceiling)
 #   wide_check   MUSER_CHUNK_WIDE=on (default): GPU bit rows, 16k prefill off/on, engine rows
+#   small_tiles_4b2 128 x 64 TMA tiles for the 4B's products below 2,048 rows: bits, before / after
 #   small_tiles_4b  the 4B's shapes under those rules: graph-timed tiles, 512 prefill before / after
 #   small_tiles2 the engine rows on them; the 1B before / after in two rounds
 #   small_tiles  the tiles below 2,048 rows and TMA in captured chunks: bits, engine, before / after
@@ -529,6 +530,13 @@ stage_small_tiles_4b() {  # carry .prev: the 4B's projections under the small-ch
   # shapes were not timed when the rules were chosen), then its 512-token prefill before / after
   bench 150 . benchmarks/chunk_tiles_graph.py 4b --rows 512,2048
   bench 220 . benchmarks/exact_ab.py --old .prev --models 4b --trees old,exact --rounds 1 \
+    --decode-only
+}
+
+stage_small_tiles_4b2() {  # carry .prev: 128 x 64 TMA tiles for large products without pieces
+  # below 2,048 rows (the 4B's): their bit rows, then 512-token prefill before / after
+  tests 120 -x tests/cuda/test_triton_ops.py -k "chunk_tile and (4096 or 2560)"
+  bench 200 . benchmarks/exact_ab.py --old .prev --models 4b,1b --trees old,exact --rounds 1 \
     --decode-only
 }
 

@@ -42,6 +42,9 @@ def test_a_captured_chunk_takes_tma_tiles_for_every_weight(rows, takes):
     (16384, 2048, 640, True, 0, (128, 64, 64, 8, 3), (128, 64, 64, 8, 3)),
     (2048, 1536, 1152, False, 0, (128, 128, 64, 8, 3), (128, 128, 64, 8, 3)),
     (2048, 640, 1024, False, 0, (128, 128, 64, 8, 3), None),
+    (512, 4096, 2560, False, 0, (64, 64, 128, 4, 3), (128, 64, 64, 8, 4)),     # 4B qkv
+    (512, 2560, 10240, False, 0, (64, 64, 128, 4, 3), (128, 64, 64, 8, 4)),    # 4B down
+    (512, 1152, 6912, False, 1024, (64, 128, 64, 4, 4), None),   # 1B down: its pieces on the grid
 ])
 def test_the_chunk_tiles_measured_in_a_graph(rows, n, k, glu, piece, tile, tma):
     """chunk_tile / tma_tile below and past WIDE_ROWS: the tiles benchmarks/chunk_tiles_graph.py

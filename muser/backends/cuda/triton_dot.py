@@ -20,7 +20,7 @@ import torch
 
 from .triton_dot_norm import NormIn, launch_norm
 from .triton_dot_tma import dot_tma, tma_fits
-from .triton_dot_tiles import CHUNK_K, CHUNK_ROWS, chunk_tile, dot_config, tma_tile
+from .triton_dot_tiles import CHUNK_K, CHUNK_ROWS, WIDE_ROWS, chunk_tile, dot_config, tma_tile
 from .triton_ops import norm_pieces, pdl_launch, pdl_pieces
 from .triton_pick import pick_pieces
 
@@ -294,8 +294,14 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     bn, bk, nw, st, piece = config or dot_config(n, k, glu)
     pieces = triton.cdiv(k, piece) if piece else 1
     bm, inside = 16, 1
+    ttile = None
     if rows != 16 and (tile is not None or B >= CHUNK_ROWS):
-        bm, bn, bk, nw, st = tile or chunk_tile(B, CHUNK_K.get((n, k, glu), bk), glu, piece)
+        ttile = (tile or tma_tile(n, k, glu, B)) if tma else None
+        # below WIDE_ROWS a TMA tile may be 128 rows where the pointer tile is 64: its shape is
+        # the launch's (and the pointer tile's where TMA does not fit: widened, int8)
+        small = ttile if B < WIDE_ROWS else None
+        bm, bn, bk, nw, st = tile or small or chunk_tile(B, CHUNK_K.get((n, k, glu), bk), glu,
+                                                         piece)
         if bm >= 128:            # enough programs without the pieces on the grid (512 rows: not)
             inside, pieces = pieces, 1
     split = pieces > 1
@@ -315,7 +321,6 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
         part = (torch.empty((pieces, B, 2 * n if glu else n), dtype=torch.float32,
                             device=x.device) if split else out)
     ks = piece if pieces * inside > 1 else triton.cdiv(k, bk) * bk    # keys per piece
-    ttile = (tile or tma_tile(n, k, glu, B)) if tma else None
     if (ttile and norm is None and not (split or pick or widen or wq)
             and tma_fits(x, w, bm, ttile[2], ks)):
         return dot_tma(x, w, out, n, glu, gelu, bias, ttile, ks, inside, pdl)

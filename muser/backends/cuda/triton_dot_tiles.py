@@ -91,13 +91,19 @@ def tma_tile(n: int, k: int, glu: bool, rows: int = WIDE_ROWS) -> tuple[int, int
     gate|up 128 x 64 0.17 (0.20), down 0.07 (0.08) -- and its o projection (640 x 1024) 0.057
     at best against 0.048: a narrow, short product stays on the pointer tile.  Below WIDE_ROWS
     (in a graph, chunk_tiles_graph.py, twenty-sixth session) only gate|up loads by TMA (1B 128 x
-    128 x 3 stages 33.8 us at 512 rows against 39.7 on pointers; 270M 128 x 64 x 4 stages 8.6):
-    the other projections' 64-row pointer tiles keep twice the programs.  At 2,048 rows the
+    128 x 3 stages 33.8 us at 512 rows against 39.7 on pointers; 270M 128 x 64 x 4 stages 8.6)
+    and the large products without pieces (the 4B's); elsewhere 64-row pointer tiles keep twice
+    the programs.  At 2,048 rows the
     270M's gate|up took 128 x 128 (22.7 us against 25.9; past WIDE_ROWS it keeps 128 x 64)."""
     if rows < WIDE_ROWS:
-        if not glu:
-            return None
-        return (128, 128, 64, 8, 3) if n >= 4096 else (128, 64, 64, 8, 4)
+        if glu:
+            return (128, 128, 64, 8, 3) if n >= 4096 else (128, 64, 64, 8, 4)
+        # the 4B's projections (each >= 4M elements, no pieces) at 512 rows: qkv 31.6 -> 20.1
+        # us, o 22.4 -> 15.4, down 109.9 -> 67.8 on 128 x 64 x 4 stages by TMA; the 1B's qkv
+        # and o tie (7.9-8.1), the 270M's and any piece-split product lose
+        if n * k >= TMA_AUTO_WEIGHT and not dot_config(n, k, glu)[4]:
+            return 128, 64, 64, 8, 4
+        return None
     if not glu and n < 1024 and k <= 1024:
         return None
     if glu:
