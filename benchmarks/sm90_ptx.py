@@ -98,6 +98,8 @@ CONFIGS = [
      {**GROWING, "FLAT": True, "TWO": False, "DEV": False, "ALIGN": True, "LIVE": True}, 8),
     ("chunk growing parked", "chunk", {**GROWING, "PARK": True, "BM": 16, "ROWS": 4}, 4),
     ("chunk ring parked", "chunk", dict(PARK=True, BM=32, ROWS=8), 4),
+    ("graph rows: a chunk's rows placed (1B: KV 1, D 256)", "place", {}, 4),
+    ("graph rows: a ring's shadow gathered", "shadow", {}, 4),
     ("decode ring fused", "decode", {}, 4),
     ("decode growing fused", "decode", dict(NSPLIT=257, SPLIT=128, GS=16, RING=False), 4),
     ("decode growing fused, 32-key splits", "decode", dict(NSPLIT=1025, SPLIT=32, GS=16,
@@ -166,6 +168,8 @@ TYPES = {  # argument types as the engine passes them (others are i32)
     "Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "SNK": "*bf16", "K2": "*bf16",
     "V2": "*bf16", "MS": "*fp32", "LS": "*fp32", "ACC": "*fp32", "TAB": "*i64", "META": "*i64",
     "scale": "fp32", "softcap": "fp32",
+    # a captured chunk pass's row moves (triton_graph_rows.py)
+    "SK": "*bf16", "SV": "*bf16", "DK": "*bf16", "DV": "*bf16",
     # decode attention
     "QKV": "*bf16", "POS": "*i64", "COS": "*fp32", "SIN": "*fp32", "QN": "*bf16", "KN": "*bf16",
     "CNT": "*i32", "QOUT": "*bf16", "eps": "fp32",
@@ -308,6 +312,7 @@ def main():
     from muser.backends.cuda.triton_mega import _kernel as _mega_kernel
     from muser.backends.cuda.triton_pick import _kernel as _pick_kernel
     from muser.backends.cuda.triton_rows import _kernels as _rows_kernels
+    from muser.backends.cuda.triton_graph_rows import _kernels as _graph_rows
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="write each configuration's stripped PTX here")
     ap.add_argument("--regs", action="store_true", help="ptxas -v: registers and spills")
@@ -324,7 +329,9 @@ def main():
                "fold_pick": (_pick_kernel()[1], dict(BLOCK=1024, PDL=True)),
                "dot_norm": (_dot_kernels()[2], DOT_NORM),
                "mega": (_mega_kernel(), MEGA), "qk_rope": (_ops_kernels()[1], QK_ROPE),
-               "norm_rope": (_rows_kernels()[0], NORM_ROPE)}
+               "norm_rope": (_rows_kernels()[0], NORM_ROPE),
+               "place": (_graph_rows()[0], dict(KVD=256, D=256, BLOCK=256)),
+               "shadow": (_graph_rows()[1], dict(KVD=256, D=256, BLOCK=256))}
     print(f"triton {triton.__version__}, sm_90")
     compiled = {}
     for name, which, over, warps in CONFIGS + (TILES if args.tiles else []):

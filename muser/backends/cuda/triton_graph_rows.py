@@ -39,41 +39,43 @@ def _kernels():
     globals()["tl"] = tl                # the interpreter looks for the language in module globals
 
     @triton.jit
+    def plane_rows(TAB, row, DT: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+        """(k, v) pointers to the KV * D elements of plane row `row`, by a table row (k_ptr,
+        v_ptr, row stride, head stride); BLOCK >= KV * D."""
+        c = tl.arange(0, BLOCK)
+        off = row * tl.load(TAB + 2) + (c // D) * tl.load(TAB + 3) + c % D
+        return (tl.load(TAB).to(tl.pointer_type(DT)) + off,
+                tl.load(TAB + 1).to(tl.pointer_type(DT)) + off)
+
+    globals()["_plane_rows"] = plane_rows   # by module name: how Triton finds a called jit
+
+    @triton.jit
     def place_kernel(SK, SV, TAB, META, KVD: tl.constexpr, D: tl.constexpr,
                      BLOCK: tl.constexpr):
         """Program r: the chunk's row r [KV, D] (SK / SV rows of KVD) to the plane's row
         start - first + r, if r < R (the bucket's padding rows stay out)."""
         r = tl.program_id(0)
-        R = tl.load(META + 1)
-        if r < R:
-            kp = tl.load(TAB).to(tl.pointer_type(SK.dtype.element_ty))
-            vp = tl.load(TAB + 1).to(tl.pointer_type(SK.dtype.element_ty))
-            rs = tl.load(TAB + 2)
-            hs = tl.load(TAB + 3)
+        if r < tl.load(META + 1):
             row = tl.load(META) - tl.load(META + 2) + r
+            kd, vd = _plane_rows(TAB, row, SK.dtype.element_ty, D, BLOCK)     # noqa: F821
             c = tl.arange(0, BLOCK)
             ok = c < KVD
-            dst = row * rs + (c // D) * hs + c % D
             src = r.to(tl.int64) * KVD + c
-            tl.store(kp + dst, tl.load(SK + src, mask=ok), mask=ok)
-            tl.store(vp + dst, tl.load(SV + src, mask=ok), mask=ok)
+            tl.store(kd, tl.load(SK + src, mask=ok), mask=ok)
+            tl.store(vd, tl.load(SV + src, mask=ok), mask=ok)
 
     @triton.jit
     def shadow_kernel(TAB, META, DK, DV, cap, KVD: tl.constexpr, D: tl.constexpr,
                       BLOCK: tl.constexpr):
         """Program j: shadow row j (rows of KVD) <- ring slot (s0 + j) % cap."""
         j = tl.program_id(0)
-        kp = tl.load(TAB).to(tl.pointer_type(DK.dtype.element_ty))
-        vp = tl.load(TAB + 1).to(tl.pointer_type(DK.dtype.element_ty))
-        rs = tl.load(TAB + 2)
-        hs = tl.load(TAB + 3)
-        slot = (tl.load(META + 3) + j) % cap
+        ks, vs = _plane_rows(TAB, (tl.load(META + 3) + j) % cap,                # noqa: F821
+                             DK.dtype.element_ty, D, BLOCK)
         c = tl.arange(0, BLOCK)
         ok = c < KVD
-        src = slot * rs + (c // D) * hs + c % D
         dst = j.to(tl.int64) * KVD + c
-        tl.store(DK + dst, tl.load(kp + src, mask=ok), mask=ok)
-        tl.store(DV + dst, tl.load(vp + src, mask=ok), mask=ok)
+        tl.store(DK + dst, tl.load(ks, mask=ok), mask=ok)
+        tl.store(DV + dst, tl.load(vs, mask=ok), mask=ok)
 
     return place_kernel, shadow_kernel
 
