@@ -34,7 +34,7 @@ def main():
         flops = 2 * args.rows * w.shape[0] * k
         t_cublas = timed(lambda: xb @ w.T)
         line = [f"({n},{k},{'glu' if glu else '-'}) cuBLAS {t_cublas:.3f} ms {flops / t_cublas / 1e9:.0f} TF/s"]
-        default = chunk_tile(args.rows, dot_config(n, k, glu)[1], glu)
+        default = chunk_tile(args.rows, glu, dot_config(n, k, glu)[4])
         for cand in [None] + CANDIDATES:
             if glu and cand and cand[1] >= 256:
                 continue

@@ -69,7 +69,7 @@ def host(rows):
     for (n, k, glu) in SHAPES:
         w = (torch.randn(2 * n if glu else n, k, device=dev) / k ** 0.5).to(dt)
         x = torch.randn(rows, k, device=dev).to(dt)
-        tile = chunk_tile(1 << 14, dot_config(n, k, glu)[1], glu)
+        tile = chunk_tile(1 << 14, glu, dot_config(n, k, glu)[4])
         ptr = host_us(lambda: dot_rows(x, w, glu=glu, tile=tile))
         tma = host_us(lambda: dot_rows(x, w, glu=glu, tile=tile, tma=True))
         desc = host_us(lambda: TensorDescriptor(x, list(x.shape), list(x.stride()), [128, 64]))
@@ -114,7 +114,7 @@ def main():
         flops = 2 * args.rows * w.shape[0] * k
         t_cublas = timed(lambda: xb @ w.T)
         t_def = timed(lambda: dot_rows(xb, w, glu=glu, gelu=True))
-        tile = chunk_tile(args.rows, dot_config(n, k, glu)[1], glu)
+        tile = chunk_tile(args.rows, glu, dot_config(n, k, glu)[4])
         line = [f"({n},{k},{'glu' if glu else '-'}) cuBLAS {t_cublas:.3f} ms "
                 f"{flops / t_cublas / 1e9:.0f} TF/s; default tile {tile} {t_def:.3f} ms "
                 f"({t_def / t_cublas:.2f}x cuBLAS) equal={torch.equal(dot_rows(x, w, glu=glu, gelu=True, tile=tile), ref)}"]

@@ -49,7 +49,7 @@ def test_a_captured_chunk_takes_tma_tiles_for_every_weight(rows, takes):
 def test_the_chunk_tiles_measured_in_a_graph(rows, n, k, glu, piece, tile, tma):
     """chunk_tile / tma_tile below and past WIDE_ROWS: the tiles benchmarks/chunk_tiles_graph.py
     timed fastest (speed fields only)."""
-    assert chunk_tile(rows, 256, glu, piece) == tile
+    assert chunk_tile(rows, glu, piece) == tile
     assert tma_tile(n, k, glu, rows) == tma
 
 

@@ -268,19 +268,19 @@ def test_a_chunk_tile_gives_each_row_the_decode_tile_bits(dev, kdtype, glu, n, k
     small = torch.cat([dot_rows(x[i:i + 16], w, glu=glu, rows=16) for i in range(0, 200, 16)])
     assert torch.equal(big, small)
     assert torch.equal(big[7:8], dot_rows(x[7:8], w, glu=glu))
-    assert torch.equal(dot_rows(x, w, glu=glu, tile=chunk_tile(1 << 14, 256, glu)), small)
+    assert torch.equal(dot_rows(x, w, glu=glu, tile=chunk_tile(1 << 14, glu)), small)
     # MUSER_FLATTEN: the in-kernel pieces and their K steps fused into one loop by Triton
-    assert torch.equal(dot_rows(x, w, glu=glu, tile=chunk_tile(1 << 14, 256, glu), flatten=True),
+    assert torch.equal(dot_rows(x, w, glu=glu, tile=chunk_tile(1 << 14, glu), flatten=True),
                        small)
     # MUSER_DOT_TMA: the same tiles loaded by TMA (triton_dot_tma.py), and its own tiles
-    assert torch.equal(dot_rows(x, w, glu=glu, tile=chunk_tile(1 << 14, 256, glu), tma=True),
+    assert torch.equal(dot_rows(x, w, glu=glu, tile=chunk_tile(1 << 14, glu), tma=True),
                        small)
     if tma_tile(n, k, glu):
         assert torch.equal(dot_rows(x, w, glu=glu, tile=tma_tile(n, k, glu), tma=True), small)
     # the tiles below WIDE_ROWS (a captured chunk pass): pointer tiles with the pieces on the
     # grid, and gate|up by TMA
     piece = dot_config(n, k, glu)[4]
-    assert torch.equal(dot_rows(x, w, glu=glu, tile=chunk_tile(512, 256, glu, piece)), small)
+    assert torch.equal(dot_rows(x, w, glu=glu, tile=chunk_tile(512, glu, piece)), small)
     if tma_tile(n, k, glu, 512):
         assert torch.equal(dot_rows(x, w, glu=glu, tile=tma_tile(n, k, glu, 512), tma=True),
                            small)

@@ -20,7 +20,7 @@ import torch
 
 from .triton_dot_norm import NormIn, launch_norm
 from .triton_dot_tma import dot_tma, tma_fits
-from .triton_dot_tiles import CHUNK_K, CHUNK_ROWS, WIDE_ROWS, chunk_tile, dot_config, tma_tile
+from .triton_dot_tiles import CHUNK_ROWS, WIDE_ROWS, chunk_tile, dot_config, tma_tile
 from .triton_ops import norm_pieces, pdl_launch, pdl_pieces
 from .triton_pick import pick_pieces
 
@@ -300,8 +300,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
         # below WIDE_ROWS a TMA tile may be 128 rows where the pointer tile is 64: its shape is
         # the launch's (and the pointer tile's where TMA does not fit: widened, int8)
         small = ttile if B < WIDE_ROWS else None
-        bm, bn, bk, nw, st = tile or small or chunk_tile(B, CHUNK_K.get((n, k, glu), bk), glu,
-                                                         piece)
+        bm, bn, bk, nw, st = tile or small or chunk_tile(B, glu, piece)
         if bm >= 128:            # enough programs without the pieces on the grid (512 rows: not)
             inside, pieces = pieces, 1
     split = pieces > 1

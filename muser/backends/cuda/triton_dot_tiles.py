@@ -23,12 +23,6 @@ DOT_TILES = {
 }
 
 
-# (n, k, glu) -> the K step a chunk tile keeps where the decode tile's moved after the chunk
-# tiles were measured (chunk_tile takes the decode tile's K step below WIDE_ROWS)
-CHUNK_K = {(1536, 640, False): 256, (640, 1024, False): 256, (2048, 640, True): 256,
-           (640, 2048, False): 256}
-
-
 def dot_config(n: int, k: int, glu: bool) -> tuple[int, int, int, int, int]:
     hit = DOT_TILES.get((n, k, glu))
     if hit:
@@ -43,7 +37,7 @@ CHUNK_ROWS = 64          # from this many rows on, chunk tiles (prefill chunks)
 WIDE_ROWS = 2048         # from this many, 128-row tiles (fewer would leave multiprocessors idle)
 
 
-def chunk_tile(rows: int, bk: int, glu: bool, piece: int = 0) -> tuple[int, int, int, int, int]:
+def chunk_tile(rows: int, glu: bool, piece: int = 0) -> tuple[int, int, int, int, int]:
     """(block_m, block_n, block_k, warps, stages) of a chunk's tiles.  None of it is the
     arithmetic: a row's sums are the k16 MMA steps in order whatever the tile (piece_dot), and
     the split-K pieces stay the decode tile's (`piece`; summed in the kernel from WIDE_ROWS on,
@@ -58,7 +52,7 @@ def chunk_tile(rows: int, bk: int, glu: bool, piece: int = 0) -> tuple[int, int,
         1B  gate|up 61.2 -> 39.7 (TMA: 33.8)   128 x 128 x 64, 8 warps, 3 stages
         270M qkv 7.7 -> 5.6, o 9.2 -> 5.5, down 16.1 -> 9.3, gate|up 17.7 -> <= 9.6
 
-    (`bk`, the decode tile's K step, is what the tiles before took here; it is no longer read.)"""
+    (The tiles before took the decode tile's K step here: 512 for the 1B's o projection.)"""
     if rows >= WIDE_ROWS:
         return (128, 64, 64, 8, 3) if glu else (128, 128, 64, 8, 3)
     if glu:
