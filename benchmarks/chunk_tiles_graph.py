@@ -16,7 +16,7 @@ import itertools
 
 import torch
 
-from dot_tiles_graph import BYTES, SHAPES
+from dot_tiles_graph import SHAPES, operands
 
 # (block_m, block_n, block_k, warps, stages), tma
 TILES = [((64, 128, 64, 4, 4), False), ((64, 64, 128, 4, 3), False), ((64, 128, 128, 8, 2), False),
@@ -32,14 +32,10 @@ def run(x, w, out, glu, tile, tma, defer):
 
 def sweep(n, k, glu, rows):
     from decode_attn_probe import graph_us
-    from muser.backends.cuda.triton_dot_tiles import TMA_AUTO_WEIGHT, tma_tile
-    dev = "cuda"
+    from muser.backends.cuda.triton_dot_tiles import tma_pays
     wr = 2 * n if glu else n
-    copies = max(4, -(-BYTES // (wr * k * 2)))
-    ws = [(torch.randn(wr, k, device=dev) / k ** 0.5).to(torch.bfloat16) for _ in range(copies)]
-    x = torch.randn(rows, k, device=dev).to(torch.bfloat16)
-    outs = [torch.empty(rows, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
-    engine_tma = rows >= 2048 and wr * k >= TMA_AUTO_WEIGHT and tma_tile(n, k, glu) is not None
+    copies, ws, x, outs = operands(n, k, glu, rows, least=4)
+    engine_tma = tma_pays(wr * k, rows)          # the route MUSER_DOT_TMA=auto takes
     want = run(x, ws[0], None, glu, None, engine_tma, False)
     res = []
     for tile, tma in [(None, engine_tma)] + TILES:

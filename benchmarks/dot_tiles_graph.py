@@ -63,15 +63,24 @@ def precompile(shapes, jobs: int) -> None:
     print(f"precompiled {len(work)} tiles on {jobs} processes", flush=True)
 
 
-def sweep(n: int, k: int, glu: bool, B: int, top: int) -> None:
-    from muser.backends.cuda.triton_dot import dot_rows
-    from muser.backends.cuda.triton_dot_tiles import dot_config
+def operands(n: int, k: int, glu: bool, B: int, least: int = 8):
+    """(copies, weights, x, outs) on the GPU in bf16: at least `least` copies of a random
+    [n (x2 for gate|up), k] weight, enough to pass BYTES (so a graph over them reads HBM, not
+    the L2), x [B, k] and an output [B, n] a copy."""
     dev = "cuda"
     rows = 2 * n if glu else n
-    copies = max(8, -(-BYTES // (rows * k * 2)))
+    copies = max(least, -(-BYTES // (rows * k * 2)))
     ws = [(torch.randn(rows, k, device=dev) / k ** 0.5).to(torch.bfloat16) for _ in range(copies)]
     x = torch.randn(B, k, device=dev).to(torch.bfloat16)
     outs = [torch.empty(B, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+    return copies, ws, x, outs
+
+
+def sweep(n: int, k: int, glu: bool, B: int, top: int) -> None:
+    from muser.backends.cuda.triton_dot import dot_rows
+    from muser.backends.cuda.triton_dot_tiles import dot_config
+    rows = 2 * n if glu else n
+    copies, ws, x, outs = operands(n, k, glu, B)
     table = dot_config(n, k, glu)
     piece = table[4]
     want = dot_rows(x, ws[0], glu=glu, config=table, rows=16)

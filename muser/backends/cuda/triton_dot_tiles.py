@@ -63,7 +63,7 @@ def chunk_tile(rows: int, glu: bool, piece: int = 0) -> tuple[int, int, int, int
 TMA_AUTO_WEIGHT = 1 << 22   # MUSER_DOT_TMA=auto: weights of at least this many elements
 
 
-def tma_pays(weight_elements: int, rows: int = WIDE_ROWS + 1) -> bool:
+def tma_pays(weight_elements: int, rows: int) -> bool:
     """MUSER_DOT_TMA=auto: whether a 128-row tile of this projection, for a chunk of `rows`
     rows, loads by TMA -- where the weight has TMA_AUTO_WEIGHT elements or more, or the chunk
     has at most WIDE_ROWS rows (a captured chunk pass: the launch's host cost is paid once, at
@@ -87,8 +87,8 @@ def tma_tile(n: int, k: int, glu: bool, rows: int = WIDE_ROWS) -> tuple[int, int
     (in a graph, chunk_tiles_graph.py, twenty-sixth session) only gate|up loads by TMA (1B 128 x
     128 x 3 stages 33.8 us at 512 rows against 39.7 on pointers; 270M 128 x 64 x 4 stages 8.6)
     and the large products without pieces (the 4B's); elsewhere 64-row pointer tiles keep twice
-    the programs.  At 2,048 rows the
-    270M's gate|up took 128 x 128 (22.7 us against 25.9; past WIDE_ROWS it keeps 128 x 64)."""
+    the programs.  At 2,048 rows the 270M's gate|up took 128 x 128 (22.7 us against 25.9; past
+    WIDE_ROWS it keeps 128 x 64)."""
     if rows < WIDE_ROWS:
         if glu:
             return (128, 128, 64, 8, 3) if n >= 4096 else (128, 64, 64, 8, 4)
