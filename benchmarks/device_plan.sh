@@ -69,6 +69,8 @@
 #   others       the wide shapes on a sliding layer and a G = 2 global layer (fa_ceiling)
 #   wide_check   MUSER_CHUNK_WIDE=on (default): GPU bit rows, 16k prefill off/on, engine rows
 #   small_tiles_4b2 128 x 64 TMA tiles for the 4B's products below 2,048 rows: bits, before / after
+#   persist      the engine's CUDA rows, the 16k prefill's kernels by time, then the TMA projections'
+#                one loop over pieces and persistence against dot_tma / cuBLAS (tma_persist_probe.py)
 #   small_tiles_4b  the 4B's shapes under those rules: graph-timed tiles, 512 prefill before / after
 #   small_tiles2 the engine rows on them; the 1B before / after in two rounds
 #   small_tiles  the tiles below 2,048 rows and TMA in captured chunks: bits, engine, before / after
@@ -538,6 +540,15 @@ stage_small_tiles_4b2() {  # carry .prev: 128 x 64 TMA tiles for large products 
   tests 120 -x tests/cuda/test_triton_ops.py -k "chunk_tile and (4096 or 2560)"
   bench 200 . benchmarks/exact_ab.py --old .prev --models 4b,1b --trees old,exact --rounds 1 \
     --decode-only
+}
+
+stage_persist() {  # the engine's CUDA rows on the small tiles (not run since the last rule) and
+  # the graph rows' refactor; the 16k prefill's kernels by time; then the TMA projections' loop
+  # nest and persistence against dot_tma and cuBLAS at 16k rows (tma_persist_probe.py)
+  tests 260 -x tests/cuda/test_cuda_engine.py tests/engine/test_invariance.py -k cuda
+  tests 100 -x tests/cuda/test_chunk_graph.py
+  bench 90 . benchmarks/prefill_tma_ab.py --models 1b --rounds 1 --modes auto --top 14
+  bench 240 . benchmarks/tma_persist_probe.py --models 1b
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the

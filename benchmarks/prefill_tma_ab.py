@@ -4,7 +4,7 @@ row of a 16k prompt compared bitwise against the first mode's; then each one's k
 kernel, and the chunk attention's milliseconds layer by layer (the first engine's).
 
     PYTHONPATH=.:benchmarks python3 benchmarks/prefill_tma_ab.py [--models 1b] [--rounds 2]
-        [--knob MUSER_DOT_TMA] [--modes off,on] [--chunk 2048]
+        [--knob MUSER_DOT_TMA] [--modes off,on] [--chunk 2048] [--top 5]
 """
 import argparse
 import os
@@ -23,6 +23,7 @@ def main():
     ap.add_argument("--knob", default="MUSER_DOT_TMA", help="the MUSER_* knob the modes set")
     ap.add_argument("--modes", default="off,on", help="the knob's modes, the first the base")
     ap.add_argument("--chunk", type=int, default=None, help="the prompt in chunks of this size")
+    ap.add_argument("--top", type=int, default=5, help="kernels listed a mode, by time")
     args = ap.parse_args()
     modes = args.modes.split(",")
     import muser
@@ -52,7 +53,7 @@ def main():
                       flush=True)
         for mode, eng in engines.items():
             kernel_ms, wall_ms, top = prefill_profile(eng, 16384, shape["vocab"], args.chunk)
-            tops = ", ".join(f"{k[:28]} {ms:.1f}" for k, _, ms in top[:5])
+            tops = ", ".join(f"{k[:28]} {ms:.1f}" for k, _, ms in top[:args.top])
             print(f"{name} {args.knob} {mode}: kernels {kernel_ms:.1f} ms, wall {wall_ms:.1f} ms | {tops}",
                   flush=True)
         for mode in modes:
