@@ -71,6 +71,7 @@
 #   small_tiles_4b2 128 x 64 TMA tiles for the 4B's products below 2,048 rows: bits, before / after
 #   persist      the engine's CUDA rows, the 16k prefill's kernels by time, then the TMA projections'
 #                one loop over pieces and persistence against dot_tma / cuBLAS (tma_persist_probe.py)
+#   gaps         the 16k prefill's idle GPU time; add_norm several rows a program; the TMA variants again
 #   small_tiles_4b  the 4B's shapes under those rules: graph-timed tiles, 512 prefill before / after
 #   small_tiles2 the engine rows on them; the 1B before / after in two rounds
 #   small_tiles  the tiles below 2,048 rows and TMA in captured chunks: bits, engine, before / after
@@ -549,6 +550,15 @@ stage_persist() {  # the engine's CUDA rows on the small tiles (not run since th
   tests 100 -x tests/cuda/test_chunk_graph.py
   bench 90 . benchmarks/prefill_tma_ab.py --models 1b --rounds 1 --modes auto --top 14
   bench 240 . benchmarks/tma_persist_probe.py --models 1b
+}
+
+stage_gaps() {  # where the 16k prefill's GPU idles (host enqueue against wall, gaps between
+  # kernels); add_norm with several rows a program (bits, us); the TMA projections' persistent
+  # and one-loop variants again, 50 reps, the 1B's and the 4B's shapes
+  bench 120 . benchmarks/prefill_gaps.py --models 1b,270m
+  bench 120 . benchmarks/add_norm_rows_probe.py
+  bench 260 . benchmarks/tma_persist_probe.py --models 1b,4b --variants 0000,0100,1100,1000 \
+    --tiles 128.128.64.8.4,128.256.64.8.3,128.128.64.8.3
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the

@@ -20,6 +20,7 @@ Every variant's rows are checked `torch.equal` against 16-row decode tiles (`dot
 then timed at 16,384 rows against cuBLAS and `dot_tma` (CUDA events).
 
     PYTHONPATH=.:benchmarks python3 benchmarks/tma_persist_probe.py [--rows 16384] [--models 1b,270m]
+        [--glu both|glu|plain] [--variants 0000,1100] [--tiles 128.128.64.8.4,...]
 """
 import argparse
 import functools
@@ -151,11 +152,21 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=16384)
     ap.add_argument("--models", default="1b,270m")
+    ap.add_argument("--glu", choices=("both", "glu", "plain"), default="both")
+    ap.add_argument("--variants", default=None,
+                    help="PERSIST ONE TSTORE FLAT as 0/1 digits, comma-separated: 0100,1100")
+    ap.add_argument("--tiles", default=None, help="bm.bn.bk.warps.stages, comma-separated")
     args = ap.parse_args()
+    variants = VARIANTS if not args.variants else [
+        tuple(c == "1" for c in v) for v in args.variants.split(",")]
+    tiles = TILES if not args.tiles else [tuple(map(int, t.split("."))) for t in
+                                          args.tiles.split(",")]
     dev, dt = "cuda", torch.bfloat16
     torch.manual_seed(0)
     for model in args.models.split(","):
         for (n, k, glu) in SHAPES[model]:
+            if args.glu != "both" and glu != (args.glu == "glu"):
+                continue
             w = (torch.randn(2 * n if glu else n, k, device=dev) / k ** 0.5).to(dt)
             x = torch.randn(300, k, device=dev).to(dt)
             ref = torch.cat([dot_rows(x[i:i + 16], w, glu=glu, gelu=True, rows=16)
@@ -172,13 +183,13 @@ def main():
             print(f"{model} ({n},{k},{'glu' if glu else '-'}) pieces {pieces}: cuBLAS "
                   f"{t_cublas:.3f} ms {flops / t_cublas / 1e9:.0f} TF/s; dot_tma {base} "
                   f"{t_def:.3f} ms {flops / t_def / 1e9:.0f} TF/s", flush=True)
-            for tile in TILES:
+            for tile in tiles:
                 if glu and tile[1] >= 256:
                     continue
-                for var in VARIANTS:
+                for var in variants:
                     try:
                         eq = torch.equal(run(x, w, n, glu, tile, var), ref)
-                        t = timed(lambda: run(xb, w, n, glu, tile, var))
+                        t = timed(lambda: run(xb, w, n, glu, tile, var), reps=50)
                         print(f"  {tile} persist={var[0]:d} one={var[1]:d} tstore={var[2]:d} "
                               f"flat={var[3]:d}: equal={eq} {t:.3f} ms {flops / t / 1e9:.0f} "
                               f"TF/s ({t / t_def:.2f}x dot_tma, {t / t_cublas:.2f}x cuBLAS)",
