@@ -48,7 +48,10 @@ def _kernel():
 
     from muser.backends.cuda.triton_dot import act_pieces
     globals()["tl"] = tl
-    globals().update(act_pieces())
+    pieces = act_pieces()
+    globals().update(pieces)            # Triton resolves a kernel's callees in module globals
+    global _finish                              # named, so a reader (and the name check) sees it
+    _finish = pieces["_finish"]
 
     @triton.jit
     def tile_of(t, B, N, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr):
