@@ -72,6 +72,8 @@
 #   persist      the engine's CUDA rows, the 16k prefill's kernels by time, then the TMA projections'
 #                one loop over pieces and persistence against dot_tma / cuBLAS (tma_persist_probe.py)
 #   gaps         the 16k prefill's idle GPU time; add_norm several rows a program; the TMA variants again
+#   oneloop      carry .prev (the tree before dot_tma's one loop over pieces): its bit rows, then the
+#                16k prefill old against new (prefill_tree_ab.py: bits, A B B A) and its host profile
 #   small_tiles_4b  the 4B's shapes under those rules: graph-timed tiles, 512 prefill before / after
 #   small_tiles2 the engine rows on them; the 1B before / after in two rounds
 #   small_tiles  the tiles below 2,048 rows and TMA in captured chunks: bits, engine, before / after
@@ -559,6 +561,14 @@ stage_gaps() {  # where the 16k prefill's GPU idles (host enqueue against wall, 
   bench 120 . benchmarks/add_norm_rows_probe.py
   bench 260 . benchmarks/tma_persist_probe.py --models 1b,4b --variants 0000,0100,1100,1000 \
     --tiles 128.128.64.8.4,128.256.64.8.3,128.128.64.8.3
+}
+
+stage_oneloop() {  # carry .prev (git archive d88512e muser): dot_tma as one loop over every
+  # split-K piece's K steps -- same sums, so the same bits; the 16k prefill should gain ~0.6 ms
+  tests 150 -x tests/cuda/test_triton_ops.py -k "chunk_tile or tma"
+  tests 200 -x tests/cuda/test_chunk_graph.py tests/engine/test_invariance.py -k cuda
+  bench 240 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2
+  bench 120 . benchmarks/prefill_host_probe.py 1b 16384
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
