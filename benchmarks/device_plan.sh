@@ -17,6 +17,7 @@
 #   flatten      MUSER_FLATTEN=dot|chunk: their bit tests, then the A/B with the 16k profile
 #   fuse         MUSER_FUSE_SUM=on: its bit tests, then the decode A/B (270M, 1B)
 #   full         all of tests/cuda and test_invariance's CUDA rows on the defaults (full1 + full2)
+#   full_par     the same in one call: four pytest processes side by side on the one GPU
 #   confirm      the eleventh session's flips against their old values, three rounds (decode)
 #   final        the greedy batch picks and the host bookkeeping on the GPU; decode at 2k / 32k
 #   host         where a verification block's and a 16-session step's host time goes (cProfile)
@@ -202,6 +203,22 @@ stage_fuse() {     # MUSER_FUSE_SUM=on: the down projection's pieces summed in t
 
 stage_full() {     # every CUDA test on the defaults (373 tests, ~8 minutes: two calls, full1 + full2)
   stage_full1; stage_full2
+}
+
+stage_full_par() {  # every CUDA test in one call (full1 + full2 took ~9 minutes one after the
+  # other): four groups at once, each its own log, printed whole at the end
+  local g=0
+  for files in "tests/cuda/test_triton_ops.py" \
+      "tests/cuda/test_triton_chunk.py tests/cuda/test_triton_decode.py tests/cuda/test_triton_rows.py tests/cuda/test_triton_pick.py tests/cuda/test_triton_mega.py tests/cuda/test_triton_moe.py" \
+      "tests/cuda/test_cuda_engine.py tests/cuda/test_cuda_families.py tests/engine/test_invariance.py -k not_cpu" \
+      "tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_server.py tests/cuda/test_cuda_prefill.py tests/cuda/test_cuda_greedy.py tests/cuda/test_int8_step.py tests/cuda/test_pdl.py tests/cuda/test_norm_in.py tests/cuda/test_fuse_sum.py"; do
+    g=$((g + 1))
+    # shellcheck disable=SC2086  # the file list splits on purpose; "not_cpu" -> "not cpu"
+    ( set -- $files; [ "${*: -1}" = not_cpu ] && set -- "${@:1:$#-1}" "not cpu"
+      tests 560 "$@" ) > "$OUT/full_par$g.log" 2>&1 &
+  done
+  wait
+  for i in $(seq 1 $g); do echo "== group $i"; tail -8 "$OUT/full_par$i.log"; done
 }
 
 stage_full1() {    # the kernel-level files
