@@ -17,7 +17,7 @@ from ..errors import ModelFormatError
 def spec_for(model: str, max_context: int | None):
     _, path = resolve(model)
     if path.is_file():
-        from ..model.spec import spec_from_gguf
+        from ..model.spec_gguf import spec_from_gguf
         return spec_from_gguf(path, max_context=max_context)
     from ..model.spec import spec_from_hf_config
     return spec_from_hf_config(json.loads((path / "config.json").read_text()), max_context=max_context)

@@ -1,6 +1,7 @@
 """muser.model: the layer map, weights, loaders, tokenizer and the functional transformer.
 
-    spec.py               spec_from_hf_config / spec_from_gguf -> ModelSpec (the ONLY place a layer's kind is decided)
+    spec.py               spec_from_hf_config -> ModelSpec (with spec_gguf.py, the ONLY place a layer's kind is decided)
+    spec_gguf.py          spec_from_gguf: a GGUF header through spec.py's helpers and conventions
     weights.py            Weights / LayerWeights: explicit tensors, effective norm multipliers
     gguf_file.py          GGUFFile: fast memory-mapped GGUF header + tensor views
     dequant.py            ggml block formats -> torch (bitwise equal to gguf-py)

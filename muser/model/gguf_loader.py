@@ -27,7 +27,7 @@ from muser.errors import ModelFormatError
 from muser.model.dequant import dequantize, q8_0_blocks
 from muser.model.gguf_file import GGUFFile
 from muser.model.safetensors_loader import stacked_experts
-from muser.model.spec import spec_from_gguf
+from muser.model.spec_gguf import spec_from_gguf
 from muser.model.weights import LayerWeights, MoeWeights, Weights, aligned, missing
 
 # GGUF per-layer suffix -> LayerWeights field

@@ -10,7 +10,7 @@ from gguf.quants import dequantize as np_dequantize, quantize as np_quantize
 
 from muser.model.dequant import dequantize
 from muser.model.gguf_loader import raw_q8_0
-from muser.model.spec import spec_from_gguf
+from muser.model.spec_gguf import spec_from_gguf
 from muser.model import transformer as tf
 
 
