@@ -18,7 +18,8 @@ Package map (each module's docstring says what it owns and what it doesn't):
   transport.py    bounded bodies, request-head timeout guard, client aborts, uvicorn config
   front.py        --front-process: the HTTP process (uvicorn, no torch), forwarding to the app;
                   bridge.py the wire and the app's end (requests' receive / send over a socketpair)
-  service.py      one request: plan -> lease -> job; responses.py: JSON / SSE shaping;
+  candidates.py   a prompt -> per-slot candidates: the context plan (fresh or a slot's lineage), cuts
+  service.py      one request: gates -> candidates -> lease -> job; responses.py: JSON / SSE shaping;
                   sse.py: the SSE response (queued or pushed), text frames from a template
   tokenize_api.py POST /tokenize and /detokenize (the count the generation endpoints bill)
   persist.py      slot save / restore (packs with the replay plan sealed inside) in --session-dir

@@ -124,7 +124,7 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
         tools = toolkit.toolset(req)
         decoding = await asyncio.to_thread(state.decoding, req, True, tools)
         messages = toolkit.render_messages(req.messages, tools)
-        candidate, _ = await asyncio.to_thread(state.chat_candidates, messages, req.template_variables)
+        candidate, _ = await asyncio.to_thread(state.prompts.chat, messages, req.template_variables)
         return await state.serve(request, req, candidate, chat=True, max_tokens=req.token_limit,
                                  replay=lambda plan: plan.replay, decoding=decoding, tools=tools)
 
@@ -133,7 +133,7 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
         req = await state.admit(request, CompletionRequest)
         decoding = await asyncio.to_thread(state.decoding, req, False)
         prompt = req.single_prompt()
-        candidate, tokens = await asyncio.to_thread(state.raw_candidates, prompt)
+        candidate, tokens = await asyncio.to_thread(state.prompts.raw, prompt)
         echo = ""
         if req.echo:
             echo = prompt if isinstance(prompt, str) else await asyncio.to_thread(

@@ -1,12 +1,12 @@
 """Serving one request: prompt -> plan -> slot lease -> worker job -> OpenAI response.
 
 Owns: `ServerState` (the engine, the slot pool, the worker, metrics, the
-limits), turning a validated chat or completion request into per-slot
-candidates (the fresh plan, or a plan that continues a slot's shifted
-lineage), waiting for a slot while watching for the client to leave, and
+limits), the request's gates (auth, body, model, health), its decoding
+controls, waiting for a slot while watching for the client to leave, and
 shaping the job's events into a JSON body or an SSE stream.
-Does not own: validation (schemas.py), placement (slots.py), model steps
-(scheduler.py), routes (app.py).
+Does not own: validation (schemas.py), the prompt's per-slot candidates
+(candidates.py), placement (slots.py), model steps (scheduler.py), routes
+(app.py).
 """
 from __future__ import annotations
 
@@ -26,21 +26,21 @@ from ..engine.warmup import warm_up
 from ..backends.host import on_short_thread
 from ..engine.logits_processors import Controls
 from ..engine.sampling import SamplingParams
-from ..errors import ParameterError, RequestError
+from ..errors import ParameterError
 from .choices import Decoding
 from .config import ServerConfig
 from .admission import PromptGate
+from .candidates import Prompts
 from .http_errors import InvalidRequest, ModelNotFound, clip
 from .metrics import Metrics
 from .outbox import Outbox
-from .policy import (Limits, RawReplay, ReplayPlan, match_lineage, plan_chat, plan_raw,
-                     plan_raw_continuation)
+from .policy import Limits
 from .responses import ClientWatch, Formatter
 from .sse import SSEResponse
 from .sampler import sampling_params
 from .scheduler import Job, Scheduler
-from .prefix import BoundaryMemo, PrefixCache, chat_boundaries, cut_points
-from .slots import Candidate, Slot, SlotPool
+from .prefix import PrefixCache
+from .slots import SlotPool
 from .text import SharedTokenizer, base_model_note, chars_per_token_bound, turn_marker_ids
 from .transport import check_bearer, read_body
 from . import tools as toolkit
@@ -71,7 +71,6 @@ class ServerState:
         self.prefix, sessions = on_short_thread(
             lambda: (make_prefix_cache(engine, config),
                      [engine.new_session() for _ in range(config.slots + 1)]), name="muser-slots")
-        self.boundaries = BoundaryMemo()          # chat boundaries probed (event loop only)
         self.pool = SlotPool(sessions[:-1], sessions[-1], config.queue_size, config.queue_timeout,
                              peek=self.prefix.peek if self.prefix else None)
         self.scheduler = Scheduler(engine, self.pool, self.metrics, self.max_context,
@@ -102,9 +101,10 @@ class ServerState:
             self.scheduler.spec_max_batch = (
                 config.spec_max_batch if config.spec_max_batch is not None
                 else (sys.maxsize if engine.shared_chunks else 1))
-        self.bos = engine.spec.bos_token_id
         self.gate = PromptGate(self.tokenizer, self.limits, config.max_messages,
                                chars_per_token_bound(engine.tokenizer))
+        self.prompts = Prompts(self.tokenizer, self.gate, self.limits, self.prefix,
+                               engine.spec.bos_token_id, engine.spec.vocab_size)
         m = self.metrics
         m.gauge("slots_total", "serving slots", lambda: len(self.pool.slots))
         m.gauge("slots_busy", "slots serving a request", lambda: self.pool.busy_count)
@@ -165,91 +165,6 @@ class ServerState:
             raise InvalidRequest("invalid request: " + "; ".join(parts), param=first) from None
         except RecursionError:
             raise InvalidRequest("the request JSON is nested too deeply") from None
-
-    # ------------------------------------------------------------------ candidates
-    def render_chat(self, messages: list[dict], variables: dict | None = None,
-                    generation: bool = True) -> list[int]:
-        try:
-            ids = self.tokenizer.apply_chat_template(messages, generation, variables)
-        except RequestError:
-            raise
-        except Exception as e:             # noqa: BLE001 -- a template's refusal is a bad request
-            raise InvalidRequest(f"the chat template refused these messages: {e}") from None
-        return list(ids)
-
-    def chat_candidates(self, messages: list[dict], variables: dict | None = None
-                        ) -> tuple[Callable[[Slot], Candidate], Any]:
-        """`variables`: the request's chat-template variables (`reasoning_effort`)."""
-        messages = self.gate.chat_messages(messages)
-        self.gate.check_size(messages=messages)
-        rendered: dict[tuple, list[int]] = {}
-
-        def render(ms: list[dict]) -> list[int]:
-            key = tuple(id(m) for m in ms)
-            if key not in rendered:
-                rendered[key] = self.render_chat(list(ms), variables)
-            return rendered[key]
-
-        count = lambda ms: len(render(ms))           # noqa: E731
-        fresh = plan_chat(messages, count, self.limits)
-        log.info("chat plan: %s", fresh.reason)
-        ids = render(fresh.messages())
-        fresh_c = Candidate(ids, fresh, fresh.shifted, cuts=self.chat_cuts(fresh, ids, variables))
-        by_start: dict[int, Candidate] = {}
-
-        def candidate(slot: Slot) -> Candidate:
-            r = slot.replay
-            if isinstance(r, ReplayPlan) and self.limits.policy == "shift":
-                j = match_lineage(r, messages)
-                if j:
-                    if j not in by_start:
-                        p = plan_chat(messages, count, self.limits, start=j)
-                        by_start[j] = Candidate(render(p.messages()), p, True, lineage=True)
-                    return by_start[j]
-            return fresh_c
-        return candidate, fresh
-
-    def chat_cuts(self, plan, ids: list[int], variables: dict | None = None) -> tuple:
-        """Prefix-cache cut points of a chat prompt that is prefilled in place (not shifted)."""
-        if self.prefix is None or plan.shifted:
-            return ()
-        render = lambda ms, gen: self.tokenizer.apply_chat_template(ms, gen, variables)  # noqa: E731
-        return cut_points(len(ids), chat_boundaries(render, list(plan.messages()), ids,
-                                                    self.boundaries, variables),
-                          self.prefix.block_size)
-
-    def raw_cuts(self, plan, n: int) -> tuple:
-        if self.prefix is None or plan.shifted:
-            return ()
-        return cut_points(n, (), self.prefix.block_size)
-
-    def raw_candidates(self, prompt: str | list[int]) -> tuple[Callable[[Slot], Candidate], list[int]]:
-        if isinstance(prompt, str):
-            self.gate.check_size(text=prompt)
-            tokens = self.tokenizer.encode(prompt)
-        else:
-            tokens = list(prompt)
-            vocab = self.engine.spec.vocab_size
-            bad = [t for t in tokens if not 0 <= t < vocab]
-            if bad:
-                raise InvalidRequest(f"prompt token ids must be in [0, {vocab}), got {bad[:5]}",
-                                     param="prompt")
-        if not tokens:
-            raise InvalidRequest("the prompt encodes to no tokens", param="prompt")
-        pinned = 1 if self.bos is not None and tokens[0] == self.bos else 0
-        fresh = plan_raw(len(tokens), self.limits, pinned)
-        log.info("raw plan: %s", fresh.reason)
-        kept = fresh.apply(tokens)
-        fresh_c = Candidate(kept, fresh, fresh.shifted, cuts=self.raw_cuts(fresh, len(kept)))
-
-        def candidate(slot: Slot) -> Candidate:
-            r = slot.replay
-            if isinstance(r, RawReplay) and self.limits.policy == "shift":
-                c = plan_raw_continuation(tokens, self.limits, r, pinned)
-                if c is not None:
-                    return Candidate(c.apply(tokens), c, True, lineage=True)
-            return fresh_c
-        return candidate, tokens
 
     # ------------------------------------------------------------------ serving
     def sampling(self, req) -> SamplingParams:

@@ -20,7 +20,7 @@ def tokenize(state, req) -> dict:
         ids = tok.encode(req.prompt, add_bos=req.add_special_tokens)
     else:
         messages = state.gate.chat_messages(toolkit.render_messages(req.messages, None))
-        ids = state.render_chat(messages, None, req.add_generation_prompt)
+        ids = state.prompts.render_chat(messages, None, req.add_generation_prompt)
     out = {"count": len(ids), "max_model_len": state.max_context, "tokens": ids}
     if req.return_token_strs:
         out["token_strs"] = [tok.decode([i]) for i in ids]
