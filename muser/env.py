@@ -30,7 +30,7 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_CACHE_DIR": ("path", "~/.cache/muser", "native kernels, weight digests, test references",
                         "where muser keeps what it can rebuild: native/ (compiled CPU kernels), "
                         "digests.json (weight-file SHA-256s), test-reference/ (tests only)"),
-    "MUSER_NATIVE": ("bool", "1", "backends/cpu (model/native.py)",
+    "MUSER_NATIVE": ("bool", "1", "backends/cpu (model/native_build.py)",
                      "0: never build or load the native CPU kernels; aten and eager ops instead"),
     "MUSER_PACK_KEY": ("text", "unset", "pack, generate, serve",
                        "HMAC key for session packs (UTF-8) when no key file is given"),

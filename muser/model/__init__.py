@@ -12,6 +12,7 @@
                           final_hidden / logits, RoPE tables; `Ops` and the eager table `EAGER`
     quant.py, quantize.py int8 weights and FastLinear (the CPU fast path; chosen by backends/cpu)
     native.py + csrc/     CPU kernels in C (int8 GEMV, norm + RoPE, decode attention), built on first use
+    native_build.py       the C kernels' build (cc, cached by source / compiler / CPU) and ctypes load
                           (called by backends/cpu; the CUDA kernels live in backends/cuda)
 
 Submodules are imported on demand (transformers and gguf are heavy), so this

@@ -3,7 +3,7 @@ the exactness contract (row- and thread-invariance), the dtypes, and typed refus
 import pytest
 import torch
 
-from muser.model import native
+from muser.model import native, native_build
 from muser.model import transformer as tf
 from muser.model.quant import quantize_rowwise_int8
 
@@ -188,10 +188,10 @@ def test_attend_visible_refuses_operands_it_cannot_read_in_place():
 def portable(request):
     """The kernels built without AVX-512 (the AVX2 paths, on an x86 that has AVX2) and without any
     vector extension (the scalar paths): what other CPUs run."""
-    path = native.build(request.param)
+    path = native_build.build(request.param)
     if path is None:
         pytest.skip(f"the compiler refused {' '.join(request.param)}")
-    return native.load(path)
+    return native_build.load(path)
 
 
 def test_the_portable_build_computes_the_same_maths(portable):
@@ -211,7 +211,7 @@ def test_the_portable_build_computes_the_same_maths(portable):
 def test_a_failed_build_warns_and_reports_no_library(monkeypatch, tmp_path):
     monkeypatch.setenv("MUSER_CACHE_DIR", str(tmp_path))
     with pytest.warns(RuntimeWarning, match="did not build"):
-        assert native.build(("-fno-such-flag-for-muser",)) is None
+        assert native_build.build(("-fno-such-flag-for-muser",)) is None
 
 
 def test_an_unwritable_cache_directory_warns_instead_of_failing(monkeypatch, tmp_path):
@@ -219,7 +219,7 @@ def test_an_unwritable_cache_directory_warns_instead_of_failing(monkeypatch, tmp
     blocker.write_text("not a directory")
     monkeypatch.setenv("MUSER_CACHE_DIR", str(blocker))
     with pytest.warns(RuntimeWarning, match="did not build"):
-        assert native.build(("-DMUSER_UNWRITABLE_TEST",)) is None
+        assert native_build.build(("-DMUSER_UNWRITABLE_TEST",)) is None
 
 
 def test_the_fast_path_runs_without_the_native_kernels_and_agrees():
