@@ -18,6 +18,7 @@
 #   fuse         MUSER_FUSE_SUM=on: its bit tests, then the decode A/B (270M, 1B)
 #   full         all of tests/cuda and test_invariance's CUDA rows on the defaults (full1 + full2)
 #   full_par     the same in one call: four pytest processes side by side on the one GPU
+#   engine_serve full_par's engine and server groups alone (after a change above the kernels)
 #   confirm      the eleventh session's flips against their old values, three rounds (decode)
 #   final        the greedy batch picks and the host bookkeeping on the GPU; decode at 2k / 32k
 #   host         where a verification block's and a 16-session step's host time goes (cProfile)
@@ -205,20 +206,32 @@ stage_full() {     # every CUDA test on the defaults (373 tests, ~8 minutes: two
   stage_full1; stage_full2
 }
 
-stage_full_par() {  # every CUDA test in one call (full1 + full2 took ~9 minutes one after the
-  # other): four groups at once, each its own log, printed whole at the end
+ENGINE_GROUP="tests/cuda/test_cuda_engine.py tests/cuda/test_cuda_families.py tests/engine/test_invariance.py -k not_cpu"
+SERVE_GROUP="tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_server.py tests/cuda/test_cuda_prefill.py tests/cuda/test_cuda_greedy.py tests/cuda/test_int8_step.py tests/cuda/test_pdl.py tests/cuda/test_norm_in.py tests/cuda/test_fuse_sum.py"
+
+par_groups() {     # par_groups GROUP...: one pytest process a group (a space-separated file list,
+  # "not_cpu" last -> -k "not cpu"), all at once on the one GPU, each its own log, printed at the end
   local g=0
-  for files in "tests/cuda/test_triton_ops.py" \
-      "tests/cuda/test_triton_chunk.py tests/cuda/test_triton_decode.py tests/cuda/test_triton_rows.py tests/cuda/test_triton_pick.py tests/cuda/test_triton_mega.py tests/cuda/test_triton_moe.py" \
-      "tests/cuda/test_cuda_engine.py tests/cuda/test_cuda_families.py tests/engine/test_invariance.py -k not_cpu" \
-      "tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_server.py tests/cuda/test_cuda_prefill.py tests/cuda/test_cuda_greedy.py tests/cuda/test_int8_step.py tests/cuda/test_pdl.py tests/cuda/test_norm_in.py tests/cuda/test_fuse_sum.py"; do
+  for files in "$@"; do
     g=$((g + 1))
-    # shellcheck disable=SC2086  # the file list splits on purpose; "not_cpu" -> "not cpu"
+    # shellcheck disable=SC2086  # the file list splits on purpose
     ( set -- $files; [ "${*: -1}" = not_cpu ] && set -- "${@:1:$#-1}" "not cpu"
       tests 560 "$@" ) > "$OUT/full_par$g.log" 2>&1 &
   done
   wait
   for i in $(seq 1 $g); do echo "== group $i"; tail -8 "$OUT/full_par$i.log"; done
+}
+
+stage_full_par() {  # every CUDA test in one call (full1 + full2 took ~9 minutes one after the
+  # other): four groups at once (380 s, twenty-eighth session)
+  par_groups "tests/cuda/test_triton_ops.py" \
+    "tests/cuda/test_triton_chunk.py tests/cuda/test_triton_decode.py tests/cuda/test_triton_rows.py tests/cuda/test_triton_pick.py tests/cuda/test_triton_mega.py tests/cuda/test_triton_moe.py" \
+    "$ENGINE_GROUP" "$SERVE_GROUP"
+}
+
+stage_engine_serve() {  # the engine, families, invariance and server rows (full_par's groups 3
+  # and 4, ~140 s side by side): after a change above the kernels (loaders, server, engine)
+  par_groups "$ENGINE_GROUP" "$SERVE_GROUP"
 }
 
 stage_full1() {    # the kernel-level files
