@@ -19,6 +19,8 @@
 #   full         all of tests/cuda and test_invariance's CUDA rows on the defaults (full1 + full2)
 #   full_par     the same in one call: four pytest processes side by side on the one GPU
 #   engine_serve full_par's engine and server groups alone (after a change above the kernels)
+#   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
+#                (tma_persist_probe.py, fifth digit): bits against the decode tiles, 16k times
 #   confirm      the eleventh session's flips against their old values, three rounds (decode)
 #   final        the greedy batch picks and the host bookkeeping on the GPU; decode at 2k / 32k
 #   host         where a verification block's and a 16-session step's host time goes (cProfile)
@@ -599,6 +601,13 @@ stage_oneloop() {  # carry .prev (git archive d88512e muser): dot_tma as one loo
   tests 200 -x tests/cuda/test_chunk_graph.py tests/engine/test_invariance.py -k cuda
   bench 240 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2
   bench 120 . benchmarks/prefill_host_probe.py 1b 16384
+}
+
+stage_ws() {  # tl.range(warp_specialize=True) on dot_tma's one loop (Triton 3.6 runs Meta's
+  # Hopper autoWS pass on such loops; never measured here): a producer warpgroup for the TMA
+  # loads, as cuBLAS's sm90 kernels have -- the 1B's and the 4B's projections at 16k rows
+  bench 300 . benchmarks/tma_persist_probe.py --models 1b,4b --variants 0100,01001,11001 \
+    --tiles 128.128.64.8.4,128.128.64.4.4,128.256.64.8.3,128.128.64.8.3
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the

@@ -15,6 +15,10 @@ the pieces summed in order onto a zero start -- kept by every variant here):
   (grid = the SM count), Triton's flatten fusing the tile and k loops so the next tile's loads
   start under this tile's epilogue (ONE required: one inner loop).  TSTORE: the output through a
   TMA store (async, frees the epilogue's registers sooner).
+- **No producer warps.**  Every warp both issues the TMA loads and runs the MMAs; cuBLAS's sm90
+  kernels give the loads a warpgroup of their own.  WS (fifth digit): the one loop as
+  `tl.range(..., warp_specialize=True)` -- Triton 3.6 runs Meta's Hopper auto warp
+  specialization pass (`add_hopper_warpspec`) on such loops (ONE required).  Never measured here.
 
 Every variant's rows are checked `torch.equal` against 16-row decode tiles (`dot_rows`) first,
 then timed at 16,384 rows against cuBLAS and `dot_tma` (CUDA events).
@@ -35,9 +39,10 @@ from muser.backends.cuda.triton_dot_tma import dot_tma
 SHAPES = {"1b": [(6912, 1152, True), (1152, 6912, False), (1536, 1152, False), (1152, 1024, False)],
           "270m": [(2048, 640, True), (640, 2048, False), (1536, 640, False), (640, 1024, False)],
           "4b": [(10240, 2560, True), (2560, 10240, False)]}
-# (PERSIST, ONE, TSTORE, FLAT)
-VARIANTS = [(False, False, False, False), (False, True, False, False), (False, True, True, False),
-            (True, True, True, True), (True, True, False, False)]
+# (PERSIST, ONE, TSTORE, FLAT, WS)
+VARIANTS = [(False, False, False, False, False), (False, True, False, False, False),
+            (False, True, True, False, False), (True, True, True, True, False),
+            (True, True, False, False, False), (False, True, False, False, True)]
 TILES = [(128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 64, 64, 8, 4)]
 
 
@@ -67,7 +72,8 @@ def _kernel():
     def kern(xd, wd, yd, Y, B, N, KS: tl.constexpr, PIECES: tl.constexpr, BM: tl.constexpr,
              BN: tl.constexpr, BK: tl.constexpr, GLU: tl.constexpr, GELU: tl.constexpr,
              GROUP: tl.constexpr, PERSIST: tl.constexpr, ONE: tl.constexpr,
-             TSTORE: tl.constexpr, FLAT: tl.constexpr, NPROG: tl.constexpr):
+             TSTORE: tl.constexpr, FLAT: tl.constexpr, NPROG: tl.constexpr,
+             WS: tl.constexpr = False):
         STEPS: tl.constexpr = KS // BK
         tiles = tl.cdiv(B, BM) * tl.cdiv(N, BN)
         if PERSIST:
@@ -85,7 +91,7 @@ def _kernel():
             if ONE:
                 # one loop over every piece's k-steps: the piece's sum joins the total at its
                 # last step (the same adds, in the same order, as the nest below)
-                for i in range(PIECES * STEPS):
+                for i in tl.range(PIECES * STEPS, warp_specialize=WS):
                     k = (i // STEPS) * KS + (i % STEPS) * BK
                     x = xd.load([om, k])
                     pa = tl.dot(x, tl.trans(wd.load([on, k])), pa)
@@ -131,7 +137,7 @@ def _kernel():
 def run(x, w, n, glu, tile, variant, group=8):
     import triton
     from triton.tools.tensor_descriptor import TensorDescriptor
-    persist, one, tstore, flat = variant
+    persist, one, tstore, flat, ws = variant
     bm, bn, bk, nw, st = tile
     k = w.shape[1]
     piece = dot_config(n, k, glu)[4]
@@ -147,7 +153,7 @@ def run(x, w, n, glu, tile, variant, group=8):
     grid = (nprog if persist else tiles,)
     _kernel()[grid](xd, wd, yd, out, B, n, KS=ks, PIECES=pieces, BM=bm, BN=bn, BK=bk, GLU=glu,
                     GELU=True, GROUP=group, PERSIST=persist, ONE=one, TSTORE=tstore, FLAT=flat,
-                    NPROG=nprog, num_warps=nw, num_stages=st)
+                    NPROG=nprog, WS=ws, num_warps=nw, num_stages=st)
     return out
 
 
@@ -157,11 +163,11 @@ def main():
     ap.add_argument("--models", default="1b,270m")
     ap.add_argument("--glu", choices=("both", "glu", "plain"), default="both")
     ap.add_argument("--variants", default=None,
-                    help="PERSIST ONE TSTORE FLAT as 0/1 digits, comma-separated: 0100,1100")
+                    help="PERSIST ONE TSTORE FLAT [WS] as 0/1 digits, comma-separated: 0100,01001")
     ap.add_argument("--tiles", default=None, help="bm.bn.bk.warps.stages, comma-separated")
     args = ap.parse_args()
     variants = VARIANTS if not args.variants else [
-        tuple(c == "1" for c in v) for v in args.variants.split(",")]
+        tuple(c == "1" for c in v.ljust(5, "0")) for v in args.variants.split(",")]
     tiles = TILES if not args.tiles else [tuple(map(int, t.split("."))) for t in
                                           args.tiles.split(",")]
     dev, dt = "cuda", torch.bfloat16
@@ -194,7 +200,7 @@ def main():
                         eq = torch.equal(run(x, w, n, glu, tile, var), ref)
                         t = timed(lambda: run(xb, w, n, glu, tile, var), reps=50)
                         print(f"  {tile} persist={var[0]:d} one={var[1]:d} tstore={var[2]:d} "
-                              f"flat={var[3]:d}: equal={eq} {t:.3f} ms {flops / t / 1e9:.0f} "
+                              f"flat={var[3]:d} ws={var[4]:d}: equal={eq} {t:.3f} ms {flops / t / 1e9:.0f} "
                               f"TF/s ({t / t_def:.2f}x dot_tma, {t / t_cublas:.2f}x cuBLAS)",
                               flush=True)
                     except Exception as e:                            # noqa: BLE001
