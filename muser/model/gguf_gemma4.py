@@ -2,7 +2,8 @@
 
 Owns: `gemma4_config(reader, meta, tensor_names, common)` -> the transformers-style config dict
 that `spec._gemma4` reads (called from `spec_gguf.spec_from_gguf`), so a GGUF and a safetensors
-checkpoint of one model build the same `ModelSpec`.  Does not own: the layer map itself (spec.py) or the tensors (gguf_loader.py).
+checkpoint of one model build the same `ModelSpec`.  Does not own: the layer map itself (spec.py)
+or the tensors (gguf_loader.py).
 
 What llama.cpp's `Gemma4Model` (conversion/gemma.py) writes, and how it maps back:
     gemma4.attention.sliding_window_pattern   one bool per layer, true = sliding   -> layer_types

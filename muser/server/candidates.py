@@ -48,7 +48,7 @@ class Prompts:
         return list(ids)
 
     def chat(self, messages: list[dict], variables: dict | None = None
-                        ) -> tuple[Callable[[Slot], Candidate], Any]:
+             ) -> tuple[Callable[[Slot], Candidate], Any]:
         """`variables`: the request's chat-template variables (`reasoning_effort`)."""
         messages = self.gate.chat_messages(messages)
         self.gate.check_size(messages=messages)
