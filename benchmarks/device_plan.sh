@@ -19,6 +19,8 @@
 #   full         all of tests/cuda and test_invariance's CUDA rows on the defaults (full1 + full2)
 #   full_par     the same in one call: four pytest processes side by side on the one GPU
 #   engine_serve full_par's engine and server groups alone (after a change above the kernels)
+#   graphs16k    a 16k chunk as one graph replay (MUSER_CHUNK_GRAPH_ROWS=16384) against the
+#                eager pass (carry .prev): bits and the 16k prefill; then the host fixes alone
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
 #                (tma_persist_probe.py, fifth digit): bits against the decode tiles, 16k times
 #   confirm      the eleventh session's flips against their old values, three rounds (decode)
@@ -608,6 +610,16 @@ stage_ws() {  # tl.range(warp_specialize=True) on dot_tma's one loop (Triton 3.6
   # loads, as cuBLAS's sm90 kernels have -- the 1B's and the 4B's projections at 16k rows
   bench 300 . benchmarks/tma_persist_probe.py --models 1b,4b --variants 0100,01001,11001 \
     --tiles 128.128.64.8.4,128.128.64.4.4,128.256.64.8.3,128.128.64.8.3
+}
+
+stage_graphs16k() {  # carry .prev (git archive 947922c muser): a 16k chunk as one graph replay
+  # (MUSER_CHUNK_GRAPH_ROWS=16384) against the eager pass -- the same bits, without the host's
+  # ~2.3 ms before the first kernel and ~2.1 ms of early gaps; then the host fixes alone (ids
+  # checked and uploaded by C copies) at the default 2,048
+  tests 150 -x tests/cuda/test_chunk_graph.py
+  MUSER_CHUNK_GRAPH_ROWS=16384 bench 300 . benchmarks/prefill_tree_ab.py --old .prev \
+    --models 1b,270m --rounds 2 --reps 4
+  bench 180 . benchmarks/prefill_tree_ab.py --old .prev --models 1b --rounds 2 --reps 4
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the

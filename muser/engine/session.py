@@ -9,6 +9,8 @@ itself (muser.backends) or sampling.
 """
 from __future__ import annotations
 
+from array import array
+
 import torch
 
 from ..cache import Checkpoint, build_planes, plane_index
@@ -47,13 +49,23 @@ class Session:
 
     # ------------------------------------------------------------------ forward
     def _validate(self, ids) -> list[int]:
-        ids = [int(i) for i in ids]
-        if not ids:
+        """`ids` as a list of ints, each in the vocabulary; refused whole otherwise.  Checked in
+        C (array + one aminmax): a 16k prompt's ids through int() and a Python range check
+        were ~1 ms of an H200's 68 ms prefill, all of it before the first kernel."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.reshape(-1).tolist()
+        try:
+            packed = array("q", ids)             # integers only: a float or a string is refused
+        except (TypeError, OverflowError) as e:
+            raise RequestError(f"token ids must be integers, got {e}") from None
+        if not packed:
             raise RequestError("expected at least one token id, got none")
         vocab = self.engine.spec.vocab_size
-        bad = [i for i in ids if not 0 <= i < vocab]
-        if bad:
+        lo, hi = (int(x) for x in torch.aminmax(torch.frombuffer(packed, dtype=torch.int64)))
+        if lo < 0 or hi >= vocab:
+            bad = [i for i in packed if not 0 <= i < vocab]
             raise RequestError(f"token ids must be in [0, {vocab}), got {bad[:5]}")
+        ids = packed.tolist()
         if self.position + len(ids) > self.engine.max_context:
             raise CacheOverflow(-1, self.engine.max_context, self.position + len(ids))
         return ids

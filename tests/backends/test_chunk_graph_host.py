@@ -180,3 +180,16 @@ def test_a_failure_after_the_pass_leaves_the_session_as_it_was(engine, monkeypat
         got_k, got_v = p.logical_rows()
         assert torch.equal(got_k, k) and torch.equal(got_v, v)
     s.check_invariants()
+
+
+@pytest.mark.parametrize("chunk, start, rows", [
+    ([7], 0, 2), ([5, 6, 7], 10, 4), (list(range(3, 19)), 100, 16), (list(range(2049)), 5, 3072),
+])
+def test_the_upload_holds_ids_padding_and_positions_at_the_last_real_one(chunk, start, rows):
+    tables = [11, 12, 13, 14, 15, 16]
+    host = torch.full((2 * rows + len(tables),), -1, dtype=torch.int64)
+    chunk_graph.fill_host(host, chunk, start, rows, tables)
+    R = len(chunk)
+    assert host[:rows].tolist() == chunk + [0] * (rows - R)
+    assert host[rows:2 * rows].tolist() == [min(start + r, start + R - 1) for r in range(rows)]
+    assert host[2 * rows:].tolist() == tables

@@ -133,13 +133,39 @@ def test_a_chunk_past_the_context_is_refused_before_the_graph_writes(engine, run
 
 
 def test_what_a_chunk_graph_does_not_take(engine, runner):
-    """Several sessions in one pass, a chunk past the largest bucket: eager."""
+    """Several sessions in one pass, a chunk past the largest bucket taken (MUSER_CHUNK_GRAPH_ROWS,
+    2,048 by default), a chunk past every bucket: eager."""
     a, b = engine.new_session(), engine.new_session()
+    assert runner.graphs.limit == 2048
     assert not runner.graphs.applies([a, b], [[4, 5], [6]])
+    assert not runner.graphs.applies([a], [list(range(2049))])
     assert not runner.graphs.applies([a], [list(range(BUCKETS[-1] + 1))])
-    assert runner.graphs.applies([b], [[6]])
+    assert runner.graphs.applies([b], [[6]]) and runner.graphs.applies([b], [list(range(2048))])
 
 
-def test_buckets_are_the_smallest_that_hold_the_chunk():
-    assert [bucket_for(n) for n in (1, 2, 3, 16, 17, 64, 65, 2048, 2049)] == \
-        [2, 2, 4, 16, 32, 64, 96, 2048, None]
+@pytest.mark.parametrize("n, limit, bucket", [
+    (1, 16384, 2), (2, 16384, 2), (3, 16384, 4), (16, 16384, 16), (17, 16384, 32),
+    (65, 16384, 96), (2048, 2048, 2048), (2049, 2048, None), (2049, 16384, 3072),
+    (12289, 16384, 16384), (16384, 16384, 16384), (16385, 16384, None), (3000, 4000, 3072), (3100, 4000, None),
+])
+def test_buckets_are_the_smallest_that_hold_the_chunk_within_the_limit(n, limit, bucket):
+    assert bucket_for(n, limit) == bucket
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="a 2,500-row chunk: too slow under the interpreter")
+def test_a_long_chunk_through_a_long_bucket_has_the_eager_bits():
+    """MUSER_CHUNK_GRAPH_ROWS=4096: a 2,500-token first chunk (bucket 3,072: wide TMA tiles, ring
+    shadows of 3,072 rows) and a 700-token later one, graph == eager, bitwise."""
+    eng = tiny_model("gemma3", device="cuda", dtype="bfloat16", window=4, tokenizer=False,
+                     max_context=4096)
+    runner = GraphRunner(eng, Env(chunk_graphs="on", chunk_graph_rows=4096), capture=True)
+    assert runner.graphs.limit == 4096
+    a, b = eng.new_session(), eng.new_session()
+    for n, seed in ((2500, 1), (700, 2)):
+        ids = ids_of(n, seed)
+        before = taken(runner)
+        la = one_forward(eng, [a], [ids], True, False, pass_fn=runner.chunk_pass)
+        assert taken(runner) == before + 1, runner.graphs.failed
+        lb = one_forward(eng, [b], [ids], True, False, pass_fn=eager(runner))
+        assert torch.equal(la, lb)
+        planes_equal(a, b, True)

@@ -38,18 +38,37 @@ tests/cuda/test_chunk_graph.py holds the two passes equal.
 """
 from __future__ import annotations
 
+from array import array
+
 import torch
 
 from ...cache.many import store_many
 from .triton_decode import plane_row, prepare_tables
 from .triton_graph_rows import fill_shadow, place_rows
 
-BUCKETS = (2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+BUCKETS = (2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
+           3072, 4096, 6144, 8192, 12288, 16384)
 
 
-def bucket_for(rows: int) -> int | None:
-    """The smallest bucket holding `rows` (None: longer than the largest)."""
-    return next((b for b in BUCKETS if b >= rows), None)
+def bucket_for(rows: int, limit: int = BUCKETS[-1]) -> int | None:
+    """The smallest bucket holding `rows`, if it is at most `limit` rows (None: no bucket)."""
+    return next((b for b in BUCKETS if rows <= b <= limit), None)
+
+
+def fill_host(host: torch.Tensor, chunk, start: int, rows: int, tables: list[int]) -> None:
+    """The bucket's upload: ids | positions | `tables` (int64 [2 * rows + len(tables)]), filled
+    without a Python loop over the rows (a 16k chunk's list took ~2 ms).
+
+        ids        chunk[0..R) | 0 ...                       (padding rows: token 0)
+        positions  start .. start + R - 1 | start + R - 1 ...  (padding at the last real one)
+    """
+    R = len(chunk)
+    ids, pos = host[:rows], host[rows:2 * rows]
+    ids[:R] = torch.frombuffer(array("q", chunk), dtype=torch.int64)
+    ids[R:] = 0
+    torch.arange(start, start + rows, out=pos)
+    pos.clamp_(max=start + R - 1)
+    host[2 * rows:] = torch.tensor(tables, dtype=torch.int64)
 
 
 class _Bucket:
@@ -103,8 +122,12 @@ class ChunkGraphs:
     static-buffer pass run eagerly -- the CPU tests under Triton's interpreter)."""
 
     def __init__(self, step, windows: list[int | None], capture: bool = True,
-                 staged: bool = True):
+                 staged: bool = True, max_rows: int = 2048):
         self.step = step
+        # MUSER_CHUNK_GRAPH_ROWS: the largest bucket used -- each bucket keeps its buffers and
+        # its share of the graph pool once captured, so long buckets are memory traded for the
+        # eager pass's ~19 launches a layer from Python
+        self.limit = max((b for b in BUCKETS if b <= max_rows), default=0)
         self.windows = windows             # per layer: the plane's window (None: unbounded)
         self.capture = capture
         # MUSER_GRAPH_KEYS: staged -- every layer's keys in one ordered view (a plane that
@@ -118,7 +141,7 @@ class ChunkGraphs:
 
     def applies(self, sessions, chunks) -> bool:
         """One session, a chunk a bucket holds, a dense model whose layers each own a plane."""
-        if self.failed or len(sessions) != 1 or not 0 < len(chunks[0]) <= BUCKETS[-1]:
+        if self.failed or len(sessions) != 1 or not 0 < len(chunks[0]) <= self.limit:
             return False
         s = sessions[0]
         return len(set(s.plane_of)) == len(s.plane_of) and self.step.spec.moe is None
@@ -128,7 +151,7 @@ class ChunkGraphs:
         """The chunk through its bucket's pass, its rows stored, logits as chunk_step returns
         (None: the capture failed -- nothing was stored; the caller takes the eager pass)."""
         R, start = len(chunk), session.position
-        rows = bucket_for(R)
+        rows = bucket_for(R, self.limit)
         planes = [session.planes[i] for i in session.plane_of]
         # the stores' checks before the replay (nothing moves; a growing plane grows): staged,
         # a plane that `writes_ahead` takes the chunk's rows past its end inside the graph
@@ -139,11 +162,8 @@ class ChunkGraphs:
         if b is None:
             shadows = [self.staged and not p.writes_ahead for p in planes]
             b = self.buckets[rows] = _Bucket(self.step, rows, engine.device, shadows)
-        last = start + R - 1            # padding rows take the last real position (RoPE tables)
-        flat = (list(chunk) + [0] * (rows - R)
-                + [min(start + r, last) for r in range(rows)])
         tabs = [plane_row(p) for p in planes]
-        flat += [x for t in tabs for x in t]
+        flat = [x for t in tabs for x in t]
         for t, p, sk, sv in zip(tabs, planes, b.sk, b.sv):
             if sk is None:
                 flat += t
@@ -160,7 +180,7 @@ class ChunkGraphs:
                          p.capacity if p.kind == "ring" else 0, p.len]
         if b.graph_done is not None:
             b.graph_done.synchronize()         # the last replay has read the pinned buffer
-        b.host.numpy()[:] = flat
+        fill_host(b.host, chunk, start, rows, flat)
         if not self.capture:
             self.stats["eager"] += 1
             b.hidden = self._pass(b)

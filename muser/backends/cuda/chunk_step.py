@@ -17,6 +17,9 @@ stage(plane, start, k, v) -> chunk_attention over the staged view -> commit.
 """
 from __future__ import annotations
 
+from array import array
+from itertools import chain
+
 import torch
 
 from ...cache import stage
@@ -40,7 +43,9 @@ def chunk_pass(step, engine, sessions, chunks, all_logits: bool, pad: bool = Fal
     real = [len(c) for c in chunks]
     offs = row_offsets(real)                  # session b's rows: [offs[b], offs[b] + real[b])
     # no wait for the previous pass's kernels before this one's launches
-    ids = upload(torch.tensor([t for c in chunks for t in c], dtype=torch.long), dev)
+    # the ids by C copies (a 16k list through torch.tensor: ~0.8 ms before the first kernel)
+    flat = array("q", chunks[0]) if len(chunks) == 1 else array("q", chain.from_iterable(chunks))
+    ids = upload(torch.frombuffer(flat, dtype=torch.long), dev)
     pos = torch.cat([torch.arange(s, s + r, device=dev) for s, r in zip(starts, real)])
 
     def attend(i, lw, ls, qkv, qn, kn):

@@ -117,7 +117,8 @@ class GraphRunner:
         self.step = DecodeStep(engine, self.layer_group, splits, len(keys), layouts, caps, env)
         # one session's chunk in one replay (MUSER_CHUNK_GRAPHS; the same bits)
         self.graphs = (ChunkGraphs(self.step, [p.window for p in probe], capture,
-                                   staged=env.graph_keys == "staged")
+                                   staged=env.graph_keys == "staged",
+                                   max_rows=env.chunk_graph_rows)
                        if env.chunk_graphs == "on" and self.step.invariant else None)
         self.capture = capture
         self.entries: dict[int, _Entry] = {}
