@@ -21,6 +21,8 @@
 #   engine_serve full_par's engine and server groups alone (after a change above the kernels)
 #   graphs16k    a 16k chunk as one graph replay (MUSER_CHUNK_GRAPH_ROWS=16384) against the
 #                eager pass (carry .prev): bits and the 16k prefill; then the host fixes alone
+#   graphs_auto  long chunks through graphs by default (exact buckets, then the rest): engine and
+#                server rows, then the 16k and a 9,000-token prefill against the eager tree
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
 #                (tma_persist_probe.py, fifth digit): bits against the decode tiles, 16k times
 #   confirm      the eleventh session's flips against their old values, three rounds (decode)
@@ -620,6 +622,14 @@ stage_graphs16k() {  # carry .prev (git archive 947922c muser): a 16k chunk as o
   MUSER_CHUNK_GRAPH_ROWS=16384 bench 300 . benchmarks/prefill_tree_ab.py --old .prev \
     --models 1b,270m --rounds 2 --reps 4
   bench 180 . benchmarks/prefill_tree_ab.py --old .prev --models 1b --rounds 2 --reps 4
+}
+
+stage_graphs_auto() {  # carry .prev (git archive 947922c muser: every chunk past 2,048 eager):
+  # MUSER_CHUNK_GRAPH_ROWS=auto, long chunks as exact buckets then the rest -- the engine and
+  # server rows with it on by default, then the 16k prefill and a 9,000-token one (8,192 + 808)
+  par_groups "$ENGINE_GROUP" "$SERVE_GROUP"
+  bench 240 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2 --reps 4
+  bench 150 . benchmarks/prefill_tree_ab.py --old .prev --models 1b --rounds 2 --reps 4 --n 9000
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the

@@ -138,11 +138,15 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                            "of rows -- the same bits as the eager pass, without its host "
                            "overhead (H200, 1B: a 512-token prefill 1.74x, a verification "
                            "block 16.8 -> 6.6 ms); off: eager chunks"),
-    "MUSER_CHUNK_GRAPH_ROWS": ("int >= 1", "2048", "backends/cuda (graph runner)",
-                               "the longest chunk a captured chunk graph takes (buckets of rows up "
-                               "to 16,384; a longer chunk runs eagerly, the same bits).  Each "
-                               "bucket keeps its buffers once captured: ~0.9 GB at 16,384 rows on "
-                               "the 1B shape"),
+    "MUSER_CHUNK_GRAPH_ROWS": ("auto|int >= 1", "auto", "backends/cuda (graph runner)",
+                               "the largest bucket a captured chunk pass uses: chunks of up to "
+                               "2,048 rows take their bucket padded, a longer chunk goes as exact "
+                               "buckets of up to this many rows (16,384 at most) and its rest -- "
+                               "the same bits as one eager pass; each bucket keeps its buffers once "
+                               "captured.  auto: the prefill chunk, capped where one bucket's "
+                               "buffers would pass 1/64 of the GPU's memory (H200: the 1B shape "
+                               "16,384, ~0.9 GB; 16k prefill 233-236k -> 246-247k tok/s, 270M "
+                               "494-503k -> 595-611k); a number <= 2,048: long chunks eager"),
     "MUSER_GRAPH_KEYS": ("apart|staged", "staged", "backends/cuda (graph runner)",
                          "where a captured chunk pass reads keys: apart = the history in place "
                          "(a ring by its wrapped slots) and the chunk's own rows from a second "
@@ -227,7 +231,7 @@ class Env:
     fuse_sum: str = "on"
     norm_in: str = "off"
     chunk_graphs: str = "on"
-    chunk_graph_rows: int = 2048
+    chunk_graph_rows: int | None = None             # None: auto (chunk_graph.auto_limit)
     graph_keys: str = "staged"
     pdl: str = "on"
     pipeline: str = "on"
@@ -330,10 +334,11 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),
-                        ("MUSER_RING_GROUP", "ring_group"), ("MUSER_GROWING_GROUP", "growing_group"),
-                        ("MUSER_CHUNK_GRAPH_ROWS", "chunk_graph_rows")):
+                        ("MUSER_RING_GROUP", "ring_group"), ("MUSER_GROWING_GROUP", "growing_group")):
         if (v := get(name)) is not None:
             kw[field] = _count(name, v)
+    if (v := get("MUSER_CHUNK_GRAPH_ROWS")) is not None and v != "auto":
+        kw["chunk_graph_rows"] = _count("MUSER_CHUNK_GRAPH_ROWS", v)
     for name, field in (("MUSER_ATTN_RING", "attn_ring"), ("MUSER_ATTN_GROWING", "attn_growing")):
         if (v := get(name)) is not None:
             kw[field] = _tile(name, v)

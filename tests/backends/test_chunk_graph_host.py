@@ -193,3 +193,23 @@ def test_the_upload_holds_ids_padding_and_positions_at_the_last_real_one(chunk, 
     assert host[:rows].tolist() == chunk + [0] * (rows - R)
     assert host[rows:2 * rows].tolist() == [min(start + r, start + R - 1) for r in range(rows)]
     assert host[2 * rows:].tolist() == tables
+
+
+@pytest.mark.parametrize("rows", [2, 64, 2048])
+def test_a_buckets_size_estimate_is_what_it_allocates(engine, rows):
+    step = Step(engine)
+    shadows = [c > 0 for c in step.caps]
+    b = chunk_graph._Bucket(step, rows, "cpu", shadows)
+    held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in [*b.k, *b.v, *b.q, *b.out, *(x for x in b.sk + b.sv if x is not None)]}
+    assert chunk_graph.bucket_bytes(step, rows) == sum(held.values())
+
+
+def test_auto_buckets_stop_at_the_chunk_and_at_a_64th_of_the_memory(engine):
+    step = Step(engine)
+    one = chunk_graph.bucket_bytes(step, 4096)
+    assert chunk_graph.auto_limit(step, 16384, 0) == 2048
+    assert chunk_graph.auto_limit(step, 16384, 1 << 40) == 16384
+    assert chunk_graph.auto_limit(step, 8192, 1 << 40) == 8192
+    assert chunk_graph.auto_limit(step, 512, 1 << 40) == 2048
+    assert chunk_graph.auto_limit(step, 16384, 64 * one) == 4096

@@ -50,9 +50,54 @@ BUCKETS = (2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 20
            3072, 4096, 6144, 8192, 12288, 16384)
 
 
+PADDED = 2048     # chunks up to this many rows take their bucket padded; longer ones go in pieces
+
+
 def bucket_for(rows: int, limit: int = BUCKETS[-1]) -> int | None:
     """The smallest bucket holding `rows`, if it is at most `limit` rows (None: no bucket)."""
     return next((b for b in BUCKETS if rows <= b <= limit), None)
+
+
+def pieces(rows: int, limit: int) -> list[int]:
+    """How a chunk goes through the graphs: up to PADDED rows in one padded bucket; past it as
+    exact buckets of at most `limit` rows, largest first, then the rest -- a padded row costs
+    every projection a row's work, which at thousands of rows is GPU time, not host time.  The
+    rows' bits do not depend on the chunking (one arithmetic per token), so the pieces give the
+    one eager pass's bits.
+
+        limit 16384:  16384 -> [16384]   9000 -> [8192, 808]   2100 -> [2048, 52]
+        limit  2048:   2100 -> []  (no graph: eager)
+    """
+    if rows <= min(PADDED, limit):
+        return [rows]
+    if limit <= PADDED:
+        return []
+    exact = [b for b in reversed(BUCKETS) if PADDED <= b <= limit]
+    out = []
+    while rows > PADDED:
+        out.append(next(b for b in exact if b <= rows))
+        rows -= out[-1]
+    return out + ([rows] if rows else [])
+
+
+def bucket_bytes(step, rows: int, staged: bool = True) -> int:
+    """What one bucket of `rows` keeps allocated (_Bucket: per layer the chunk's k / v -- a
+    staged ring's are the tail of its shadow, capacity + rows -- and q / out per head dim), the
+    graph pool aside."""
+    spec, el = step.spec, torch.empty(0, dtype=step.engine.dtype).element_size()
+    n = 2 * rows * spec.num_heads * sum({ls.head_dim for ls in spec.layers})
+    for ls, cap in zip(spec.layers, step.caps):
+        n += 2 * ls.kv_heads * ls.head_dim * (cap + rows if staged and cap else rows)
+    return n * el
+
+
+def auto_limit(step, chunk_size: int, memory: int, staged: bool = True) -> int:
+    """MUSER_CHUNK_GRAPH_ROWS=auto: the largest bucket up to the prefill chunk whose buffers take
+    at most 1/64 of the GPU's `memory` (bytes), PADDED at least (the 1B shape on an H200: 16,384
+    rows, ~0.9 GB; a 27B's rows are ~18x larger)."""
+    fit = [b for b in BUCKETS if PADDED <= b <= max(chunk_size, PADDED)
+           and bucket_bytes(step, b, staged) <= memory // 64]
+    return max(fit, default=PADDED)
 
 
 def fill_host(host: torch.Tensor, chunk, start: int, rows: int, tables: list[int]) -> None:
@@ -126,7 +171,8 @@ class ChunkGraphs:
         self.step = step
         # MUSER_CHUNK_GRAPH_ROWS: the largest bucket used -- each bucket keeps its buffers and
         # its share of the graph pool once captured, so long buckets are memory traded for the
-        # eager pass's ~19 launches a layer from Python
+        # eager pass's ~19 launches a layer from Python (the 16k prefill's ~4 ms of host start
+        # and early gaps on the 1B shape)
         self.limit = max((b for b in BUCKETS if b <= max_rows), default=0)
         self.windows = windows             # per layer: the plane's window (None: unbounded)
         self.capture = capture
@@ -141,10 +187,27 @@ class ChunkGraphs:
 
     def applies(self, sessions, chunks) -> bool:
         """One session, a chunk a bucket holds, a dense model whose layers each own a plane."""
-        if self.failed or len(sessions) != 1 or not 0 < len(chunks[0]) <= self.limit:
+        if self.failed or len(sessions) != 1 or not pieces(len(chunks[0]), self.limit):
             return False
         s = sessions[0]
         return len(set(s.plane_of)) == len(s.plane_of) and self.step.spec.moe is None
+
+    def run_pieces(self, engine, session, chunk: list[int], all_logits: bool,
+                   logits: bool) -> tuple[int, torch.Tensor | None]:
+        """The chunk as `pieces` replays: (rows done, their logits as chunk_step returns).  Fewer
+        rows than the chunk when a capture failed: the rest is the caller's eager pass."""
+        outs, done = [], 0
+        for n in pieces(len(chunk), self.limit):
+            last = done + n == len(chunk)
+            out = self.run(engine, session, chunk[done:done + n], all_logits,
+                           logits and (all_logits or last))
+            if out is None:
+                break
+            outs.append(out)
+            done += n
+        if not outs:
+            return 0, None
+        return done, (torch.cat(outs) if all_logits and logits and len(outs) > 1 else outs[-1])
 
     def run(self, engine, session, chunk: list[int], all_logits: bool,
             logits: bool) -> torch.Tensor | None:

@@ -33,7 +33,7 @@ from . import capture as cuda_capture
 from .chunk_step import chunk_pass
 from .decode_step import DecodeStep
 from .step_weights import unsupported, unsupported_weights
-from .chunk_graph import ChunkGraphs
+from .chunk_graph import ChunkGraphs, auto_limit
 from .triton_attn import layout
 from .triton_decode import plane_row, splits_for
 
@@ -116,9 +116,10 @@ class GraphRunner:
         caps = [0 if p.kind == "growing" else p.capacity for p in probe]
         self.step = DecodeStep(engine, self.layer_group, splits, len(keys), layouts, caps, env)
         # one session's chunk in one replay (MUSER_CHUNK_GRAPHS; the same bits)
-        self.graphs = (ChunkGraphs(self.step, [p.window for p in probe], capture,
-                                   staged=env.graph_keys == "staged",
-                                   max_rows=env.chunk_graph_rows)
+        staged = env.graph_keys == "staged"
+        rows = env.chunk_graph_rows or auto_limit(self.step, engine.config.chunk_size,
+                                                  _memory(engine.device), staged)
+        self.graphs = (ChunkGraphs(self.step, [p.window for p in probe], capture, staged, rows)
                        if env.chunk_graphs == "on" and self.step.invariant else None)
         self.capture = capture
         self.entries: dict[int, _Entry] = {}
@@ -254,6 +255,12 @@ class GraphRunner:
         self.stats["captures"] += 1
         self.stats["capture_seconds"] += time.perf_counter() - t0
         return out
+
+
+def _memory(device) -> int:
+    """The GPU's memory in bytes (0 off CUDA: the interpreter's runs keep the 2,048-row buckets)."""
+    dev = torch.device(device)
+    return torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else 0
 
 
 def make_runner(engine, env: Env | None = None):
