@@ -139,14 +139,15 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                            "overhead (H200, 1B: a 512-token prefill 1.74x, a verification "
                            "block 16.8 -> 6.6 ms); off: eager chunks"),
     "MUSER_CHUNK_GRAPH_ROWS": ("auto|int >= 1", "auto", "backends/cuda (graph runner)",
-                               "the largest bucket a captured chunk pass uses: chunks of up to "
-                               "2,048 rows take their bucket padded, a longer chunk goes as exact "
-                               "buckets of up to this many rows (16,384 at most) and its rest -- "
-                               "the same bits as one eager pass; each bucket keeps its buffers once "
-                               "captured.  auto: the prefill chunk, capped where one bucket's "
-                               "buffers would pass 1/64 of the GPU's memory (H200: the 1B shape "
-                               "16,384, ~0.9 GB; 16k prefill 233-236k -> 246-247k tok/s, 270M "
-                               "494-503k -> 595-611k); a number <= 2,048: long chunks eager"),
+                               "the largest bucket a captured chunk pass uses: a chunk of up to "
+                               "2,048 rows takes its bucket padded, a longer one a graph only when "
+                               "its length is a bucket's (3,072 ... 16,384: a long prompt's full "
+                               "prefill chunks; other lengths eager) -- the same bits either way; "
+                               "each bucket keeps its buffers once captured.  auto: up to the "
+                               "prefill chunk where one bucket's buffers take <= 1/64 of the GPU's "
+                               "memory (H200, 1B shape: 16,384, ~0.9 GB; the 16k prefill 236-246k "
+                               "-> 247k tok/s, the 270M's 555-565k -> 610-616k); <= 2,048: long "
+                               "chunks eager"),
     "MUSER_GRAPH_KEYS": ("apart|staged", "staged", "backends/cuda (graph runner)",
                          "where a captured chunk pass reads keys: apart = the history in place "
                          "(a ring by its wrapped slots) and the chunk's own rows from a second "

@@ -12,7 +12,7 @@ import pytest
 import torch
 from cudautil import HAS_CUDA, needs_kernels
 
-from muser.backends.cuda.chunk_graph import BUCKETS, bucket_for, pieces
+from muser.backends.cuda.chunk_graph import BUCKETS, bucket_for, takes
 from muser.backends.cuda.chunk_step import chunk_pass
 from muser.backends.cuda.graph import GraphRunner
 from muser.backends.step import forward as one_forward
@@ -133,26 +133,26 @@ def test_a_chunk_past_the_context_is_refused_before_the_graph_writes(engine, run
 
 
 def test_what_a_chunk_graph_does_not_take(engine, runner):
-    """Several sessions in one pass; past the buckets taken (MUSER_CHUNK_GRAPH_ROWS; auto: 2,048
-    under the interpreter, the prefill chunk on a GPU with room), long chunks go eager."""
+    """Several sessions in one pass; past 2,048 rows a length that is not a bucket's, or past the
+    largest bucket taken (MUSER_CHUNK_GRAPH_ROWS): eager."""
     a, b = engine.new_session(), engine.new_session()
     g = runner.graphs
-    assert g.limit == (16384 if HAS_CUDA else 2048)
     assert not g.applies([a, b], [[4, 5], [6]])
-    assert g.applies([a], [list(range(2049))]) == (g.limit > 2048)
     assert g.applies([b], [[6]]) and g.applies([b], [list(range(2048))])
-    small = GraphRunner(engine, Env(chunk_graphs="on", chunk_graph_rows=1024), capture=False)
-    assert small.graphs.limit == 1024 and not small.graphs.applies([a], [list(range(1025))])
+    assert not g.applies([a], [list(range(2049))])
+    for limit, n, ok in ((4096, 3072, True), (4096, 4096, True), (4096, 3073, False),
+                         (4096, 6144, False), (2048, 3072, False), (1024, 1025, False)):
+        r = GraphRunner(engine, Env(chunk_graphs="on", chunk_graph_rows=limit), capture=False)
+        assert r.graphs.applies([a], [list(range(n))]) == ok, (limit, n)
 
 
 @pytest.mark.parametrize("rows, limit, expect", [
-    (1, 16384, [1]), (2048, 16384, [2048]), (2049, 16384, [2048, 1]), (2100, 2048, []),
-    (9000, 16384, [8192, 808]), (16384, 16384, [16384]), (16384, 8192, [8192, 8192]),
-    (20000, 16384, [16384, 3072, 544]), (3500, 4096, [3072, 428]), (600, 512, []),
+    (1, 16384, True), (2048, 16384, True), (2049, 16384, False), (3072, 2048, False),
+    (8192, 16384, True), (9000, 16384, False), (16384, 16384, True), (16384, 8192, False),
+    (600, 512, False), (512, 512, True),
 ])
-def test_long_chunks_go_as_exact_buckets_then_the_rest(rows, limit, expect):
-    assert pieces(rows, limit) == expect
-    assert sum(expect) in (0, rows)
+def test_long_chunks_take_a_graph_only_at_a_buckets_exact_length(rows, limit, expect):
+    assert takes(rows, limit) == expect
 
 
 @pytest.mark.parametrize("n, limit, bucket", [
@@ -164,23 +164,21 @@ def test_buckets_are_the_smallest_that_hold_the_chunk_within_the_limit(n, limit,
     assert bucket_for(n, limit) == bucket
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="3,500-row chunks: too slow under the interpreter")
-def test_a_long_chunk_through_exact_buckets_has_the_eager_bits():
-    """MUSER_CHUNK_GRAPH_ROWS=4096: a 3,500-token first chunk (pieces 3,072 + 428: wide TMA
-    tiles, ring shadows of 3,072 rows, a second piece over the first's history), then a
-    700-token chunk -- graph == one eager pass, bitwise, every row's logits."""
+@pytest.mark.skipif(not HAS_CUDA, reason="3,072-row chunks: too slow under the interpreter")
+def test_a_long_chunk_through_an_exact_bucket_has_the_eager_bits():
+    """MUSER_CHUNK_GRAPH_ROWS=4096: a 3,072-token first chunk (its own bucket: wide TMA tiles,
+    ring shadows of 3,072 rows), then a 700-token chunk over it and one decode step -- graph ==
+    the eager pass, bitwise, every row's logits and every plane."""
     eng = tiny_model("gemma3", device="cuda", dtype="bfloat16", window=4, tokenizer=False,
                      max_context=4608)
     runner = GraphRunner(eng, Env(chunk_graphs="on", chunk_graph_rows=4096), capture=True)
     assert runner.graphs.limit == 4096
     a, b = eng.new_session(), eng.new_session()
-    for n, seed, replays in ((3500, 1, 2), (700, 2, 1)):
+    for n, seed in ((3072, 1), (700, 2), (1, 3)):
         ids = ids_of(n, seed)
         before = runner.graphs.stats["replays"]
         la = one_forward(eng, [a], [ids], True, False, pass_fn=runner.chunk_pass)
-        assert runner.graphs.stats["replays"] == before + replays, runner.graphs.failed
+        assert runner.graphs.stats["replays"] == before + 1, runner.graphs.failed
         lb = one_forward(eng, [b], [ids], True, False, pass_fn=eager(runner))
         assert la.shape == lb.shape and torch.equal(la, lb)
         planes_equal(a, b, True)
-    la = one_forward(eng, [a], [[5]], True, False, pass_fn=runner.chunk_pass)
-    assert torch.equal(la, one_forward(eng, [b], [[5]], True, False, pass_fn=eager(runner)))

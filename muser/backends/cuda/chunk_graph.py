@@ -50,7 +50,7 @@ BUCKETS = (2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 20
            3072, 4096, 6144, 8192, 12288, 16384)
 
 
-PADDED = 2048     # chunks up to this many rows take their bucket padded; longer ones go in pieces
+PADDED = 2048     # chunks up to this many rows take their bucket padded; longer ones exact only
 
 
 def bucket_for(rows: int, limit: int = BUCKETS[-1]) -> int | None:
@@ -58,26 +58,13 @@ def bucket_for(rows: int, limit: int = BUCKETS[-1]) -> int | None:
     return next((b for b in BUCKETS if rows <= b <= limit), None)
 
 
-def pieces(rows: int, limit: int) -> list[int]:
-    """How a chunk goes through the graphs: up to PADDED rows in one padded bucket; past it as
-    exact buckets of at most `limit` rows, largest first, then the rest -- a padded row costs
-    every projection a row's work, which at thousands of rows is GPU time, not host time.  The
-    rows' bits do not depend on the chunking (one arithmetic per token), so the pieces give the
-    one eager pass's bits.
-
-        limit 16384:  16384 -> [16384]   9000 -> [8192, 808]   2100 -> [2048, 52]
-        limit  2048:   2100 -> []  (no graph: eager)
-    """
-    if rows <= min(PADDED, limit):
-        return [rows]
-    if limit <= PADDED:
-        return []
-    exact = [b for b in reversed(BUCKETS) if PADDED <= b <= limit]
-    out = []
-    while rows > PADDED:
-        out.append(next(b for b in exact if b <= rows))
-        rows -= out[-1]
-    return out + ([rows] if rows else [])
+def takes(rows: int, limit: int) -> bool:
+    """Whether a chunk of `rows` goes through a graph: up to PADDED rows in its bucket, padded;
+    past that only a chunk of exactly a bucket's rows (up to `limit`: a long prompt's full
+    prefill chunks) -- a padded row costs every projection a row's work, which at thousands of
+    rows is GPU time, not host time, and pieces lose too (H200, the 1B's 9,000-token prefill as
+    8,192 + 808 in graphs: 235-237k tok/s against 244-248k for one eager pass)."""
+    return 0 < rows <= min(PADDED, limit) or (rows > PADDED and rows <= limit and rows in BUCKETS)
 
 
 def bucket_bytes(step, rows: int, staged: bool = True) -> int:
@@ -187,27 +174,10 @@ class ChunkGraphs:
 
     def applies(self, sessions, chunks) -> bool:
         """One session, a chunk a bucket holds, a dense model whose layers each own a plane."""
-        if self.failed or len(sessions) != 1 or not pieces(len(chunks[0]), self.limit):
+        if self.failed or len(sessions) != 1 or not takes(len(chunks[0]), self.limit):
             return False
         s = sessions[0]
         return len(set(s.plane_of)) == len(s.plane_of) and self.step.spec.moe is None
-
-    def run_pieces(self, engine, session, chunk: list[int], all_logits: bool,
-                   logits: bool) -> tuple[int, torch.Tensor | None]:
-        """The chunk as `pieces` replays: (rows done, their logits as chunk_step returns).  Fewer
-        rows than the chunk when a capture failed: the rest is the caller's eager pass."""
-        outs, done = [], 0
-        for n in pieces(len(chunk), self.limit):
-            last = done + n == len(chunk)
-            out = self.run(engine, session, chunk[done:done + n], all_logits,
-                           logits and (all_logits or last))
-            if out is None:
-                break
-            outs.append(out)
-            done += n
-        if not outs:
-            return 0, None
-        return done, (torch.cat(outs) if all_logits and logits and len(outs) > 1 else outs[-1])
 
     def run(self, engine, session, chunk: list[int], all_logits: bool,
             logits: bool) -> torch.Tensor | None:

@@ -35,17 +35,9 @@ def chunk_pass(step, engine, sessions, chunks, all_logits: bool, pad: bool = Fal
     this pass depends on the chunk's shape, so no scratch rows are added).  `graphs`
     (chunk_graph.ChunkGraphs): one session's chunk in one graph replay, the same bits."""
     if graphs is not None and graphs.applies(sessions, chunks):
-        done, head = graphs.run_pieces(engine, sessions[0], chunks[0], all_logits, logits)
-        if done == len(chunks[0]):
-            return head
-        if done:                                 # a capture failed: the rest eagerly
-            rest = _eager(step, engine, sessions, [chunks[0][done:]], all_logits, logits)
-            return torch.cat([head, rest]) if all_logits and logits else rest
-    return _eager(step, engine, sessions, chunks, all_logits, logits)
-
-
-def _eager(step, engine, sessions, chunks, all_logits: bool, logits: bool) -> torch.Tensor:
-    """The pass launched from Python: per layer and session prepare, stage, attend, commit."""
+        out = graphs.run(engine, sessions[0], chunks[0], all_logits, logits)
+        if out is not None:
+            return out
     spec, dev = engine.spec, engine.device
     starts = [s.position for s in sessions]
     real = [len(c) for c in chunks]
