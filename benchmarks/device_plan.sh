@@ -24,7 +24,7 @@
 #   graphs_auto  long chunks through graphs by default (exact buckets, then the rest): engine and
 #                server rows, then the 16k and a 9,000-token prefill against the eager tree
 #   graphs_exact long chunks through graphs only at a bucket's exact length: graph / server rows,
-#                the 16k prefill and 9,000 tokens against the eager tree
+#                the 16k and 8k prefills against the eager tree
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
 #                (tma_persist_probe.py, fifth digit): bits against the decode tiles, 16k times
 #   confirm      the eleventh session's flips against their old values, three rounds (decode)
@@ -636,10 +636,10 @@ stage_graphs_auto() {  # carry .prev (git archive 947922c muser: every chunk pas
 
 stage_graphs_exact() {  # carry .prev (947922c): long chunks through graphs only at a bucket's exact
   # length (graphs_auto: pieces 8,192 + 808 lost 4% at 9,000 tokens) -- the graph / server rows,
-  # then the 16k prefill (a graph) and 9,000 tokens (eager again: old == new expected)
+  # then the 16k and the 8k prefill (each a graph, against the eager tree)
   par_groups "$SERVE_GROUP"
   bench 240 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2 --reps 4
-  bench 150 . benchmarks/prefill_tree_ab.py --old .prev --models 270m --rounds 2 --reps 4 --n 9000
+  bench 200 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2 --reps 4 --n 8192
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
