@@ -25,6 +25,7 @@
 #                server rows, then the 16k and a 9,000-token prefill against the eager tree
 #   graphs_exact long chunks through graphs only at a bucket's exact length: graph / server rows,
 #                the 16k and 8k prefills against the eager tree
+#   graph_tma    every weight's tile by TMA in a long bucket's graph: the 16k prefill A/B
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
 #                (tma_persist_probe.py, fifth digit): bits against the decode tiles, 16k times
 #   confirm      the eleventh session's flips against their old values, three rounds (decode)
@@ -640,6 +641,12 @@ stage_graphs_exact() {  # carry .prev (947922c): long chunks through graphs only
   par_groups "$SERVE_GROUP"
   bench 240 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2 --reps 4
   bench 200 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2 --reps 4 --n 8192
+}
+
+stage_graph_tma() {  # carry .prev (the tree before): in a long bucket's graph every weight's
+  # tile by TMA (the 1B's qkv / o, the 270M's every projection; eager keeps them on pointers for
+  # the launch's host cost) -- the 16k prefill, bits old == new
+  bench 230 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2 --reps 4
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the

@@ -161,6 +161,7 @@ class ChunkGraphs:
         # eager pass's ~19 launches a layer from Python (the 16k prefill's ~4 ms of host start
         # and early gaps on the 1B shape)
         self.limit = max((b for b in BUCKETS if b <= max_rows), default=0)
+        self.long_rows = frozenset(b for b in BUCKETS if PADDED < b <= self.limit)
         self.windows = windows             # per layer: the plane's window (None: unbounded)
         self.capture = capture
         # MUSER_GRAPH_KEYS: staged -- every layer's keys in one ordered view (a plane that

@@ -105,6 +105,9 @@ class DecodeStep:
         self.tma = (env.dot_tma if dev.type == "cuda"
                     and torch.cuda.get_device_capability(dev)[0] >= 9 else "off")
         self.fuse_sum = env.fuse_sum == "on"    # the down projection's pieces summed in add_norm
+        # row counts past 2,048 whose chunk passes run as captured graphs (set by the graph
+        # runner from its chunk graphs' buckets): MUSER_DOT_TMA=auto takes TMA for every weight
+        self.graph_rows: frozenset[int] = frozenset()
         # MUSER_NORM_IN: in steps of at most this many rows, an add+norm is done by the launch
         # of the projection that reads its x (`_add_norm`); 0: never
         self.norm_in_rows = 0 if env.norm_in == "off" else int(env.norm_in)
@@ -151,7 +154,8 @@ class DecodeStep:
                             defer=defer, widen=widen, **kw)
         if self.gemv is dot_rows:
             rows = (x.x if isinstance(x, NormIn) else x).shape[0]
-            tma = self.tma == "on" or (self.tma == "auto" and tma_pays(w.numel(), rows))
+            tma = self.tma == "on" or (self.tma == "auto" and
+                                       tma_pays(w.numel(), rows, rows in self.graph_rows))
             return dot_rows(x, w, pdl=self.pdl, flatten=self.flatten, defer=defer, widen=widen,
                             tma=tma, **kw)
         y = self.gemv(x, w, **kw)

@@ -63,7 +63,7 @@ def chunk_tile(rows: int, glu: bool, piece: int = 0) -> tuple[int, int, int, int
 TMA_AUTO_WEIGHT = 1 << 22   # MUSER_DOT_TMA=auto: weights of at least this many elements
 
 
-def tma_pays(weight_elements: int, rows: int) -> bool:
+def tma_pays(weight_elements: int, rows: int, graphed: bool = False) -> bool:
     """MUSER_DOT_TMA=auto: whether a 128-row tile of this projection, for a chunk of `rows`
     rows, loads by TMA -- where the weight has TMA_AUTO_WEIGHT elements or more, or the chunk
     has at most WIDE_ROWS rows (a captured chunk pass: the launch's host cost is paid once, at
@@ -73,8 +73,10 @@ def tma_pays(weight_elements: int, rows: int) -> bool:
     gain, while the 270M (every weight < 2.7M elements) is host-bound there and lost 2-8% of its
     16k prefill with every tile on TMA (H200, twenty-second session).  In a graph at 2,048 rows
     TMA tiles won on every shape measured (the 1B's qkv 19.0 -> 14.8 us, o 17.2 -> 13.3; the
-    270M's 12.2 -> 9.9, down 19.2 -> 15.4, gate|up 25.9 -> 22.7; twenty-sixth session)."""
-    return weight_elements >= TMA_AUTO_WEIGHT or CHUNK_ROWS <= rows <= WIDE_ROWS
+    270M's 12.2 -> 9.9, down 19.2 -> 15.4, gate|up 25.9 -> 22.7; twenty-sixth session).
+    `graphed`: a chunk of this many rows runs as a captured graph (a long bucket's exact length,
+    chunk_graph.takes), so every weight's tile loads by TMA there too."""
+    return weight_elements >= TMA_AUTO_WEIGHT or CHUNK_ROWS <= rows <= WIDE_ROWS or graphed
 
 
 def tma_tile(n: int, k: int, glu: bool, rows: int = WIDE_ROWS) -> tuple[int, int, int, int, int] | None:
