@@ -123,10 +123,11 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                       "on: a prefill chunk's 128-row dot_rows tiles (16-bit weights) load by TMA "
                       "(tensor descriptors, triton_dot_tma.py) -- the same pieces, dots and "
                       "epilogue, so the same bits; auto: weights of 4M elements or more, and every "
-                      "weight in chunks of 64-2,048 rows, which run as captured graphs "
-                      "(triton_dot_tiles.tma_pays: a TMA launch costs the host ~20-35 us more, "
-                      "paid once in a graph; H200, 16k prefill: 1B 179k -> 199k tok/s, 270M "
-                      "unchanged); before sm_90 always off"),
+                      "weight in chunks of 64-2,048 rows and of a long bucket's length, which run "
+                      "as captured graphs (triton_dot_tiles.tma_pays: a TMA launch costs the host "
+                      "~20-35 us more, paid once in a graph; H200, 16k prefill: 1B 179k -> 199k "
+                      "tok/s eager; in the 16k graph the 270M 603-615k -> 630-645k); before "
+                      "sm_90 always off"),
     "MUSER_FUSE_SUM": ("off|on", "on", "backends/cuda (decode step)",
                        "on: where the down projection leaves split-K pieces (decode tiles), the "
                        "add+norm after it sums them (split_sum's adds, in order) -- one launch a "
@@ -145,9 +146,10 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                                "prefill chunks; other lengths eager) -- the same bits either way; "
                                "each bucket keeps its buffers once captured.  auto: up to the "
                                "prefill chunk where one bucket's buffers take <= 1/64 of the GPU's "
-                               "memory (H200, 1B shape: 16,384, ~0.9 GB; the 16k prefill 236-246k "
-                               "-> 247k tok/s, the 270M's 555-565k -> 610-616k); <= 2,048: long "
-                               "chunks eager"),
+                               "memory (H200, 1B shape: 16,384, ~0.9 GB; against eager long chunks "
+                               "the 8k prefill 245-262k -> 268-269k tok/s, 270M 471-549k -> "
+                               "711-746k; 16k: 1B 248-251k -> 250k, 270M 590k -> 621k); <= 2,048: "
+                               "long chunks eager"),
     "MUSER_GRAPH_KEYS": ("apart|staged", "staged", "backends/cuda (graph runner)",
                          "where a captured chunk pass reads keys: apart = the history in place "
                          "(a ring by its wrapped slots) and the chunk's own rows from a second "
