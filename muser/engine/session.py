@@ -53,7 +53,10 @@ class Session:
         C (array + one aminmax): a 16k prompt's ids through int() and a Python range check
         were ~1 ms of an H200's 68 ms prefill, all of it before the first kernel."""
         if isinstance(ids, torch.Tensor):
-            ids = ids.reshape(-1).tolist()
+            if ids.dim() != 1:
+                raise RequestError(f"token ids must be a 1-D sequence, got a tensor of shape "
+                                   f"{tuple(ids.shape)}")
+            ids = ids.tolist()
         try:
             packed = array("q", ids)             # integers only: a float or a string is refused
         except (TypeError, OverflowError) as e:

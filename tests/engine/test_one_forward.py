@@ -65,6 +65,31 @@ def test_bad_input_is_refused_before_anything_runs(engine):
     assert engine.decode_batch([], []).shape == (0, engine.spec.vocab_size)
 
 
+@pytest.mark.parametrize("ids, refused", [
+    ([4, 5.0], "must be integers"), ([4, "5"], "must be integers"), ([4, None], "must be integers"),
+    ([2 ** 70], "must be integers"), ([-1, 4], r"must be in \[0, \d+\), got \[-1\]"),
+    ([4, 10 ** 9, 5], r"got \[1000000000\]"), ([], "at least one token"),
+    (torch.tensor([[4, 5]]), r"1-D sequence, got a tensor of shape \(1, 2\)"),
+    (torch.tensor([4.0, 5.0]), "must be integers"),
+])
+def test_token_ids_that_are_not_vocabulary_integers_are_refused_whole(engine, ids, refused):
+    s = sessions(engine, [3])[0]
+    before = s.snapshot()
+    with pytest.raises(muser.RequestError, match=refused):
+        s.prefill(ids)
+    assert s.snapshot().equal(before) and s.position == 3
+
+
+def test_integer_likes_are_taken_as_their_values(engine):
+    """numpy integers, a tensor of ids, bools (ints in Python): the same logits as plain ints."""
+    import numpy as np
+    ref = engine.new_session().prefill([4, 7, 1])
+    for ids in ([np.int64(4), np.int32(7), True], torch.tensor([4, 7, 1]),
+                np.array([4, 7, 1])):
+        s = engine.new_session()
+        assert torch.equal(s.prefill(ids), ref) and s.tokens == [4, 7, 1]
+
+
 def test_a_prompt_piece_without_logits_leaves_the_same_planes_and_final_logits(engine):
     """`prefill(piece, logits=False)` skips the head of a piece that is not the prompt's last
     (the server splits at cut points): nothing else changes, bit for bit."""
