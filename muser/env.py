@@ -135,7 +135,8 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                        "270M 0.692 -> 0.692)"),
     "MUSER_CHUNK_GRAPHS": ("off|on", "on", "backends/cuda (graph runner)",
                            "on: one session's chunk of up to 2,048 tokens (a prompt, a later "
-                           "turn, a verification block) runs as one captured graph per bucket "
+                           "turn, a verification block; longer ones: MUSER_CHUNK_GRAPH_ROWS) "
+                           "runs as one captured graph per bucket "
                            "of rows -- the same bits as the eager pass, without its host "
                            "overhead (H200, 1B: a 512-token prefill 1.74x, a verification "
                            "block 16.8 -> 6.6 ms); off: eager chunks"),
