@@ -1,7 +1,8 @@
 """One session's chunk on CUDA in one graph replay: a prompt, a later turn, a verification block,
 without the ~19 launches a layer the eager chunk pass makes from Python.
 
-Owns: `ChunkGraphs` -- per bucket of rows (2, 4, ... 2,048) one captured pass of the decode
+Owns: `ChunkGraphs` -- per bucket of rows (2, 4, ... 2,048 padded; 3,072 ... 16,384 at their
+exact length, `takes`, up to MUSER_CHUNK_GRAPH_ROWS, `auto_limit`) one captured pass of the decode
 step's layer loop over static buffers.  Inputs go up as one packed upload that the graph itself
 copies in (ids | positions | per layer the plane's table row | the attention view's | (start,
 rows, first, rot or the shadow's first slot, capacity, key rows)); the chunk attention reads
