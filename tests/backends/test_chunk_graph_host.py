@@ -182,6 +182,35 @@ def test_a_failure_after_the_pass_leaves_the_session_as_it_was(engine, monkeypat
     s.check_invariants()
 
 
+def test_a_bucket_without_room_goes_eager_and_the_shorter_ones_keep_their_graphs(engine,
+                                                                                 monkeypatch):
+    """The GPU has no memory for a bucket's buffers: that chunk runs eagerly (the same result,
+    nothing stored twice), that bucket and every longer one stay eager, the shorter ones keep
+    taking graphs, and the step no longer counts a dropped long bucket as graphed."""
+    step = Step(engine)
+    graphs = ChunkGraphs(step, [p.window for p in engine.new_session().planes], capture=False,
+                         max_rows=16384)
+    assert graphs.limit == 16384 and 16384 in step.graph_rows
+    real = chunk_graph._Bucket
+
+    def tight(step_, rows, *a):
+        if rows > 16:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return real(step_, rows, *a)
+    monkeypatch.setattr(chunk_graph, "_Bucket", tight)
+    a, b = engine.new_session(), engine.new_session()
+    for c in (20, 12, 30, 16):
+        ids = [(7 * (a.position + j)) % 300 + 3 for j in range(c)]
+        la = one_forward(engine, [a], [ids], True, False, pass_fn=passes(engine, step, graphs))
+        lb = one_forward(engine, [b], [ids], True, False, pass_fn=passes(engine, step, None))
+        assert torch.allclose(la, lb, atol=1e-5)
+    assert graphs.stats["no_room"] == 1 and graphs.limit == 16 and not step.graph_rows
+    assert sorted(graphs.buckets) == [16] and graphs.stats["eager"] == 2 and not graphs.failed
+    assert a.tokens == b.tokens and a.position == b.position == 78
+    for pa, pb in zip(a.planes, b.planes):
+        assert all(torch.equal(x, y) for x, y in zip(pa.logical_rows(), pb.logical_rows()))
+
+
 @pytest.mark.parametrize("chunk, start, rows", [
     ([7], 0, 2), ([5, 6, 7], 10, 4), (list(range(3, 19)), 100, 16), (list(range(2049)), 5, 3072),
 ])

@@ -162,7 +162,7 @@ class ChunkGraphs:
         # eager pass's ~19 launches a layer from Python (the 16k prefill's ~4 ms of host start
         # and early gaps on the 1B shape)
         self.limit = max((b for b in BUCKETS if b <= max_rows), default=0)
-        self.long_rows = frozenset(b for b in BUCKETS if PADDED < b <= self.limit)
+        self._set_limit(self.limit)
         self.windows = windows             # per layer: the plane's window (None: unbounded)
         self.capture = capture
         # MUSER_GRAPH_KEYS: staged -- every layer's keys in one ordered view (a plane that
@@ -172,7 +172,22 @@ class ChunkGraphs:
         self.buckets: dict[int, _Bucket] = {}
         self.pool = None
         self.failed: str | None = None     # why capturing failed (then every pass goes eager)
-        self.stats = {"captures": 0, "replays": 0, "eager": 0}
+        self.stats = {"captures": 0, "replays": 0, "eager": 0, "no_room": 0}
+
+    def _set_limit(self, limit: int) -> None:
+        """The largest bucket used; the step learns which long row counts run as graphs (its
+        DecodeStep.graph_rows: TMA for every weight there)."""
+        self.limit = limit
+        self.step.graph_rows = frozenset(b for b in BUCKETS if PADDED < b <= limit)
+
+    def _no_room(self, rows: int) -> None:
+        """A bucket the GPU had no memory for (its buffers or its capture): it and every longer
+        bucket go eager from now on; the shorter ones keep their graphs.  Nothing was stored."""
+        self.buckets.pop(rows, None)
+        self._set_limit(max((b for b in BUCKETS if b < rows and b <= self.limit), default=0))
+        self.stats["no_room"] += 1
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()              # the half-built bucket's blocks back to the GPU
 
     def applies(self, sessions, chunks) -> bool:
         """One session, a chunk a bucket holds, a dense model whose layers each own a plane."""
@@ -196,7 +211,11 @@ class ChunkGraphs:
         b = self.buckets.get(rows)
         if b is None:
             shadows = [self.staged and not p.writes_ahead for p in planes]
-            b = self.buckets[rows] = _Bucket(self.step, rows, engine.device, shadows)
+            try:
+                b = _Bucket(self.step, rows, engine.device, shadows)
+            except torch.OutOfMemoryError:
+                return self._no_room(rows)
+            self.buckets[rows] = b
         tabs = [plane_row(p) for p in planes]
         flat = [x for t in tabs for x in t]
         for t, p, sk, sv in zip(tabs, planes, b.sk, b.sv):
@@ -265,13 +284,19 @@ class ChunkGraphs:
 
     def _capture(self, b: _Bucket) -> bool:
         """Warm up eagerly, then capture (capture.py).  The warm-up writes only the bucket's own
-        buffers.  A failure marks the whole object failed (`failed` says why): every pass goes
-        eager from then on."""
+        buffers.  Out of memory: this bucket and the longer ones go eager (`_no_room`); any
+        other failure marks the whole object failed (`failed` says why): every pass goes eager
+        from then on."""
         from .capture import capture
         try:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
             b.graph, b.hidden = capture(lambda: self._pass(b), self.pool)
+        except torch.OutOfMemoryError:
+            b.graph = None
+            torch.cuda.synchronize()
+            self._no_room(b.rows)
+            return False
         except RuntimeError as e:                     # a kernel or op capture does not take
             self.failed = f"{type(e).__name__}: {e}"[:300]
             torch.cuda.synchronize()

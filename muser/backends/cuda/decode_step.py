@@ -105,8 +105,8 @@ class DecodeStep:
         self.tma = (env.dot_tma if dev.type == "cuda"
                     and torch.cuda.get_device_capability(dev)[0] >= 9 else "off")
         self.fuse_sum = env.fuse_sum == "on"    # the down projection's pieces summed in add_norm
-        # row counts past 2,048 whose chunk passes run as captured graphs (set by the graph
-        # runner from its chunk graphs' buckets): MUSER_DOT_TMA=auto takes TMA for every weight
+        # row counts past 2,048 whose chunk passes run as captured graphs (set by the chunk
+        # graphs, chunk_graph.ChunkGraphs._set_limit): MUSER_DOT_TMA=auto takes TMA for every weight
         self.graph_rows: frozenset[int] = frozenset()
         # MUSER_NORM_IN: in steps of at most this many rows, an add+norm is done by the launch
         # of the projection that reads its x (`_add_norm`); 0: never

@@ -121,8 +121,6 @@ class GraphRunner:
                                                   _memory(engine.device), staged)
         self.graphs = (ChunkGraphs(self.step, [p.window for p in probe], capture, staged, rows)
                        if env.chunk_graphs == "on" and self.step.invariant else None)
-        if self.graphs is not None:
-            self.step.graph_rows = self.graphs.long_rows
         self.capture = capture
         self.entries: dict[int, _Entry] = {}
         self.pool = None
