@@ -49,8 +49,6 @@ from .triton_graph_rows import fill_shadow, place_rows
 
 BUCKETS = (2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
            3072, 4096, 6144, 8192, 12288, 16384)
-
-
 PADDED = 2048     # chunks up to this many rows take their bucket padded; longer ones exact only
 
 
@@ -82,7 +80,7 @@ def bucket_bytes(step, rows: int, staged: bool = True) -> int:
 def auto_limit(step, chunk_size: int, memory: int, staged: bool = True) -> int:
     """MUSER_CHUNK_GRAPH_ROWS=auto: the largest bucket up to the prefill chunk whose buffers take
     at most 1/64 of the GPU's `memory` (bytes), PADDED at least (the 1B shape on an H200: 16,384
-    rows, ~0.9 GB; a 27B's rows are ~18x larger)."""
+    rows, ~0.9 GB; a 27B's rows are ~10x larger: 2,048)."""
     fit = [b for b in BUCKETS if PADDED <= b <= max(chunk_size, PADDED)
            and bucket_bytes(step, b, staged) <= memory // 64]
     return max(fit, default=PADDED)
@@ -161,8 +159,7 @@ class ChunkGraphs:
         # its share of the graph pool once captured, so long buckets are memory traded for the
         # eager pass's ~19 launches a layer from Python (the 16k prefill's ~4 ms of host start
         # and early gaps on the 1B shape)
-        self.limit = max((b for b in BUCKETS if b <= max_rows), default=0)
-        self._set_limit(self.limit)
+        self._set_limit(max((b for b in BUCKETS if b <= max_rows), default=0))
         self.windows = windows             # per layer: the plane's window (None: unbounded)
         self.capture = capture
         # MUSER_GRAPH_KEYS: staged -- every layer's keys in one ordered view (a plane that
