@@ -80,7 +80,7 @@ def bucket_bytes(step, rows: int, staged: bool = True) -> int:
 def auto_limit(step, chunk_size: int, memory: int, staged: bool = True) -> int:
     """MUSER_CHUNK_GRAPH_ROWS=auto: the largest bucket up to the prefill chunk whose buffers take
     at most 1/64 of the GPU's `memory` (bytes), PADDED at least (the 1B shape on an H200: 16,384
-    rows, ~0.9 GB; a 27B's rows are ~10x larger: 2,048)."""
+    rows, ~0.9 GB; a 27B's rows are ~10x larger: ~4,096 there, 2,048 on 80 GB)."""
     fit = [b for b in BUCKETS if PADDED <= b <= max(chunk_size, PADDED)
            and bucket_bytes(step, b, staged) <= memory // 64]
     return max(fit, default=PADDED)
