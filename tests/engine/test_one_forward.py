@@ -69,6 +69,7 @@ def test_bad_input_is_refused_before_anything_runs(engine):
     ([4, 5.0], "must be integers"), ([4, "5"], "must be integers"), ([4, None], "must be integers"),
     ([2 ** 70], "must be integers"), ([-1, 4], r"must be in \[0, \d+\), got \[-1\]"),
     ([4, 10 ** 9, 5], r"got \[1000000000\]"), ([], "at least one token"),
+    ([4] * 2000 + [10 ** 9], r"got \[1000000000\]"), ([-3] + [4] * 1500, r"got \[-3\]"),
     (torch.tensor([[4, 5]]), r"1-D sequence, got a tensor of shape \(1, 2\)"),
     (torch.tensor([4.0, 5.0]), "must be integers"),
 ])
