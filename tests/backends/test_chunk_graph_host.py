@@ -211,6 +211,54 @@ def test_a_bucket_without_room_goes_eager_and_the_shorter_ones_keep_their_graphs
         assert all(torch.equal(x, y) for x, y in zip(pa.logical_rows(), pb.logical_rows()))
 
 
+def test_a_capture_without_room_drops_that_bucket_and_the_longer_ones(engine, monkeypatch):
+    """An OutOfMemoryError while capturing a bucket (its warm-up or its graph pool): that
+    chunk runs eagerly, the bucket and every longer one stay eager, the chunk graphs are not
+    marked failed, and a shorter bucket is still captured and replayed.  The CUDA graph is a
+    stand-in that reruns the pass on replay (capture.py's contract: the output in place)."""
+    from muser.backends.cuda import capture as cuda_capture
+
+    class Graph:
+        def __init__(self, fn, out):
+            self.fn, self.out = fn, out
+
+        def replay(self):
+            self.out.copy_(self.fn())
+
+    class Event:
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+    oom = [True]
+
+    def capture(fn, pool):
+        if oom.pop() if oom else False:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected at the capture)")
+        out = fn()
+        return Graph(fn, out), out
+    monkeypatch.setattr(cuda_capture, "capture", capture)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    step = Step(engine)
+    graphs = ChunkGraphs(step, [p.window for p in engine.new_session().planes], capture=True,
+                         max_rows=16384)
+    a, b = engine.new_session(), engine.new_session()
+    for c in (20, 12, 30, 16):
+        ids = [(5 * (a.position + j)) % 300 + 3 for j in range(c)]
+        la = one_forward(engine, [a], [ids], True, False, pass_fn=passes(engine, step, graphs))
+        lb = one_forward(engine, [b], [ids], True, False, pass_fn=passes(engine, step, None))
+        assert torch.allclose(la, lb, atol=1e-5)
+    assert graphs.stats == {"captures": 1, "replays": 2, "eager": 0, "no_room": 1}
+    assert graphs.limit == 16 and sorted(graphs.buckets) == [16] and not graphs.failed
+    assert a.tokens == b.tokens and a.position == 78
+    for pa, pb in zip(a.planes, b.planes):
+        assert all(torch.equal(x, y) for x, y in zip(pa.logical_rows(), pb.logical_rows()))
+
+
 @pytest.mark.parametrize("chunk, start, rows", [
     ([7], 0, 2), ([5, 6, 7], 10, 4), (list(range(3, 19)), 100, 16), (list(range(2049)), 5, 3072),
 ])
