@@ -26,6 +26,7 @@
 #   graphs_exact long chunks through graphs only at a bucket's exact length: graph / server rows,
 #                the 16k and 8k prefills against the eager tree
 #   graph_tma    every weight's tile by TMA in a long bucket's graph: the 16k prefill A/B
+#   pairs_ab     MUSER_CHUNK_PAIRS=on (two key tiles scored by one dot): kernel rows, 16k A/B
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
 #                (tma_persist_probe.py, fifth digit): bits against the decode tiles, 16k times
 #   confirm      the eleventh session's flips against their old values, three rounds (decode)
@@ -647,6 +648,16 @@ stage_graph_tma() {  # carry .prev (the tree before): in a long bucket's graph e
   # tile by TMA (the 1B's qkv / o, the 270M's every projection; eager keeps them on pointers for
   # the launch's host cost) -- the 16k prefill, bits old == new
   bench 230 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2 --reps 4
+}
+
+stage_pairs_ab() {  # two key tiles scored by one dot on the aligned flat loop (MUSER_CHUNK_PAIRS;
+  # pair_split_probe.py: the split is free in registers, half the QK wgmmas, q read from shared
+  # memory once a pair) -- its kernel rows against the decode kernel, then off / on on the 16k
+  # prefill: every K/V row and the logits bitwise, kernel times, the chunk attention by layer
+  # (the 1B's four global layers are where it runs; ~3.6 ms each off)
+  tests 200 -x tests/cuda/test_triton_chunk.py -k "pairs or aligned or wide"
+  bench 300 . benchmarks/prefill_tma_ab.py --knob MUSER_CHUNK_PAIRS --models 1b,270m --rounds 2 \
+    --top 8
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the

@@ -86,6 +86,13 @@ CONFIGS = [
      dict(BM=128, ROWS=32, DSPLIT=2, TWO=False, RING=False, HINTS=True), 8),
     ("chunk sliding flat eager wide (ordered shadow)", "chunk",
      dict(BM=128, ROWS=32, DSPLIT=2, TWO=False, DEV=False, RING=False), 8),
+    # MUSER_CHUNK_PAIRS: two unmasked key tiles scored by one dot (flat_pair_live)
+    ("chunk growing flat eager aligned, wide, heavy, pairs", "chunk",
+     {**GROWING, "FLAT": True, "TWO": False, "DEV": False, "ALIGN": True, "LIVE": True,
+      "BM": 128, "ROWS": 32, "DSPLIT": 2, "HEAVY": True, "PAIRS": True}, 8),
+    ("chunk growing flat captured aligned, wide, heavy, staged, pairs", "chunk",
+     {**GROWING, "FLAT": True, "ALIGN": True, "LIVE": True, "BM": 128, "ROWS": 32, "DSPLIT": 2,
+      "HEAVY": True, "TWO": False, "HINTS": True, "PAIRS": True}, 8),
     ("chunk growing nested captured", "chunk", GROWING, 8),
     ("chunk growing nested eager softcap", "chunk", {**GROWING, "TWO": False, "DEV": False,
                                                       "SOFTCAP": True}, 8),

@@ -196,6 +196,24 @@ def test_aligned_row_runs_without_the_selects_have_the_decode_bits(dev, kdtype, 
     assert torch.equal(out, ref)
 
 
+@pytest.mark.parametrize("tiles,sizes,heads", [(2, [1, 7, 97, 45], 4), (4, [50, 1, 1, 98], 4),
+                                               (4, [N], 8), (2, [16] * 9 + [6], 4)])
+def test_pairs_of_key_tiles_scored_by_one_dot_have_the_decode_bits(dev, kdtype, tiles, sizes, heads):
+    """lay["pairs"] (MUSER_CHUNK_PAIRS): the flat aligned loop scores two unmasked key tiles
+    with one [rows, 2 tiles] dot and folds the two halves in order (flat_pair_live) -- the
+    decode step's bits, splits of one and of two pairs, odd tails, chunks starting anywhere."""
+    from muser.backends.cuda.chunk_route import chunk_route
+    kv, d = 2, 32
+    lay = {**_layout("growing", d, 16, loop="aligned", tiles=tiles), "align": True, "pairs": True}
+    assert chunk_route(97, heads // kv, d, 1, lay, ring=False, window=None, dev=False,
+                       block_m=32).pairs
+    ins = _inputs(heads, kv, d, kdtype, dev, True)
+    ref, _, nsplit, cap = _decode("growing", heads, kv, d, kdtype, dev, lay, *ins, d ** -0.5, None)
+    out, _, _ = _chunks("growing", sizes, heads, kv, d, kdtype, dev, lay, nsplit, cap, *ins,
+                        d ** -0.5, None, 32)
+    assert torch.equal(out, ref)
+
+
 @pytest.mark.parametrize("kind,heads,kv,loop,shape", [
     ("growing", 4, 1, "aligned", (128, 2, 8, True)), ("growing", 4, 1, "nested", (128, 2, 8, True)),
     ("growing", 4, 2, "aligned", (64, 2, 4, True)), ("ring", 4, 1, "flat", (128, 2, 8, False)),

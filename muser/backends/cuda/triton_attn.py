@@ -68,7 +68,8 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     whether the growing planes' split loop is one fused loop ("chunk" / "on"); align: aligned
     row runs without the state-keeping selects (MUSER_CHUNK_ALIGN, triton_chunk.py); heavy: a
     growing plane's chunk starts its last query tiles first (MUSER_CHUNK_ORDER); wide: at head
-    dim 256 each warpgroup owns whole score rows (MUSER_CHUNK_WIDE; chunk_route._wide);
+    dim 256 each warpgroup owns whole score rows (MUSER_CHUNK_WIDE; chunk_route._wide); pairs:
+    aligned runs' unmasked tiles scored two at a time (MUSER_CHUNK_PAIRS, triton_chunk.py);
     interior: tiles every row sees whole skip the masks -- speed choices, not bits ones;
     acc_dot: p @ V accumulates onto the rescaled accumulator inside the dot -- a bits one).
 
@@ -95,7 +96,7 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
             "park": int(env.chunk_park), "prep": env.chunk_prep, "flatten": env.flatten,
             "align": {"off": False, "tiles": "tiles", "on": True}[env.chunk_align],
             "heavy": env.chunk_order == "heavy",
-            "wide": env.chunk_wide == "on"}
+            "wide": env.chunk_wide == "on", "pairs": env.chunk_pairs == "on"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -152,6 +153,21 @@ def pieces() -> dict:
             live = tl.max(valid.to(tl.int32), 1) > 0
             return (tl.where(live, m_new, m), tl.where(live, l_new, l),
                     tl.where(live[:, None], acc_new, acc))
+        return m_new, l_new, acc_new
+
+    @triton.jit
+    def tile_scored(sc, v, m, l, acc, ones, ACC_DOT: tl.constexpr):
+        """`tile_step` on scores already computed (MASKED and KEEP False: every row sees every
+        key of the tile) -- the same expressions in the same order, for a caller that takes two
+        tiles' scores from one dot (triton_chunk_tiles.flat_pair_live)."""
+        m_new = tl.maximum(m, tl.max(sc, 1))
+        alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
+        p = tl.exp(sc - m_new[:, None]).to(v.dtype)
+        l_new = l * alpha + tl.max(tl.dot(p, ones, input_precision="ieee"), 1)
+        if ACC_DOT:
+            acc_new = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
+        else:
+            acc_new = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         return m_new, l_new, acc_new
 
     @triton.jit
@@ -249,6 +265,7 @@ def pieces() -> dict:
             hs = tl.multiple_of(hs, 8)
         return kp, vp, rs, hs
 
-    return {"_tile_step": tile_step, "_tile_first": tile_first, "_merge_one": merge_one,
+    return {"_tile_step": tile_step, "_tile_scored": tile_scored, "_tile_first": tile_first,
+            "_merge_one": merge_one,
             "_merge_live": merge_live,
             "_sink": sink, "_columns": columns, "_plane_at": plane_at}

@@ -67,7 +67,8 @@ def _kernel():
                      TWO: tl.constexpr, DEV: tl.constexpr, ONE: tl.constexpr,
                      PARK: tl.constexpr, FLATTEN: tl.constexpr = False,
                      ALIGN: tl.constexpr = False, LIVE: tl.constexpr = False,
-                     HEAVY: tl.constexpr = False, HINTS: tl.constexpr = False):
+                     HEAVY: tl.constexpr = False, HINTS: tl.constexpr = False,
+                     PAIRS: tl.constexpr = False):
         if DEV:
             # a captured pass (chunk_graph.py): the plane and the chunk's place come from device
             # memory -- TAB (k_ptr, v_ptr, row stride, head stride), META (start, rows, first,
@@ -200,7 +201,17 @@ def _kernel():
                 if LIVE:
                     # aligned row runs (a growing plane): the tiles before the diagonal one
                     # unmasked, the diagonal masked; no selects (triton_chunk_tiles.py)
-                    for st in range(t_first, b1, BLOCK_N):
+                    pe = t_first
+                    if PAIRS:
+                        # whole pairs of unmasked tiles first (t_first is 0 here: no window),
+                        # one score dot a pair; an odd last tile goes below
+                        pe = t_first + (b1 - t_first) // (2 * BLOCK_N) * (2 * BLOCK_N)
+                        for st in range(t_first, pe, 2 * BLOCK_N):
+                            m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_pair_live(
+                                st, p_max, K, V, first, kcount, lo_min, rs, hs, kvh, dm, cv,
+                                dmv, cvv, q, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
+                                softcap, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, ACC_DOT)
+                    for st in range(pe, b1, BLOCK_N):
                         m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile_live(
                             st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs,
                             kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At,
@@ -329,6 +340,8 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         TWO=new is not None, DEV=dev is not None, ONE=rt.one, PARK=ws is not None,
         FLATTEN=lay.get("flatten") in ("chunk", "on"), ALIGN=rt.align, LIVE=rt.live,
         HEAVY=rt.heavy, HINTS=dev is not None and new is None, num_warps=rt.warps,
+        **({"PAIRS": True} if rt.pairs and new is None and ring is None
+           and bool(lay.get("interior", True)) else {}),
         enable_fp_fusion=False,
         **({"num_stages": stages} if stages else {}))
     if ws is not None:
