@@ -122,21 +122,13 @@ def pieces() -> dict:
     globals()["_scores"] = scores
 
     @triton.jit
-    def tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap, SOFTCAP: tl.constexpr,
-                  MASKED: tl.constexpr, ACC_DOT: tl.constexpr, KEEP: tl.constexpr = True):
-        """Fold one tile of keys into each row's running softmax.
-        q [BM, DP], k/v [BN, DP], kpos [BN] positions, lo/hi [BM]: row i sees [lo_i, hi_i).
-        MASKED False: a tile every row sees whole (the caller knows) -- the same values with
-        the selects left out (they would all pick their first operand).  KEEP False: the caller
-        knows every row it keeps sees at least one key of the tile, so the select that keeps a
-        row's state where it sees none is left out (it would pick acc_new for every such row)."""
-        sc, valid = _scores(q, k, kpos, lo, hi, scale, softcap, SOFTCAP, MASKED)
+    def tile_scored(sc, v, m, l, acc, ones, ACC_DOT: tl.constexpr):
+        """A tile every row sees whole folded into the running softmax, its scores given: the
+        unmasked `tile_step` (which calls it), and a caller that takes two tiles' scores from
+        one dot (triton_chunk_tiles.flat_pair_live)."""
         m_new = tl.maximum(m, tl.max(sc, 1))
         alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
-        if MASKED:
-            p = tl.where(valid, tl.exp(sc - m_new[:, None]), 0.0).to(v.dtype)
-        else:
-            p = tl.exp(sc - m_new[:, None]).to(v.dtype)
+        p = tl.exp(sc - m_new[:, None]).to(v.dtype)
         # the row sums on the tensor cores too: every column of p @ ones is the same sum
         l_new = l * alpha + tl.max(tl.dot(p, ones, input_precision="ieee"), 1)
         if ACC_DOT:
@@ -146,28 +138,37 @@ def pieces() -> dict:
             acc_new = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
         else:
             acc_new = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        if MASKED and KEEP:
+        return m_new, l_new, acc_new
+
+    globals()["_tile_scored"] = tile_scored
+
+    @triton.jit
+    def tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap, SOFTCAP: tl.constexpr,
+                  MASKED: tl.constexpr, ACC_DOT: tl.constexpr, KEEP: tl.constexpr = True):
+        """Fold one tile of keys into each row's running softmax.
+        q [BM, DP], k/v [BN, DP], kpos [BN] positions, lo/hi [BM]: row i sees [lo_i, hi_i).
+        MASKED False: a tile every row sees whole (the caller knows) -- the same values with
+        the selects left out (they would all pick their first operand).  KEEP False: the caller
+        knows every row it keeps sees at least one key of the tile, so the select that keeps a
+        row's state where it sees none is left out (it would pick acc_new for every such row)."""
+        sc, valid = _scores(q, k, kpos, lo, hi, scale, softcap, SOFTCAP, MASKED)
+        if not MASKED:
+            return _tile_scored(sc, v, m, l, acc, ones, ACC_DOT)
+        m_new = tl.maximum(m, tl.max(sc, 1))
+        alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
+        p = tl.where(valid, tl.exp(sc - m_new[:, None]), 0.0).to(v.dtype)
+        l_new = l * alpha + tl.max(tl.dot(p, ones, input_precision="ieee"), 1)
+        if ACC_DOT:
+            acc_new = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
+        else:
+            acc_new = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        if KEEP:
             # a row that sees no key of this tile keeps its state as it was, bit for bit (not
             # "times exp(0) plus zero products": what a chunk row does where a decode row never
             # goes)
             live = tl.max(valid.to(tl.int32), 1) > 0
             return (tl.where(live, m_new, m), tl.where(live, l_new, l),
                     tl.where(live[:, None], acc_new, acc))
-        return m_new, l_new, acc_new
-
-    @triton.jit
-    def tile_scored(sc, v, m, l, acc, ones, ACC_DOT: tl.constexpr):
-        """`tile_step` on scores already computed (MASKED and KEEP False: every row sees every
-        key of the tile) -- the same expressions in the same order, for a caller that takes two
-        tiles' scores from one dot (triton_chunk_tiles.flat_pair_live)."""
-        m_new = tl.maximum(m, tl.max(sc, 1))
-        alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
-        p = tl.exp(sc - m_new[:, None]).to(v.dtype)
-        l_new = l * alpha + tl.max(tl.dot(p, ones, input_precision="ieee"), 1)
-        if ACC_DOT:
-            acc_new = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
-        else:
-            acc_new = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         return m_new, l_new, acc_new
 
     @triton.jit

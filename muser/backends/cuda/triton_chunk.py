@@ -208,9 +208,10 @@ def _kernel():
                         pe = t_first + (b1 - t_first) // (2 * BLOCK_N) * (2 * BLOCK_N)
                         for st in range(t_first, pe, 2 * BLOCK_N):
                             m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_pair_live(
-                                st, p_max, K, V, first, kcount, lo_min, rs, hs, kvh, dm, cv,
-                                dmv, cvv, q, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale,
-                                softcap, BM, DPW, BLOCK_N, SPLIT, GS, SOFTCAP, ACC_DOT)
+                                st, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh,
+                                dm, cv, dmv, cvv, q, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones,
+                                scale, softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS,
+                                SOFTCAP, ACC_DOT, KV, D)
                     for st in range(pe, b1, BLOCK_N):
                         m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile_live(
                             st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs,

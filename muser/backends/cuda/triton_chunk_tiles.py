@@ -250,44 +250,33 @@ def chunk_pieces() -> dict:
     globals()["_flat_tile_live"] = flat_tile_live
 
     @triton.jit
-    def pair_values(V, kpos, first, kcount, lo_min, p_max, rs, hs, kvh, dmv, cvv):
-        """One tile's V rows of an ordered view, with _chunk_tile's mask (zeros elsewhere)."""
-        idx = kpos - first
-        km = (kpos >= lo_min) & (kpos <= p_max) & (idx >= 0) & (idx < kcount)
-        return tl.load(V + (idx[:, None].to(tl.int64) * rs + kvh * hs) + dmv[None, :],
-                       mask=km[:, None] & cvv[None, :], other=0.0)
-
-    globals()["_pair_values"] = pair_values
-
-    @triton.jit
-    def flat_pair_live(st, p_max, K, V, first, kcount, lo_min, rs, hs, kvh, dm, cv, dmv, cvv, q,
-                       m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale, softcap,
-                       BM: tl.constexpr, DPW: tl.constexpr, BLOCK_N: tl.constexpr,
+    def flat_pair_live(st, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm, cv,
+                       dmv, cvv, q, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale, softcap, K2, V2,
+                       start, BM: tl.constexpr, DPW: tl.constexpr, BLOCK_N: tl.constexpr,
                        SPLIT: tl.constexpr, GS: tl.constexpr, SOFTCAP: tl.constexpr,
-                       ACC_DOT: tl.constexpr):
+                       ACC_DOT: tl.constexpr, KV: tl.constexpr, D: tl.constexpr):
         """Two of `flat_tile_live`'s unmasked steps (MUSER_CHUNK_PAIRS): the tiles at st and
         st + BLOCK_N (st a multiple of 2 BLOCK_N, so a split -- whole pairs -- never ends
         between them) scored by one [BM, 2 BLOCK_N] dot, which gives every score the k16
         chain a [BM, BLOCK_N] dot gives it, split into the two tiles' halves and folded in
-        order as tile_step folds them.  An ordered view (no ring, no second buffer), loaded
-        with _chunk_tile's masks: the same values.
+        order as tile_step folds them.  An ordered view (no ring, no second buffer); K and each
+        half's V read by _chunk_tile (the load a call does not use is left out by the compiler).
 
             scores [BM, 2 BN] -> [BM, 2, BN] -> [BM, BN, 2] -> split: keys st.. | st + BN..
         """
-        kp = st + tl.arange(0, 2 * BLOCK_N)
-        idx = kp - first
-        km = (kp >= lo_min) & (kp <= p_max) & (idx >= 0) & (idx < kcount)
-        k = tl.load(K + (idx[:, None].to(tl.int64) * rs + kvh * hs) + dm[None, :],
-                    mask=km[:, None] & cv[None, :], other=0.0)
+        k, _ = _chunk_tile(K, V, st + tl.arange(0, 2 * BLOCK_N), first, rot, capm, kcount,
+                           lo_min, p_max, rs, hs, kvh, dm, cv, dmv, cvv, K2, V2, start, False,
+                           False, KV, D)
         sc = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         if SOFTCAP:
             sc = (2.0 * tl.sigmoid(2.0 * sc / softcap) - 1.0) * softcap
         sa, sb = tl.split(tl.permute(tl.reshape(sc, [BM, 2, BLOCK_N]), (0, 2, 1)))
-        vt = tl.arange(0, BLOCK_N)
-        va = _pair_values(V, st + vt, first, kcount, lo_min, p_max, rs, hs, kvh, dmv, cvv)
+        half = st + tl.arange(0, BLOCK_N)
+        _, va = _chunk_tile(K, V, half, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm,
+                            cv, dmv, cvv, K2, V2, start, False, False, KV, D)
         m, l, acc = _tile_scored(sa, va, m, l, acc, ones, ACC_DOT)
-        vb = _pair_values(V, st + BLOCK_N + vt, first, kcount, lo_min, p_max, rs, hs, kvh, dmv,
-                          cvv)
+        _, vb = _chunk_tile(K, V, half + BLOCK_N, first, rot, capm, kcount, lo_min, p_max, rs, hs,
+                            kvh, dm, cv, dmv, cvv, K2, V2, start, False, False, KV, D)
         m, l, acc = _tile_scored(sb, vb, m, l, acc, ones, ACC_DOT)
         return _live_end(st + 2 * BLOCK_N, st, p_max, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, BM, DPW,
                          SPLIT, GS)
