@@ -182,6 +182,20 @@ def test_a_failure_after_the_pass_leaves_the_session_as_it_was(engine, monkeypat
     s.check_invariants()
 
 
+def same_as_eager(engine, step, graphs, sizes):
+    """Chunks of `sizes` through `graphs` and through the eager pass, two sessions: the same
+    logits chunk by chunk, then the same tokens and every plane's rows."""
+    a, b = engine.new_session(), engine.new_session()
+    for c in sizes:
+        ids = [(7 * (a.position + j)) % 300 + 3 for j in range(c)]
+        la = one_forward(engine, [a], [ids], True, False, pass_fn=passes(engine, step, graphs))
+        lb = one_forward(engine, [b], [ids], True, False, pass_fn=passes(engine, step, None))
+        assert torch.allclose(la, lb, atol=1e-5)
+    assert a.tokens == b.tokens and a.position == b.position == sum(sizes)
+    for pa, pb in zip(a.planes, b.planes):
+        assert all(torch.equal(x, y) for x, y in zip(pa.logical_rows(), pb.logical_rows()))
+
+
 def test_a_bucket_without_room_goes_eager_and_the_shorter_ones_keep_their_graphs(engine,
                                                                                  monkeypatch):
     """The GPU has no memory for a bucket's buffers: that chunk runs eagerly (the same result,
@@ -198,17 +212,9 @@ def test_a_bucket_without_room_goes_eager_and_the_shorter_ones_keep_their_graphs
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
         return real(step_, rows, *a)
     monkeypatch.setattr(chunk_graph, "_Bucket", tight)
-    a, b = engine.new_session(), engine.new_session()
-    for c in (20, 12, 30, 16):
-        ids = [(7 * (a.position + j)) % 300 + 3 for j in range(c)]
-        la = one_forward(engine, [a], [ids], True, False, pass_fn=passes(engine, step, graphs))
-        lb = one_forward(engine, [b], [ids], True, False, pass_fn=passes(engine, step, None))
-        assert torch.allclose(la, lb, atol=1e-5)
+    same_as_eager(engine, step, graphs, (20, 12, 30, 16))
     assert graphs.stats["no_room"] == 1 and graphs.limit == 16 and not step.graph_rows
     assert sorted(graphs.buckets) == [16] and graphs.stats["eager"] == 2 and not graphs.failed
-    assert a.tokens == b.tokens and a.position == b.position == 78
-    for pa, pb in zip(a.planes, b.planes):
-        assert all(torch.equal(x, y) for x, y in zip(pa.logical_rows(), pb.logical_rows()))
 
 
 def test_a_capture_without_room_drops_that_bucket_and_the_longer_ones(engine, monkeypatch):
@@ -232,10 +238,11 @@ def test_a_capture_without_room_drops_that_bucket_and_the_longer_ones(engine, mo
         def synchronize(self):
             pass
 
-    oom = [True]
+    first = [True]                              # the first capture runs out of memory
 
     def capture(fn, pool):
-        if oom.pop() if oom else False:
+        if first:
+            first.clear()
             raise torch.OutOfMemoryError("CUDA out of memory (injected at the capture)")
         out = fn()
         return Graph(fn, out), out
@@ -246,17 +253,9 @@ def test_a_capture_without_room_drops_that_bucket_and_the_longer_ones(engine, mo
     step = Step(engine)
     graphs = ChunkGraphs(step, [p.window for p in engine.new_session().planes], capture=True,
                          max_rows=16384)
-    a, b = engine.new_session(), engine.new_session()
-    for c in (20, 12, 30, 16):
-        ids = [(5 * (a.position + j)) % 300 + 3 for j in range(c)]
-        la = one_forward(engine, [a], [ids], True, False, pass_fn=passes(engine, step, graphs))
-        lb = one_forward(engine, [b], [ids], True, False, pass_fn=passes(engine, step, None))
-        assert torch.allclose(la, lb, atol=1e-5)
+    same_as_eager(engine, step, graphs, (20, 12, 30, 16))
     assert graphs.stats == {"captures": 1, "replays": 2, "eager": 0, "no_room": 1}
     assert graphs.limit == 16 and sorted(graphs.buckets) == [16] and not graphs.failed
-    assert a.tokens == b.tokens and a.position == 78
-    for pa, pb in zip(a.planes, b.planes):
-        assert all(torch.equal(x, y) for x, y in zip(pa.logical_rows(), pb.logical_rows()))
 
 
 @pytest.mark.parametrize("chunk, start, rows", [

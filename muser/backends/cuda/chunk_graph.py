@@ -211,7 +211,8 @@ class ChunkGraphs:
             try:
                 b = _Bucket(self.step, rows, engine.device, shadows)
             except torch.OutOfMemoryError:
-                return self._no_room(rows)
+                self._no_room(rows)
+                return None
             self.buckets[rows] = b
         tabs = [plane_row(p) for p in planes]
         flat = [x for t in tabs for x in t]
@@ -290,7 +291,6 @@ class ChunkGraphs:
                 self.pool = torch.cuda.graph_pool_handle()
             b.graph, b.hidden = capture(lambda: self._pass(b), self.pool)
         except torch.OutOfMemoryError:
-            b.graph = None
             torch.cuda.synchronize()
             self._no_room(b.rows)
             return False
