@@ -26,7 +26,13 @@
 #   graphs_exact long chunks through graphs only at a bucket's exact length: graph / server rows,
 #                the 16k and 8k prefills against the eager tree
 #   graph_tma    every weight's tile by TMA in a long bucket's graph: the 16k prefill A/B
-#   pairs_ab     MUSER_CHUNK_PAIRS=on (two key tiles scored by one dot): kernel rows, 16k A/B
+#   fence_ab     MUSER_CHUNK_FENCE=on (p @ V waited for before the split-end branch): rows, 16k A/B
+#   (unroll_ab, thirtieth session: two key tiles an iteration, half the bar.syncs a tile -- the
+#    global layers 3.72 -> 5.22 ms with the same bits; the code is gone)
+#   fence_final  the fenced default: chunk / engine / server tests, 16k and 8k against .prev
+#   ncu          Nsight Compute on a global layer's 16k chunk attention: exact kernel vs plain flash
+#   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
+#    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
 #                (tma_persist_probe.py, fifth digit): bits against the decode tiles, 16k times
 #   confirm      the eleventh session's flips against their old values, three rounds (decode)
@@ -650,14 +656,42 @@ stage_graph_tma() {  # carry .prev (the tree before): in a long bucket's graph e
   bench 230 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2 --reps 4
 }
 
-stage_pairs_ab() {  # two key tiles scored by one dot on the aligned flat loop (MUSER_CHUNK_PAIRS;
-  # pair_split_probe.py: the split is free in registers, half the QK wgmmas, q read from shared
-  # memory once a pair) -- its kernel rows against the decode kernel, then off / on on the 16k
-  # prefill: every K/V row and the logits bitwise, kernel times, the chunk attention by layer
-  # (the 1B's four global layers are where it runs; ~3.6 ms each off)
-  tests 200 -x tests/cuda/test_triton_chunk.py -k "pairs or aligned or wide"
-  bench 300 . benchmarks/prefill_tma_ab.py --knob MUSER_CHUNK_PAIRS --models 1b,270m --rounds 2 \
+stage_fence_ab() {  # p @ V waited for before the aligned flat loop's split-end branch
+  # (MUSER_CHUNK_FENCE=on; sm_90: without it ptxas serializes every wgmma of the global
+  # layers' binaries, C7515) -- its kernel rows against the decode kernel, then off / on on the
+  # 16k prefill: every K/V row and the logits bitwise, kernel times, the chunk attention by
+  # layer; then the profile of one layer (ncu_chunk.py) with it on
+  tests 200 -x tests/cuda/test_triton_chunk.py -k "fenced or aligned or wide"
+  bench 300 . benchmarks/prefill_tma_ab.py --knob MUSER_CHUNK_FENCE --models 1b,270m --rounds 2 \
     --top 8
+  MUSER_CHUNK_FENCE=on bench 120 . benchmarks/ncu_chunk.py
+}
+
+stage_fence_final() {  # carry .prev (git archive a43f87b muser: before the fence): the chunk
+  # kernel file, the engine and the server groups side by side on the fenced default, then the
+  # 16k and 8k prefills against the tree before (bits old == new, speed)
+  par_groups "tests/cuda/test_triton_chunk.py" "$ENGINE_GROUP" \
+    "$SERVE_GROUP"
+  bench 150 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2 --reps 4
+  bench 120 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2 --reps 4 --n 8192
+}
+
+stage_ncu() {      # Nsight Compute on one global layer's 16k chunk attention (ncu_chunk.py): the
+  # exact kernel's default route against a plain flash kernel over the same 32-key tiles --
+  # the details page (speed of light, occupancy, warp stall reasons, the top stall lines) and
+  # each SASS line's stall samples (source.csv); the report itself stays on the machine
+  tests 200 -x tests/cuda/test_triton_chunk.py -k "aligned or wide"
+  bench 120 . benchmarks/ncu_chunk.py
+  [ -n "${DRY:-}" ] && return
+  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  PYTHONPATH=/tmp/site:$ROOT:$ROOT/benchmarks timeout 420 "$ncu" --clock-control none \
+    --profile-from-start off --set full --import-source yes -f -o /tmp/chunk python3 \
+    benchmarks/ncu_chunk.py --profiled > "$OUT/ncu.log" 2>&1
+  tail -5 "$OUT/ncu.log"
+  "$ncu" -i /tmp/chunk.ncu-rep --page details --print-units base > "$OUT/details.txt" 2>&1
+  "$ncu" -i /tmp/chunk.ncu-rep --page source --csv --print-source sass > "$OUT/source.csv" 2>&1
+  grep -E "chunk_kernel|fa_kernel|Duration|Registers|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|Compute \(SM\) Throughput|Memory Throughput" "$OUT/details.txt" | head -40
+  ls -la "$OUT"
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the

@@ -13,8 +13,11 @@ shuffle instruction counts, the wgmma shapes and counts (PTX), and ptxas' regist
 Twenty-ninth session (Triton 3.6, this machine): the split is free -- the halves come out in
 the accumulator's own register layout (`#linear` = the n32 wgmma layout), the same four
 conversions a tile as the single loop, the same shared-memory traffic a pair as a single tile,
-16 x m64n64k16 a pair against 32 x m64n32k16, 132 registers against 130, no spills.  Whether
-that pays on the H200 is the next device call's question (NOTES.md).
+16 x m64n64k16 a pair against 32 x m64n32k16, 132 registers against 130, no spills.
+Thirtieth session, H200: it did not pay.  The route in the exact kernel (an opt-in knob, the
+same bits) ran the 1B's global layers 3.75 -> 4.67 ms a layer at 16k (255 registers and 56-616
+B of spills there, against 8-284 without): the probe's plain loop has registers to spare, the
+exact kernel's three accumulators do not.  The route was removed; this probe stays the record.
 
     PYTHONPATH=/tmp/t36:. python3 benchmarks/pair_split_probe.py [--warps 8]
 """

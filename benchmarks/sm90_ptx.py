@@ -86,13 +86,14 @@ CONFIGS = [
      dict(BM=128, ROWS=32, DSPLIT=2, TWO=False, RING=False, HINTS=True), 8),
     ("chunk sliding flat eager wide (ordered shadow)", "chunk",
      dict(BM=128, ROWS=32, DSPLIT=2, TWO=False, DEV=False, RING=False), 8),
-    # MUSER_CHUNK_PAIRS: two unmasked key tiles scored by one dot (flat_pair_live)
-    ("chunk growing flat eager aligned, wide, heavy, pairs", "chunk",
+    # MUSER_CHUNK_FENCE=off: every flat aligned row above and below takes the fence (the
+    # default, `fenced`); these two without it -- ptxas serializes every wgmma (C7515)
+    ("chunk growing flat eager aligned, wide, heavy, unfenced", "chunk",
      {**GROWING, "FLAT": True, "TWO": False, "DEV": False, "ALIGN": True, "LIVE": True,
-      "BM": 128, "ROWS": 32, "DSPLIT": 2, "HEAVY": True, "PAIRS": True}, 8),
-    ("chunk growing flat captured aligned, wide, heavy, staged, pairs", "chunk",
+      "BM": 128, "ROWS": 32, "DSPLIT": 2, "HEAVY": True, "FENCE": False}, 8),
+    ("chunk growing flat captured aligned, wide, heavy, staged, unfenced", "chunk",
      {**GROWING, "FLAT": True, "ALIGN": True, "LIVE": True, "BM": 128, "ROWS": 32, "DSPLIT": 2,
-      "HEAVY": True, "TWO": False, "HINTS": True, "PAIRS": True}, 8),
+      "HEAVY": True, "TWO": False, "HINTS": True, "FENCE": False}, 8),
     ("chunk growing nested captured", "chunk", GROWING, 8),
     ("chunk growing nested eager softcap", "chunk", {**GROWING, "TWO": False, "DEV": False,
                                                       "SOFTCAP": True}, 8),
@@ -230,6 +231,14 @@ def compile_ptx(kern, consts: dict, warps: int) -> str:
     return out.asm["ptx"]
 
 
+def fenced(which: str, over: dict) -> dict:
+    """A flat aligned chunk route (FLAT and LIVE) as the engine launches it on the GPU: with the
+    fence before its split-end branch (MUSER_CHUNK_FENCE=on, the default) unless the row says."""
+    if which == "chunk" and over.get("FLAT") and over.get("LIVE"):
+        return {"FENCE": True, **over}
+    return over
+
+
 def ptxas_usage(ptx: str) -> str:
     """ptxas -v's verdict on the PTX (the wheel's ptxas, sm_90a as Triton compiles it):
     registers and spill bytes."""
@@ -343,6 +352,7 @@ def main():
     compiled = {}
     for name, which, over, warps in CONFIGS + (TILES if args.tiles else []):
         kern, base = kernels[which]
+        over = fenced(which, over)
         try:
             ptx = compile_ptx(kern, {**base, **over}, warps)
         except Exception as e:              # a compile failure is this tool's answer, not a crash

@@ -77,13 +77,13 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                           "so the long programs do not finish alone at the end (the same bits: "
                           "each program's work is its own; H200, a 1B global layer's 16k chunk "
                           "3.95 -> 3.52 ms)"),
-    "MUSER_CHUNK_PAIRS": ("off|on", "off", "backends/cuda (chunk attention)",
-                          "on: aligned growing runs take the scores of two key tiles from one "
-                          "[rows, 2 tiles] dot, split into the tiles' halves and folded one "
-                          "after the other (the same order of sums; an element's dot does not "
-                          "follow the instruction's width) -- half the QK instructions, each "
-                          "reading q from shared memory once for twice the keys "
-                          "(benchmarks/pair_split_probe.py); not yet measured on a GPU"),
+    "MUSER_CHUNK_FENCE": ("off|on", "on", "backends/cuda (chunk attention)",
+                          "on: the flat loop on aligned growing runs copies p @ V's result "
+                          "through an opaque move before its split-end branch, so the wgmma is "
+                          "waited for there and ptxas keeps the other wgmmas pipelined (off: "
+                          "ptxas serializes every wgmma of the kernel, C7515); the same bits "
+                          "(a move copies them; H200, a global layer's 16k chunk 3.75 -> 3.27 "
+                          "ms)"),
     "MUSER_CHUNK_WIDE": ("off|on", "on", "backends/cuda (chunk attention)",
                          "at head dims of 256, each warpgroup owns whole rows of the score tile "
                          "(a launch shape, the same bits; chunk_route.py): aligned runs at 4 "
@@ -235,7 +235,7 @@ class Env:
     chunk_align: str = "on"
     chunk_order: str = "heavy"
     chunk_wide: str = "on"
-    chunk_pairs: str = "off"
+    chunk_fence: str = "on"
     chunk_park: str = "16"
     chunk_prep: str = "alone"
     flatten: str = "dot"
@@ -342,7 +342,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_MEGA", "mega"), ("MUSER_ATTN_REGS", "attn_regs"),
                         ("MUSER_NORM_IN", "norm_in"), ("MUSER_DOT_TMA", "dot_tma"),
                         ("MUSER_CHUNK_ALIGN", "chunk_align"), ("MUSER_CHUNK_ORDER", "chunk_order"),
-                        ("MUSER_CHUNK_WIDE", "chunk_wide"), ("MUSER_CHUNK_PAIRS", "chunk_pairs")):
+                        ("MUSER_CHUNK_WIDE", "chunk_wide"), ("MUSER_CHUNK_FENCE", "chunk_fence")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

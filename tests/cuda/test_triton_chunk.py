@@ -197,16 +197,17 @@ def test_aligned_row_runs_without_the_selects_have_the_decode_bits(dev, kdtype, 
 
 
 @pytest.mark.parametrize("tiles,sizes,heads", [(2, [1, 7, 97, 45], 4), (4, [50, 1, 1, 98], 4),
-                                               (4, [N], 8), (2, [16] * 9 + [6], 4)])
-def test_pairs_of_key_tiles_scored_by_one_dot_have_the_decode_bits(dev, kdtype, tiles, sizes, heads):
-    """lay["pairs"] (MUSER_CHUNK_PAIRS): the flat aligned loop scores two unmasked key tiles
-    with one [rows, 2 tiles] dot and folds the two halves in order (flat_pair_live) -- the
-    decode step's bits, splits of one and of two pairs, odd tails, chunks starting anywhere."""
+                                               (1, [N], 8), (2, [16] * 9 + [6], 4)])
+def test_a_fenced_flat_loop_has_the_decode_bits(dev, kdtype, tiles, sizes, heads):
+    """lay["fence"] (MUSER_CHUNK_FENCE): the flat aligned loop copies p @ V's result through
+    an opaque move before its split-end branch (so the wgmma is waited for there) -- the decode
+    step's bits: splits of one, two and four tiles, chunks of every size starting anywhere.  (On
+    the GPU only: the interpreter has no inline asm, so there the route runs without the move.)"""
     from muser.backends.cuda.chunk_route import chunk_route
     kv, d = 2, 32
-    lay = {**_layout("growing", d, 16, loop="aligned", tiles=tiles), "align": True, "pairs": True}
+    lay = {**_layout("growing", d, 16, loop="aligned", tiles=tiles), "align": True, "fence": True}
     assert chunk_route(97, heads // kv, d, 1, lay, ring=False, window=None, dev=False,
-                       block_m=32).pairs
+                       block_m=32).fence
     ins = _inputs(heads, kv, d, kdtype, dev, True)
     ref, _, nsplit, cap = _decode("growing", heads, kv, d, kdtype, dev, lay, *ins, d ** -0.5, None)
     out, _, _ = _chunks("growing", sizes, heads, kv, d, kdtype, dev, lay, nsplit, cap, *ins,

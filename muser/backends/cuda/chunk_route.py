@@ -64,7 +64,7 @@ class ChunkRoute:
     flat: bool       # one loop over the key tiles, split and group ends inside it
     one: bool        # one-tile splits, each started by tile_first
     heavy: bool      # the last query tiles (the most keys) start first
-    pairs: bool      # the flat aligned loop scores two unmasked key tiles a dot (speed only)
+    fence: bool      # the flat aligned loop waits for p @ V before its split-end branch (speed only)
     tiles: int       # programs along the rows
     warps: int
 
@@ -114,7 +114,5 @@ def chunk_route(R: int, G: int, D: int, start: int, lay: dict, *, ring: bool, wi
     return ChunkRoute(rows=rows, bm=bm, dsplit=dsplit, park=park, nsp=nsp, align=align,
                       live=live, flat=flat, one=one,
                       heavy=bool(lay.get("heavy")) and not ring and not window,
-                      # MUSER_CHUNK_PAIRS: whole pairs of tiles inside a split, from key 0
-                      pairs=(bool(lay.get("pairs")) and live and flat and not park
-                             and lay["split"] % (2 * lay["block_n"]) == 0),
+                      fence=bool(lay.get("fence")) and live and flat,      # MUSER_CHUNK_FENCE
                       tiles=tiles, warps=warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"]))

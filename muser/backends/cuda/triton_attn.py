@@ -68,8 +68,8 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     whether the growing planes' split loop is one fused loop ("chunk" / "on"); align: aligned
     row runs without the state-keeping selects (MUSER_CHUNK_ALIGN, triton_chunk.py); heavy: a
     growing plane's chunk starts its last query tiles first (MUSER_CHUNK_ORDER); wide: at head
-    dim 256 each warpgroup owns whole score rows (MUSER_CHUNK_WIDE; chunk_route._wide); pairs:
-    aligned runs' unmasked tiles scored two at a time (MUSER_CHUNK_PAIRS, triton_chunk.py);
+    dim 256 each warpgroup owns whole score rows (MUSER_CHUNK_WIDE; chunk_route._wide); fence:
+    the aligned flat loop waits for p @ V before its split-end branch (MUSER_CHUNK_FENCE);
     interior: tiles every row sees whole skip the masks -- speed choices, not bits ones;
     acc_dot: p @ V accumulates onto the rescaled accumulator inside the dot -- a bits one).
 
@@ -96,7 +96,7 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
             "park": int(env.chunk_park), "prep": env.chunk_prep, "flatten": env.flatten,
             "align": {"off": False, "tiles": "tiles", "on": True}[env.chunk_align],
             "heavy": env.chunk_order == "heavy",
-            "wide": env.chunk_wide == "on", "pairs": env.chunk_pairs == "on"}
+            "wide": env.chunk_wide == "on", "fence": env.chunk_fence == "on"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,9 +123,8 @@ def pieces() -> dict:
 
     @triton.jit
     def tile_scored(sc, v, m, l, acc, ones, ACC_DOT: tl.constexpr):
-        """A tile every row sees whole folded into the running softmax, its scores given: the
-        unmasked `tile_step` (which calls it), and a caller that takes two tiles' scores from
-        one dot (triton_chunk_tiles.flat_pair_live)."""
+        """A tile every row sees whole folded into the running softmax, its scores given (the
+        unmasked `tile_step`)."""
         m_new = tl.maximum(m, tl.max(sc, 1))
         alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
         p = tl.exp(sc - m_new[:, None]).to(v.dtype)

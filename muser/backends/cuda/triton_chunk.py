@@ -68,7 +68,7 @@ def _kernel():
                      PARK: tl.constexpr, FLATTEN: tl.constexpr = False,
                      ALIGN: tl.constexpr = False, LIVE: tl.constexpr = False,
                      HEAVY: tl.constexpr = False, HINTS: tl.constexpr = False,
-                     PAIRS: tl.constexpr = False):
+                     FENCE: tl.constexpr = False):
         if DEV:
             # a captured pass (chunk_graph.py): the plane and the chunk's place come from device
             # memory -- TAB (k_ptr, v_ptr, row stride, head stride), META (start, rows, first,
@@ -201,29 +201,18 @@ def _kernel():
                 if LIVE:
                     # aligned row runs (a growing plane): the tiles before the diagonal one
                     # unmasked, the diagonal masked; no selects (triton_chunk_tiles.py)
-                    pe = t_first
-                    if PAIRS:
-                        # whole pairs of unmasked tiles first (t_first is 0 here: no window),
-                        # one score dot a pair; an odd last tile goes below
-                        pe = t_first + (b1 - t_first) // (2 * BLOCK_N) * (2 * BLOCK_N)
-                        for st in range(t_first, pe, 2 * BLOCK_N):
-                            m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_pair_live(
-                                st, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh,
-                                dm, cv, dmv, cvv, q, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones,
-                                scale, softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS,
-                                SOFTCAP, ACC_DOT, KV, D)
-                    for st in range(pe, b1, BLOCK_N):
+                    for st in range(t_first, b1, BLOCK_N):
                         m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile_live(
                             st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs,
                             kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At,
                             ones, scale, softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS,
-                            SOFTCAP, RING, not INTERIOR, ACC_DOT, TWO, KV, D)
+                            SOFTCAP, RING, not INTERIOR, ACC_DOT, TWO, KV, D, FENCE)
                     for st in range(b1, p_max + 1, BLOCK_N):
                         m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile_live(
                             st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs,
                             kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At,
                             ones, scale, softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS,
-                            SOFTCAP, RING, True, ACC_DOT, TWO, KV, D)
+                            SOFTCAP, RING, True, ACC_DOT, TWO, KV, D, FENCE)
                 else:
                     for st in range(t_first, a1, BLOCK_N):
                         m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile(
@@ -341,8 +330,8 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         TWO=new is not None, DEV=dev is not None, ONE=rt.one, PARK=ws is not None,
         FLATTEN=lay.get("flatten") in ("chunk", "on"), ALIGN=rt.align, LIVE=rt.live,
         HEAVY=rt.heavy, HINTS=dev is not None and new is None, num_warps=rt.warps,
-        **({"PAIRS": True} if rt.pairs and new is None and ring is None
-           and bool(lay.get("interior", True)) else {}),
+        # (Triton's interpreter has no inline asm: there the move -- a bit copy -- is left out)
+        **({"FENCE": True} if rt.fence and q.is_cuda else {}),
         enable_fp_fusion=False,
         **({"num_stages": stages} if stages else {}))
     if ws is not None:

@@ -234,57 +234,35 @@ def chunk_pieces() -> dict:
                        BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, GS: tl.constexpr,
                        SOFTCAP: tl.constexpr, RING: tl.constexpr, MASKED: tl.constexpr,
                        ACC_DOT: tl.constexpr, TWO: tl.constexpr, KV: tl.constexpr,
-                       D: tl.constexpr):
+                       D: tl.constexpr, FENCE: tl.constexpr = False):
         """`flat_tile` for aligned row runs (triton_chunk.py's ALIGN with LIVE): no select
         anywhere.  The split's state is reset where the split ends, inside the branch that
         merges it, to the (-inf, +0, +0) a nested split starts from -- not selected back at
         the next split's first tile -- and its merges are `split_done_live`'s: the same
-        tile_step / merge sequence as the aligned nested loop, so the same bits."""
+        tile_step / merge sequence as the aligned nested loop, so the same bits.
+
+        FENCE (MUSER_CHUNK_FENCE): p @ V's result passes through an opaque move (a bit copy)
+        before the split-end branch.  Why: the branch's merge reads the accumulator the
+        async wgmma writes, and Triton places that wgmma's wait at the next iteration's first
+        dot -- so ptxas finds a read inside the wgmma's pipeline stage and serializes EVERY
+        wgmma of the kernel (C7515: "instructions are serialized due to non wgmma instructions
+        reading/defining accumulator registers").  An unconditional first use -- the move --
+        makes Triton wait right there; ptxas then keeps the QK chain pipelined (sm_90,
+        Triton 3.6: the eager and staged binaries compile without C7515, spills 8 -> 0 and
+        232 -> 224 B).  The same values: a move copies bits."""
         m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh,
                                dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones, scale, softcap,
                                K2, V2, start, BLOCK_N, SOFTCAP, RING, MASKED, ACC_DOT, TWO,
                                KV, D, False, False)
+        if FENCE:
+            acc = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=tl.float32,
+                                            is_pure=True, pack=1)
         return _live_end(st + BLOCK_N, st, p_max, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, BM, DPW,
                          SPLIT, GS)
 
     globals()["_flat_tile_live"] = flat_tile_live
 
-    @triton.jit
-    def flat_pair_live(st, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh, dm, cv,
-                       dmv, cvv, q, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones, scale, softcap, K2, V2,
-                       start, BM: tl.constexpr, DPW: tl.constexpr, BLOCK_N: tl.constexpr,
-                       SPLIT: tl.constexpr, GS: tl.constexpr, SOFTCAP: tl.constexpr,
-                       ACC_DOT: tl.constexpr, KV: tl.constexpr, D: tl.constexpr):
-        """Two of `flat_tile_live`'s unmasked steps (MUSER_CHUNK_PAIRS): the tiles at st and
-        st + BLOCK_N (st a multiple of 2 BLOCK_N, so a split -- whole pairs -- never ends
-        between them) scored by one [BM, 2 BLOCK_N] dot, which gives every score the k16
-        chain a [BM, BLOCK_N] dot gives it, split into the two tiles' halves and folded in
-        order as tile_step folds them.  An ordered view (no ring, no second buffer); K and each
-        half's V read by _chunk_tile (the load a call does not use is left out by the compiler).
-
-            scores [BM, 2 BN] -> [BM, 2, BN] -> [BM, BN, 2] -> split: keys st.. | st + BN..
-        """
-        k, _ = _chunk_tile(K, V, st + tl.arange(0, 2 * BLOCK_N), first, rot, capm, kcount,
-                           lo_min, p_max, rs, hs, kvh, dm, cv, dmv, cvv, K2, V2, start, False,
-                           False, KV, D)
-        sc = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        if SOFTCAP:
-            sc = (2.0 * tl.sigmoid(2.0 * sc / softcap) - 1.0) * softcap
-        sa, sb = tl.split(tl.permute(tl.reshape(sc, [BM, 2, BLOCK_N]), (0, 2, 1)))
-        half = st + tl.arange(0, BLOCK_N)
-        _, va = _chunk_tile(K, V, half, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm,
-                            cv, dmv, cvv, K2, V2, start, False, False, KV, D)
-        m, l, acc = _tile_scored(sa, va, m, l, acc, ones, ACC_DOT)
-        _, vb = _chunk_tile(K, V, half + BLOCK_N, first, rot, capm, kcount, lo_min, p_max, rs, hs,
-                            kvh, dm, cv, dmv, cvv, K2, V2, start, False, False, KV, D)
-        m, l, acc = _tile_scored(sb, vb, m, l, acc, ones, ACC_DOT)
-        return _live_end(st + 2 * BLOCK_N, st, p_max, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, BM, DPW,
-                         SPLIT, GS)
-
-    globals()["_flat_pair_live"] = flat_pair_live
-
     return {"_chunk_tile": chunk_tile, "_keys_tile": keys_tile, "_split_partial": split_partial,
             "_group_end": group_end, "_split_done": split_done,
             "_split_done_sel": split_done_sel, "_split_done_live": split_done_live,
-            "_flat_tile": flat_tile, "_flat_tile_live": flat_tile_live,
-            "_flat_pair_live": flat_pair_live}
+            "_flat_tile": flat_tile, "_flat_tile_live": flat_tile_live}
