@@ -12,9 +12,9 @@ Two uses, both before a device call (benchmarks/NOTES.md, tenth session):
   speed) the device measured still hold.
 
 - **Does a tile fit?**  `--regs` runs the wheel's ptxas on each PTX (`-v`) and prints its
-  registers and spill bytes; `--tiles` adds the 64-key attention tiles (ring and growing, decode
-  and chunk, 4 and 8 warps) -- the ones `layout()` does not pick because a [BN, D] K/V tile at
-  D = 256 spilled at 4 warps.
+  registers and spill bytes, and whether ptxas serialized the wgmmas (C7515); `--tiles` adds
+  the 64-key attention tiles (ring and growing, decode and chunk, 4 and 8 warps) -- the ones
+  `layout()` does not pick because a [BN, D] K/V tile at D = 256 spilled at 4 warps.
 - **Does a norm-in dot norm as add_norm does?**  `--norm-check` compares each norm-in dot's
   float ops (loads, converts, adds, FMAs, shuffles, in order) with its add_norm's: the same list
   on the same data is the same bits (MUSER_NORM_IN, seventeenth session).
@@ -258,8 +258,12 @@ def ptxas_usage(ptx: str) -> str:
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
     if regs is None:
         return "ptxas: " + text.strip().splitlines()[-1][:80] if text.strip() else "ptxas: ?"
-    return f"{regs.group(1)} regs, spills {spill.group(1)}/{spill.group(2)} B" if spill else \
-        f"{regs.group(1)} regs"
+    # C7515: ptxas serialized the wgmmas (a non-wgmma instruction reads or defines an
+    # accumulator inside a wgmma's pipeline stage) -- the thirtieth session's find: the global
+    # layers' chunk binaries had it for six sessions, unread
+    serial = ", WGMMA SERIALIZED (C7515)" if "C7515" in text else ""
+    return (f"{regs.group(1)} regs, spills {spill.group(1)}/{spill.group(2)} B" if spill else
+            f"{regs.group(1)} regs") + serial
 
 
 def io_counts(ptx: str) -> str:
