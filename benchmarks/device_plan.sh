@@ -30,6 +30,7 @@
 #   (unroll_ab, thirtieth session: two key tiles an iteration, half the bar.syncs a tile -- the
 #    global layers 3.72 -> 5.22 ms with the same bits; the code is gone)
 #   fence_final  the fenced default: chunk / engine / server tests, 16k and 8k against .prev
+#   whole_ab     MUSER_CHUNK_WHOLE=on (unmasked tiles without row masks): 16k A/B, one round
 #   ncu          Nsight Compute on a global layer's 16k chunk attention: exact kernel vs plain flash
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
 #    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
@@ -674,6 +675,13 @@ stage_fence_final() {  # carry .prev (git archive a43f87b muser: before the fenc
     "$SERVE_GROUP"
   bench 150 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2 --reps 4
   bench 120 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2 --reps 4 --n 8192
+}
+
+stage_whole_ab() {  # the unmasked key tiles loaded without row masks (MUSER_CHUNK_WHOLE=on;
+  # sm_90: ~100 fewer ISETP / SEL / LOP3 / IMAD in the flat loop) -- off / on on the 16k
+  # prefill, one round (the device time left at the thirtieth session's end): bits and speed
+  bench 150 . benchmarks/prefill_tma_ab.py --knob MUSER_CHUNK_WHOLE --models 1b,270m --rounds 1 \
+    --top 3
 }
 
 stage_ncu() {      # Nsight Compute on one global layer's 16k chunk attention (ncu_chunk.py): the

@@ -87,13 +87,21 @@ CONFIGS = [
     ("chunk sliding flat eager wide (ordered shadow)", "chunk",
      dict(BM=128, ROWS=32, DSPLIT=2, TWO=False, DEV=False, RING=False), 8),
     # MUSER_CHUNK_FENCE=off: every flat aligned row above and below takes the fence (the
-    # default, `fenced`); these two without it -- ptxas serializes every wgmma (C7515)
+    # default, `fenced`); these two without it (nor whole tiles: the thirtieth session's
+    # default before both) -- ptxas serializes every wgmma (C7515)
     ("chunk growing flat eager aligned, wide, heavy, unfenced", "chunk",
      {**GROWING, "FLAT": True, "TWO": False, "DEV": False, "ALIGN": True, "LIVE": True,
-      "BM": 128, "ROWS": 32, "DSPLIT": 2, "HEAVY": True, "FENCE": False}, 8),
+      "BM": 128, "ROWS": 32, "DSPLIT": 2, "HEAVY": True, "FENCE": False, "WHOLE": False}, 8),
     ("chunk growing flat captured aligned, wide, heavy, staged, unfenced", "chunk",
      {**GROWING, "FLAT": True, "ALIGN": True, "LIVE": True, "BM": 128, "ROWS": 32, "DSPLIT": 2,
-      "HEAVY": True, "TWO": False, "HINTS": True, "FENCE": False}, 8),
+      "HEAVY": True, "TWO": False, "HINTS": True, "FENCE": False, "WHOLE": False}, 8),
+    # MUSER_CHUNK_WHOLE=off: the same defaults with the whole tiles' row masks
+    ("chunk growing flat eager aligned, wide, heavy, masked tiles", "chunk",
+     {**GROWING, "FLAT": True, "TWO": False, "DEV": False, "ALIGN": True, "LIVE": True,
+      "BM": 128, "ROWS": 32, "DSPLIT": 2, "HEAVY": True, "WHOLE": False}, 8),
+    ("chunk growing flat captured aligned, wide, heavy, staged, masked tiles", "chunk",
+     {**GROWING, "FLAT": True, "ALIGN": True, "LIVE": True, "BM": 128, "ROWS": 32, "DSPLIT": 2,
+      "HEAVY": True, "TWO": False, "HINTS": True, "WHOLE": False}, 8),
     ("chunk growing nested captured", "chunk", GROWING, 8),
     ("chunk growing nested eager softcap", "chunk", {**GROWING, "TWO": False, "DEV": False,
                                                       "SOFTCAP": True}, 8),
@@ -233,9 +241,12 @@ def compile_ptx(kern, consts: dict, warps: int) -> str:
 
 def fenced(which: str, over: dict) -> dict:
     """A flat aligned chunk route (FLAT and LIVE) as the engine launches it on the GPU: with the
-    fence before its split-end branch (MUSER_CHUNK_FENCE=on, the default) unless the row says."""
+    fence before its split-end branch (MUSER_CHUNK_FENCE=on, the default), and on an ordered
+    view (no second buffer: TWO False) its whole tiles without row masks (MUSER_CHUNK_WHOLE=on,
+    the default) -- unless the row says."""
     if which == "chunk" and over.get("FLAT") and over.get("LIVE"):
-        return {"FENCE": True, **over}
+        whole = {"WHOLE": True} if over.get("TWO", True) is False else {}
+        return {"FENCE": True, **whole, **over}
     return over
 
 

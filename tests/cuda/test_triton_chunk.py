@@ -215,6 +215,25 @@ def test_a_fenced_flat_loop_has_the_decode_bits(dev, kdtype, tiles, sizes, heads
     assert torch.equal(out, ref)
 
 
+@pytest.mark.parametrize("tiles,sizes,heads", [(2, [1, 7, 97, 45], 4), (4, [50, 1, 1, 98], 4),
+                                               (1, [N], 8)])
+def test_whole_key_tiles_loaded_without_row_masks_have_the_decode_bits(dev, kdtype, tiles, sizes,
+                                                                       heads):
+    """lay["whole"] (MUSER_CHUNK_WHOLE): the flat aligned loop loads the key tiles every row sees
+    whole without row masks -- the decode step's bits, chunks of every size starting anywhere
+    (eager chunks over the plane: the ordered view's route)."""
+    from muser.backends.cuda.chunk_route import chunk_route
+    kv, d = 2, 32
+    lay = {**_layout("growing", d, 16, loop="aligned", tiles=tiles), "align": True, "whole": True}
+    assert chunk_route(97, heads // kv, d, 1, lay, ring=False, window=None, dev=False,
+                       block_m=32).whole
+    ins = _inputs(heads, kv, d, kdtype, dev, True)
+    ref, _, nsplit, cap = _decode("growing", heads, kv, d, kdtype, dev, lay, *ins, d ** -0.5, None)
+    out, _, _ = _chunks("growing", sizes, heads, kv, d, kdtype, dev, lay, nsplit, cap, *ins,
+                        d ** -0.5, None, 32)
+    assert torch.equal(out, ref)
+
+
 @pytest.mark.parametrize("kind,heads,kv,loop,shape", [
     ("growing", 4, 1, "aligned", (128, 2, 8, True)), ("growing", 4, 1, "nested", (128, 2, 8, True)),
     ("growing", 4, 2, "aligned", (64, 2, 4, True)), ("ring", 4, 1, "flat", (128, 2, 8, False)),

@@ -65,6 +65,7 @@ class ChunkRoute:
     one: bool        # one-tile splits, each started by tile_first
     heavy: bool      # the last query tiles (the most keys) start first
     fence: bool      # the flat aligned loop waits for p @ V before its split-end branch (speed only)
+    whole: bool      # the flat aligned loop loads unmasked tiles without row masks (speed only)
     tiles: int       # programs along the rows
     warps: int
 
@@ -115,4 +116,5 @@ def chunk_route(R: int, G: int, D: int, start: int, lay: dict, *, ring: bool, wi
                       live=live, flat=flat, one=one,
                       heavy=bool(lay.get("heavy")) and not ring and not window,
                       fence=bool(lay.get("fence")) and live and flat,      # MUSER_CHUNK_FENCE
+                      whole=bool(lay.get("whole")) and live and flat,      # MUSER_CHUNK_WHOLE
                       tiles=tiles, warps=warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"]))

@@ -69,7 +69,8 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     row runs without the state-keeping selects (MUSER_CHUNK_ALIGN, triton_chunk.py); heavy: a
     growing plane's chunk starts its last query tiles first (MUSER_CHUNK_ORDER); wide: at head
     dim 256 each warpgroup owns whole score rows (MUSER_CHUNK_WIDE; chunk_route._wide); fence:
-    the aligned flat loop waits for p @ V before its split-end branch (MUSER_CHUNK_FENCE);
+    the aligned flat loop waits for p @ V before its split-end branch (MUSER_CHUNK_FENCE); whole:
+    its unmasked tiles load without row masks (MUSER_CHUNK_WHOLE);
     interior: tiles every row sees whole skip the masks -- speed choices, not bits ones;
     acc_dot: p @ V accumulates onto the rescaled accumulator inside the dot -- a bits one).
 
@@ -96,7 +97,8 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
             "park": int(env.chunk_park), "prep": env.chunk_prep, "flatten": env.flatten,
             "align": {"off": False, "tiles": "tiles", "on": True}[env.chunk_align],
             "heavy": env.chunk_order == "heavy",
-            "wide": env.chunk_wide == "on", "fence": env.chunk_fence == "on"}
+            "wide": env.chunk_wide == "on", "fence": env.chunk_fence == "on",
+            "whole": env.chunk_whole == "on"}
 
 
 @functools.lru_cache(maxsize=None)

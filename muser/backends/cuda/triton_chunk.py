@@ -68,7 +68,7 @@ def _kernel():
                      PARK: tl.constexpr, FLATTEN: tl.constexpr = False,
                      ALIGN: tl.constexpr = False, LIVE: tl.constexpr = False,
                      HEAVY: tl.constexpr = False, HINTS: tl.constexpr = False,
-                     FENCE: tl.constexpr = False):
+                     FENCE: tl.constexpr = False, WHOLE: tl.constexpr = False):
         if DEV:
             # a captured pass (chunk_graph.py): the plane and the chunk's place come from device
             # memory -- TAB (k_ptr, v_ptr, row stride, head stride), META (start, rows, first,
@@ -206,7 +206,7 @@ def _kernel():
                             st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs,
                             kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At,
                             ones, scale, softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS,
-                            SOFTCAP, RING, not INTERIOR, ACC_DOT, TWO, KV, D, FENCE)
+                            SOFTCAP, RING, not INTERIOR, ACC_DOT, TWO, KV, D, FENCE, WHOLE)
                     for st in range(b1, p_max + 1, BLOCK_N):
                         m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile_live(
                             st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs,
@@ -330,8 +330,9 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         TWO=new is not None, DEV=dev is not None, ONE=rt.one, PARK=ws is not None,
         FLATTEN=lay.get("flatten") in ("chunk", "on"), ALIGN=rt.align, LIVE=rt.live,
         HEAVY=rt.heavy, HINTS=dev is not None and new is None, num_warps=rt.warps,
-        # (Triton's interpreter has no inline asm: there the move -- a bit copy -- is left out)
-        **({"FENCE": True} if rt.fence and q.is_cuda else {}),
+        # (the move is PTX: left out -- a bit copy -- under Triton's interpreter and on ROCm)
+        **({"FENCE": True} if rt.fence and q.is_cuda and torch.version.hip is None else {}),
+        **({"WHOLE": True} if rt.whole and new is None and ring is None else {}),
         enable_fp_fusion=False,
         **({"num_stages": stages} if stages else {}))
     if ws is not None:

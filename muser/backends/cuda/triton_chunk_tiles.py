@@ -28,11 +28,18 @@ def chunk_pieces() -> dict:
     @triton.jit
     def chunk_tile(K, V, kpos, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm, cv,
                    dmv, cvv, K2, V2, start, RING: tl.constexpr, TWO: tl.constexpr,
-                   KV: tl.constexpr, D: tl.constexpr):
+                   KV: tl.constexpr, D: tl.constexpr, WHOLE: tl.constexpr = False):
         """The K and V tiles of key positions kpos, read by position (zeros outside the rows
         any query of the tile sees, or outside the view); V's columns are this program's slice.
         TWO: positions from `start` on are the chunk's own rows, K2 / V2 [R, KV, D] (row x -
-        start); the plane holds only the history (a captured pass stores after attending)."""
+        start); the plane holds only the history (a captured pass stores after attending).
+        WHOLE (MUSER_CHUNK_WHOLE; an ordered view, no second buffer): the caller knows every
+        key of the tile is one each row sees, so in the view -- the row masks would all be
+        true: left out (the same values; only the columns past D stay masked)."""
+        if WHOLE:
+            rows = (kpos - first)[:, None].to(tl.int64) * rs + kvh * hs
+            return (tl.load(K + rows + dm[None, :], mask=cv[None, :], other=0.0),
+                    tl.load(V + rows + dmv[None, :], mask=cvv[None, :], other=0.0))
         idx = kpos - first
         km = (kpos >= lo_min) & (kpos <= p_max)
         if TWO:
@@ -64,13 +71,13 @@ def chunk_pieces() -> dict:
                   BLOCK_N: tl.constexpr, SOFTCAP: tl.constexpr, RING: tl.constexpr,
                   MASKED: tl.constexpr, ACC_DOT: tl.constexpr, TWO: tl.constexpr,
                   KV: tl.constexpr, D: tl.constexpr, FIRST: tl.constexpr = False,
-                  KEEP: tl.constexpr = True):
+                  KEEP: tl.constexpr = True, WHOLE: tl.constexpr = False):
         """The tile of keys at positions st.. folded into the split's running softmax (FIRST: a
         split's first tile, from the empty state, which m / l / acc then are not read as;
-        KEEP: tile_step's)."""
+        KEEP: tile_step's; WHOLE: _chunk_tile's)."""
         kpos = st + tl.arange(0, BLOCK_N)
         k, v = _chunk_tile(K, V, kpos, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh, dm,
-                           cv, dmv, cvv, K2, V2, start, RING, TWO, KV, D)
+                           cv, dmv, cvv, K2, V2, start, RING, TWO, KV, D, WHOLE)
         if FIRST:
             return _tile_first(q, k, v, kpos, lo, hi, ones, scale, softcap, SOFTCAP, MASKED)
         return _tile_step(q, k, v, kpos, lo, hi, m, l, acc, ones, scale, softcap, SOFTCAP,
@@ -234,7 +241,8 @@ def chunk_pieces() -> dict:
                        BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, GS: tl.constexpr,
                        SOFTCAP: tl.constexpr, RING: tl.constexpr, MASKED: tl.constexpr,
                        ACC_DOT: tl.constexpr, TWO: tl.constexpr, KV: tl.constexpr,
-                       D: tl.constexpr, FENCE: tl.constexpr = False):
+                       D: tl.constexpr, FENCE: tl.constexpr = False,
+                       WHOLE: tl.constexpr = False):
         """`flat_tile` for aligned row runs (triton_chunk.py's ALIGN with LIVE): no select
         anywhere.  The split's state is reset where the split ends, inside the branch that
         merges it, to the (-inf, +0, +0) a nested split starts from -- not selected back at
@@ -249,11 +257,12 @@ def chunk_pieces() -> dict:
         reading/defining accumulator registers").  An unconditional first use -- the move --
         makes Triton wait right there; ptxas then keeps the QK chain pipelined (sm_90,
         Triton 3.6: the eager and staged binaries compile without C7515, spills 8 -> 0 and
-        232 -> 224 B).  The same values: a move copies bits."""
+        232 -> 224 B).  The same values: a move copies bits.  WHOLE: an unmasked tile's K / V
+        load without row masks (_chunk_tile)."""
         m, l, acc = _keys_tile(st, K, V, first, rot, capm, kcount, lo_min, p_max, rs, hs, kvh,
                                dm, cv, dmv, cvv, q, lo, hi, m, l, acc, ones, scale, softcap,
                                K2, V2, start, BLOCK_N, SOFTCAP, RING, MASKED, ACC_DOT, TWO,
-                               KV, D, False, False)
+                               KV, D, False, False, WHOLE and not MASKED)
         if FENCE:
             acc = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=tl.float32,
                                             is_pure=True, pack=1)
