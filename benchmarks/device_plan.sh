@@ -669,8 +669,9 @@ stage_fence_ab() {  # p @ V waited for before the aligned flat loop's split-end 
 }
 
 stage_fence_final() {  # carry .prev (git archive a43f87b muser: before the fence): the chunk
-  # kernel file, the engine and the server groups side by side on the fenced default, then the
-  # 16k and 8k prefills against the tree before (bits old == new, speed)
+  # kernel file, the engine and the server groups side by side on the defaults (the fence; since
+  # 793a998 whole tiles too), then the 16k and 8k prefills against the tree before (bits old ==
+  # new, speed)
   par_groups "tests/cuda/test_triton_chunk.py" "$ENGINE_GROUP" \
     "$SERVE_GROUP"
   bench 150 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2 --reps 4
