@@ -662,7 +662,7 @@ stage_fence_ab() {  # p @ V waited for before the aligned flat loop's split-end 
   # layers' binaries, C7515) -- its kernel rows against the decode kernel, then off / on on the
   # 16k prefill: every K/V row and the logits bitwise, kernel times, the chunk attention by
   # layer; then the profile of one layer (ncu_chunk.py) with it on
-  tests 200 -x tests/cuda/test_triton_chunk.py -k "fenced or aligned or wide"
+  tests 200 -x tests/cuda/test_triton_chunk.py -k "fence or aligned or wide"
   bench 300 . benchmarks/prefill_tma_ab.py --knob MUSER_CHUNK_FENCE --models 1b,270m --rounds 2 \
     --top 8
   MUSER_CHUNK_FENCE=on bench 120 . benchmarks/ncu_chunk.py

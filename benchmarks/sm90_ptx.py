@@ -87,7 +87,7 @@ CONFIGS = [
     ("chunk sliding flat eager wide (ordered shadow)", "chunk",
      dict(BM=128, ROWS=32, DSPLIT=2, TWO=False, DEV=False, RING=False), 8),
     # MUSER_CHUNK_FENCE=off: every flat aligned row above and below takes the fence (the
-    # default, `fenced`); these two without it (nor whole tiles: the thirtieth session's
+    # default, `as_launched`); these two without it (nor whole tiles: the thirtieth session's
     # default before both) -- ptxas serializes every wgmma (C7515)
     ("chunk growing flat eager aligned, wide, heavy, unfenced", "chunk",
      {**GROWING, "FLAT": True, "TWO": False, "DEV": False, "ALIGN": True, "LIVE": True,
@@ -239,7 +239,7 @@ def compile_ptx(kern, consts: dict, warps: int) -> str:
     return out.asm["ptx"]
 
 
-def fenced(which: str, over: dict) -> dict:
+def as_launched(which: str, over: dict) -> dict:
     """A flat aligned chunk route (FLAT and LIVE) as the engine launches it on the GPU: with the
     fence before its split-end branch (MUSER_CHUNK_FENCE=on, the default), and on an ordered
     view (no second buffer: TWO False) its whole tiles without row masks (MUSER_CHUNK_WHOLE=on,
@@ -367,7 +367,7 @@ def main():
     compiled = {}
     for name, which, over, warps in CONFIGS + (TILES if args.tiles else []):
         kern, base = kernels[which]
-        over = fenced(which, over)
+        over = as_launched(which, over)
         try:
             ptx = compile_ptx(kern, {**base, **over}, warps)
         except Exception as e:              # a compile failure is this tool's answer, not a crash

@@ -219,22 +219,6 @@ def chunk_pieces() -> dict:
     globals()["_flat_tile"] = flat_tile
 
     @triton.jit
-    def live_end(end, st, p_max, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, BM: tl.constexpr,
-                 DPW: tl.constexpr, SPLIT: tl.constexpr, GS: tl.constexpr):
-        """After the aligned flat loop's keys up to `end` (exclusive; the last tile at st): where
-        the split ends there, merge it (`split_done_live`) and reset it to the (-inf, +0, +0)
-        a nested split starts from."""
-        if (end % SPLIT == 0) | (end > p_max):                          # the split ends here
-            Mg, Lg, Ag, Mt, Lt, At = _split_done_live(st // SPLIT, p_max // SPLIT, m, l, acc,
-                                                      Mg, Lg, Ag, Mt, Lt, At, BM, DPW, GS)
-            m = tl.full([BM], float("-inf"), tl.float32)
-            l = tl.zeros([BM], tl.float32)
-            acc = tl.zeros([BM, DPW], tl.float32)
-        return m, l, acc, Mg, Lg, Ag, Mt, Lt, At
-
-    globals()["_live_end"] = live_end
-
-    @triton.jit
     def flat_tile_live(st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs, kvh,
                        dm, cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, ones,
                        scale, softcap, K2, V2, start, BM: tl.constexpr, DPW: tl.constexpr,
@@ -266,8 +250,13 @@ def chunk_pieces() -> dict:
         if FENCE:
             acc = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=tl.float32,
                                             is_pure=True, pack=1)
-        return _live_end(st + BLOCK_N, st, p_max, m, l, acc, Mg, Lg, Ag, Mt, Lt, At, BM, DPW,
-                         SPLIT, GS)
+        if ((st + BLOCK_N) % SPLIT == 0) | (st + BLOCK_N > p_max):       # the split ends here
+            Mg, Lg, Ag, Mt, Lt, At = _split_done_live(st // SPLIT, p_max // SPLIT, m, l, acc,
+                                                      Mg, Lg, Ag, Mt, Lt, At, BM, DPW, GS)
+            m = tl.full([BM], float("-inf"), tl.float32)
+            l = tl.zeros([BM], tl.float32)
+            acc = tl.zeros([BM, DPW], tl.float32)
+        return m, l, acc, Mg, Lg, Ag, Mt, Lt, At
 
     globals()["_flat_tile_live"] = flat_tile_live
 
