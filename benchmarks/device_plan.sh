@@ -30,6 +30,9 @@
 #   (unroll_ab, thirtieth session: two key tiles an iteration, half the bar.syncs a tile -- the
 #    global layers 3.72 -> 5.22 ms with the same bits; the code is gone)
 #   fence_final  the fenced default: chunk / engine / server tests, 16k and 8k against .prev
+#   exp_fma      ARITHMETIC 3 (the scale inside exp's FMA): every CUDA group, then 16k / decode
+#                against .prev (git archive 3f36156 muser)
+#   exp_kernel   one global layer's 16k chunk attention, .prev (3f36156) against ARITHMETIC 3
 #   whole_ab     MUSER_CHUNK_WHOLE=on (unmasked tiles without row masks): 16k A/B, one round
 #   ncu          Nsight Compute on a global layer's 16k chunk attention: exact kernel vs plain flash
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
@@ -676,6 +679,26 @@ stage_fence_final() {  # carry .prev (git archive a43f87b muser: before the fenc
     "$SERVE_GROUP"
   bench 150 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2 --reps 4
   bench 120 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2 --reps 4 --n 8192
+}
+
+stage_exp_fma() {  # carry .prev (git archive 3f36156 muser: before ARITHMETIC 3): the scale inside
+  # exp's FMA (unscaled scores, one FFMA a score; sm_90: the global loop 1,037 -> 962 SASS, the
+  # sliding loop 1,092 -> 1,018) -- every kernel / engine / server group on the new arithmetic
+  # (decode == chunk == verify == batch rows), then the 16k prefill and decode against the tree
+  # before (bits differ by design: the gap is printed)
+  par_groups "tests/cuda/test_triton_chunk.py tests/cuda/test_triton_decode.py" "$ENGINE_GROUP" \
+    "$SERVE_GROUP"
+  bench 150 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2 --reps 4
+  bench 300 . benchmarks/exact_ab.py --old .prev --models 1b,270m --trees old,exact \
+    --decode-only --rounds 2
+}
+
+stage_exp_kernel() {  # carry .prev (3f36156): one global layer's 16k chunk attention eager
+  # (ncu_chunk.py, times only), the tree before ARITHMETIC 3 against this one, alternating
+  for r in 1 2; do
+    bench 90 .prev benchmarks/ncu_chunk.py
+    bench 90 . benchmarks/ncu_chunk.py
+  done
 }
 
 stage_whole_ab() {  # the unmasked key tiles loaded without row masks (MUSER_CHUNK_WHOLE=on;

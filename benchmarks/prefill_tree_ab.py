@@ -80,6 +80,10 @@ def parent(args):
             for tree, _ in trees[1:]:
                 eq = {k: torch.equal(base[k], saved[tree][k]) for k in base}
                 print(f"{name} bits {trees[0][0]} == {tree}: {eq}", flush=True)
+                if not all(eq.values()):      # an arithmetic change: how far, not only whether
+                    gap = {k: float((base[k].float() - saved[tree][k].float()).abs().max())
+                           for k in base}
+                    print(f"{name} max |old - new|: {gap}", flush=True)
         for tree, _ in trees:
             if got[tree]:
                 print(f"| {name} | {tree} | " + ", ".join(f"{g['best']:,.0f}" for g in got[tree])

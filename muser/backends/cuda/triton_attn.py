@@ -55,7 +55,8 @@ from .triton_ops import _pow2
 # a cut made by another arithmetic -- an older muser, the CPU -- is refused, not continued ~.
 #   1: sixth session (the decode step's arithmetic for chunks)
 #   2: eighth session (p @ V accumulates onto the rescaled accumulator inside the dot)
-ARITHMETIC = 2
+#   3: thirty-first session (unscaled scores: the scale joins exp's argument in one FMA)
+ARITHMETIC = 3
 BITS_FIELDS = ("split", "group", "block_n", "acc_dot")      # the layout fields that are bits
 
 
@@ -111,25 +112,42 @@ def pieces() -> dict:
 
     @triton.jit
     def scores(q, k, kpos, lo, hi, scale, softcap, SOFTCAP: tl.constexpr, MASKED: tl.constexpr):
-        """A tile's scores [BM, BN]: q k^T * scale, soft-capped, -inf where a row may not look
-        (MASKED); and which keys each row sees (all of them unless MASKED)."""
-        sc = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        """A tile's scores [BM, BN], -inf where a row may not look (MASKED); which keys each
+        row sees (all of them unless MASKED); and (smul, cmul), the units they come in.
+        Without SOFTCAP the scores are q k^T unscaled: the row max is scaled once a row
+        (smul = scale; rounding is monotone, so max(x * s) == max(x) * s bit for bit) and
+        the weights take the scale inside one FMA (cmul = scale * log2 e, `weights`) -- three
+        float ops a score fewer than scaling every score (ARITHMETIC 3).  With SOFTCAP the
+        scores are final (smul = 1, cmul = log2 e)."""
+        sc = tl.dot(q, tl.trans(k), input_precision="ieee")
         if SOFTCAP:
+            sc = sc * scale
             sc = (2.0 * tl.sigmoid(2.0 * sc / softcap) - 1.0) * softcap
+            smul = 1.0
+        else:
+            smul = scale
         valid = (kpos[None, :] >= lo[:, None]) & (kpos[None, :] < hi[:, None])
         if MASKED:
             sc = tl.where(valid, sc, float("-inf"))
-        return sc, valid
-
-    globals()["_scores"] = scores
+        return sc, valid, smul, smul * 1.4426950408889634
 
     @triton.jit
-    def tile_scored(sc, v, m, l, acc, ones, ACC_DOT: tl.constexpr):
-        """A tile every row sees whole folded into the running softmax, its scores given (the
-        unmasked `tile_step`)."""
-        m_new = tl.maximum(m, tl.max(sc, 1))
+    def weights(sc, m_new, cmul):
+        """exp(scaled score - m_new) as exp2(sc * cmul - m_new * log2 e): one FMA and the
+        MUFU a score (the log2 e product rounded once a row).  -inf scores give 0; a row
+        whose m_new is -inf gives NaN here -- every caller selects such rows away."""
+        return tl.exp2(tl.fma(sc, cmul, (-(m_new * 1.4426950408889634))[:, None]))
+
+    globals()["_scores"] = scores
+    globals()["_weights"] = weights
+
+    @triton.jit
+    def tile_scored(sc, smul, cmul, v, m, l, acc, ones, ACC_DOT: tl.constexpr):
+        """A tile every row sees whole folded into the running softmax, its scores given in
+        `scores`' units (the unmasked `tile_step`)."""
+        m_new = tl.maximum(m, tl.max(sc, 1) * smul)
         alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
-        p = tl.exp(sc - m_new[:, None]).to(v.dtype)
+        p = _weights(sc, m_new, cmul).to(v.dtype)
         # the row sums on the tensor cores too: every column of p @ ones is the same sum
         l_new = l * alpha + tl.max(tl.dot(p, ones, input_precision="ieee"), 1)
         if ACC_DOT:
@@ -152,12 +170,12 @@ def pieces() -> dict:
         the selects left out (they would all pick their first operand).  KEEP False: the caller
         knows every row it keeps sees at least one key of the tile, so the select that keeps a
         row's state where it sees none is left out (it would pick acc_new for every such row)."""
-        sc, valid = _scores(q, k, kpos, lo, hi, scale, softcap, SOFTCAP, MASKED)
+        sc, valid, smul, cmul = _scores(q, k, kpos, lo, hi, scale, softcap, SOFTCAP, MASKED)
         if not MASKED:
-            return _tile_scored(sc, v, m, l, acc, ones, ACC_DOT)
-        m_new = tl.maximum(m, tl.max(sc, 1))
+            return _tile_scored(sc, smul, cmul, v, m, l, acc, ones, ACC_DOT)
+        m_new = tl.maximum(m, tl.max(sc, 1) * smul)
         alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
-        p = tl.where(valid, tl.exp(sc - m_new[:, None]), 0.0).to(v.dtype)
+        p = tl.where(valid, _weights(sc, m_new, cmul), 0.0).to(v.dtype)
         l_new = l * alpha + tl.max(tl.dot(p, ones, input_precision="ieee"), 1)
         if ACC_DOT:
             acc_new = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
@@ -181,12 +199,12 @@ def pieces() -> dict:
         or 1, s >= 0, never -0); the dot's accumulator 0 * alpha is the +0 a dot starts from.  A
         row that sees no key here gets m = -inf and p = 0, so l = +0; its acc is selected back
         to the empty +0 (p @ V would be NaN on an infinite V another row sees)."""
-        sc, valid = _scores(q, k, kpos, lo, hi, scale, softcap, SOFTCAP, MASKED)
-        m_new = tl.max(sc, 1)
+        sc, valid, smul, cmul = _scores(q, k, kpos, lo, hi, scale, softcap, SOFTCAP, MASKED)
+        m_new = tl.max(sc, 1) * smul
         if MASKED:
-            p = tl.where(valid, tl.exp(sc - m_new[:, None]), 0.0).to(v.dtype)
+            p = tl.where(valid, _weights(sc, m_new, cmul), 0.0).to(v.dtype)
         else:
-            p = tl.exp(sc - m_new[:, None]).to(v.dtype)
+            p = _weights(sc, m_new, cmul).to(v.dtype)
         l_new = tl.max(tl.dot(p, ones, input_precision="ieee"), 1)
         acc_new = tl.dot(p, v, input_precision="ieee")
         if MASKED:
