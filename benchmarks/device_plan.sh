@@ -33,6 +33,7 @@
 #   exp_fma      ARITHMETIC 3 (the scale inside exp's FMA): every CUDA group, then 16k / decode
 #                against .prev (git archive 3f36156 muser)
 #   exp_kernel   one global layer's 16k chunk attention, .prev (3f36156) against ARITHMETIC 3
+#   rest         test_triton_moe (the one CUDA file outside exp_fma's groups reading the attention)
 #   whole_ab     MUSER_CHUNK_WHOLE=on (unmasked tiles without row masks): 16k A/B, one round
 #   ncu          Nsight Compute on a global layer's 16k chunk attention: exact kernel vs plain flash
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
@@ -699,6 +700,12 @@ stage_exp_kernel() {  # carry .prev (3f36156): one global layer's 16k chunk atte
     bench 90 .prev benchmarks/ncu_chunk.py
     bench 90 . benchmarks/ncu_chunk.py
   done
+}
+
+stage_rest() {     # the one CUDA test file outside exp_fma's groups that reads the attention
+  # arithmetic: the families' fused step with sinks (test_triton_moe).  ops / rows / pick / mega
+  # compile to the same sm_90 binaries as before ARITHMETIC 3 (sm90_ptx.py fingerprints)
+  tests 300 tests/cuda/test_triton_moe.py
 }
 
 stage_whole_ab() {  # the unmasked key tiles loaded without row masks (MUSER_CHUNK_WHOLE=on;
