@@ -5,14 +5,15 @@ already compute tile i + 1's q k^T.  The exact chunk kernel's wgmmas are synchro
 (Nsight Compute, thirtieth session: QK waited for at once, the ones dot and p @ V too), so a
 warpgroup's tensor and CUDA-core work alternate.  This probe compiles the plain online-softmax
 loop at the wide route's shape (128 slots, 8 warps, D 256, 128 value columns, 32-key tiles)
-two ways -- `single` (QK, softmax, p @ V a trip, as the kernel does) and `ahead` (the scores
+two ways -- `single` (QK, softmax, p @ V a trip, as the kernel does: pair_split_probe's
+single-tile loop, ARITHMETIC 2's softmax -- the waits do not follow it) and `ahead` (the scores
 of tile i + 1 computed at the end of trip i and carried: the same dots, the same sums, so the
 same bits) -- and prints, for each: the wgmma wait counts in the loop (`wgmma.wait_group N`:
 N > 0 leaves N groups in flight, the overlap), the wgmma shapes, ptxas' registers / spills.
 
 Thirty-first session (Triton 3.6, this machine): **no overlap** -- `ahead` waits for the next
 tile's scores right after issuing them (`wgmma.wait_group 0` before this tile's first ex2), as
-`single` does: 4 waits, all 0, and 165 registers against 128 for the carried scores.  Triton's
+`single` does: 4 waits, all 0, and 165 registers against 130 for the carried scores.  Triton's
 `tl.dot` in a loop is synchronous unless it chains onto its own accumulator.  The overlap
 needs Gluon (`triton.experimental.gluon`, in the 3.6 wheel: `warpgroup_mma(..., is_async=True)`
 + `warpgroup_mma_wait(1, deps)`) or CUDA C++ (benchmarks/NOTES.md, thirty-first session).
@@ -23,6 +24,7 @@ import argparse
 import collections
 import re
 
+import pair_split_probe
 from pair_split_probe import build
 
 
@@ -52,25 +54,16 @@ def kernels():
         l = tl.zeros([BM], tl.float32)
         acc = tl.zeros([BM, DPW], tl.float32)
         ones = tl.full([BN, 16], 1.0, tl.bfloat16)
-        if PAIR:                                   # "ahead"
-            j = tl.arange(0, BN)
-            sc = tl.dot(q, tl.trans(tl.load(K + j[:, None] * D + d[None, :])),
-                        input_precision="ieee")
-            for st in range(0, n, BN):
-                j = st + tl.arange(0, BN)
-                nx = tl.minimum(st + BN, n - BN) + tl.arange(0, BN)    # the last trip: again
-                k = tl.load(K + nx[:, None] * D + d[None, :])
-                nsc = tl.dot(q, tl.trans(k), input_precision="ieee")
-                v = tl.load(V + j[:, None] * D + dv[None, :])
-                m, l, acc = fold(sc, v, m, l, acc, ones)
-                sc = nsc
-        else:
-            for st in range(0, n, BN):
-                j = st + tl.arange(0, BN)
-                k = tl.load(K + j[:, None] * D + d[None, :])
-                sc = tl.dot(q, tl.trans(k), input_precision="ieee")
-                v = tl.load(V + j[:, None] * D + dv[None, :])
-                m, l, acc = fold(sc, v, m, l, acc, ones)
+        j = tl.arange(0, BN)                       # PAIR is unused: build()'s signature
+        sc = tl.dot(q, tl.trans(tl.load(K + j[:, None] * D + d[None, :])), input_precision="ieee")
+        for st in range(0, n, BN):
+            j = st + tl.arange(0, BN)
+            nx = tl.minimum(st + BN, n - BN) + tl.arange(0, BN)        # the last trip: again
+            k = tl.load(K + nx[:, None] * D + d[None, :])
+            nsc = tl.dot(q, tl.trans(k), input_precision="ieee")
+            v = tl.load(V + j[:, None] * D + dv[None, :])
+            m, l, acc = fold(sc, v, m, l, acc, ones)
+            sc = nsc
         tl.store(O + i[:, None] * DPW + dv[None, :], acc / l[:, None])
 
     return loop
@@ -82,9 +75,9 @@ def main():
     ap.add_argument("--warps", type=int, default=8)
     ap.add_argument("--dump", help="write each variant's PTX here (a prefix)")
     args = ap.parse_args()
-    loop = kernels()
+    loops = {False: pair_split_probe.kernels(), True: kernels()}   # single: its PAIR False
     for ahead in (False, True):
-        c = build(loop, ahead, args.warps)
+        c = build(loops[ahead], False, args.warps)
         ptx = c.asm["ptx"]
         if args.dump:
             open(f"{args.dump}{'ahead' if ahead else 'single'}.ptx", "w").write(ptx)
