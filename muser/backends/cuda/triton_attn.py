@@ -32,7 +32,8 @@ rows in a tile where a decode step puts one row's 16 head slots.  The max
 is exact in any order.  Both kernels compile with `enable_fp_fusion=False`: which
 multiply-add the compiler contracts into an FMA follows the surrounding code (a value loaded
 or carried in a loop), so with contraction on, the same `L * alpha + w * l` rounded
-differently in the two kernels (H200: 10 of 150 rows one bf16 step apart).
+differently in the two kernels (H200: 10 of 150 rows one bf16 step apart).  The one
+FMA the arithmetic has is written out (`weights`, ARITHMETIC 3), so both kernels take it.
 """
 from __future__ import annotations
 
