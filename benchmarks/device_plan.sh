@@ -34,6 +34,7 @@
 #                against .prev (git archive 3f36156 muser)
 #   exp_kernel   one global layer's 16k chunk attention, .prev (3f36156) against ARITHMETIC 3
 #   rest         test_triton_moe (the one CUDA file outside exp_fma's groups reading the attention)
+#   gluon        gluon_ahead_probe.py --run: FA3's overlap in Gluon, bits against the tl loop, times
 #   whole_ab     MUSER_CHUNK_WHOLE=on (unmasked tiles without row masks): 16k A/B, one round
 #   ncu          Nsight Compute on a global layer's 16k chunk attention: exact kernel vs plain flash
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
@@ -706,6 +707,13 @@ stage_rest() {     # the one CUDA test file outside exp_fma's groups that reads 
   # arithmetic: the families' fused step with sinks (test_triton_moe).  ops / rows / pick / mega
   # compile to the same sm_90 binaries as before ARITHMETIC 3 (sm90_ptx.py fingerprints)
   tests 300 tests/cuda/test_triton_moe.py
+}
+
+stage_gluon() {    # the plain loop at the wide shape in Gluon (gluon_ahead_probe.py): tile i + 1's QK
+  # in flight during tile i's softmax, p @ V across the back edge -- bits against ahead_probe's
+  # tl loop (torch.equal), then the loops' times with the SMs full (264 programs), 16k and 4k keys
+  bench 120 . benchmarks/gluon_ahead_probe.py --run
+  bench 60 . benchmarks/gluon_ahead_probe.py --run --n 4096
 }
 
 stage_whole_ab() {  # the unmasked key tiles loaded without row masks (MUSER_CHUNK_WHOLE=on;
