@@ -271,8 +271,10 @@ def ptxas_usage(ptx: str) -> str:
         return "ptxas: " + text.strip().splitlines()[-1][:80] if text.strip() else "ptxas: ?"
     # C7515: ptxas serialized the wgmmas (a non-wgmma instruction reads or defines an
     # accumulator inside a wgmma's pipeline stage) -- the thirtieth session's find: the global
-    # layers' chunk binaries had it for six sessions, unread
-    serial = ", WGMMA SERIALIZED (C7515)" if "C7515" in text else ""
+    # layers' chunk binaries had it for six sessions, unread; C7514 the same for a read only
+    # (the thirty-first session's Gluon probe: an async wgmma across a runtime branch)
+    code = re.search(r"C751[45]", text)
+    serial = f", WGMMA SERIALIZED ({code.group(0)})" if code else ""
     return (f"{regs.group(1)} regs, spills {spill.group(1)}/{spill.group(2)} B" if spill else
             f"{regs.group(1)} regs") + serial
 
