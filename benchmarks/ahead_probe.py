@@ -69,8 +69,17 @@ def kernels():
     return loop
 
 
-def main():
+def summary(ptx: str) -> str:
+    """The wgmma waits (`wait_group N`: N groups left in flight), the wgmma shapes and ptxas'
+    registers / spills / serialization of one PTX."""
     from sm90_ptx import ptxas_usage
+    waits = collections.Counter(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx))
+    shapes = {w.split(".")[4]: ptx.count(w) for w in
+              sorted(set(re.findall(r"wgmma\.mma_async[\w.]*", ptx)))}
+    return f"waits {dict(waits)}, wgmma {shapes}, {ptxas_usage(ptx)}"
+
+
+def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--warps", type=int, default=8)
     ap.add_argument("--dump", help="write each variant's PTX here (a prefix)")
@@ -81,11 +90,7 @@ def main():
         ptx = c.asm["ptx"]
         if args.dump:
             open(f"{args.dump}{'ahead' if ahead else 'single'}.ptx", "w").write(ptx)
-        waits = collections.Counter(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx))
-        shapes = {w.split(".")[4]: ptx.count(w) for w in
-                  sorted(set(re.findall(r"wgmma\.mma_async[\w.]*", ptx)))}
-        print(f"{'ahead' if ahead else 'single'}: waits {dict(waits)}, wgmma {shapes}, "
-              f"{ptxas_usage(ptx)}", flush=True)
+        print(f"{'ahead' if ahead else 'single'}: {summary(ptx)}", flush=True)
 
 
 if __name__ == "__main__":

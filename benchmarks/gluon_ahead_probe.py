@@ -33,8 +33,6 @@ each other, and times all of them with the SMs full (a GPU, Gluon has no interpr
     PYTHONPATH=benchmarks:. python3 benchmarks/gluon_ahead_probe.py --run [--n 16384]
 """
 import argparse
-import collections
-import re
 
 
 def kernels():
@@ -246,7 +244,7 @@ def run(n: int, programs: int) -> None:
 
 
 def main():
-    from sm90_ptx import ptxas_usage
+    from ahead_probe import summary
     ap = argparse.ArgumentParser()
     ap.add_argument("--dump", help="write each variant's PTX here (a prefix)")
     ap.add_argument("--run", action="store_true", help="on a GPU: bits and times")
@@ -265,11 +263,7 @@ def main():
         ptx = build(loop, ahead, exact, slab).asm["ptx"]
         if args.dump:
             open(f"{args.dump}gluon-{name.replace(' ', '-')}.ptx", "w").write(ptx)
-        waits = collections.Counter(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx))
-        shapes = {w.split(".")[4]: ptx.count(w) for w in
-                  sorted(set(re.findall(r"wgmma\.mma_async[\w.]*", ptx)))}
-        print(f"gluon {name}: waits {dict(waits)}, wgmma {shapes}, "
-              f"{ptxas_usage(ptx)}", flush=True)
+        print(f"gluon {name}: {summary(ptx)}", flush=True)
 
 
 if __name__ == "__main__":
