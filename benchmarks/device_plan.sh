@@ -34,6 +34,7 @@
 #                against .prev (git archive 3f36156 muser)
 #   exp_kernel   one global layer's 16k chunk attention, .prev (3f36156) against ARITHMETIC 3
 #   rest         test_triton_moe (the one CUDA file outside exp_fma's groups reading the attention)
+#   pre_exact    issue 12's speed rule against the tree before it (carry .old = 5c670e3), 1B
 #   gluon        gluon_ahead_probe.py --run: FA3's overlap in Gluon, bits against the tl loop, times
 #   whole_ab     MUSER_CHUNK_WHOLE=on (unmasked tiles without row masks): 16k A/B, one round
 #   ncu          Nsight Compute on a global layer's 16k chunk attention: exact kernel vs plain flash
@@ -714,6 +715,12 @@ stage_gluon() {    # the plain loop at the wide shape in Gluon (gluon_ahead_prob
   # tl loop (torch.equal), then the loops' times with the SMs full (264 programs), 16k and 4k keys
   bench 120 . benchmarks/gluon_ahead_probe.py --run
   bench 60 . benchmarks/gluon_ahead_probe.py --run --n 4096
+}
+
+stage_pre_exact() { # carry .old (git archive 5c670e3 muser: the tree before one arithmetic per
+  # token, issue 12's "today's code"): issue 12's speed rule side by side -- decode within 3%,
+  # the 16k prefill within 10% of that tree on the same machine, two rounds
+  bench 500 . benchmarks/exact_ab.py --old .old --models 1b --trees old,exact --rounds 2
 }
 
 stage_whole_ab() {  # the unmasked key tiles loaded without row masks (MUSER_CHUNK_WHOLE=on;

@@ -211,6 +211,7 @@ def run(n: int, programs: int) -> None:
     import ahead_probe
     import pair_split_probe
     torch.manual_seed(0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     q = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(n, 256, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(n, 256, device="cuda", dtype=torch.bfloat16)
@@ -233,7 +234,12 @@ def run(n: int, programs: int) -> None:
         torch.cuda.synchronize()
         outs[name] = out.clone()
         ms = triton.testing.do_bench(lambda: go(programs), warmup=5, rep=50)
-        print(f"{name}: {ms:.3f} ms for {programs} programs x {n} keys", flush=True)
+        # one program an SM at a time (the exact kernel's 255 registers): the time of one key
+        # tile, comparable with the engine's global layer -- 2.666 ms for 16k rows, 262,656
+        # program-tiles on 132 SMs: ~1.34 us (ncu_chunk.py, thirty-first session)
+        tile_us = ms * 1e3 * sms / (programs * n // 32)
+        print(f"{name}: {ms:.3f} ms for {programs} programs x {n} keys, {tile_us:.3f} us a "
+              f"tile an SM", flush=True)
     for name, base in (("gluon single", "tl ahead"), ("gluon ahead", "tl ahead"),
                        ("gluon exact slab single", "gluon exact single"),
                        ("gluon exact slab ahead", "gluon exact single"),
