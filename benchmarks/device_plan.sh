@@ -35,6 +35,7 @@
 #   exp_kernel   one global layer's 16k chunk attention, .prev (3f36156) against ARITHMETIC 3
 #   rest         test_triton_moe (the one CUDA file outside exp_fma's groups reading the attention)
 #   pre_exact    issue 12's speed rule against the tree before it (carry .old = 5c670e3), 1B
+#   base_ab      MUSER_CHUNK_BASE=on (the whole tiles from one base a program): rows, 16k A/B
 #   gluon        gluon_ahead_probe.py --run: FA3's overlap in Gluon, bits against the tl loop, times
 #   whole_ab     MUSER_CHUNK_WHOLE=on (unmasked tiles without row masks): 16k A/B, one round
 #   ncu          Nsight Compute on a global layer's 16k chunk attention: exact kernel vs plain flash
@@ -721,6 +722,16 @@ stage_pre_exact() { # carry .old (git archive 5c670e3 muser: the tree before one
   # token, issue 12's "today's code"): issue 12's speed rule side by side -- decode within 3%,
   # the 16k prefill within 10% of that tree on the same machine, two rounds
   bench 500 . benchmarks/exact_ab.py --old .old --models 1b --trees old,exact --rounds 2
+}
+
+stage_base_ab() {  # MUSER_CHUNK_BASE=on (the whole tiles from one base a program; sm_90: a
+  # captured pass's spills 208 -> 144 B, the loop's local loads / stores 18 -> 10): the kernel
+  # rows, the chunk graphs (the captured route it is for) and the engine rows under it, then the
+  # 16k prefill off / on (bits, speed, the chunk attention by layer), two rounds
+  MUSER_CHUNK_BASE=on tests 200 tests/cuda/test_triton_chunk.py -k "fence_and_whole or wide"
+  MUSER_CHUNK_BASE=on tests 300 tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_prefill.py
+  bench 200 . benchmarks/prefill_tma_ab.py --knob MUSER_CHUNK_BASE --models 1b,270m --rounds 2 \
+    --top 3
 }
 
 stage_whole_ab() {  # the unmasked key tiles loaded without row masks (MUSER_CHUNK_WHOLE=on;

@@ -89,6 +89,12 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                           "row sees whole without row masks (an ordered view; the same values) "
                           "-- ~100 fewer addressing instructions a loop (H200, a global "
                           "layer's 16k chunk 3.26-3.45 -> 2.87-2.94 ms)"),
+    "MUSER_CHUNK_BASE": ("off|on", "off", "backends/cuda (chunk attention)",
+                         "on: the flat aligned loop's whole tiles address the view from one base "
+                         "a program (K + kvh * hs - first * rs) instead of keeping K, first, kvh "
+                         "and hs live -- the same addresses; sm_90: a captured pass's spills "
+                         "208 -> 144 B, the loop's local loads / stores 18 -> 10 (not yet timed "
+                         "on a GPU: off)"),
     "MUSER_CHUNK_WIDE": ("off|on", "on", "backends/cuda (chunk attention)",
                          "at head dims of 256, each warpgroup owns whole rows of the score tile "
                          "(a launch shape, the same bits; chunk_route.py): aligned runs at 4 "
@@ -242,6 +248,7 @@ class Env:
     chunk_wide: str = "on"
     chunk_fence: str = "on"
     chunk_whole: str = "on"
+    chunk_base: str = "off"
     chunk_park: str = "16"
     chunk_prep: str = "alone"
     flatten: str = "dot"
@@ -349,7 +356,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_NORM_IN", "norm_in"), ("MUSER_DOT_TMA", "dot_tma"),
                         ("MUSER_CHUNK_ALIGN", "chunk_align"), ("MUSER_CHUNK_ORDER", "chunk_order"),
                         ("MUSER_CHUNK_WIDE", "chunk_wide"), ("MUSER_CHUNK_FENCE", "chunk_fence"),
-                        ("MUSER_CHUNK_WHOLE", "chunk_whole")):
+                        ("MUSER_CHUNK_WHOLE", "chunk_whole"), ("MUSER_CHUNK_BASE", "chunk_base")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),

@@ -66,6 +66,7 @@ class ChunkRoute:
     heavy: bool      # the last query tiles (the most keys) start first
     fence: bool      # the flat aligned loop waits for p @ V before its split-end branch (speed only)
     whole: bool      # the flat aligned loop loads unmasked tiles without row masks (speed only)
+    base: bool       # ... and addresses them from one base a program (speed only)
     tiles: int       # programs along the rows
     warps: int
 
@@ -117,4 +118,5 @@ def chunk_route(R: int, G: int, D: int, start: int, lay: dict, *, ring: bool, wi
                       heavy=bool(lay.get("heavy")) and not ring and not window,
                       fence=bool(lay.get("fence")) and live and flat,      # MUSER_CHUNK_FENCE
                       whole=bool(lay.get("whole")) and live and flat,      # MUSER_CHUNK_WHOLE
+                      base=bool(lay.get("base")) and bool(lay.get("whole")) and live and flat,
                       tiles=tiles, warps=warps or (CHUNK_WARPS if block_m >= 64 else lay["warps"]))

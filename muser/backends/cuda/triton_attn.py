@@ -72,7 +72,8 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     growing plane's chunk starts its last query tiles first (MUSER_CHUNK_ORDER); wide: at head
     dim 256 each warpgroup owns whole score rows (MUSER_CHUNK_WIDE; chunk_route._wide); fence:
     the aligned flat loop waits for p @ V before its split-end branch (MUSER_CHUNK_FENCE); whole:
-    its unmasked tiles load without row masks (MUSER_CHUNK_WHOLE);
+    its unmasked tiles load without row masks (MUSER_CHUNK_WHOLE); base: and address the view
+    from one base a program (MUSER_CHUNK_BASE);
     interior: tiles every row sees whole skip the masks -- speed choices, not bits ones;
     acc_dot: p @ V accumulates onto the rescaled accumulator inside the dot -- a bits one).
 
@@ -100,7 +101,7 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
             "align": {"off": False, "tiles": "tiles", "on": True}[env.chunk_align],
             "heavy": env.chunk_order == "heavy",
             "wide": env.chunk_wide == "on", "fence": env.chunk_fence == "on",
-            "whole": env.chunk_whole == "on"}
+            "whole": env.chunk_whole == "on", "base": env.chunk_base == "on"}
 
 
 @functools.lru_cache(maxsize=None)

@@ -68,7 +68,8 @@ def _kernel():
                      PARK: tl.constexpr, FLATTEN: tl.constexpr = False,
                      ALIGN: tl.constexpr = False, LIVE: tl.constexpr = False,
                      HEAVY: tl.constexpr = False, HINTS: tl.constexpr = False,
-                     FENCE: tl.constexpr = False, WHOLE: tl.constexpr = False):
+                     FENCE: tl.constexpr = False, WHOLE: tl.constexpr = False,
+                     BASE: tl.constexpr = False):
         if DEV:
             # a captured pass (chunk_graph.py): the plane and the chunk's place come from device
             # memory -- TAB (k_ptr, v_ptr, row stride, head stride), META (start, rows, first,
@@ -201,10 +202,23 @@ def _kernel():
                 if LIVE:
                     # aligned row runs (a growing plane): the tiles before the diagonal one
                     # unmasked, the diagonal masked; no selects (triton_chunk_tiles.py)
+                    Kw = K
+                    Vw = V
+                    fw = first
+                    kw = kvh
+                    if WHOLE and BASE:
+                        # whole tiles read the view's row x at Kw + x * rs: one base a program
+                        # (the same addresses; a captured pass keeps fewer of the values it
+                        # loads from TAB / META live through the loop -- sm_90 spills 208 ->
+                        # 144 B, the loop's local loads / stores 18 -> 10)
+                        Kw = K + (kvh * hs - first.to(tl.int64) * rs)
+                        Vw = V + (kvh * hs - first.to(tl.int64) * rs)
+                        fw = 0
+                        kw = 0
                     for st in range(t_first, b1, BLOCK_N):
                         m, l, acc, Mg, Lg, Ag, Mt, Lt, At = _flat_tile_live(
-                            st, t_first, p_max, K, V, first, rot, capm, kcount, lo_min, rs, hs,
-                            kvh, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At,
+                            st, t_first, p_max, Kw, Vw, fw, rot, capm, kcount, lo_min, rs, hs,
+                            kw, dm, cv, dmv, cvv, q, lo, hi, m, l, acc, Mg, Lg, Ag, Mt, Lt, At,
                             ones, scale, softcap, K2, V2, start, BM, DPW, BLOCK_N, SPLIT, GS,
                             SOFTCAP, RING, not INTERIOR, ACC_DOT, TWO, KV, D, FENCE, WHOLE)
                     for st in range(b1, p_max + 1, BLOCK_N):
@@ -333,6 +347,7 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         # (the move is PTX: left out -- a bit copy -- under Triton's interpreter and on ROCm)
         **({"FENCE": True} if rt.fence and q.is_cuda and torch.version.hip is None else {}),
         **({"WHOLE": True} if rt.whole and new is None and ring is None else {}),
+        **({"BASE": True} if rt.base and new is None and ring is None else {}),
         enable_fp_fusion=False,
         **({"num_stages": stages} if stages else {}))
     if ws is not None:

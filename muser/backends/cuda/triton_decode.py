@@ -99,9 +99,9 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
             nsplit, scale, softcap, interleaved, ws, out, split, group, block_n, warps,
             depth=1, chunk_loop=None, dsplit=1, interior=True, acc_dot=False, first_tile=False,
             park=0, prep="decode", flatten="off", align=False, heavy=False, wide=False,
-            fence=False, whole=False, capacity=0, sinks=None, v_norm=False, k_eq_v=False, qout=None, grid_splits=None,
+            fence=False, whole=False, base=False, capacity=0, sinks=None, v_norm=False, k_eq_v=False, qout=None, grid_splits=None,
             pdl=False, maxnreg=None):
-    kern = _kernel()  # (chunk_loop .. align, heavy, wide, fence, whole: chunk keys)
+    kern = _kernel()  # (chunk_loop .. align, heavy, wide, fence, whole, base: chunk keys)
     prepare = qout is not None and grid_splits == 1   # prepare_rows (prep "alone": PREP binary)
     B = table.shape[0]
     G = heads // kv_heads
