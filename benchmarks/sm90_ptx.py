@@ -61,6 +61,12 @@ MEGA = dict(N=640, F=2048, BLOCK=1024, BN1=32, BK1=128, KS1=640, BN2=32, BK2=512
             HD=1024, BN0=16, BK0=512, KS0=1024, T0=40, NQ=1536, BNQ=16, BKQ=128, KSQ=640, T5=96)
 MEGA_1B = dict(N=1152, F=6912, BLOCK=2048, BN1=32, BK1=128, KS1=1152, BN2=64, BK2=256, KS2=1024,
                T1=216, T2=126, PIECES=7, T0=72, BKQ=256, KSQ=1280)
+# the 1B's global layers on the flat aligned wide route: an eager chunk, and a captured pass
+# over one ordered view (MUSER_GRAPH_KEYS=staged, told its alignment)
+WIDE_EAGER = {**GROWING, "FLAT": True, "TWO": False, "DEV": False, "ALIGN": True, "LIVE": True,
+              "BM": 128, "ROWS": 32, "DSPLIT": 2, "HEAVY": True}
+WIDE_STAGED = {**GROWING, "FLAT": True, "ALIGN": True, "LIVE": True, "BM": 128, "ROWS": 32,
+               "DSPLIT": 2, "HEAVY": True, "TWO": False, "HINTS": True}
 # (name, kernel, constexprs, warps): the 1B's shapes on the routes the engine takes
 CONFIGS = [
     ("chunk ring flat captured", "chunk", {}, 8),
@@ -75,13 +81,11 @@ CONFIGS = [
      {**GROWING, "FLAT": True, "ALIGN": True, "LIVE": True, "BM": 128, "ROWS": 32, "DSPLIT": 2,
       "HEAVY": True}, 8),
     ("chunk growing flat eager aligned, wide, heavy", "chunk",
-     {**GROWING, "FLAT": True, "TWO": False, "DEV": False, "ALIGN": True, "LIVE": True,
-      "BM": 128, "ROWS": 32, "DSPLIT": 2, "HEAVY": True}, 8),
+     WIDE_EAGER, 8),
     ("chunk ring flat captured wide", "chunk", dict(BM=128, ROWS=32, DSPLIT=2), 8),
     # MUSER_GRAPH_KEYS=staged: captured passes over one ordered view, told its alignment
     ("chunk growing flat captured aligned, wide, heavy, staged", "chunk",
-     {**GROWING, "FLAT": True, "ALIGN": True, "LIVE": True, "BM": 128, "ROWS": 32, "DSPLIT": 2,
-      "HEAVY": True, "TWO": False, "HINTS": True}, 8),
+     WIDE_STAGED, 8),
     ("chunk sliding flat captured wide, staged shadow", "chunk",
      dict(BM=128, ROWS=32, DSPLIT=2, TWO=False, RING=False, HINTS=True), 8),
     ("chunk sliding flat eager wide (ordered shadow)", "chunk",
@@ -90,26 +94,20 @@ CONFIGS = [
     # default, `as_launched`); these two without it (nor whole tiles: the thirtieth session's
     # default before both) -- ptxas serializes every wgmma (C7515)
     ("chunk growing flat eager aligned, wide, heavy, unfenced", "chunk",
-     {**GROWING, "FLAT": True, "TWO": False, "DEV": False, "ALIGN": True, "LIVE": True,
-      "BM": 128, "ROWS": 32, "DSPLIT": 2, "HEAVY": True, "FENCE": False, "WHOLE": False}, 8),
+     {**WIDE_EAGER, "FENCE": False, "WHOLE": False}, 8),
     ("chunk growing flat captured aligned, wide, heavy, staged, unfenced", "chunk",
-     {**GROWING, "FLAT": True, "ALIGN": True, "LIVE": True, "BM": 128, "ROWS": 32, "DSPLIT": 2,
-      "HEAVY": True, "TWO": False, "HINTS": True, "FENCE": False, "WHOLE": False}, 8),
+     {**WIDE_STAGED, "FENCE": False, "WHOLE": False}, 8),
     # MUSER_CHUNK_WHOLE=off: the same defaults with the whole tiles' row masks
     ("chunk growing flat eager aligned, wide, heavy, masked tiles", "chunk",
-     {**GROWING, "FLAT": True, "TWO": False, "DEV": False, "ALIGN": True, "LIVE": True,
-      "BM": 128, "ROWS": 32, "DSPLIT": 2, "HEAVY": True, "WHOLE": False}, 8),
+     {**WIDE_EAGER, "WHOLE": False}, 8),
     ("chunk growing flat captured aligned, wide, heavy, staged, masked tiles", "chunk",
-     {**GROWING, "FLAT": True, "ALIGN": True, "LIVE": True, "BM": 128, "ROWS": 32, "DSPLIT": 2,
-      "HEAVY": True, "TWO": False, "HINTS": True, "WHOLE": False}, 8),
+     {**WIDE_STAGED, "WHOLE": False}, 8),
     # MUSER_CHUNK_BASE=on: the whole tiles addressed from one base a program (thirty-first
     # session, not yet timed: a captured pass's spills 208 -> 144 B)
     ("chunk growing flat eager aligned, wide, heavy, based", "chunk",
-     {**GROWING, "FLAT": True, "TWO": False, "DEV": False, "ALIGN": True, "LIVE": True,
-      "BM": 128, "ROWS": 32, "DSPLIT": 2, "HEAVY": True, "BASE": True}, 8),
+     {**WIDE_EAGER, "BASE": True}, 8),
     ("chunk growing flat captured aligned, wide, heavy, staged, based", "chunk",
-     {**GROWING, "FLAT": True, "ALIGN": True, "LIVE": True, "BM": 128, "ROWS": 32, "DSPLIT": 2,
-      "HEAVY": True, "TWO": False, "HINTS": True, "BASE": True}, 8),
+     {**WIDE_STAGED, "BASE": True}, 8),
     ("chunk growing nested captured", "chunk", GROWING, 8),
     ("chunk growing nested eager softcap", "chunk", {**GROWING, "TWO": False, "DEV": False,
                                                       "SOFTCAP": True}, 8),

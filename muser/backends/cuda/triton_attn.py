@@ -59,6 +59,15 @@ from .triton_ops import _pow2
 #   3: thirty-first session (unscaled scores: the scale joins exp's argument in one FMA)
 ARITHMETIC = 3
 BITS_FIELDS = ("split", "group", "block_n", "acc_dot")      # the layout fields that are bits
+# the layout fields only the chunk kernel reads (its loop, launch shape and route choices): a
+# decode launch is given the rest (`decode_keys`), so a new chunk knob is named here only
+CHUNK_KEYS = frozenset({"chunk_loop", "dsplit", "interior", "first_tile", "park", "flatten",
+                        "align", "heavy", "wide", "fence", "whole", "base"})
+
+
+def decode_keys(lay: dict) -> dict:
+    """`lay` without the fields only the chunk kernel reads."""
+    return {k: v for k, v in lay.items() if k not in CHUNK_KEYS}
 
 
 def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:

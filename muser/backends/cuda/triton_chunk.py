@@ -211,8 +211,9 @@ def _kernel():
                         # (the same addresses; a captured pass keeps fewer of the values it
                         # loads from TAB / META live through the loop -- sm_90 spills 208 ->
                         # 144 B, the loop's local loads / stores 18 -> 10)
-                        Kw = K + (kvh * hs - first.to(tl.int64) * rs)
-                        Vw = V + (kvh * hs - first.to(tl.int64) * rs)
+                        off = kvh * hs - first.to(tl.int64) * rs
+                        Kw = K + off
+                        Vw = V + off
                         fw = 0
                         kw = 0
                     for st in range(t_first, b1, BLOCK_N):

@@ -36,7 +36,7 @@ import functools
 
 import torch
 
-from .triton_attn import layout
+from .triton_attn import decode_keys, layout
 from .triton_ops import _pow2, pdl_launch, upload
 from .triton_decode_kernel import _kernel
 
@@ -97,11 +97,9 @@ def merge_groups(nsplit: int, group: int) -> int:
 
 def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads, head_dim,
             nsplit, scale, softcap, interleaved, ws, out, split, group, block_n, warps,
-            depth=1, chunk_loop=None, dsplit=1, interior=True, acc_dot=False, first_tile=False,
-            park=0, prep="decode", flatten="off", align=False, heavy=False, wide=False,
-            fence=False, whole=False, base=False, capacity=0, sinks=None, v_norm=False, k_eq_v=False, qout=None, grid_splits=None,
-            pdl=False, maxnreg=None):
-    kern = _kernel()  # (chunk_loop .. align, heavy, wide, fence, whole, base: chunk keys)
+            depth=1, acc_dot=False, prep="decode", capacity=0, sinks=None, v_norm=False,
+            k_eq_v=False, qout=None, grid_splits=None, pdl=False, maxnreg=None):
+    kern = _kernel()           # (the layout's chunk-only fields are left out: decode_keys)
     prepare = qout is not None and grid_splits == 1   # prepare_rows (prep "alone": PREP binary)
     B = table.shape[0]
     G = heads // kv_heads
@@ -163,7 +161,7 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
     lay = {**layout(capacity == 0, head_dim), **lay}
     return _launch(qkv, None, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads,
                    head_dim, nsplit, scale, softcap, interleaved, ws, out, capacity=capacity,
-                   sinks=sinks, v_norm=v_norm, k_eq_v=k_eq_v, pdl=pdl, **lay)
+                   sinks=sinks, v_norm=v_norm, k_eq_v=k_eq_v, pdl=pdl, **decode_keys(lay))
 
 
 def prepare_rows(qkv: torch.Tensor, pos: torch.Tensor, cos, sin, q_norm, k_norm, eps: float,
@@ -221,7 +219,7 @@ def prepare_rows_into(qkv, pos, cos, sin, q_norm, k_norm, eps: float, heads: int
     lay = {**layout(capacity == 0, head_dim), **lay}
     _launch(qkv, None, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads,
             head_dim, nsplit, 1.0, None, interleaved, None, q, capacity=capacity,
-            v_norm=v_norm, k_eq_v=k_eq_v, qout=q, grid_splits=1, **lay)
+            v_norm=v_norm, k_eq_v=k_eq_v, qout=q, grid_splits=1, **decode_keys(lay))
 
 
 def decode_attention(q: torch.Tensor, pos: torch.Tensor, table: torch.Tensor, meta: torch.Tensor,
@@ -236,4 +234,5 @@ def decode_attention(q: torch.Tensor, pos: torch.Tensor, table: torch.Tensor, me
         out = torch.empty_like(q)
     lay = {**layout(capacity == 0, D), **lay}
     return _launch(None, q, pos, None, None, None, None, 0.0, table, meta, H, kv_heads, D,
-                   nsplit, scale, softcap, False, ws, out, capacity=capacity, sinks=sinks, **lay)
+                   nsplit, scale, softcap, False, ws, out, capacity=capacity, sinks=sinks,
+                   **decode_keys(lay))
