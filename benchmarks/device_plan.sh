@@ -37,6 +37,7 @@
 #   pre_exact    issue 12's speed rule against the tree before it (carry .old = 5c670e3), 1B
 #   base_ab      MUSER_CHUNK_BASE=on (the whole tiles from one base a program): rows, 16k A/B
 #   gluon        gluon_ahead_probe.py --run: FA3's overlap in Gluon, bits against the tl loop, times
+#   ring_ab      the rings' split of 32 positions against 64 and 128 (a bits choice): decode, 16k
 #   whole_ab     MUSER_CHUNK_WHOLE=on (unmasked tiles without row masks): 16k A/B, one round
 #   ncu          Nsight Compute on a global layer's 16k chunk attention: exact kernel vs plain flash
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
@@ -732,6 +733,14 @@ stage_base_ab() {  # MUSER_CHUNK_BASE=on (the whole tiles from one base a progra
   MUSER_CHUNK_BASE=on tests 300 tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_prefill.py
   bench 200 . benchmarks/prefill_tma_ab.py --knob MUSER_CHUNK_BASE --models 1b,270m --rounds 2 \
     --top 3
+}
+
+stage_ring_ab() {  # the rings' split (MUSER_RING_ROWS: 32 positions, one key tile, today) --
+  # a bits choice, so no bit check against the default: decode, batches and the 16k prefill of
+  # the default against splits of 64 and 128 positions (the sliding layers are 22 x 0.32 ms of
+  # the 1B's 16k prefill against FlashAttention's 0.15: a merge every tile), two rounds
+  bench 560 . benchmarks/exact_ab.py --models 1b,270m --trees exact --rounds 2 \
+    --variants "R64:MUSER_RING_ROWS=64;R128:MUSER_RING_ROWS=128;R128G1:MUSER_RING_ROWS=128,MUSER_RING_GROUP=1"
 }
 
 stage_whole_ab() {  # the unmasked key tiles loaded without row masks (MUSER_CHUNK_WHOLE=on;

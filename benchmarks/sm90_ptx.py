@@ -102,12 +102,12 @@ CONFIGS = [
      {**WIDE_EAGER, "WHOLE": False}, 8),
     ("chunk growing flat captured aligned, wide, heavy, staged, masked tiles", "chunk",
      {**WIDE_STAGED, "WHOLE": False}, 8),
-    # MUSER_CHUNK_BASE=on: the whole tiles addressed from one base a program (thirty-first
-    # session, not yet timed: a captured pass's spills 208 -> 144 B)
-    ("chunk growing flat eager aligned, wide, heavy, based", "chunk",
-     {**WIDE_EAGER, "BASE": True}, 8),
-    ("chunk growing flat captured aligned, wide, heavy, staged, based", "chunk",
-     {**WIDE_STAGED, "BASE": True}, 8),
+    # MUSER_CHUNK_BASE=off (on, the default since the thirty-second session, addresses the
+    # whole tiles from one base a program: a captured pass's spills 208 -> 144 B)
+    ("chunk growing flat eager aligned, wide, heavy, unbased", "chunk",
+     {**WIDE_EAGER, "BASE": False}, 8),
+    ("chunk growing flat captured aligned, wide, heavy, staged, unbased", "chunk",
+     {**WIDE_STAGED, "BASE": False}, 8),
     ("chunk growing nested captured", "chunk", GROWING, 8),
     ("chunk growing nested eager softcap", "chunk", {**GROWING, "TWO": False, "DEV": False,
                                                       "SOFTCAP": True}, 8),
@@ -249,10 +249,12 @@ def as_launched(which: str, over: dict) -> dict:
     """A flat aligned chunk route (FLAT and LIVE) as the engine launches it on the GPU: with the
     fence before its split-end branch (MUSER_CHUNK_FENCE=on, the default), and on an ordered
     view (no second buffer: TWO False) its whole tiles without row masks (MUSER_CHUNK_WHOLE=on,
-    the default) -- unless the row says."""
+    the default), addressed from one base (MUSER_CHUNK_BASE=on, the default) -- unless the row
+    says."""
     if which == "chunk" and over.get("FLAT") and over.get("LIVE"):
         whole = {"WHOLE": True} if over.get("TWO", True) is False else {}
-        return {"FENCE": True, **whole, **over}
+        out = {"FENCE": True, **whole, **over}
+        return {"BASE": bool(out.get("WHOLE")), **out}
     return over
 
 
