@@ -38,6 +38,7 @@
 #   base_ab      MUSER_CHUNK_BASE=on (the whole tiles from one base a program): rows, 16k A/B
 #   gluon        gluon_ahead_probe.py --run: FA3's overlap in Gluon, bits against the tl loop, times
 #   ring_ab      the rings' split of 32 positions against 64 and 128 (a bits choice): decode, 16k
+#   group_ab     the rings' merge group of 4 splits against 2, 8 and 16 (a bits choice)
 #   whole_ab     MUSER_CHUNK_WHOLE=on (unmasked tiles without row masks): 16k A/B, one round
 #   ncu          Nsight Compute on a global layer's 16k chunk attention: exact kernel vs plain flash
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
@@ -722,7 +723,7 @@ stage_gluon() {    # the plain loop at the wide shape in Gluon (gluon_ahead_prob
 stage_pre_exact() { # carry .old (git archive 5c670e3 muser: the tree before one arithmetic per
   # token, issue 12's "today's code"): issue 12's speed rule side by side -- decode within 3%,
   # the 16k prefill within 10% of that tree on the same machine, two rounds
-  bench 500 . benchmarks/exact_ab.py --old .old --models 1b --trees old,exact --rounds 2
+  bench 500 . benchmarks/exact_ab.py --old .old --models 1b --trees old,exact --rounds "${ROUNDS:-2}"
 }
 
 stage_base_ab() {  # MUSER_CHUNK_BASE=on (the whole tiles from one base a program; sm_90: a
@@ -741,6 +742,13 @@ stage_ring_ab() {  # the rings' split (MUSER_RING_ROWS: 32 positions, one key ti
   # the 1B's 16k prefill against FlashAttention's 0.15: a merge every tile), two rounds
   bench 560 . benchmarks/exact_ab.py --models 1b,270m --trees exact --rounds 2 \
     --variants "R64:MUSER_RING_ROWS=64;R128:MUSER_RING_ROWS=128;R128G1:MUSER_RING_ROWS=128,MUSER_RING_GROUP=1"
+}
+
+stage_group_ab() { # the rings' merge group (MUSER_RING_GROUP: 4 splits, today) against 2, 8
+  # and 16 -- a bits choice: fewer group merges a chunk row, against the decode's parallel
+  # groups (ring_ab, thirty-second session: splits of 32 positions stay the best)
+  bench 400 . benchmarks/exact_ab.py --models 1b --trees exact --rounds 2 \
+    --variants "G2:MUSER_RING_GROUP=2;G8:MUSER_RING_GROUP=8;G16:MUSER_RING_GROUP=16"
 }
 
 stage_whole_ab() {  # the unmasked key tiles loaded without row masks (MUSER_CHUNK_WHOLE=on;
