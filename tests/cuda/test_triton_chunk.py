@@ -196,8 +196,9 @@ def test_aligned_row_runs_without_the_selects_have_the_decode_bits(dev, kdtype, 
     assert torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("knobs", [dict(fence=True, whole=False), dict(fence=False, whole=True),
-                                   dict(fence=True, whole=True),
+@pytest.mark.parametrize("knobs", [dict(fence=True, whole=False, base=False),
+                                   dict(fence=False, whole=True, base=False),
+                                   dict(fence=True, whole=True, base=False),
                                    dict(fence=True, whole=True, base=True)],
                          ids=["fence", "whole", "both", "based"])
 @pytest.mark.parametrize("tiles,sizes,heads", [(2, [1, 7, 97, 45], 4), (4, [50, 1, 1, 98], 4),
@@ -208,7 +209,9 @@ def test_the_flat_loop_s_fence_and_whole_tiles_have_the_decode_bits(dev, kdtype,
     (MUSER_CHUNK_FENCE) copies p @ V's result through an opaque move before the split-end branch,
     so the wgmma is waited for there; lay["whole"] (MUSER_CHUNK_WHOLE) loads the key tiles every
     row sees whole without row masks (eager chunks over the plane: the ordered view's route);
-    lay["base"] (MUSER_CHUNK_BASE) addresses those tiles from one base a program.
+    lay["base"] (MUSER_CHUNK_BASE) addresses those tiles from one base a program ("based": the
+    default since the thirty-second session; each row names all three, so a default that moves
+    does not move a row's route).
     The decode step's bits: splits of one, two and four tiles, chunks of every size starting
     anywhere.  (The fence on the GPU only: the interpreter has no inline asm, so there the route
     runs without the move.)"""
@@ -216,8 +219,7 @@ def test_the_flat_loop_s_fence_and_whole_tiles_have_the_decode_bits(dev, kdtype,
     kv, d = 2, 32
     lay = {**_layout("growing", d, 16, loop="aligned", tiles=tiles), "align": True, **knobs}
     rt = chunk_route(97, heads // kv, d, 1, lay, ring=False, window=None, dev=False, block_m=32)
-    assert (rt.fence, rt.whole, rt.base) == (knobs["fence"], knobs["whole"],
-                                             knobs.get("base", False))
+    assert (rt.fence, rt.whole, rt.base) == (knobs["fence"], knobs["whole"], knobs["base"])
     ins = _inputs(heads, kv, d, kdtype, dev, True)
     ref, _, nsplit, cap = _decode("growing", heads, kv, d, kdtype, dev, lay, *ins, d ** -0.5, None)
     out, _, _ = _chunks("growing", sizes, heads, kv, d, kdtype, dev, lay, nsplit, cap, *ins,
