@@ -32,8 +32,8 @@
 #   fence_final  the fenced default: chunk / engine / server tests, 16k and 8k against .prev
 #   exp_fma      ARITHMETIC 3 (the scale inside exp's FMA): every CUDA group, then 16k / decode
 #                against .prev (git archive 3f36156 muser)
-#   merge_fma    ARITHMETIC 4 (a merge's partial in one FMA): every CUDA group, the 16k against
-#                .prev (7c82873), then pre_exact (carry .prev, .old)
+#   (merge_fma, thirty-second session: ARITHMETIC 4, a merge's partial in one FMA -- every
+#    engine / server group passed, the 16k inside the spread; reverted, the stage with it)
 #   exp_kernel   one global layer's 16k chunk attention, .prev (3f36156) against ARITHMETIC 3
 #   rest         test_triton_moe (the one CUDA file outside exp_fma's groups reading the attention)
 #   pre_exact    issue 12's speed rule against the tree before it (carry .old = 5c670e3), 1B
@@ -699,18 +699,6 @@ stage_exp_fma() {  # carry .prev (git archive 3f36156 muser: before ARITHMETIC 3
   bench 150 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2 --reps 4
   bench 300 . benchmarks/exact_ab.py --old .prev --models 1b,270m --trees old,exact \
     --decode-only --rounds 2
-}
-
-stage_merge_fma() { # carry .prev (git archive 7c82873 muser: ARITHMETIC 3) and .old (5c670e3, the
-  # tree before one arithmetic per token): ARITHMETIC 4, a merge's partial joins the rescaled
-  # state in one FMA (sm_90 static SASS: the sliding loop 1,348 -> 1,212, the global whole-tile
-  # loop 939 -> 807; the sliding binary's 12 B of spills gone) -- every kernel / engine / server
-  # group on it, then the 16k prefill against ARITHMETIC 3 (bits differ by design: the gap is
-  # printed), then issue 12's rule against the pre-exact tree side by side
-  par_groups "tests/cuda/test_triton_chunk.py tests/cuda/test_triton_decode.py tests/cuda/test_triton_moe.py" \
-    "$ENGINE_GROUP" "$SERVE_GROUP"
-  bench 150 . benchmarks/prefill_tree_ab.py --old .prev --models 1b,270m --rounds 2 --reps 4
-  stage_pre_exact
 }
 
 stage_exp_kernel() {  # carry .prev (3f36156): one global layer's 16k chunk attention eager
