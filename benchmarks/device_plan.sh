@@ -43,6 +43,7 @@
 #   group_ab     the rings' merge group of 4 splits against 2, 8 and 16 (a bits choice)
 #   whole_ab     MUSER_CHUNK_WHOLE=on (unmasked tiles without row masks): 16k A/B, one round
 #   ncu          Nsight Compute on a global layer's 16k chunk attention: exact kernel vs plain flash
+#   ncu_ring     the same on a sliding layer's 16k chunk (window 512), the exact kernel alone
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
 #    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
@@ -765,17 +766,23 @@ stage_ncu() {      # Nsight Compute on one global layer's 16k chunk attention (n
   # the details page (speed of light, occupancy, warp stall reasons, the top stall lines) and
   # each SASS line's stall samples (source.csv); the report itself stays on the machine
   tests 200 -x tests/cuda/test_triton_chunk.py -k "aligned or wide"
-  bench 120 . benchmarks/ncu_chunk.py
+  bench 120 . benchmarks/ncu_chunk.py ${NCU_ARGS:-}
   [ -n "${DRY:-}" ] && return
   local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   PYTHONPATH=/tmp/site:$ROOT:$ROOT/benchmarks timeout 420 "$ncu" --clock-control none \
     --profile-from-start off --set full --import-source yes -f -o /tmp/chunk python3 \
-    benchmarks/ncu_chunk.py --profiled > "$OUT/ncu.log" 2>&1
+    benchmarks/ncu_chunk.py --profiled ${NCU_ARGS:-} > "$OUT/ncu.log" 2>&1
   tail -5 "$OUT/ncu.log"
   "$ncu" -i /tmp/chunk.ncu-rep --page details --print-units base > "$OUT/details.txt" 2>&1
   "$ncu" -i /tmp/chunk.ncu-rep --page source --csv --print-source sass > "$OUT/source.csv" 2>&1
   grep -E "chunk_kernel|fa_kernel|Duration|Registers|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|Compute \(SM\) Throughput|Memory Throughput" "$OUT/details.txt" | head -40
   ls -la "$OUT"
+}
+
+stage_ncu_ring() { # the same on one sliding layer's 16k chunk (window 512, the exact kernel alone):
+  # neither the merges' float ops nor the ring split length moved the rings (thirty-second
+  # session), so ask for their stall reasons
+  NCU_ARGS="--window 512" stage_ncu
 }
 
 stage_serve_native() {  # carry .peers: one 16-client run under py-spy --idle --native: is the
