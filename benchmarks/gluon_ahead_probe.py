@@ -24,6 +24,12 @@ or any async wgmma in a loop with a runtime branch (the tl kernel's split-end `i
 ptxas serialize every wgmma (C7514: "non wgmma instructions reading accumulator registers");
 the nested loops and a p @ V waited for in its trip compile clean.
 
+Measured on the H200 (thirty-second session, `--run`, 264 programs, us a key tile an SM at
+16k / 4k keys): tl single 1.006 / 1.059, tl ahead 1.038 / 1.095, gluon single 1.092 / 1.181,
+gluon ahead 1.147 / 1.226, exact single 1.160 / 1.255, exact slab ahead 1.166 / 1.250 -- bits
+as predicted (gluon == tl ahead, the exact variants equal), but Gluon is 8-9% slower than
+Triton's own loop and issuing ahead costs 5% more: no route in the exact kernel followed.
+
 The same wgmma chains (q from shared memory, K^T and V as shared descriptors, p from
 registers) and the same elementwise ops in the same order as the tl loop, so the bits should
 be ahead_probe's tl kernel's: `--run` checks that (torch.equal), the exact variants against
