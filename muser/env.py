@@ -52,13 +52,15 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                      "cut encoding)"),
     "MUSER_RING_ROWS": ("int >= 1", "32", "backends/cuda (attention)",
                         "positions per split of a ring plane's attention (rounded up to whole "
-                        "tiles; part of the arithmetic: experiments)"),
+                        "tiles; part of the arithmetic: experiments; H200, 1B: 64 / 128 cost "
+                        "decode +2.6 / +11% and the 16k prefill -3 / -4%)"),
     "MUSER_GROWING_ROWS": ("int >= 1", "128", "backends/cuda (attention)",
                            "positions per split of a growing plane's attention (rounded up to "
                            "whole tiles; part of the arithmetic: experiments)"),
     "MUSER_RING_GROUP": ("int >= 1", "4", "backends/cuda (attention)",
                          "ring splits per first-level merge group (a decode merge folds groups "
-                         "in parallel, then the groups; part of the arithmetic: experiments)"),
+                         "in parallel, then the groups; part of the arithmetic: experiments; "
+                         "H200, 1B: 2 / 8 / 16 even with 4 or slower)"),
     "MUSER_GROWING_GROUP": ("int >= 1", "16", "backends/cuda (attention)",
                             "growing-plane splits per first-level merge group (part of the "
                             "arithmetic: experiments)"),
