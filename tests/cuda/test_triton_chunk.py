@@ -205,7 +205,8 @@ def test_aligned_row_runs_without_the_selects_have_the_decode_bits(dev, kdtype, 
                                                (1, [N], 8), (2, [16] * 9 + [6], 4)])
 def test_the_flat_loop_s_fence_and_whole_tiles_have_the_decode_bits(dev, kdtype, knobs, tiles,
                                                                     sizes, heads):
-    """The flat aligned loop's two launch choices, alone and together (the default): lay["fence"]
+    """The flat aligned loop's three launch choices, alone and together (all three: the
+    default): lay["fence"]
     (MUSER_CHUNK_FENCE) copies p @ V's result through an opaque move before the split-end branch,
     so the wgmma is waited for there; lay["whole"] (MUSER_CHUNK_WHOLE) loads the key tiles every
     row sees whole without row masks (eager chunks over the plane: the ordered view's route);

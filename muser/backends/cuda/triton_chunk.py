@@ -330,6 +330,7 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     rot, capm = ring if ring is not None else (0, 0)
     new_k, new_v = new if new is not None else (keys, values)
     spare = ws if ws is not None else (q, q, q)
+    whole = rt.whole and new is None and ring is None     # whole tiles read an ordered view
     _kernel()[(rt.tiles, KV, rt.nsp if ws is not None else rt.dsplit)](
         q, keys, values, out, sinks if sinks is not None else q, new_k, new_v,
         dev[0] if dev is not None else q, dev[1] if dev is not None else q, *spare,
@@ -347,8 +348,7 @@ def chunk_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         HEAVY=rt.heavy, HINTS=dev is not None and new is None, num_warps=rt.warps,
         # (the move is PTX: left out -- a bit copy -- under Triton's interpreter and on ROCm)
         **({"FENCE": True} if rt.fence and q.is_cuda and torch.version.hip is None else {}),
-        **({"WHOLE": True} if rt.whole and new is None and ring is None else {}),
-        **({"BASE": True} if rt.base and new is None and ring is None else {}),
+        **({"WHOLE": True} if whole else {}), **({"BASE": True} if whole and rt.base else {}),
         enable_fp_fusion=False,
         **({"num_stages": stages} if stages else {}))
     if ws is not None:
