@@ -44,6 +44,9 @@
 #   whole_ab     MUSER_CHUNK_WHOLE=on (unmasked tiles without row masks): 16k A/B, one round
 #   ncu          Nsight Compute on a global layer's 16k chunk attention: exact kernel vs plain flash
 #   ncu_ring     the same on a sliding layer's 16k chunk (window 512), the exact kernel alone
+#   tiles4b      the 4B's decode tiles in a graph from HBM, with other split-K pieces (a hint);
+#                the int8 weight mode's decode step (270M, 1B) against bf16
+#   step_profile the 4B / 1B decode step's kernels
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
 #    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
@@ -922,6 +925,18 @@ stage_mega() {     # item 6's first experiment: a layer's MLP half as one persis
   bench 150 . benchmarks/mega_probe.py 270m 1b --batches 1,16
   bench 200 . benchmarks/exact_ab.py --models 270m,1b --trees exact --no-16k \
     --variants "M1:MUSER_MEGA=mlp"
+}
+
+stage_tiles4b() {  # issue 17 item 1's 4B shape: its decode tiles were chosen from do_bench with
+  # the weights in the L2 (cuda_gemv_sweep.py) and never timed in a graph from HBM; other
+  # split-K pieces for its o / down projections (another arithmetic: a hint, not a choice)
+  bench 330 . benchmarks/dot_tiles_graph.py 4b --batches 1 --top 4 --pieces 1024,2560 --jobs 14
+  bench 200 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only \
+    --variants "Q8:QUANT=int8"
+}
+
+stage_step_profile() {  # where the 4B's and the 1B's decode steps go now
+  bench 260 . benchmarks/exact_ab.py --models 4b,1b --trees exact --decode-only --profile
 }
 
 stage_llama_build() {   # carry .peers

@@ -50,7 +50,7 @@ def child(args):
     from cuda_bench import SHAPES
     shape = SHAPES[args.shape]
     eng = muser.load(args.path, device="cuda", dtype="bfloat16", progress=False,
-                     max_context=args.max_context)
+                     max_context=args.max_context, quant=args.quant)
     vocab = shape["vocab"]
     out = {"tree": args.tree}
     t = time.perf_counter()
@@ -116,6 +116,7 @@ def parent(args):
                     + (["--profile"] if args.profile else []) \
                     + ["--chunks", args.chunks, "--cpu-load", str(args.cpu_load)] \
                     + (["--max-context", env["MAX_CONTEXT"]] if "MAX_CONTEXT" in env else []) \
+                    + (["--quant", env["QUANT"]] if "QUANT" in env else []) \
                     + (["--no-16k"] if args.decode_only or (args.no_16k and tree not in
                                                             ("old", "exact", "fast")) else [])
                 t = time.perf_counter()
@@ -171,6 +172,8 @@ def main():
     ap.add_argument("--max-context", type=int, default=None,
                     help="the engine's max_context (a variant sets it with MAX_CONTEXT=N): a "
                          "growing plane's decode grid is its capacity over the split rows")
+    ap.add_argument("--quant", default="none", choices=["none", "int8"],
+                    help="the engine's weights (a variant sets it with QUANT=int8: int8 rows)")
     ap.add_argument("--chunks", default="", help="also the 16k prefill in chunks of these sizes")
     ap.add_argument("--cpu-load", type=int, default=0,
                     help="also the 16k prefill (and --chunks) with N busy processes on the host")
