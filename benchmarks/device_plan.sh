@@ -46,7 +46,8 @@
 #   ncu_ring     the same on a sliding layer's 16k chunk (window 512), the exact kernel alone
 #   tiles4b      the 4B's decode tiles in a graph from HBM, with other split-K pieces (a hint);
 #                the int8 weight mode's decode step (270M, 1B) against bf16
-#   step_profile the 4B / 1B decode step's kernels
+#   step_profile the 4B decode step's kernels
+#   tiles4b_ab   the 4B's o tile and o / down pieces from tiles4b, in the step (2 rounds)
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
 #    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
@@ -935,8 +936,15 @@ stage_tiles4b() {  # issue 17 item 1's 4B shape: its decode tiles were chosen fr
     --variants "Q8:QUANT=int8"
 }
 
+stage_tiles4b_ab() {  # the 4B's o tile (speed only) and its o / down split-K pieces (another
+  # arithmetic; FUSE_SUM sums the pieces in the add+norm after) in the step, against the table
+  local o="2560x2048=32/512/4/3/0" o1k="2560x2048=64/256/4/4/1024"
+  bench 500 . benchmarks/exact_ab.py --models 4b --trees exact --decode-only --rounds 2 \
+    --variants "O512:BENCH_DOT_TILES=$o;D2560:BENCH_DOT_TILES=$o+2560x10240=32/128/4/4/2560;D1024:BENCH_DOT_TILES=$o+2560x10240=64/128/4/3/1024;O1KD2560:BENCH_DOT_TILES=$o1k+2560x10240=32/128/4/4/2560"
+}
+
 stage_step_profile() {  # where the 4B's and the 1B's decode steps go now
-  bench 260 . benchmarks/exact_ab.py --models 4b,1b --trees exact --decode-only --profile
+  bench 150 . benchmarks/exact_ab.py --models 4b --trees exact --decode-only --profile
 }
 
 stage_llama_build() {   # carry .peers

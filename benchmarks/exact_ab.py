@@ -43,12 +43,26 @@ def busy(n: int):
             p.wait()
 
 
+def parse_tiles(text: str) -> dict:
+    """BENCH_DOT_TILES="2560x2048=32/512/4/3/0+2560x10240g=..." -> DOT_TILES entries: (n, k,
+    glu) -> (block_n, block_k, warps, stages, piece); a trailing g on k marks act*up."""
+    out = {}
+    for item in filter(None, text.split("+")):
+        shape, _, tile = item.partition("=")
+        n, _, k = shape.partition("x")
+        out[(int(n), int(k.rstrip("g")), k.endswith("g"))] = tuple(int(v) for v in tile.split("/"))
+    return out
+
+
 def child(args):
     import torch
     import muser
     from cuda_measure import muser_batch, muser_decode, muser_prefill, prefill_profile
     from cuda_bench import SHAPES
     shape = SHAPES[args.shape]
+    if os.environ.get("BENCH_DOT_TILES"):     # a variant's decode tiles (this benchmark only)
+        from muser.backends.cuda.triton_dot_tiles import DOT_TILES
+        DOT_TILES.update(parse_tiles(os.environ["BENCH_DOT_TILES"]))
     eng = muser.load(args.path, device="cuda", dtype="bfloat16", progress=False,
                      max_context=args.max_context, quant=args.quant)
     vocab = shape["vocab"]
