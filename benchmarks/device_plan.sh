@@ -48,6 +48,7 @@
 #                the int8 weight mode's decode step (270M, 1B) against bf16
 #   step_profile the 4B decode step's kernels
 #   tiles4b_ab   the 4B's o tile and o / down pieces from tiles4b, in the step (2 rounds)
+#   tail_ab      MUSER_NORM_OUT=16 and MUSER_MERGE_LOADS=8: bit rows, invariance, decode A/B
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
 #    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
@@ -941,6 +942,15 @@ stage_tiles4b_ab() {  # the 4B's o tile (speed only) and its o / down split-K pi
   local o="2560x2048=32/512/4/3/0" o1k="2560x2048=64/256/4/4/1024"
   bench 500 . benchmarks/exact_ab.py --models 4b --trees exact --decode-only --rounds 2 \
     --variants "O512:BENCH_DOT_TILES=$o;D2560:BENCH_DOT_TILES=$o+2560x10240=32/128/4/4/2560;D1024:BENCH_DOT_TILES=$o+2560x10240=64/128/4/3/1024;O1KD2560:BENCH_DOT_TILES=$o1k+2560x10240=32/128/4/4/2560"
+}
+
+stage_tail_ab() {  # MUSER_NORM_OUT (the add+norm after o / down in the projection's last
+  # program) and MUSER_MERGE_LOADS=8: their GPU bit rows, the 4B's new o tile rows, then the A/B
+  tests 200 tests/cuda/test_norm_out.py tests/cuda/test_norm_in.py tests/cuda/test_triton_chunk.py \
+    tests/cuda/test_triton_ops.py -k "norm or -8- or (chunk_tile and (2560 or 4096))"
+  MUSER_NORM_OUT=16 MUSER_MERGE_LOADS=8 tests 150 tests/engine/test_invariance.py -k cuda
+  bench 330 . benchmarks/exact_ab.py --models 1b,270m --trees exact --decode-only --long \
+    --rounds 2 --variants "NO16:MUSER_NORM_OUT=16;L8:MUSER_MERGE_LOADS=8;NO16L8:MUSER_NORM_OUT=16,MUSER_MERGE_LOADS=8"
 }
 
 stage_step_profile() {  # where the 4B's and the 1B's decode steps go now

@@ -110,7 +110,7 @@ def test_the_cuda_attention_layout_follows_the_env(growing, env, want):
 @pytest.mark.parametrize("env, same", [
     (Env(attn_tiles="masked"), True),          # a speed choice: the same bits
     (Env(chunk_loop="nested"), True),
-    (Env(merge_loads="1"), True),
+    (Env(merge_loads="1"), True), (Env(merge_loads="8"), True),
     (Env(dot_tma="on"), True), (Env(dot_tma="off"), True),     # how a tile reaches smem
     (Env(attn_acc="add"), False),              # the arithmetic
     (Env(ring_rows=64), False),
@@ -126,3 +126,20 @@ def test_the_cuda_cut_encoding_names_the_arithmetic(env, same):
     base = arithmetic_tag(Env())
     assert base.startswith("+cuda-") and len(base) == len("+cuda-") + 6
     assert (arithmetic_tag(env) == base) == same
+
+
+@pytest.mark.parametrize("entry, same", [
+    (((2560, 2048, False), (16, 128, 8, 2, 0)), True),     # a tile: speed only (the rule's piece)
+    (((2560, 2048, False), (32, 512, 4, 3, 1024)), False),  # a piece the rule would not take
+    (((1152, 6912, False), (32, 128, 4, 4, 1024)), True),   # the rule's piece, other speed fields
+    (((1152, 6912, False), (64, 256, 4, 3, 2048)), False),
+])
+def test_only_a_tile_tables_pieces_move_the_cut_encoding(monkeypatch, entry, same):
+    """The decode tile table (triton_dot_tiles.DOT_TILES) holds speed fields and the split-K
+    piece; only a piece that departs from the rule is arithmetic, so a new or retuned tile
+    leaves every cut readable and a new piece refuses them."""
+    from muser.backends.cuda import arithmetic_tag
+    from muser.backends.cuda import triton_dot_tiles
+    base = arithmetic_tag(Env())
+    monkeypatch.setitem(triton_dot_tiles.DOT_TILES, *entry)
+    assert (arithmetic_tag(Env()) == base) == same

@@ -28,16 +28,16 @@ from .prefill import CudaAttention
 
 def arithmetic_tag(env) -> str:
     """"+cuda-<6 hex>": the exact path's arithmetic (triton_attn.ARITHMETIC, the attention
-    layouts' bits fields at both head-dim classes, the projections' split-K pieces, the decode
-    knobs that change bits).  Two engines share a tag only if a row computed by one is bitwise
-    the row the other computes."""
+    layouts' bits fields at both head-dim classes, the projections' split-K pieces where the
+    tile table departs from the rule, the decode knobs that change bits).  Two engines share a
+    tag only if a row computed by one is bitwise the row the other computes."""
     import hashlib
     import json
     from .triton_attn import ARITHMETIC, BITS_FIELDS, layout
-    from .triton_dot_tiles import DOT_TILES
+    from .triton_dot_tiles import table_pieces
     lays = [[layout(growing, d, env)[k] for k in BITS_FIELDS]
             for growing in (False, True) for d in (64, 256)]
-    pieces = sorted([list(k), v[4]] for k, v in DOT_TILES.items())
+    pieces = table_pieces()
     blob = json.dumps([ARITHMETIC, lays, pieces, env.gemv, env.attn])
     tag = "+cuda-" + hashlib.sha256(blob.encode()).hexdigest()[:6]
     # MUSER_MEGA is meant to give the same bits; until the H200 has shown it, its cuts are

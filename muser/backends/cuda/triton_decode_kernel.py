@@ -44,15 +44,40 @@ def _kernel():
              GS: tl.constexpr, TOP: tl.constexpr, DEPTH: tl.constexpr, BLOCK_GC: tl.constexpr,
              DP: tl.constexpr):
         """Fold `count` parked partials into an empty total, one by one in order (merge_one:
-        the chunk's order and arithmetic).  DEPTH 4 issues four partials' loads before folding
-        them (the fold is load-latency-bound: a ring row's 17 splits are 17 rounds at DEPTH 1);
-        a partial past `count` is empty and folds as an exact no-op, so the bits are DEPTH's
-        to choose freely."""
+        the chunk's order and arithmetic).  DEPTH 4 (8) issues four (eight) partials' loads
+        before folding them (the fold is load-latency-bound: a ring row's 17 splits are 17
+        rounds at DEPTH 1); a partial past `count` is empty and folds as an exact no-op, so the
+        bits are DEPTH's to choose freely."""
         M = tl.full([BLOCK_GC], float("-inf"), tl.float32)
         L = tl.zeros([BLOCK_GC], tl.float32)
         A = tl.zeros([BLOCK_GC, DP], tl.float32)
         for i0 in range(0, count, DEPTH):
-            if DEPTH == 4:
+            if DEPTH == 8:
+                m0, l0, x0 = _load_parked(MS, LS, ACC, prow, i0, count, lo, a0, gc, gcm,
+                                              dm, cv, G, D, GS, TOP)
+                m1, l1, x1 = _load_parked(MS, LS, ACC, prow, i0 + 1, count, lo, a0, gc, gcm,
+                                              dm, cv, G, D, GS, TOP)
+                m2, l2, x2 = _load_parked(MS, LS, ACC, prow, i0 + 2, count, lo, a0, gc, gcm,
+                                              dm, cv, G, D, GS, TOP)
+                m3, l3, x3 = _load_parked(MS, LS, ACC, prow, i0 + 3, count, lo, a0, gc, gcm,
+                                              dm, cv, G, D, GS, TOP)
+                m4, l4, x4 = _load_parked(MS, LS, ACC, prow, i0 + 4, count, lo, a0, gc, gcm,
+                                              dm, cv, G, D, GS, TOP)
+                m5, l5, x5 = _load_parked(MS, LS, ACC, prow, i0 + 5, count, lo, a0, gc, gcm,
+                                              dm, cv, G, D, GS, TOP)
+                m6, l6, x6 = _load_parked(MS, LS, ACC, prow, i0 + 6, count, lo, a0, gc, gcm,
+                                              dm, cv, G, D, GS, TOP)
+                m7, l7, x7 = _load_parked(MS, LS, ACC, prow, i0 + 7, count, lo, a0, gc, gcm,
+                                              dm, cv, G, D, GS, TOP)
+                M, L, A = _merge_one(M, L, A, m0, l0, x0)
+                M, L, A = _merge_one(M, L, A, m1, l1, x1)
+                M, L, A = _merge_one(M, L, A, m2, l2, x2)
+                M, L, A = _merge_one(M, L, A, m3, l3, x3)
+                M, L, A = _merge_one(M, L, A, m4, l4, x4)
+                M, L, A = _merge_one(M, L, A, m5, l5, x5)
+                M, L, A = _merge_one(M, L, A, m6, l6, x6)
+                M, L, A = _merge_one(M, L, A, m7, l7, x7)
+            elif DEPTH == 4:
                 m0, l0, x0 = _load_parked(MS, LS, ACC, prow, i0, count, lo, a0, gc, gcm,
                                               dm, cv, G, D, GS, TOP)
                 m1, l1, x1 = _load_parked(MS, LS, ACC, prow, i0 + 1, count, lo, a0, gc, gcm,
