@@ -7,6 +7,11 @@ in a CUDA graph and replayed (us per launch).  Variants override triton_attn.lay
 norm / RoPE / store / reload prologue) -- the prologue's cost is the difference.
 
     PYTHONPATH=. python3 benchmarks/decode_attn_probe.py [context ...] [qk] [NAME:KEY=INT,...]
+    ncu --clock-control none --profile-from-start off --set full -o OUT/decode \
+        python3 benchmarks/decode_attn_probe.py 2048 qk --profiled       # on the device
+
+`--profiled`: after the times, the default layout's fused launch once more (each kind and
+context) inside cudaProfilerStart / Stop, outside any graph, for Nsight Compute.
 
 A `NAME:KEY=INT,...` argument (e.g. `bn64w8:block_n=64,warps=8`) replaces the built-in variants
 with the ones given (the default layout always runs first).
@@ -97,6 +102,14 @@ def main():
                         **lay))
                     print(f"{kind} ctx {ctx} {name}: fused {fused:.2f} us, q-given {given:.2f} us "
                           f"({nsplit} programs)", flush=True)
+                    if "--profiled" in sys.argv[1:] and name == "default":
+                        torch.cuda.synchronize()
+                        torch.cuda.cudart().cudaProfilerStart()
+                        td.fused_decode_attention(qkv, pos, cos, sin, qn, kn, 1e-6, table, meta,
+                                                  H, KV, D, nsplit, 0.0625, None, False, ws=ws,
+                                                  out=out, capacity=cap, **lay)
+                        torch.cuda.synchronize()
+                        torch.cuda.cudart().cudaProfilerStop()
                 except Exception as e:                                 # noqa: BLE001
                     print(f"{kind} ctx {ctx} {name}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
 

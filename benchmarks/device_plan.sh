@@ -49,6 +49,7 @@
 #   step_profile the 4B decode step's kernels
 #   tiles4b_ab   the 4B's o tile and o / down pieces from tiles4b, in the step (2 rounds)
 #   tail_ab      MUSER_NORM_OUT=16 and MUSER_MERGE_LOADS=8: bit rows, invariance, decode A/B
+#   ncu_decode   the decode attention launch alone: merge depths, MERGE_LOADS=1 in the step, ncu
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
 #    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
@@ -951,6 +952,23 @@ stage_tail_ab() {  # MUSER_NORM_OUT (the add+norm after o / down in the projecti
   MUSER_NORM_OUT=16 MUSER_MERGE_LOADS=8 tests 150 tests/engine/test_invariance.py -k cuda
   bench 330 . benchmarks/exact_ab.py --models 1b,270m --trees exact --decode-only --long \
     --rounds 2 --variants "NO16:MUSER_NORM_OUT=16;L8:MUSER_MERGE_LOADS=8;NO16L8:MUSER_NORM_OUT=16,MUSER_MERGE_LOADS=8"
+}
+
+stage_ncu_decode() {  # the decode attention launch alone (1B geometry, 2k: ring and growing):
+  # merge depths 1 / 4 / 8 timed, then Nsight Compute on the default launch -- where its ~11 us
+  # a layer go (a step's attention is a quarter of the 1B's and a third of the 270M's)
+  bench 150 . benchmarks/decode_attn_probe.py 2048 qk "d1:depth=1" "d8:depth=8"
+  bench 200 . benchmarks/exact_ab.py --models 1b,270m --trees exact --decode-only --rounds 2 \
+    --variants "L1:MUSER_MERGE_LOADS=1"
+  [ -n "${DRY:-}" ] && return
+  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  PYTHONPATH=/tmp/site:$ROOT:$ROOT/benchmarks timeout 300 "$ncu" --clock-control none \
+    --profile-from-start off --set full --import-source yes -f -o /tmp/decode python3 \
+    benchmarks/decode_attn_probe.py 2048 qk "d1:depth=1" --profiled > "$OUT/ncu.log" 2>&1
+  tail -3 "$OUT/ncu.log"
+  "$ncu" -i /tmp/decode.ncu-rep --page details --print-units base > "$OUT/details.txt" 2>&1
+  "$ncu" -i /tmp/decode.ncu-rep --page source --csv --print-source sass > "$OUT/source.csv" 2>&1
+  grep -E "attn_kernel|Duration|Registers|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|Memory Throughput|Stall" "$OUT/details.txt" | head -40
 }
 
 stage_step_profile() {  # where the 4B's and the 1B's decode steps go now
