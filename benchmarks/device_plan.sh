@@ -48,8 +48,11 @@
 #                the int8 weight mode's decode step (270M, 1B) against bf16
 #   step_profile the 4B decode step's kernels
 #   tiles4b_ab   the 4B's o tile and o / down pieces from tiles4b, in the step (2 rounds)
-#   tail_ab      MUSER_NORM_OUT=16 and MUSER_MERGE_LOADS=8: bit rows, invariance, decode A/B
+#   (tail_ab, thirty-third session: MUSER_NORM_OUT -- the add+norm after o / down in the
+#    projection's last program, same bits -- 1B +61 us a step, 16 rows 1.33 -> 2.30 ms; and
+#    MUSER_MERGE_LOADS=8, 1B +72 us; the code is gone, commit 59c432a has it)
 #   ncu_decode   the decode attention launch alone: merge depths, MERGE_LOADS=1 in the step, ncu
+#   wrap_ab      a ring's decode wrap without the int64 remainder: bit rows, decode A/B (.prev)
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
 #    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
@@ -945,15 +948,6 @@ stage_tiles4b_ab() {  # the 4B's o tile (speed only) and its o / down split-K pi
     --variants "O512:BENCH_DOT_TILES=$o;D2560:BENCH_DOT_TILES=$o+2560x10240=32/128/4/4/2560;D1024:BENCH_DOT_TILES=$o+2560x10240=64/128/4/3/1024;O1KD2560:BENCH_DOT_TILES=$o1k+2560x10240=32/128/4/4/2560"
 }
 
-stage_tail_ab() {  # MUSER_NORM_OUT (the add+norm after o / down in the projection's last
-  # program) and MUSER_MERGE_LOADS=8: their GPU bit rows, the 4B's new o tile rows, then the A/B
-  tests 200 tests/cuda/test_norm_out.py tests/cuda/test_norm_in.py tests/cuda/test_triton_chunk.py \
-    tests/cuda/test_triton_ops.py -k "norm or -8- or (chunk_tile and (2560 or 4096))"
-  MUSER_NORM_OUT=16 MUSER_MERGE_LOADS=8 tests 150 tests/engine/test_invariance.py -k cuda
-  bench 330 . benchmarks/exact_ab.py --models 1b,270m --trees exact --decode-only --long \
-    --rounds 2 --variants "NO16:MUSER_NORM_OUT=16;L8:MUSER_MERGE_LOADS=8;NO16L8:MUSER_NORM_OUT=16,MUSER_MERGE_LOADS=8"
-}
-
 stage_ncu_decode() {  # the decode attention launch alone (1B geometry, 2k: ring and growing):
   # merge depths 1 / 4 / 8 timed, then Nsight Compute on the default launch -- where its ~11 us
   # a layer go (a step's attention is a quarter of the 1B's and a third of the 270M's)
@@ -969,6 +963,17 @@ stage_ncu_decode() {  # the decode attention launch alone (1B geometry, 2k: ring
   "$ncu" -i /tmp/decode.ncu-rep --page details --print-units base > "$OUT/details.txt" 2>&1
   "$ncu" -i /tmp/decode.ncu-rep --page source --csv --print-source sass > "$OUT/source.csv" 2>&1
   grep -E "attn_kernel|Duration|Registers|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|Memory Throughput|Stall" "$OUT/details.txt" | head -40
+}
+
+stage_wrap_ab() {  # carry .prev (git archive ab9949b muser): a ring's decode reads wrap by one
+  # conditional add instead of an int64 remainder (ncu_decode: 24 divisions a warp, ring kernel
+  # 208 -> 168 registers) -- the bit rows (decode, chunk == decode on rings, invariance), then
+  # decode 2k / 32k, 16 sessions and the greedy runs against the tree before
+  tests 120 tests/cuda/test_triton_decode.py
+  tests 150 tests/cuda/test_triton_chunk.py -k ring
+  tests 120 tests/engine/test_invariance.py -k cuda
+  bench 220 . benchmarks/exact_ab.py --old .prev --models 1b,270m --trees old,exact \
+    --decode-only --long --rounds 2
 }
 
 stage_step_profile() {  # where the 4B's and the 1B's decode steps go now

@@ -55,9 +55,6 @@ ADD_PIECES = dict(N=1152, BLOCK=2048, PIECES=7, WQ=False, POST=True, LAYERNORM=F
 DOT_NORM = dict(K=640, KS=640, BLOCK_N=16, BLOCK_K=128, GLU=False, GELU=False, HAS_BIAS=False,
                 SPLIT=False, BM=16, PIECES_IN=1, WQ=False, PDL=True, FLATTEN=False, WIDEN=False,
                 PICK=False, NBLOCK=1024, NPIECES=0, NWQ=False, POST=True, LAYERNORM=False)
-# dot_rows with add_norm in its last program (MUSER_NORM_OUT): the 1B's o projection
-DOT_TAIL = dict(DOWN, K=1024, KS=1024, BLOCK_N=16, BLOCK_K=512, BM=16, PIECES_IN=1, SPLIT=False,
-                NN=1152, NBLOCK=2048, NPIECES=0, POST=True, LAYERNORM=False, NEXT=True)
 PICK = dict(CHUNK=8192, BLOCK=1024, NBP=32, BIG=3.4028234663852886e38, PDL=True)
 MEGA = dict(N=640, F=2048, BLOCK=1024, BN1=32, BK1=128, KS1=640, BN2=32, BK2=512, KS2=2048,
             POST=True, LAYERNORM=False, NEXT=True, GELU=True, NPROG=132, T1=64, T2=20, PIECES=1,
@@ -157,11 +154,6 @@ CONFIGS = [
                                                                    NBLOCK=2048, NPIECES=7,
                                                                    WIDEN=True, PICK=True,
                                                                    _types={"ND1": "*fp32"}), 4),
-    ("dot_rows o, add_norm after (last program), 1B", "dot_tail", {}, 4),
-    ("dot_rows down, add_norm of 7 pieces after, 1B", "dot_tail", dict(K=6912, KS=1024,
-                                                                       BLOCK_N=64, BLOCK_K=256,
-                                                                       SPLIT=True, NPIECES=7), 4),
-    ("dot_rows o, add_norm after, 270M", "dot_tail", dict(NN=640, NBLOCK=1024), 4),
     ("embed + first norm", "embed_norm", {}, 4),
     ("add_norm sandwich", "add_norm", {}, 4),
     ("add_norm sandwich, 270M", "add_norm", dict(N=640, BLOCK=1024), 4),
@@ -208,7 +200,6 @@ TYPES = {  # argument types as the engine passes them (others are i32)
     "H": "*bf16", "D1": "*bf16", "D2": "*bf16", "W_POST": "*fp32", "W_NEXT": "*fp32",
     "H_OUT": "*bf16", "X_OUT": "*bf16", "IDS": "*i64", "E": "*bf16", "SCALE": "*bf16",
     "NH": "*bf16", "ND1": "*bf16", "NS": "*fp32", "NWP": "*fp32", "NWN": "*fp32", "NHO": "*bf16",
-    "NXO": "*bf16",
     # the greedy pick (triton_pick.py)
     "L": "*fp32", "VALS": "*fp32", "IDX": "*i64", "RES": "*i64",
     # the persistent MLP half (triton_mega.py)
@@ -358,7 +349,6 @@ def main():
     from muser.backends.cuda.triton_chunk_park import _fold_kernel
     from muser.backends.cuda.triton_decode_kernel import _kernel as _decode_kernel
     from muser.backends.cuda.triton_dot import _kernels as _dot_kernels
-    from muser.backends.cuda.triton_dot_tail import _kernel as _dot_tail_kernel
     from muser.backends.cuda.triton_ops import _kernels as _ops_kernels
     from muser.backends.cuda.triton_mega import _kernel as _mega_kernel
     from muser.backends.cuda.triton_pick import _kernel as _pick_kernel
@@ -379,7 +369,6 @@ def main():
                "embed_norm": (_ops_kernels()[3], EMBED_NORM), "pick": (_pick_kernel()[0], PICK),
                "fold_pick": (_pick_kernel()[1], dict(BLOCK=1024, PDL=True)),
                "dot_norm": (_dot_kernels()[2], DOT_NORM),
-               "dot_tail": (_dot_tail_kernel(), DOT_TAIL),
                "mega": (_mega_kernel(), MEGA), "qk_rope": (_ops_kernels()[1], QK_ROPE),
                "norm_rope": (_rows_kernels()[0], NORM_ROPE),
                "place": (_graph_rows()[0], dict(KVD=256, D=256, BLOCK=256)),

@@ -64,7 +64,7 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_GROWING_GROUP": ("int >= 1", "16", "backends/cuda (attention)",
                             "growing-plane splits per first-level merge group (part of the "
                             "arithmetic: experiments)"),
-    "MUSER_MERGE_LOADS": ("1|4|8", "4", "backends/cuda (decode attention)",
+    "MUSER_MERGE_LOADS": ("1|4", "4", "backends/cuda (decode attention)",
                           "parked split partials loaded at once by a decode merge (the same "
                           "bits either way; H200: 4 is 5% faster for a ring layer at 2k, 10% "
                           "for a global layer at 32k)"),
@@ -215,12 +215,6 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                       "as add_norm does, then the dot) -- one launch a layer fewer for each, the "
                       "same bits (checked on an H100), but slower: one 1B step +111 us, 16 rows "
                       "halved (experiment, off)"),
-    "MUSER_NORM_OUT": ("off|1|4|16", "off", "backends/cuda (decode step)",
-                       "a step of at most this many rows leaves the add+norm after the output "
-                       "and down projections to the projection's own last program (a ticket, "
-                       "then add_norm's body row by row: the same bits) -- two launches a layer "
-                       "fewer; bf16 weights whose tile has add_norm's warps (1B, 270M; not the "
-                       "4B's 2,560-wide rows)"),
     "MUSER_ATTN_RING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
                         "tile of the ring decode-attention kernel (experiments)"),
     "MUSER_ATTN_GROWING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
@@ -264,7 +258,6 @@ class Env:
     dot_tma: str = "auto"
     fuse_sum: str = "on"
     norm_in: str = "off"
-    norm_out: str = "off"
     chunk_graphs: str = "on"
     chunk_graph_rows: int | None = None             # None: auto (chunk_graph.auto_limit)
     graph_keys: str = "staged"
@@ -363,8 +356,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_CHUNK_PREP", "chunk_prep"), ("MUSER_FLATTEN", "flatten"),
                         ("MUSER_FUSE_SUM", "fuse_sum"), ("MUSER_PIPELINE", "pipeline"),
                         ("MUSER_MEGA", "mega"), ("MUSER_ATTN_REGS", "attn_regs"),
-                        ("MUSER_NORM_IN", "norm_in"), ("MUSER_NORM_OUT", "norm_out"),
-                        ("MUSER_DOT_TMA", "dot_tma"),
+                        ("MUSER_NORM_IN", "norm_in"), ("MUSER_DOT_TMA", "dot_tma"),
                         ("MUSER_CHUNK_ALIGN", "chunk_align"), ("MUSER_CHUNK_ORDER", "chunk_order"),
                         ("MUSER_CHUNK_WIDE", "chunk_wide"), ("MUSER_CHUNK_FENCE", "chunk_fence"),
                         ("MUSER_CHUNK_WHOLE", "chunk_whole"), ("MUSER_CHUNK_BASE", "chunk_base")):

@@ -110,7 +110,7 @@ def test_the_cuda_attention_layout_follows_the_env(growing, env, want):
 @pytest.mark.parametrize("env, same", [
     (Env(attn_tiles="masked"), True),          # a speed choice: the same bits
     (Env(chunk_loop="nested"), True),
-    (Env(merge_loads="1"), True), (Env(merge_loads="8"), True),
+    (Env(merge_loads="1"), True),
     (Env(dot_tma="on"), True), (Env(dot_tma="off"), True),     # how a tile reaches smem
     (Env(attn_acc="add"), False),              # the arithmetic
     (Env(ring_rows=64), False),

@@ -40,7 +40,6 @@ from .step_weights import fuse_weights
 from .triton_moe import experts_rows, route_rows
 from .triton_dot import dot_rows
 from .triton_dot_norm import NormIn, norm_fuses, norm_in
-from .triton_dot_tail import NormOut, tail_fuses
 from .triton_dot_tiles import dot_config, tma_pays
 from .triton_mega import mega_half
 from .triton_gemv import gemv
@@ -112,12 +111,6 @@ class DecodeStep:
         # MUSER_NORM_IN: in steps of at most this many rows, an add+norm is done by the launch
         # of the projection that reads its x (`_add_norm`); 0: never
         self.norm_in_rows = 0 if env.norm_in == "off" else int(env.norm_in)
-        # MUSER_NORM_OUT: in steps of at most this many rows, the add+norm after the o and down
-        # projections runs in the projection's last program (`_tails`); one counter serves every
-        # site (a dependent launch runs after the one before it has finished)
-        self.norm_out_rows = 0 if env.norm_out == "off" else int(env.norm_out)
-        self.tail_cnt = (torch.zeros(1, dtype=torch.int32, device=dev) if self.norm_out_rows
-                         else None)
         self.attn_regs = env.attn_regs          # the attention launch's register cap (`regs_for`)
         # MUSER_MEGA=mlp: each layer's MLP half as one persistent launch (triton_mega.py)
         self.mega_cnt = (torch.zeros(6, dtype=torch.int32, device=dev) if env.mega == "mlp"
@@ -180,20 +173,6 @@ class DecodeStep:
         glu = what == "gu"
         return norm_fuses(k, dot_config(n // 2 if glu else n, k, glu)[2], False)
 
-    def _tails(self, what: str, w, R: int) -> bool:
-        """Whether projection `what` ("o", "down") of an R-row step runs the add+norm after it
-        in its own last program (MUSER_NORM_OUT, triton_dot_tail.py): a bf16 dot_rows decode
-        tile with add_norm's warps for the output width."""
-        if not (self.norm_out_rows and R <= self.norm_out_rows) or isinstance(w, RowInt8) \
-                or self.gemv is not dot_rows \
-                or not via_dot(w, what, self.gemv_for, self.batch1_only, R):
-            return False
-        n, k = w.shape
-        return tail_fuses(n, dot_config(n, k, False)[2], False)
-
-    def _tail(self, h, w_post, w_next) -> NormOut:
-        return NormOut(h, w_post, w_next, self.spec.norm_eps, self.layernorm, self.tail_cnt)
-
     def _add_norm(self, h, w_next, d1, w_post, takes: bool):
         """add_norm(h, w_next, d1=d1, w_post=w_post) -> (h', x); with `takes` (the projection
         reading x can norm it: `_takes_norm`), x is a NormIn that its dot_rows launch computes
@@ -204,11 +183,8 @@ class DecodeStep:
         return add_norm(h, w_next, self.spec.norm_eps, self.layernorm, d1=d1, w_post=w_post,
                         pdl=self.pdl)
 
-    def _linear(self, what, x, w, b=None, defer: bool = False, then: NormOut | None = None):
-        """x @ w.T (+ b); `defer` as `_dot`'s; `then` (only where `_tails`): the add+norm after
-        it, in the same launch -> (h', x)."""
-        if then is not None:
-            return self._dot(x, w, then=then)
+    def _linear(self, what, x, w, b=None, defer: bool = False):
+        """x @ w.T (+ b); `defer` as `_dot`'s."""
         if via_dot(w, what, self.gemv_for, self.batch1_only, x.shape[0]):
             return self._dot(x, w, bias=b, defer=defer)
         return F.linear(x, w, b)
@@ -240,7 +216,7 @@ class DecodeStep:
                                add_norm(h, mw.pre_moe_norm, eps, ln)[1])
         return dense + add_norm(routed, mw.post_moe_norm, eps, ln)[1]
 
-    def _mlp(self, lw, fz, x, defer: bool = False, then: NormOut | None = None):
+    def _mlp(self, lw, fz, x, defer: bool = False):
         wgu = fz["wgu"]
         if via_dot(wgu, "gu", self.gemv_for, self.batch1_only, x.shape[0]):
             a = self._dot(x, wgu, glu=True, gelu=self.gelu)               # act*mul fused in
@@ -248,7 +224,7 @@ class DecodeStep:
             gu = F.linear(x, wgu)                           # [B, 2I]: gate | up
             half = gu.shape[1] // 2
             a = act_mul(gu[:, :half], gu[:, half:], self.gelu)
-        return self._linear("down", a, lw.w_down, defer=defer, then=then)
+        return self._linear("down", a, lw.w_down, defer=defer)
 
     def run(self, packed: torch.Tensor, tables: torch.Tensor, ws: DecodeWorkspace,
             ids: torch.Tensor | None = None, pick: torch.Tensor | None = None) -> torch.Tensor:
@@ -311,36 +287,25 @@ class DecodeStep:
                 if hx is not None:
                     h, x, ahead = hx
                     continue
+            o = self._linear("o", a.view(R, H * D), lw.wo, lw.bo)
             if spec.parallel_block:
-                o = self._linear("o", a.view(R, H * D), lw.wo, lw.bo)
                 h, x = add_norm(h, nxt, eps, self.layernorm, d1=o, d2=self._mlp(lw, fz, x),
                                 pdl=self.pdl)
                 continue
             post = spec.sandwich_norm or not spec.pre_norm     # transformer.layer_forward's rule
             post_attn = lw.post_attn_norm if post else None
-            w_pre = lw.pre_ffn_norm if spec.pre_norm else None
-            takes = lw.moe is None and self._takes_norm("gu", fz["wgu"], R)
-            if not takes and lw.bo is None and self._tails("o", lw.wo, R):
-                h, x = self._linear("o", a.view(R, H * D), lw.wo,
-                                    then=self._tail(h, post_attn, w_pre))
-            else:
-                o = self._linear("o", a.view(R, H * D), lw.wo, lw.bo)
-                h, x = self._add_norm(h, w_pre, o, post_attn, takes)
-            post_ffn = lw.post_ffn_norm if post else None
-            takes = i + 1 < len(layers) and self._takes_norm("qkv", self.fused[i + 1]["wqkv"], R)
-            if (lw.layer_scale is None and lw.moe is None and not takes
-                    and self._tails("down", lw.w_down, R)):
-                h, x = self._mlp(lw, fz, h if x is None else x, then=self._tail(h, post_ffn, nxt))
-                x = h if x is None else x                  # post-norm: the next layer reads h
-                continue
+            h, x = self._add_norm(h, lw.pre_ffn_norm if spec.pre_norm else None, o, post_attn,
+                                  lw.moe is None and self._takes_norm("gu", fz["wgu"], R))
             # MUSER_FUSE_SUM: the down projection's split-K pieces summed by the add_norm below
             m = self._ffn(lw, fz, h, h if x is None else x,
                           defer=self.fuse_sum and lw.layer_scale is None)
+            post_ffn = lw.post_ffn_norm if post else None
             if lw.layer_scale is None:
                 # not the final norm: each of the head's 4,096 programs would load the rows
                 # (the 1B: 7 pieces, ~130 MB a step) and store the same h' and x lines, 4,096
                 # stores a line, to save one launch
-                h, x = self._add_norm(h, nxt, m, post_ffn, takes)
+                h, x = self._add_norm(h, nxt, m, post_ffn, i + 1 < len(layers) and
+                                      self._takes_norm("qkv", self.fused[i + 1]["wqkv"], R))
                 x = h if x is None else x                  # post-norm: the next layer reads h
             else:                                  # Gemma 4: scale the layer's output, then norm
                 h = add_norm(h, None, eps, self.layernorm, d1=m, w_post=post_ffn)[0] * lw.layer_scale

@@ -44,40 +44,16 @@ def _kernel():
              GS: tl.constexpr, TOP: tl.constexpr, DEPTH: tl.constexpr, BLOCK_GC: tl.constexpr,
              DP: tl.constexpr):
         """Fold `count` parked partials into an empty total, one by one in order (merge_one:
-        the chunk's order and arithmetic).  DEPTH 4 (8) issues four (eight) partials' loads
-        before folding them (the fold is load-latency-bound: a ring row's 17 splits are 17
-        rounds at DEPTH 1); a partial past `count` is empty and folds as an exact no-op, so the
-        bits are DEPTH's to choose freely."""
+        the chunk's order and arithmetic).  DEPTH 4 issues four partials' loads before folding
+        them (the fold is load-latency-bound: a ring row's 17 splits are 17 rounds at DEPTH 1;
+        H200, one 1B-shape launch at 2k: ring 10.5 / 9.8 / 11.2 us, growing 15.1 / 12.7 / 16.0
+        at DEPTH 1 / 4 / 8, thirty-third session); a partial past `count` is empty and folds as
+        an exact no-op, so the bits are DEPTH's to choose freely."""
         M = tl.full([BLOCK_GC], float("-inf"), tl.float32)
         L = tl.zeros([BLOCK_GC], tl.float32)
         A = tl.zeros([BLOCK_GC, DP], tl.float32)
         for i0 in range(0, count, DEPTH):
-            if DEPTH == 8:
-                m0, l0, x0 = _load_parked(MS, LS, ACC, prow, i0, count, lo, a0, gc, gcm,
-                                              dm, cv, G, D, GS, TOP)
-                m1, l1, x1 = _load_parked(MS, LS, ACC, prow, i0 + 1, count, lo, a0, gc, gcm,
-                                              dm, cv, G, D, GS, TOP)
-                m2, l2, x2 = _load_parked(MS, LS, ACC, prow, i0 + 2, count, lo, a0, gc, gcm,
-                                              dm, cv, G, D, GS, TOP)
-                m3, l3, x3 = _load_parked(MS, LS, ACC, prow, i0 + 3, count, lo, a0, gc, gcm,
-                                              dm, cv, G, D, GS, TOP)
-                m4, l4, x4 = _load_parked(MS, LS, ACC, prow, i0 + 4, count, lo, a0, gc, gcm,
-                                              dm, cv, G, D, GS, TOP)
-                m5, l5, x5 = _load_parked(MS, LS, ACC, prow, i0 + 5, count, lo, a0, gc, gcm,
-                                              dm, cv, G, D, GS, TOP)
-                m6, l6, x6 = _load_parked(MS, LS, ACC, prow, i0 + 6, count, lo, a0, gc, gcm,
-                                              dm, cv, G, D, GS, TOP)
-                m7, l7, x7 = _load_parked(MS, LS, ACC, prow, i0 + 7, count, lo, a0, gc, gcm,
-                                              dm, cv, G, D, GS, TOP)
-                M, L, A = _merge_one(M, L, A, m0, l0, x0)
-                M, L, A = _merge_one(M, L, A, m1, l1, x1)
-                M, L, A = _merge_one(M, L, A, m2, l2, x2)
-                M, L, A = _merge_one(M, L, A, m3, l3, x3)
-                M, L, A = _merge_one(M, L, A, m4, l4, x4)
-                M, L, A = _merge_one(M, L, A, m5, l5, x5)
-                M, L, A = _merge_one(M, L, A, m6, l6, x6)
-                M, L, A = _merge_one(M, L, A, m7, l7, x7)
-            elif DEPTH == 4:
+            if DEPTH == 4:
                 m0, l0, x0 = _load_parked(MS, LS, ACC, prow, i0, count, lo, a0, gc, gcm,
                                               dm, cv, G, D, GS, TOP)
                 m1, l1, x1 = _load_parked(MS, LS, ACC, prow, i0 + 1, count, lo, a0, gc, gcm,
@@ -99,10 +75,17 @@ def _kernel():
     @triton.jit
     def load_kv(kp, vp, kpos, lo, hi, slot, pos, capm, rs, hs, kvh, dm, cv, RING: tl.constexpr):
         """The K and V rows of positions kpos in [lo, hi] (zeros elsewhere), read in place by
-        position: slot holds pos, a ring wraps at capm."""
+        position: slot holds pos, a ring wraps at capm.  A ring's visible positions lie within
+        one capacity before the slot (n <= capm), so one conditional add wraps them:
+
+            kpos in [pos - n + 1, pos]  ->  phys = slot + kpos - pos in [slot - capm + 1, slot]
+
+        (`(phys + capm) % capm` said the same with an int64 remainder: 24 inline divisions a
+        warp, ~a quarter of a ring launch's instructions on the H200; positions outside the
+        row are masked, their addresses never read)."""
         phys = slot + (kpos - pos)
         if RING:
-            phys = (phys + capm) % capm
+            phys = tl.where(phys < 0, phys + capm, phys)
         lm = (kpos >= lo) & (kpos <= hi)
         offs = phys[:, None].to(tl.int64) * rs + kvh * hs + dm[None, :]
         k = tl.load(kp + offs, mask=lm[:, None] & cv[None, :], other=0.0)

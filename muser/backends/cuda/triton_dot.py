@@ -19,7 +19,6 @@ from typing import NamedTuple
 import torch
 
 from .triton_dot_norm import NormIn, launch_norm
-from .triton_dot_tail import NormOut, dot_then_norm
 from .triton_dot_tma import dot_tma, tma_fits
 from .triton_dot_tiles import CHUNK_ROWS, WIDE_ROWS, chunk_tile, dot_config, tma_tile
 from .triton_ops import norm_pieces, pdl_launch, pdl_pieces
@@ -258,8 +257,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
              tile: tuple[int, int, int, int, int] | None = None,
              scale: torch.Tensor | None = None, pdl: bool = False,
              flatten: bool = False, defer: bool = False,
-             widen: bool = False, pick: bool = False, tma: bool = False,
-             then: NormOut | None = None):
+             widen: bool = False, pick: bool = False, tma: bool = False):
     """The same function as `gemv`, for rows in tiles of 16 on the tensor cores (K in fixed
     steps, optionally in fixed split-K pieces summed in order): batch-invariant too, and far
     cheaper per extra row than `gemv`'s loop.  `config` = (block_n, block_k, warps, stages,
@@ -279,11 +277,8 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     no act*up).  `x` a NormIn (MUSER_NORM_IN): the rows are add_norm's x, normed by the
     launch itself (`dot_norm_kernel`; the tile's warps must be add_norm's: `norm_fuses`).
     `tma` (MUSER_DOT_TMA): 128-row tiles of 16-bit weights load by TMA (triton_dot_tma.py:
-    the same pieces, dots and epilogue -- the same bits).  `then` (MUSER_NORM_OUT): the
-    add_norm that consumes the output, run by the launch's last program (triton_dot_tail.py:
-    add_norm's bits; decode tiles, bf16 weights, no bias, no act*up) -> (h', x).
-    Returns the output, or `Pieces` (defer), or the (values, columns) pair (pick), or (h', x)
-    (then)."""
+    the same pieces, dots and epilogue -- the same bits).
+    Returns the output, or `Pieces` (defer), or the (values, columns) pair (pick)."""
     import triton
     kern, ssum, kern_norm = _kernels()
     n, k = w.shape
@@ -337,12 +332,6 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
                  HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, WQ=wq,
                  FLATTEN=bool(flatten) and inside > 1, WIDEN=widen or pick, PICK=pick,
                  num_warps=nw, num_stages=st, **fuse, **pdl_launch(pdl))
-    if then is not None:
-        if pick or widen or glu or bias is not None or inside > 1 or norm is not None:
-            raise ValueError("a dot_rows with add_norm after it takes no pick, widen, act*up, "
-                             "bias, in-kernel pieces or norm-in")
-        return dot_then_norm(grid, then, n, nw, wq, split, pieces,
-                             (x, w, s_arg, b_arg, out, part, B, n), shape)
     if norm is None:
         kern[grid](x, w, s_arg, b_arg, out, part, B, n, **shape)
     else:
