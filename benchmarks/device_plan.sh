@@ -53,6 +53,7 @@
 #    MUSER_MERGE_LOADS=8, 1B +72 us; the code is gone, commit 59c432a has it)
 #   ncu_decode   the decode attention launch alone: merge depths, MERGE_LOADS=1 in the step, ncu
 #   wrap_ab      a ring's decode wrap without the int64 remainder: bit rows, decode A/B (.prev)
+#   chunk_wrap   the same in the chunk kernel's in-place ring read: chunk rows, verify blocks
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
 #    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
@@ -974,6 +975,19 @@ stage_wrap_ab() {  # carry .prev (git archive ab9949b muser): a ring's decode re
   tests 120 tests/engine/test_invariance.py -k cuda
   bench 220 . benchmarks/exact_ab.py --old .prev --models 1b,270m --trees old,exact \
     --decode-only --long --rounds 2
+}
+
+stage_chunk_wrap() {  # carry .prev (git archive d758137 muser, the tree before): the chunk
+  # kernel's in-place ring read wraps by conditional moves, not an int64 remainder (sm_90: 12-24
+  # rem.s64 in the captured ring binaries, 36 rem.s32 in the eager one, gone; spills 1,216 ->
+  # 972 B captured) -- every chunk row, the captured passes, invariance, then what a
+  # verification block and a 512-token prefill cost against the tree before
+  tests 200 tests/cuda/test_triton_chunk.py tests/cuda/test_chunk_graph.py
+  tests 150 tests/engine/test_invariance.py -k cuda
+  bench 60 .prev benchmarks/verify_cost.py 1b
+  bench 60 . benchmarks/verify_cost.py 1b
+  bench 200 . benchmarks/exact_ab.py --old .prev --models 1b,270m --trees old,exact --decode-only \
+    --rounds 2
 }
 
 stage_step_profile() {  # where the 4B's and the 1B's decode steps go now

@@ -48,7 +48,12 @@ def chunk_pieces() -> dict:
         else:
             km_old = km
         if RING:
-            idx = (rot + idx + capm) % capm
+            # a key some row reads is held: idx in [0, capm), so rot + idx in [0, 2 capm) -- a
+            # conditional subtract wraps it (and an add covers [-capm, 0) as the remainder did);
+            # an int64 `%` here is a division per key row (the decode kernel's load_kv)
+            idx = rot + idx
+            idx = tl.where(idx >= capm, idx - capm, idx)
+            idx = tl.where(idx < 0, idx + capm, idx)
         else:
             km_old = km_old & (idx >= 0) & (idx < kcount)
         rows = idx[:, None].to(tl.int64) * rs + kvh * hs
