@@ -1,10 +1,11 @@
 """Measured tile tables of `triton_dot.dot_rows` (no Triton needed).
 
 Owns: DOT_TILES / `dot_config` (the decode tiles per projection shape: block_n, the K step, warps,
-stages and the split-K piece -- the piece is part of a row's arithmetic, the rest is speed) and
-`chunk_tile` (a chunk's tiles: any shape, the decode tile's pieces), `tma_tile` / `tma_pays` (the
-TMA-loaded chunk tiles and where MUSER_DOT_TMA=auto takes them).  Does not own: the kernels
-(triton_dot.py).
+stages and the split-K piece -- the piece is part of a row's arithmetic, the rest is speed),
+`rule_piece` / `table_pieces` (the pieces of shapes the table does not name, and the table's
+departures from that rule: what the cut encoding hashes), `chunk_tile` (a chunk's tiles: any
+shape, the decode tile's pieces), `tma_tile` / `tma_pays` (the TMA-loaded chunk tiles and where
+MUSER_DOT_TMA=auto takes them).  Does not own: the kernels (triton_dot.py).
 """
 from __future__ import annotations
 
