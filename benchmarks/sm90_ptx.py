@@ -18,9 +18,10 @@ Two uses, both before a device call (benchmarks/NOTES.md, tenth session):
 - **Does a norm-in dot norm as add_norm does?**  `--norm-check` compares each norm-in dot's
   float ops (loads, converts, adds, FMAs, shuffles, in order) with its add_norm's: the same list
   on the same data is the same bits (MUSER_NORM_IN, seventeenth session).
-- **How does it move memory?**  `--io` counts the global loads and stores by width and the
-  async copies: 2-byte `ld.global.b16` by the hundred and no `cp.async` is a tile read one
-  element at a time and never pipelined (the decode attention until the twelfth session: a
+- **How does it move memory?**  `--io` counts the global loads and stores by width, the
+  integer divisions and remainders (none in any configuration since the thirty-third session)
+  and the async copies: 2-byte `ld.global.b16` by the hundred and no `cp.async` is a tile read
+  one element at a time and never pipelined (the decode attention until the twelfth session: a
   pointer read from memory has no known alignment; `triton_attn.plane_at`).  Integer arguments
   the JIT would mark divisible by 16 at run time are not all marked here (N, B): a b16 store of
   a dot_rows output here can be a v4 store on the device.
@@ -295,6 +296,9 @@ def io_counts(ptx: str) -> str:
         key = f"{op.split('.')[0]}.{vec}{width}"
         counts[key] = counts.get(key, 0) + 1
     counts["cp.async"] = len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx))
+    # integer division / remainder: ~20 instructions each even on the 32-bit fast path (a ring
+    # decode launch's int64 `%` was a quarter of its instructions, thirty-third session)
+    counts["int div/rem"] = len(re.findall(r"\b(?:div|rem)\.[su](?:32|64)\b", ptx))
     return " ".join(f"{k} x{v}" for k, v in sorted(counts.items()) if v)
 
 
