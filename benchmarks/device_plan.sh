@@ -54,6 +54,7 @@
 #   ncu_decode   the decode attention launch alone: merge depths, MERGE_LOADS=1 in the step, ncu
 #   wrap_ab      a ring's decode wrap without the int64 remainder: bit rows, decode A/B (.prev)
 #   chunk_wrap   the same in the chunk kernel's in-place ring read: chunk rows, verify blocks
+#   ncu_step     Nsight Compute on the 1B's decode tiles at 1 row (instructions or memory?)
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
 #    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
@@ -988,6 +989,20 @@ stage_chunk_wrap() {  # carry .prev (git archive d758137 muser, the tree before)
   bench 60 . benchmarks/verify_cost.py 1b
   bench 200 . benchmarks/exact_ab.py --old .prev --models 1b,270m --trees old,exact --decode-only \
     --rounds 2
+}
+
+stage_ncu_step() {  # Nsight Compute on what else a decode step launches (the ring launch was
+  # instruction-bound, thirty-third session; `ncu_decode` has the growing launch): the 1B's four
+  # decode tiles at 1 row -- issue slots, warp cycles per instruction, DRAM throughput, stalls
+  [ -n "${DRY:-}" ] && { bench 10 . benchmarks/dot_tiles_graph.py 1b --batches 1 --profiled; return; }
+  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  PYTHONPATH=/tmp/site:$ROOT:$ROOT/benchmarks timeout 300 "$ncu" --clock-control none \
+    --profile-from-start off --set full --import-source yes -f -o /tmp/dot python3 \
+    benchmarks/dot_tiles_graph.py 1b --batches 1 --profiled > "$OUT/ncu_dot.log" 2>&1
+  tail -3 "$OUT/ncu_dot.log"
+  "$ncu" -i /tmp/dot.ncu-rep --page details --print-units base > "$OUT/details_dot.txt" 2>&1
+  "$ncu" -i /tmp/dot.ncu-rep --page source --csv --print-source sass > "$OUT/source_dot.csv" 2>&1
+  grep -E "dot_rows_kernel|Duration|Registers|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|Memory Throughput|DRAM Throughput" "$OUT/details_dot.txt" | head -48
 }
 
 stage_step_profile() {  # where the 4B's and the 1B's decode steps go now

@@ -12,6 +12,8 @@ against the table's before it is timed.  `--pieces 1024,2048` also times other s
 here changes the shape's bits -- its cuts' encoding follows, backends/cuda `arithmetic_tag`).
 
     PYTHONPATH=. python3 benchmarks/dot_tiles_graph.py [270m] [1b] [4b] [--top 3] [--pieces ...]
+    ncu --clock-control none --profile-from-start off --set full -o OUT/dot \
+        python3 benchmarks/dot_tiles_graph.py 1b --batches 1 --profiled    # on the device
 """
 import argparse
 import itertools
@@ -117,6 +119,23 @@ def sweep(n: int, k: int, glu: bool, B: int, top: int, piece: int | None = None)
           f"| HBM floor {floor:.2f} us, best at {floor / t_best:.0%} ({copies} copies)", flush=True)
 
 
+def profiled(shapes, batches) -> None:
+    """Each shape's table tile, one launch a batch size on a weight copy not in the L2, inside
+    the profiler's range (`ncu --profile-from-start off`)."""
+    from muser.backends.cuda.triton_dot import dot_rows
+    for n, k, glu in shapes:
+        for B in batches:
+            copies, ws, x, outs = operands(n, k, glu, B, least=2)
+            dot_rows(x, ws[0], outs[0], glu=glu, rows=16)          # compiled outside the range
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+            dot_rows(x, ws[-1], outs[-1], glu=glu, rows=16)
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+            print(f"profiled {n}x{k}{' glu' if glu else ''} B{B}", flush=True)
+            del ws, outs
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", default=["270m", "1b"])
@@ -125,7 +144,14 @@ def main():
     ap.add_argument("--jobs", type=int, default=12, help="processes compiling the tiles first")
     ap.add_argument("--pieces", default="", help="also these split-K pieces (keys a piece; "
                     "another arithmetic) where they divide K and differ from the table's")
+    ap.add_argument("--profiled", action="store_true",
+                    help="no sweep: each shape's table tile once (weights from HBM, PDL off) "
+                         "inside cudaProfilerStart / Stop, for Nsight Compute")
     args = ap.parse_args()
+    if args.profiled:
+        profiled([s for m in args.models for s in SHAPES[m]],
+                 [int(b) for b in args.batches.split(",")])
+        return
     pieces = [int(p) for p in args.pieces.split(",") if p]
     if args.jobs > 1:
         precompile([s for m in args.models for s in SHAPES[m]], args.jobs, pieces)
