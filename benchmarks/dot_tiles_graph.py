@@ -57,12 +57,19 @@ def _compile(job) -> None:
     torch.cuda.synchronize()
 
 
+def other_pieces(n: int, k: int, glu: bool, pieces) -> list[int]:
+    """Of `pieces` (keys a split-K piece), those that split K evenly and are not the table's."""
+    from muser.backends.cuda.triton_dot_tiles import dot_config
+    own = dot_config(n, k, glu)[4]
+    return [p for p in pieces if p < k and k % p == 0 and p != own]
+
+
 def precompile(shapes, jobs: int, pieces=()) -> None:
     import multiprocessing as mp
 
     from muser.backends.cuda.triton_dot_tiles import dot_config
     work = [(n, k, glu, cfg) for n, k, glu in shapes
-            for pc in [dot_config(n, k, glu)[4]] + [p for p in pieces if p < k and k % p == 0]
+            for pc in [dot_config(n, k, glu)[4]] + other_pieces(n, k, glu, pieces)
             for cfg in candidates(pc)]
     with mp.get_context("spawn").Pool(jobs) as pool:
         pool.map(_compile, work, chunksize=1)
@@ -160,9 +167,8 @@ def main():
         for n, k, glu in SHAPES[m]:
             for B in (int(b) for b in args.batches.split(",")):
                 sweep(n, k, glu, B, args.top)
-                for pc in pieces:
-                    if pc < k and k % pc == 0:
-                        sweep(n, k, glu, B, args.top, pc)
+                for pc in other_pieces(n, k, glu, pieces):
+                    sweep(n, k, glu, B, args.top, pc)
 
 
 if __name__ == "__main__":
