@@ -55,6 +55,8 @@
 #   wrap_ab      a ring's decode wrap without the int64 remainder: bit rows, decode A/B (.prev)
 #   chunk_wrap   the same in the chunk kernel's in-place ring read: chunk rows, verify blocks
 #   ncu_step     Nsight Compute on the 1B's decode tiles at 1 row (instructions or memory?)
+#   prefetch     MUSER_PREFETCH: the attention launch asks the L2 for the layer's o / gate|up /
+#                down weights (l2_prefetch.py): bits, then budgets / programs / early, 1B + 270M
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
 #    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
@@ -989,6 +991,13 @@ stage_chunk_wrap() {  # carry .prev (git archive d758137 muser, the tree before)
   bench 60 . benchmarks/verify_cost.py 1b
   bench 200 . benchmarks/exact_ab.py --old .prev --models 1b,270m --trees old,exact --decode-only \
     --rounds 2
+}
+
+stage_prefetch() {  # the decode attention's extra grid row brings the layer's next weights
+  # into the L2 while the bus idles (cp.async.bulk.prefetch.L2): the same bits, then budgets
+  tests 150 tests/cuda/test_prefetch.py tests/cuda/test_pdl.py
+  bench 420 . benchmarks/exact_ab.py --models 1b,270m --trees exact --decode-only --rounds 2 \
+    --variants "PF4:MUSER_PREFETCH=4;PF8:MUSER_PREFETCH=8;PF16:MUSER_PREFETCH=16;PF32:MUSER_PREFETCH=32;PF48:MUSER_PREFETCH=48;PF32E:MUSER_PREFETCH=32,MUSER_PREFETCH_AT=early;PF32W:MUSER_PREFETCH=32,MUSER_PREFETCH_PROGRAMS=128"
 }
 
 stage_ncu_step() {  # Nsight Compute on what else a decode step launches (the ring launch was

@@ -130,6 +130,10 @@ CONFIGS = [
     ("decode ring q-given", "decode", dict(FUSED=False, QK_NORM=False, ROPE=False), 4),
     ("decode ring prepare alone", "decode", dict(PREP=True), 4),
     ("decode ring fused, <= 168 registers", "decode", dict(maxnreg=168), 4),
+    # MUSER_PREFETCH: the launch's extra row asks for the layer's next weights (l2_prefetch.py)
+    ("decode ring fused, L2 prefetch row", "decode", dict(NPF=32, PF_LANES=128), 4),
+    ("decode growing fused, L2 prefetch row before the wait", "decode",
+     dict(NSPLIT=257, SPLIT=128, GS=16, RING=False, NPF=32, PF_LANES=128, PF_EARLY=True), 4),
     ("decode growing fused, <= 168 registers", "decode", dict(NSPLIT=257, SPLIT=128, GS=16,
                                                              RING=False, maxnreg=168), 4),
     ("dot_rows down 128-row tile, 7 pieces in", "dot", {}, 8),
@@ -195,7 +199,7 @@ TYPES = {  # argument types as the engine passes them (others are i32)
     "SK": "*bf16", "SV": "*bf16", "DK": "*bf16", "DV": "*bf16",
     # decode attention
     "QKV": "*bf16", "POS": "*i64", "COS": "*fp32", "SIN": "*fp32", "QN": "*bf16", "KN": "*bf16",
-    "CNT": "*i32", "QOUT": "*bf16", "eps": "fp32",
+    "CNT": "*i32", "QOUT": "*bf16", "eps": "fp32", "PF0": "i64", "PF1": "i64", "PF2": "i64",
     # dot_rows (S: the weights again for bf16) and add_norm (P: split-K pieces, float32)
     "X": "*bf16", "W": "*bf16", "S": "*bf16", "BIAS": "*bf16", "Y": "*bf16", "P": "*fp32",
     "H": "*bf16", "D1": "*bf16", "D2": "*bf16", "W_POST": "*fp32", "W_NEXT": "*fp32",

@@ -208,6 +208,15 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                         "register cap of the decode-attention launch (register allocation only: "
                         "the same bits); auto = 168 in steps of 8 or more sessions (three programs "
                         "an SM instead of two), none below"),
+    "MUSER_PREFETCH": ("off|4|8|16|24|32|48", "off", "backends/cuda (decode step)",
+                       "MB of each layer's o, gate|up and down weights (in that order) that its "
+                       "decode-attention launch asks the copy engine to bring into the L2 while "
+                       "the memory bus idles (l2_prefetch.py; no value changes: experiment)"),
+    "MUSER_PREFETCH_PROGRAMS": ("16|32|64|128", "32", "backends/cuda (decode step)",
+                                "programs of the decode attention's prefetch row"),
+    "MUSER_PREFETCH_AT": ("wait|early", "wait", "backends/cuda (decode step)",
+                          "the prefetch row asks after the launch's PDL wait, or before it (while "
+                          "the qkv projection still streams)"),
     "MUSER_NORM_IN": ("off|1|4|16", "off", "backends/cuda (decode step)",
                       "a step of at most this many rows leaves each add+norm but the final one "
                       "to the projection that reads its x (dot_rows' norm prologue: every "
@@ -265,6 +274,9 @@ class Env:
     pipeline: str = "on"
     mega: str = "off"
     attn_regs: str = "auto"
+    prefetch: str = "off"
+    prefetch_programs: str = "32"
+    prefetch_at: str = "wait"
     attn_acc: str = "dot"
     growing_group: int = 16
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)
@@ -356,6 +368,9 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_CHUNK_PREP", "chunk_prep"), ("MUSER_FLATTEN", "flatten"),
                         ("MUSER_FUSE_SUM", "fuse_sum"), ("MUSER_PIPELINE", "pipeline"),
                         ("MUSER_MEGA", "mega"), ("MUSER_ATTN_REGS", "attn_regs"),
+                        ("MUSER_PREFETCH", "prefetch"),
+                        ("MUSER_PREFETCH_PROGRAMS", "prefetch_programs"),
+                        ("MUSER_PREFETCH_AT", "prefetch_at"),
                         ("MUSER_NORM_IN", "norm_in"), ("MUSER_DOT_TMA", "dot_tma"),
                         ("MUSER_CHUNK_ALIGN", "chunk_align"), ("MUSER_CHUNK_ORDER", "chunk_order"),
                         ("MUSER_CHUNK_WIDE", "chunk_wide"), ("MUSER_CHUNK_FENCE", "chunk_fence"),

@@ -42,6 +42,7 @@ from .triton_dot import dot_rows
 from .triton_dot_norm import NormIn, norm_fuses, norm_in
 from .triton_dot_tiles import dot_config, tma_pays
 from .triton_mega import mega_half
+from .l2_prefetch import plan as prefetch_plan
 from .triton_gemv import gemv
 from .weights_int8 import RowInt8
 from .triton_ops import add_norm, embed_norm, qk_rope_store
@@ -112,6 +113,8 @@ class DecodeStep:
         # of the projection that reads its x (`_add_norm`); 0: never
         self.norm_in_rows = 0 if env.norm_in == "off" else int(env.norm_in)
         self.attn_regs = env.attn_regs          # the attention launch's register cap (`regs_for`)
+        # MUSER_PREFETCH: per layer, the l2_prefetch.Prefetch its attention launch runs
+        self.prefetch = self._prefetches(env) if dev.type == "cuda" else [None] * len(spec.layers)
         # MUSER_MEGA=mlp: each layer's MLP half as one persistent launch (triton_mega.py)
         self.mega_cnt = (torch.zeros(6, dtype=torch.int32, device=dev) if env.mega == "mlp"
                          else None)
@@ -124,6 +127,23 @@ class DecodeStep:
         self.invariant = mode == "dot" and self.fused_attn
         # the pipelined greedy step may pick in the head (`head_pick`)
         self.fused_pick = dev.type == "cuda" and head_picks(spec, self.w.output, self.gemv_for)
+
+    def _prefetches(self, env: Env) -> list:
+        """MUSER_PREFETCH: each layer's attention launch prefetches the first MB of the layer's
+        o, gate|up and down weights (the order the step reads them); None: off, or a layer
+        whose projections are not plain tensors (MoE, int8 rows: their bytes lie elsewhere)."""
+        if env.prefetch == "off":
+            return [None] * len(self.spec.layers)
+        out = []
+        for lw, fz, lay in zip(self.w.layers, self.fused, self.lays):
+            ws = [lw.wo, fz["wgu"], lw.w_down]
+            if lw.moe is not None or not all(isinstance(t, torch.Tensor) and t.is_contiguous()
+                                             for t in ws):
+                out.append(None)
+                continue
+            out.append(prefetch_plan(ws, int(env.prefetch) << 20, int(env.prefetch_programs),
+                                     32 * lay["warps"], env.prefetch_at == "early"))
+        return out
 
     def regs_for(self, batch: int) -> int | None:
         """The decode-attention launch's register cap (register allocation only: the same
@@ -249,7 +269,7 @@ class DecodeStep:
                                               spec.layer_scale(ls), spec.attn_logit_softcap,
                                               spec.rope_interleaved, ws, sinks=lw.sinks,
                                               v_norm=spec.v_norm, k_eq_v=lw.wv is None,
-                                              pdl=self.pdl, **lay)
+                                              pdl=self.pdl, prefetch=self.prefetch[i], **lay)
             q = qk_rope_store(qkv, pos, cos, sin, qn, kn, spec.norm_eps, table, meta,
                               spec.num_heads, KV, D, spec.rope_interleaved)
             return decode_attention(q, pos, table, meta, KV, self.splits[i], spec.layer_scale(ls),

@@ -98,7 +98,7 @@ def merge_groups(nsplit: int, group: int) -> int:
 def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads, head_dim,
             nsplit, scale, softcap, interleaved, ws, out, split, group, block_n, warps,
             depth=1, acc_dot=False, prep="decode", capacity=0, sinks=None, v_norm=False,
-            k_eq_v=False, qout=None, grid_splits=None, pdl=False, maxnreg=None):
+            k_eq_v=False, qout=None, grid_splits=None, pdl=False, maxnreg=None, prefetch=None):
     kern = _kernel()           # (the layout's chunk-only fields are left out: decode_keys)
     prepare = qout is not None and grid_splits == 1   # prepare_rows (prep "alone": PREP binary)
     B = table.shape[0]
@@ -114,12 +114,17 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
     src = qkv if qkv is not None else q
     rope = cos is not None
     dummy = ws.ms
-    kern[(B * kv_heads, grid_splits or nsplit)](
+    # a Prefetch (l2_prefetch.py) adds one grid row of prefetch.programs programs
+    pf = prefetch
+    grid = ((B * kv_heads, grid_splits or nsplit) if pf is None else
+            (B * kv_heads + 1, max(grid_splits or nsplit, pf.programs)))
+    kern[grid](
         src, src, pos, cos if rope else dummy, sin if rope else dummy,
         q_norm if q_norm is not None else dummy, k_norm if k_norm is not None else dummy,
         table, meta, ws.ms, ws.ls, ws.acc, ws.cnt, out, sinks if sinks is not None else dummy,
         qout if qout is not None else ws.q_for(B, heads, head_dim, src.dtype),
         float(scale), float(softcap or 1.0), float(eps), int(capacity), ws.ngroups, B * kv_heads,
+        *(pf.args() if pf is not None else [0] * 7),
         H=heads, KV=kv_heads, G=G, D=head_dim, HALF=half, BLOCK_H=block_h,
         BLOCK_G=_pow2(G, 16), BLOCK_GC=_pow2(G), BLOCK_N=block_n, NSPLIT=nsplit, SPLIT=split,
         GS=group, DEPTH=depth, FUSED=qkv is not None,
@@ -127,6 +132,8 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         SOFTCAP=softcap is not None, SINKS=sinks is not None, V_NORM=bool(v_norm),
         K_EQ_V=bool(k_eq_v), RING=capacity > 0, ACC_DOT=bool(acc_dot),
         PREP=prepare and prep == "alone",
+        NPF=pf.programs if pf is not None else 0, PF_EARLY=pf is not None and pf.early,
+        PF_LANES=32 * warps,
         num_warps=warps, enable_fp_fusion=False,
         # a register cap is register allocation only (the same instructions, the same bits):
         # 168 lets three programs share an SM where 208 let two (decode_step.regs_for)
@@ -142,7 +149,7 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
                            ws: DecodeWorkspace | None = None, out: torch.Tensor | None = None,
                            sinks: torch.Tensor | None = None, v_norm: bool = False,
                            k_eq_v: bool = False, capacity: int = 0, pdl: bool = False,
-                           **lay) -> torch.Tensor:
+                           prefetch=None, **lay) -> torch.Tensor:
     """qkv [B, (H + 2KV) * D] -> attention output [B, H, D], one launch.
 
     Per batch row: qk-norm (if given) and RoPE (if cos/sin) of q and k in float32, each
@@ -153,6 +160,8 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
     `sinks` float32 [H] (gpt-oss): each head's sink logit joins its softmax denominator.
     Gemma 4: `v_norm` (the new v row RMS-normed, no weight) and `k_eq_v` (qkv holds q | k only,
     and V is the raw K projection, before k-norm and RoPE).
+    `prefetch`: an l2_prefetch.Prefetch -- byte ranges (the layer's next weights) the launch's
+    extra grid row brings into the L2 (no value changes).
     Graph-capturable: no host reads, static grid.
     """
     B = qkv.shape[0]
@@ -161,7 +170,8 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
     lay = {**layout(capacity == 0, head_dim), **lay}
     return _launch(qkv, None, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads,
                    head_dim, nsplit, scale, softcap, interleaved, ws, out, capacity=capacity,
-                   sinks=sinks, v_norm=v_norm, k_eq_v=k_eq_v, pdl=pdl, **decode_keys(lay))
+                   sinks=sinks, v_norm=v_norm, k_eq_v=k_eq_v, pdl=pdl, prefetch=prefetch,
+                   **decode_keys(lay))
 
 
 def prepare_rows(qkv: torch.Tensor, pos: torch.Tensor, cos, sin, q_norm, k_norm, eps: float,

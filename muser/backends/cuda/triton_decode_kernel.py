@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 
+from .l2_prefetch import prefetch_pieces
 from .triton_attn import pieces
 from .triton_ops import pdl_pieces, rope_pieces
 
@@ -21,6 +22,7 @@ def _kernel():
     globals().update(pieces())          # module globals: the interpreter resolves names there
     globals().update(pdl_pieces())
     globals().update(rope_pieces())
+    globals().update(prefetch_pieces())
 
     @triton.jit
     def load_parked(MS, LS, ACC, prow, i, count, lo, a0, gc, gcm, dm, cv, G: tl.constexpr,
@@ -112,9 +114,10 @@ def _kernel():
 
     # runtime ints that differ between a decode launch and prepare_rows stay runtime values
     # (Triton would otherwise specialise a 1): one binary, one prologue arithmetic
-    @triton.jit(do_not_specialize=["capm", "NGG", "NROWS"])
+    @triton.jit(do_not_specialize=["capm", "NGG", "NROWS", "PF0", "PN0", "PF1", "PN1", "PF2",
+                                   "PN2", "PCH"])
     def attn_kernel(QKV, Q, POS, COS, SIN, QN, KN, TAB, META, MS, LS, ACC, CNT, O, SNK, QOUT,
-                    scale, softcap, eps, capm, NGG, NROWS,
+                    scale, softcap, eps, capm, NGG, NROWS, PF0, PN0, PF1, PN1, PF2, PN2, PCH,
                     H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                     HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_G: tl.constexpr,
                     BLOCK_GC: tl.constexpr, BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr,
@@ -122,12 +125,26 @@ def _kernel():
                     FUSED: tl.constexpr, QK_NORM: tl.constexpr, ROPE: tl.constexpr,
                     INTERLEAVED: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
                     V_NORM: tl.constexpr, K_EQ_V: tl.constexpr, RING: tl.constexpr,
-                    ACC_DOT: tl.constexpr, PDL: tl.constexpr, PREP: tl.constexpr = False):
-        _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
-        pid = tl.program_id(0)                    # b * KV + kvh
+                    ACC_DOT: tl.constexpr, PDL: tl.constexpr, PREP: tl.constexpr = False,
+                    NPF: tl.constexpr = 0, PF_EARLY: tl.constexpr = False,
+                    PF_LANES: tl.constexpr = 128):
+        pid = tl.program_id(0)                    # b * KV + kvh (NPF: row NROWS prefetches)
         s = tl.program_id(1)                      # split, counted from the row's first
-        b = pid // KV
-        kvh = pid % KV
+        # NPF (l2_prefetch.py): one more grid row whose first NPF programs bring the next
+        # projections' weights into the L2 -- before the PDL wait (PF_EARLY) or after it
+        if NPF > 0:
+            if PF_EARLY:
+                if (pid == NROWS) & (s < NPF):
+                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, s, PF_LANES)
+        _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
+        rid = pid
+        if NPF > 0:
+            if not PF_EARLY:
+                if (pid == NROWS) & (s < NPF):
+                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, s, PF_LANES)
+            rid = tl.minimum(pid, NROWS - 1)      # the prefetch row reads a real row's table
+        b = rid // KV
+        kvh = rid % KV
         # independent loads first (latency-bound): plane address, slot, length, position
         kp, vp, rs, hs = _plane_at(TAB + b * 4, O.dtype.element_ty, D)
         slot = tl.load(META + b * 2)
@@ -142,7 +159,10 @@ def _kernel():
         # splits' prologue and stores.  It leaves at once; split 0 always works (prepare_rows:
         # no split is live, split 0 stores the rows).  The live splits run the same
         # instructions as before: the same bits.
-        if (s < nact) | (s == 0):
+        live = (s < nact) | (s == 0)
+        if NPF > 0:
+            live = live & (pid < NROWS)           # the prefetch row attends nothing
+        if live:
             # Columns of the [*, 2 * BLOCK_H] tiles: the two rotation halves joined.  `dm` is the
             # memory dim of column c, `cv` whether it is a real dim (D need not be a power of 2).
             dm, cv = _columns(tl.arange(0, 2 * BLOCK_H), D, HALF, BLOCK_H, INTERLEAVED)

@@ -1,0 +1,59 @@
+"""l2_prefetch.plan: which bytes a decode-attention launch asks the L2 for (MUSER_PREFETCH).
+CPU-only: the plan is host arithmetic over tensors' addresses and sizes."""
+import pytest
+import torch
+
+from muser.backends.cuda.l2_prefetch import CHUNK_ALIGN, RANGES, plan
+from muser.env import EnvError, read
+
+
+def _weights():
+    # o, gate|up, down of a small layer: 64 KB, 256 KB, 128 KB of bf16
+    return [torch.empty(n, dtype=torch.bfloat16) for n in (32 << 10, 128 << 10, 64 << 10)]
+
+
+@pytest.mark.parametrize("budget, taken", [
+    (16 << 10, (16 << 10, 0, 0)),                    # inside the first range
+    (64 << 10, (64 << 10, 0, 0)),                    # the first range exactly
+    (100 << 10, (64 << 10, 36 << 10, 0)),            # into the second
+    (1 << 20, (64 << 10, 256 << 10, 128 << 10)),     # past the end: all three whole
+])
+def test_the_budget_takes_the_ranges_in_the_order_the_step_reads_them(budget, taken):
+    ws = _weights()
+    pf = plan(ws, budget, programs=4, lanes=128)
+    assert tuple(n for _, n in pf.ranges) == taken
+    assert [a for a, n in pf.ranges if n] == [w.data_ptr() for w, n in zip(ws, taken) if n]
+
+
+@pytest.mark.parametrize("budget, programs, lanes", [(1000, 1, 32), (100 << 10, 4, 128),
+                                                     (1 << 20, 32, 256), (48, 128, 128)])
+def test_every_byte_taken_lies_in_some_lane_and_chunks_stay_aligned(budget, programs, lanes):
+    pf = plan(_weights(), budget, programs, lanes)
+    total = sum(n for _, n in pf.ranges)
+    assert total == min(budget, 448 << 10) // CHUNK_ALIGN * CHUNK_ALIGN
+    assert pf.chunk % CHUNK_ALIGN == 0 and pf.chunk * programs * lanes >= total
+    assert all(a % CHUNK_ALIGN == 0 and n % CHUNK_ALIGN == 0 for a, n in pf.ranges)
+    assert len(pf.args()) == 2 * RANGES + 1
+
+
+def test_no_budget_or_no_bytes_is_no_prefetch():
+    assert plan(_weights(), 0, 32, 128) is None
+    assert plan(_weights(), 8, 32, 128) is None            # under one 16-byte unit
+    assert plan([], 1 << 20, 32, 128) is None
+
+
+def test_a_strided_range_or_a_fourth_range_is_refused_by_name():
+    w = torch.empty(64, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="contiguous"):
+        plan([w.t()], 1 << 20, 32, 128)
+    with pytest.raises(ValueError, match=f"at most {RANGES} prefetch ranges; found 4"):
+        plan(_weights() + [w], 1 << 20, 32, 128)
+
+
+def test_the_knobs_parse_and_refuse_what_they_do_not_name():
+    env = read({"MUSER_PREFETCH": "16", "MUSER_PREFETCH_PROGRAMS": "64",
+                "MUSER_PREFETCH_AT": "early"})
+    assert (env.prefetch, env.prefetch_programs, env.prefetch_at) == ("16", "64", "early")
+    assert read({}).prefetch == "off"
+    with pytest.raises(EnvError, match="MUSER_PREFETCH"):
+        read({"MUSER_PREFETCH": "7"})
