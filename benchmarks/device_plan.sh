@@ -57,6 +57,7 @@
 #   ncu_step     Nsight Compute on the 1B's decode tiles at 1 row (instructions or memory?)
 #   prefetch     MUSER_PREFETCH: the attention launch asks the L2 for the layer's o / gate|up /
 #                down weights (l2_prefetch.py): bits, then budgets / programs / early, 1B + 270M
+#   prefetch_auto  the default it became (8 MB, one-row steps): engine rows, auto / off / early
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
 #    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
@@ -998,6 +999,14 @@ stage_prefetch() {  # the decode attention's extra grid row brings the layer's n
   tests 150 tests/cuda/test_prefetch.py tests/cuda/test_pdl.py
   bench 420 . benchmarks/exact_ab.py --models 1b,270m --trees exact --decode-only --rounds 2 \
     --variants "PF4:MUSER_PREFETCH=4;PF8:MUSER_PREFETCH=8;PF16:MUSER_PREFETCH=16;PF32:MUSER_PREFETCH=32;PF48:MUSER_PREFETCH=48;PF32E:MUSER_PREFETCH=32,MUSER_PREFETCH_AT=early;PF32W:MUSER_PREFETCH=32,MUSER_PREFETCH_PROGRAMS=128"
+}
+
+stage_prefetch_auto() {  # MUSER_PREFETCH=auto, the default (8 MB, steps of one row): the
+  # engine / greedy / invariance rows on it, then auto against off and 8 MB before the wait
+  tests 200 tests/cuda/test_prefetch.py tests/cuda/test_cuda_greedy.py
+  tests 150 tests/engine/test_invariance.py -k cuda
+  bench 330 . benchmarks/exact_ab.py --models 1b,270m,4b --trees exact --decode-only --rounds 2 \
+    --long --variants "OFF:MUSER_PREFETCH=off;PF8E:MUSER_PREFETCH=8,MUSER_PREFETCH_AT=early"
 }
 
 stage_ncu_step() {  # Nsight Compute on what else a decode step launches (the ring launch was

@@ -54,6 +54,6 @@ def test_the_knobs_parse_and_refuse_what_they_do_not_name():
     env = read({"MUSER_PREFETCH": "16", "MUSER_PREFETCH_PROGRAMS": "64",
                 "MUSER_PREFETCH_AT": "early"})
     assert (env.prefetch, env.prefetch_programs, env.prefetch_at) == ("16", "64", "early")
-    assert read({}).prefetch == "off"
+    assert read({}).prefetch == "auto"
     with pytest.raises(EnvError, match="MUSER_PREFETCH"):
         read({"MUSER_PREFETCH": "7"})

@@ -113,8 +113,12 @@ class DecodeStep:
         # of the projection that reads its x (`_add_norm`); 0: never
         self.norm_in_rows = 0 if env.norm_in == "off" else int(env.norm_in)
         self.attn_regs = env.attn_regs          # the attention launch's register cap (`regs_for`)
-        # MUSER_PREFETCH: per layer, the l2_prefetch.Prefetch its attention launch runs
-        self.prefetch = self._prefetches(env) if dev.type == "cuda" else [None] * len(spec.layers)
+        # MUSER_PREFETCH: per layer, the l2_prefetch.Prefetch its attention launch runs in
+        # steps of at most prefetch_rows rows (auto: one row -- a 16-row step lost 20 us to it)
+        # (the bulk prefetch is an sm_90 instruction: none before Hopper)
+        hopper = dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
+        self.prefetch = self._prefetches(env) if hopper else [None] * len(spec.layers)
+        self.prefetch_rows = 1 if env.prefetch == "auto" else 1 << 30
         # MUSER_MEGA=mlp: each layer's MLP half as one persistent launch (triton_mega.py)
         self.mega_cnt = (torch.zeros(6, dtype=torch.int32, device=dev) if env.mega == "mlp"
                          else None)
@@ -134,6 +138,7 @@ class DecodeStep:
         whose projections are not plain tensors (MoE, int8 rows: their bytes lie elsewhere)."""
         if env.prefetch == "off":
             return [None] * len(self.spec.layers)
+        mb = 8 if env.prefetch == "auto" else int(env.prefetch)
         out = []
         for lw, fz, lay in zip(self.w.layers, self.fused, self.lays):
             ws = [lw.wo, fz["wgu"], lw.w_down]
@@ -141,7 +146,7 @@ class DecodeStep:
                                              for t in ws):
                 out.append(None)
                 continue
-            out.append(prefetch_plan(ws, int(env.prefetch) << 20, int(env.prefetch_programs),
+            out.append(prefetch_plan(ws, mb << 20, int(env.prefetch_programs),
                                      32 * lay["warps"], env.prefetch_at == "early"))
         return out
 
@@ -257,6 +262,7 @@ class DecodeStep:
         ids, pos = (packed[:B] if ids is None else ids), packed[B:2 * B]
         metas = [packed[2 * B + 2 * B * g: 2 * B + 2 * B * (g + 1)] for g in range(self.n_groups)]
         maxnreg = self.regs_for(B)            # one batch size, one cap for every layer
+        prefetch = self.prefetch if B <= self.prefetch_rows else [None] * len(self.prefetch)
 
         def attend(i, lw, ls, qkv, qn, kn):
             meta, table = metas[self.groups[i]], tables[i]
@@ -269,7 +275,7 @@ class DecodeStep:
                                               spec.layer_scale(ls), spec.attn_logit_softcap,
                                               spec.rope_interleaved, ws, sinks=lw.sinks,
                                               v_norm=spec.v_norm, k_eq_v=lw.wv is None,
-                                              pdl=self.pdl, prefetch=self.prefetch[i], **lay)
+                                              pdl=self.pdl, prefetch=prefetch[i], **lay)
             q = qk_rope_store(qkv, pos, cos, sin, qn, kn, spec.norm_eps, table, meta,
                               spec.num_heads, KV, D, spec.rope_interleaved)
             return decode_attention(q, pos, table, meta, KV, self.splits[i], spec.layer_scale(ls),
