@@ -961,7 +961,7 @@ stage_ncu_decode() {  # the decode attention launch alone (1B geometry, 2k: ring
     --variants "L1:MUSER_MERGE_LOADS=1"
   [ -n "${DRY:-}" ] && return
   local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  PYTHONPATH=/tmp/site:$ROOT:$ROOT/benchmarks timeout 300 "$ncu" --clock-control none \
+  PYTHONPATH=/tmp/site:$ROOT:$ROOT/benchmarks timeout 170 "$ncu" --clock-control none \
     --profile-from-start off --set full --import-source yes -f -o /tmp/decode python3 \
     benchmarks/decode_attn_probe.py 2048 qk "d1:depth=1" --profiled > "$OUT/ncu.log" 2>&1
   tail -3 "$OUT/ncu.log"
@@ -1014,7 +1014,7 @@ stage_ncu_step() {  # Nsight Compute on what else a decode step launches (the ri
   # decode tiles at 1 row -- issue slots, warp cycles per instruction, DRAM throughput, stalls
   [ -n "${DRY:-}" ] && { bench 10 . benchmarks/dot_tiles_graph.py 1b --batches 1 --profiled; return; }
   local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  PYTHONPATH=/tmp/site:$ROOT:$ROOT/benchmarks timeout 300 "$ncu" --clock-control none \
+  PYTHONPATH=/tmp/site:$ROOT:$ROOT/benchmarks timeout 170 "$ncu" --clock-control none \
     --profile-from-start off --set full --import-source yes -f -o /tmp/dot python3 \
     benchmarks/dot_tiles_graph.py 1b --batches 1 --profiled > "$OUT/ncu_dot.log" 2>&1
   tail -3 "$OUT/ncu_dot.log"
