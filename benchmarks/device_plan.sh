@@ -58,6 +58,7 @@
 #   prefetch     MUSER_PREFETCH: the attention launch asks the L2 for the layer's o / gate|up /
 #                down weights (l2_prefetch.py): bits, then budgets / programs / early, 1B + 270M
 #   prefetch_auto  the default it became (8 MB, one-row steps): engine rows, auto / off / early
+#   prefetch_qkv the add+norm closing a layer prefetches the next layer's qkv: bits, A/B
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
 #    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
@@ -961,7 +962,7 @@ stage_ncu_decode() {  # the decode attention launch alone (1B geometry, 2k: ring
     --variants "L1:MUSER_MERGE_LOADS=1"
   [ -n "${DRY:-}" ] && return
   local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  PYTHONPATH=/tmp/site:$ROOT:$ROOT/benchmarks timeout 170 "$ncu" --clock-control none \
+  PYTHONPATH=/tmp/site:$ROOT:$ROOT/benchmarks timeout 300 "$ncu" --clock-control none \
     --profile-from-start off --set full --import-source yes -f -o /tmp/decode python3 \
     benchmarks/decode_attn_probe.py 2048 qk "d1:depth=1" --profiled > "$OUT/ncu.log" 2>&1
   tail -3 "$OUT/ncu.log"
@@ -1007,6 +1008,14 @@ stage_prefetch_auto() {  # MUSER_PREFETCH=auto, the default (8 MB, steps of one 
   tests 150 tests/engine/test_invariance.py -k cuda
   bench 330 . benchmarks/exact_ab.py --models 1b,270m,4b --trees exact --decode-only --rounds 2 \
     --long --variants "OFF:MUSER_PREFETCH=off;PF8E:MUSER_PREFETCH=8,MUSER_PREFETCH_AT=early"
+}
+
+stage_prefetch_qkv() {  # MUSER_PREFETCH_QKV=on: the add+norm closing a layer asks the L2 for
+  # the next layer's qkv weights (its projection: ~5 DRAM latencies a program, ncu_step) --
+  # the bits (engine rows, add_norm rows), then on / early against off, 1B / 270M / 4B
+  tests 200 tests/cuda/test_prefetch.py
+  bench 330 . benchmarks/exact_ab.py --models 1b,270m,4b --trees exact --decode-only --rounds 2 \
+    --variants "QKV:MUSER_PREFETCH_QKV=on;QKVE:MUSER_PREFETCH_QKV=on,MUSER_PREFETCH_AT=early"
 }
 
 stage_ncu_step() {  # Nsight Compute on what else a decode step launches (the ring launch was

@@ -165,6 +165,10 @@ CONFIGS = [
     ("add_norm first layer", "add_norm", dict(HAS_D1=False, POST=False), 4),
     ("add_norm parallel", "add_norm", dict(HAS_D2=True, POST=False), 4),
     ("add_norm over 7 pieces", "add_pieces", {}, 4),
+    # MUSER_PREFETCH_QKV: programs past the rows ask the L2 for the next layer's qkv weights
+    ("add_norm over 7 pieces, L2 prefetch programs", "add_pieces", dict(NPF=32, PF_LANES=128), 4),
+    ("add_norm sandwich, 270M, L2 prefetch programs", "add_norm",
+     dict(N=640, BLOCK=1024, NPF=32, PF_LANES=128), 4),
     ("greedy pick, 262k columns", "pick", {}, 4),
     ("qk-norm + RoPE + store (MUSER_ATTN=separate)", "qk_rope", {}, 4),
     ("qk-norm + RoPE + store, interleaved", "qk_rope", dict(INTERLEAVED=True), 4),

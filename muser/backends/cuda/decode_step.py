@@ -119,6 +119,10 @@ class DecodeStep:
         hopper = dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
         self.prefetch = self._prefetches(env) if hopper else [None] * len(spec.layers)
         self.prefetch_rows = 1 if env.prefetch == "auto" else 1 << 30
+        # MUSER_PREFETCH_QKV=on: per layer, the Prefetch of the NEXT layer's qkv weights that the
+        # add+norm closing this layer runs (in the same steps as the attention's)
+        self.prefetch_qkv = (self._qkv_prefetches(env) if hopper and env.prefetch_qkv == "on"
+                             else [None] * len(spec.layers))
         # MUSER_MEGA=mlp: each layer's MLP half as one persistent launch (triton_mega.py)
         self.mega_cnt = (torch.zeros(6, dtype=torch.int32, device=dev) if env.mega == "mlp"
                          else None)
@@ -149,6 +153,17 @@ class DecodeStep:
             out.append(prefetch_plan(ws, mb << 20, int(env.prefetch_programs),
                                      32 * lay["warps"], env.prefetch_at == "early"))
         return out
+
+    def _qkv_prefetches(self, env: Env) -> list:
+        """Layer i's entry: the first 8 MB of layer i + 1's qkv weights (None: the last layer,
+        or weights that are not one plain tensor)."""
+        out = []
+        for nxt in self.fused[1:]:
+            w = nxt["wqkv"]
+            ok = isinstance(w, torch.Tensor) and w.is_contiguous()
+            out.append(prefetch_plan([w], 8 << 20, int(env.prefetch_programs), 128,
+                                     env.prefetch_at == "early") if ok else None)
+        return out + [None]
 
     def regs_for(self, batch: int) -> int | None:
         """The decode-attention launch's register cap (register allocation only: the same
@@ -198,15 +213,15 @@ class DecodeStep:
         glu = what == "gu"
         return norm_fuses(k, dot_config(n // 2 if glu else n, k, glu)[2], False)
 
-    def _add_norm(self, h, w_next, d1, w_post, takes: bool):
+    def _add_norm(self, h, w_next, d1, w_post, takes: bool, prefetch=None):
         """add_norm(h, w_next, d1=d1, w_post=w_post) -> (h', x); with `takes` (the projection
         reading x can norm it: `_takes_norm`), x is a NormIn that its dot_rows launch computes
-        -- h' is allocated now and written by that launch."""
+        -- h' is allocated now and written by that launch.  `prefetch`: add_norm's."""
         if takes and w_next is not None:
             ni = norm_in(h, w_next, self.spec.norm_eps, self.layernorm, d1=d1, w_post=w_post)
             return ni.h_out, ni
         return add_norm(h, w_next, self.spec.norm_eps, self.layernorm, d1=d1, w_post=w_post,
-                        pdl=self.pdl)
+                        pdl=self.pdl, prefetch=prefetch)
 
     def _linear(self, what, x, w, b=None, defer: bool = False):
         """x @ w.T (+ b); `defer` as `_dot`'s."""
@@ -262,7 +277,8 @@ class DecodeStep:
         ids, pos = (packed[:B] if ids is None else ids), packed[B:2 * B]
         metas = [packed[2 * B + 2 * B * g: 2 * B + 2 * B * (g + 1)] for g in range(self.n_groups)]
         maxnreg = self.regs_for(B)            # one batch size, one cap for every layer
-        prefetch = self.prefetch if B <= self.prefetch_rows else [None] * len(self.prefetch)
+        few = B <= self.prefetch_rows
+        prefetch = self.prefetch if few else [None] * len(self.prefetch)
 
         def attend(i, lw, ls, qkv, qn, kn):
             meta, table = metas[self.groups[i]], tables[i]
@@ -281,13 +297,14 @@ class DecodeStep:
             return decode_attention(q, pos, table, meta, KV, self.splits[i], spec.layer_scale(ls),
                                     spec.attn_logit_softcap, ws, sinks=lw.sinks, **lay)
 
-        x = self.layers(ids, attend)
+        x = self.layers(ids, attend, self.prefetch_qkv if few else None)
         return self.head(x) if pick is None else self.head_pick(x, pick)
 
-    def layers(self, ids: torch.Tensor, attend) -> torch.Tensor:
+    def layers(self, ids: torch.Tensor, attend, prefetch_qkv: list | None = None) -> torch.Tensor:
         """Rows of token ids through every layer -> the final-normed hidden rows [R, hidden].
         `attend(i, lw, ls, qkv, q_norm, k_norm)` -> [R, H, D]: the layer's attention over its
-        planes (a decode step's launch, or a chunk's: chunk_step.py)."""
+        planes (a decode step's launch, or a chunk's: chunk_step.py).  `prefetch_qkv`: per
+        layer, what the add+norm closing it asks the L2 for (MUSER_PREFETCH_QKV)."""
         spec, w = self.spec, self.w
         H, eps = spec.num_heads, spec.norm_eps
         layers = w.layers
@@ -331,7 +348,8 @@ class DecodeStep:
                 # (the 1B: 7 pieces, ~130 MB a step) and store the same h' and x lines, 4,096
                 # stores a line, to save one launch
                 h, x = self._add_norm(h, nxt, m, post_ffn, i + 1 < len(layers) and
-                                      self._takes_norm("qkv", self.fused[i + 1]["wqkv"], R))
+                                      self._takes_norm("qkv", self.fused[i + 1]["wqkv"], R),
+                                      prefetch_qkv[i] if prefetch_qkv else None)
                 x = h if x is None else x                  # post-norm: the next layer reads h
             else:                                  # Gemma 4: scale the layer's output, then norm
                 h = add_norm(h, None, eps, self.layernorm, d1=m, w_post=post_ffn)[0] * lw.layer_scale

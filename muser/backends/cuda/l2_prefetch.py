@@ -45,6 +45,7 @@ class Prefetch:
     chunk: int
     programs: int
     early: bool
+    lanes: int = 128             # lanes a program: its threads (32 x the launch's warps)
 
     def args(self) -> list[int]:
         """The launch's runtime arguments: addr0, n0, addr1, n1, addr2, n2, chunk."""
@@ -81,7 +82,7 @@ def plan(tensors: list[torch.Tensor], budget: int, programs: int, lanes: int,
     lanes_all = programs * lanes
     chunk = -(-total // lanes_all)
     chunk = -(-chunk // CHUNK_ALIGN) * CHUNK_ALIGN
-    return Prefetch(tuple(ranges), chunk, programs, early)
+    return Prefetch(tuple(ranges), chunk, programs, early, lanes)
 
 
 @functools.lru_cache(maxsize=None)

@@ -133,7 +133,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         K_EQ_V=bool(k_eq_v), RING=capacity > 0, ACC_DOT=bool(acc_dot),
         PREP=prepare and prep == "alone",
         NPF=pf.programs if pf is not None else 0, PF_EARLY=pf is not None and pf.early,
-        PF_LANES=32 * warps,
+        PF_LANES=pf.lanes if pf is not None else 128,
         num_warps=warps, enable_fp_fusion=False,
         # a register cap is register allocation only (the same instructions, the same bits):
         # 168 lets three programs share an SM where 208 let two (decode_step.regs_for)

@@ -19,6 +19,8 @@ import functools
 
 import torch
 
+from .l2_prefetch import prefetch_pieces
+
 
 def _pow2(x: int, lo: int = 1) -> int:
     """The least power of two >= x, and at least `lo` (itself a power of two)."""
@@ -165,35 +167,63 @@ def _kernels():
     globals().update(pdl_pieces())      # module globals: the interpreter resolves names there
     globals().update(rope_pieces())
     globals().update(norm_pieces())
+    globals().update(prefetch_pieces())
 
     @triton.jit
+    def prefetch_begin(PF0, PN0, PF1, PN1, PF2, PN2, PCH, B, PDL: tl.constexpr,
+                       NPF: tl.constexpr, PF_EARLY: tl.constexpr, PF_LANES: tl.constexpr):
+        """_pdl_begin, with NPF programs past the B rows asking the L2 for the next weights
+        (l2_prefetch.py) before the PDL wait (PF_EARLY) or after it -> whether this program
+        is a row's."""
+        pid = tl.program_id(0)
+        if NPF > 0:
+            if PF_EARLY:
+                if pid >= B:
+                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, pid - B, PF_LANES)
+        _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
+        if NPF > 0:
+            if not PF_EARLY:
+                if pid >= B:
+                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, pid - B, PF_LANES)
+        live = True                         # (without a prefetch row: no test, every program's)
+        if NPF > 0:
+            live = pid < B
+        return live
+
+    globals()["_prefetch_begin"] = prefetch_begin
+
+    @triton.jit(do_not_specialize=["PF0", "PN0", "PF1", "PN1", "PF2", "PN2", "PCH", "B"])
     def add_norm_kernel(H, D1, D2, W_POST, W_NEXT, H_OUT, X_OUT, eps,
+                        PF0, PN0, PF1, PN1, PF2, PN2, PCH, B,
                         N: tl.constexpr, BLOCK: tl.constexpr, HAS_D1: tl.constexpr,
                         HAS_D2: tl.constexpr, POST: tl.constexpr, LAYERNORM: tl.constexpr,
-                        NEXT: tl.constexpr, PDL: tl.constexpr):
-        _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
-        row = tl.program_id(0).to(tl.int64)        # chunks: rows x N can pass 2**31
-        i = tl.arange(0, BLOCK)
-        mask = i < N
-        h, d1 = _norm_inputs(H, D1, H, row, i, mask, 1, N, HAS_D1, 0, False)
-        _add_norm_tail(h, d1, row, i, mask, D2, W_POST, W_NEXT, H_OUT, X_OUT, eps, N, HAS_D1,
-                       HAS_D2, POST, LAYERNORM, NEXT)
+                        NEXT: tl.constexpr, PDL: tl.constexpr, NPF: tl.constexpr = 0,
+                        PF_EARLY: tl.constexpr = False, PF_LANES: tl.constexpr = 128):
+        if _prefetch_begin(PF0, PN0, PF1, PN1, PF2, PN2, PCH, B, PDL, NPF, PF_EARLY, PF_LANES):
+            row = tl.program_id(0).to(tl.int64)        # chunks: rows x N can pass 2**31
+            i = tl.arange(0, BLOCK)
+            mask = i < N
+            h, d1 = _norm_inputs(H, D1, H, row, i, mask, 1, N, HAS_D1, 0, False)
+            _add_norm_tail(h, d1, row, i, mask, D2, W_POST, W_NEXT, H_OUT, X_OUT, eps, N,
+                           HAS_D1, HAS_D2, POST, LAYERNORM, NEXT)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["PF0", "PN0", "PF1", "PN1", "PF2", "PN2", "PCH"])
     def add_pieces_norm_kernel(H, P, S, W_POST, W_NEXT, H_OUT, X_OUT, eps, B,
+                               PF0, PN0, PF1, PN1, PF2, PN2, PCH,
                                N: tl.constexpr, BLOCK: tl.constexpr, PIECES: tl.constexpr,
                                WQ: tl.constexpr, POST: tl.constexpr, LAYERNORM: tl.constexpr,
-                               NEXT: tl.constexpr, PDL: tl.constexpr):
+                               NEXT: tl.constexpr, PDL: tl.constexpr, NPF: tl.constexpr = 0,
+                               PF_EARLY: tl.constexpr = False, PF_LANES: tl.constexpr = 128):
         """add_norm whose d1 is a projection's split-K pieces P [PIECES, B, N] float32, summed
         first exactly as split_sum_kernel sums them (in order from zero, the int8 scale, rounded
         to the activation dtype) -- one launch instead of split_sum + add_norm."""
-        _pdl_begin(PDL)
-        row = tl.program_id(0).to(tl.int64)
-        i = tl.arange(0, BLOCK)
-        mask = i < N
-        h, d1 = _norm_inputs(H, P, S, row, i, mask, B, N, True, PIECES, WQ)
-        _add_norm_tail(h, d1, row, i, mask, H, W_POST, W_NEXT, H_OUT, X_OUT, eps, N, True, False,
-                       POST, LAYERNORM, NEXT)
+        if _prefetch_begin(PF0, PN0, PF1, PN1, PF2, PN2, PCH, B, PDL, NPF, PF_EARLY, PF_LANES):
+            row = tl.program_id(0).to(tl.int64)
+            i = tl.arange(0, BLOCK)
+            mask = i < N
+            h, d1 = _norm_inputs(H, P, S, row, i, mask, B, N, True, PIECES, WQ)
+            _add_norm_tail(h, d1, row, i, mask, H, W_POST, W_NEXT, H_OUT, X_OUT, eps, N, True,
+                           False, POST, LAYERNORM, NEXT)
 
     @triton.jit
     def qk_rope_store_kernel(QKV, POS, COS, SIN, QN, KN, TAB, META, Q_OUT, eps,
@@ -281,27 +311,34 @@ def _row_shape(N: int) -> dict:
 def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm: bool,
              d1: torch.Tensor | None = None, d2: torch.Tensor | None = None,
              w_post: torch.Tensor | None = None, h_out: torch.Tensor | None = None,
-             x_out: torch.Tensor | None = None, pdl: bool = False):
+             x_out: torch.Tensor | None = None, pdl: bool = False, prefetch=None):
     """h' = h + norm?(d1) [+ d2]; x = norm(h', w_next).  Returns (h', x); contiguous rows [B, N],
     any B (the decode step's batch, or a prefill chunk's rows: `triton_rows`).
 
     With d1 None, h' is h and only the norm runs (the first layer's input norm); with w_next
     None, only h' is computed and x is None.  d1 may be a projection's unsummed split-K pieces
     (triton_dot.Pieces, no d2): summed first as split_sum_kernel sums them, in this launch.
+    `prefetch`: an l2_prefetch.Prefetch -- its programs, past the B rows', ask the L2 for the
+    weights the next launch reads (no value changes).
     """
     B, N = h.shape
+    pf = prefetch
+    grid = (B,) if pf is None else (B + pf.programs,)
+    pf_args = pf.args() if pf is not None else [0] * 7
+    pf_consts = ({} if pf is None else
+                 dict(NPF=pf.programs, PF_EARLY=pf.early, PF_LANES=pf.lanes))
     if isinstance(d1, tuple) and d2 is None:           # triton_dot.Pieces: sum them here
         part, scale = d1
         h_out = h_out if h_out is not None else torch.empty_like(h)
         if w_next is not None:
             x_out = x_out if x_out is not None else torch.empty_like(h)
         w_any = w_next if w_next is not None else (w_post if w_post is not None else h)
-        _kernels()[2][(B,)](h, part, scale if scale is not None else part,
+        _kernels()[2][grid](h, part, scale if scale is not None else part,
                             w_post if w_post is not None else w_any, w_any, h_out,
-                            x_out if w_next is not None else h_out, float(eps), B, N=N,
-                            PIECES=part.shape[0], WQ=scale is not None,
+                            x_out if w_next is not None else h_out, float(eps), B, *pf_args,
+                            N=N, PIECES=part.shape[0], WQ=scale is not None,
                             POST=w_post is not None, LAYERNORM=layernorm,
-                            NEXT=w_next is not None, **_row_shape(N),
+                            NEXT=w_next is not None, **_row_shape(N), **pf_consts,
                             **pdl_launch(pdl))
         return h_out, (x_out if w_next is not None else None)
     kern = _kernels()[0]
@@ -309,12 +346,12 @@ def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm
     if w_next is not None:
         x_out = x_out if x_out is not None else torch.empty_like(h)
     w_any = w_next if w_next is not None else (w_post if w_post is not None else h)
-    kern[(B,)](h, d1 if d1 is not None else h, d2 if d2 is not None else h,
+    kern[grid](h, d1 if d1 is not None else h, d2 if d2 is not None else h,
                w_post if w_post is not None else w_any, w_any, h_out,
-               x_out if w_next is not None else h_out, float(eps),
+               x_out if w_next is not None else h_out, float(eps), *pf_args, B,
                N=N, HAS_D1=d1 is not None, HAS_D2=d2 is not None,
                POST=w_post is not None, LAYERNORM=layernorm, NEXT=w_next is not None,
-               **_row_shape(N), **pdl_launch(pdl))
+               **_row_shape(N), **pf_consts, **pdl_launch(pdl))
     return h_out, (x_out if w_next is not None else None)
 
 
