@@ -58,7 +58,8 @@
 #   prefetch     MUSER_PREFETCH: the attention launch asks the L2 for the layer's o / gate|up /
 #                down weights (l2_prefetch.py): bits, then budgets / programs / early, 1B + 270M
 #   prefetch_auto  the default it became (8 MB, one-row steps): engine rows, auto / off / early
-#   prefetch_qkv the add+norm closing a layer prefetches the next layer's qkv: bits, A/B
+#   prefetch_qkv the add+norm closing a layer prefetches the next layer's qkv: bits, A/B; and
+#                16 / 32 MB prefetched under an L2 evict_last policy
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
 #    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
@@ -1013,9 +1014,11 @@ stage_prefetch_auto() {  # MUSER_PREFETCH=auto, the default (8 MB, steps of one 
 stage_prefetch_qkv() {  # MUSER_PREFETCH_QKV=on: the add+norm closing a layer asks the L2 for
   # the next layer's qkv weights (its projection: ~5 DRAM latencies a program, ncu_step) --
   # the bits (engine rows, add_norm rows), then on / early against off, 1B / 270M / 4B
+  # and MUSER_PREFETCH_HINT=last: 16 / 32 MB under an L2 evict_last policy (do they outlive
+  # the gate|up stream, where plain 16 / 32 MB did not?)
   tests 200 tests/cuda/test_prefetch.py
-  bench 330 . benchmarks/exact_ab.py --models 1b,270m,4b --trees exact --decode-only --rounds 2 \
-    --variants "QKV:MUSER_PREFETCH_QKV=on;QKVE:MUSER_PREFETCH_QKV=on,MUSER_PREFETCH_AT=early"
+  bench 480 . benchmarks/exact_ab.py --models 1b,270m,4b --trees exact --decode-only --rounds 2 \
+    --variants "QKV:MUSER_PREFETCH_QKV=on;QKVE:MUSER_PREFETCH_QKV=on,MUSER_PREFETCH_AT=early;PF16L:MUSER_PREFETCH=16,MUSER_PREFETCH_HINT=last;PF32L:MUSER_PREFETCH=32,MUSER_PREFETCH_HINT=last"
 }
 
 stage_ncu_step() {  # Nsight Compute on what else a decode step launches (the ring launch was

@@ -134,6 +134,8 @@ CONFIGS = [
     ("decode ring fused, L2 prefetch row", "decode", dict(NPF=32, PF_LANES=128), 4),
     ("decode growing fused, L2 prefetch row before the wait", "decode",
      dict(NSPLIT=257, SPLIT=128, GS=16, RING=False, NPF=32, PF_LANES=128, PF_EARLY=True), 4),
+    ("decode ring fused, L2 prefetch row, evict_last", "decode",
+     dict(NPF=32, PF_LANES=128, PF_LAST=True), 4),
     ("decode growing fused, <= 168 registers", "decode", dict(NSPLIT=257, SPLIT=128, GS=16,
                                                              RING=False, maxnreg=168), 4),
     ("dot_rows down 128-row tile, 7 pieces in", "dot", {}, 8),

@@ -212,13 +212,16 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                        "MB of each layer's o, gate|up and down weights (in that order) that its "
                        "decode-attention launch asks the copy engine to bring into the L2 while "
                        "the memory bus idles (l2_prefetch.py; the same bits); auto = 8 in steps "
-                       "of one row, off in batches (H200: 1B -20 us a token, 270M -6 us; 16 rows "
+                       "of one row, off in batches (H200: 1B -20 us a token, 270M -9 us; 16 rows "
                        "+20 us, more MB slower); a number: every step"),
     "MUSER_PREFETCH_QKV": ("off|on", "off", "backends/cuda (decode step)",
                            "on: the add+norm closing a layer also asks the L2 for the next "
                            "layer's qkv weights (first 8 MB; steps of one row under "
                            "MUSER_PREFETCH=auto, every step otherwise; the same bits: "
                            "experiment)"),
+    "MUSER_PREFETCH_HINT": ("normal|last", "normal", "backends/cuda (decode step)",
+                            "last: the prefetches ask under an L2 evict_last policy, so the lines "
+                            "may outlive the weights streamed after them (experiment)"),
     "MUSER_PREFETCH_PROGRAMS": ("16|32|64|128", "32", "backends/cuda (decode step)",
                                 "programs of the decode attention's prefetch row"),
     "MUSER_PREFETCH_AT": ("wait|early", "wait", "backends/cuda (decode step)",
@@ -284,6 +287,7 @@ class Env:
     prefetch: str = "auto"
     prefetch_programs: str = "32"
     prefetch_qkv: str = "off"
+    prefetch_hint: str = "normal"
     prefetch_at: str = "wait"
     attn_acc: str = "dot"
     growing_group: int = 16
@@ -379,6 +383,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_PREFETCH", "prefetch"),
                         ("MUSER_PREFETCH_PROGRAMS", "prefetch_programs"),
                         ("MUSER_PREFETCH_AT", "prefetch_at"), ("MUSER_PREFETCH_QKV", "prefetch_qkv"),
+                        ("MUSER_PREFETCH_HINT", "prefetch_hint"),
                         ("MUSER_NORM_IN", "norm_in"), ("MUSER_DOT_TMA", "dot_tma"),
                         ("MUSER_CHUNK_ALIGN", "chunk_align"), ("MUSER_CHUNK_ORDER", "chunk_order"),
                         ("MUSER_CHUNK_WIDE", "chunk_wide"), ("MUSER_CHUNK_FENCE", "chunk_fence"),

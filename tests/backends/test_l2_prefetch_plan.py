@@ -57,3 +57,12 @@ def test_the_knobs_parse_and_refuse_what_they_do_not_name():
     assert read({}).prefetch == "auto"
     with pytest.raises(EnvError, match="MUSER_PREFETCH"):
         read({"MUSER_PREFETCH": "7"})
+
+
+def test_a_launch_without_a_prefetch_passes_zeros_and_no_constexprs():
+    from muser.backends.cuda.l2_prefetch import launch_args
+    assert launch_args(None) == ([0] * (2 * RANGES + 1), {})
+    pf = plan(_weights(), 1 << 20, 8, 64, early=True, last=True)
+    args, consts = launch_args(pf)
+    assert args == pf.args() and len(args) == 2 * RANGES + 1
+    assert consts == dict(NPF=8, PF_EARLY=True, PF_LANES=64, PF_LAST=True)

@@ -20,15 +20,17 @@ def _batch(eng) -> torch.Tensor:
 
 
 @needs_gpu
-@pytest.mark.parametrize("mb, at, qkv", [("auto", "wait", "off"), ("4", "wait", "off"),
-                                         ("4", "early", "off"), ("auto", "wait", "on"),
-                                         ("off", "early", "on")])
-def test_prefetched_weights_give_the_same_bits(mb, at, qkv):
+@pytest.mark.parametrize("mb, at, qkv, hint", [("auto", "wait", "off", "normal"),
+                                               ("4", "wait", "off", "normal"),
+                                               ("4", "early", "off", "last"),
+                                               ("auto", "wait", "on", "normal"),
+                                               ("off", "early", "on", "last")])
+def test_prefetched_weights_give_the_same_bits(mb, at, qkv, hint):
     eng = tiny_model("gemma3", device="cuda", dtype="bfloat16", window=4, tokenizer=False)
     eng.backend.reset_runner(Env(prefetch="off"))
     plain, plain_b = run(eng), _batch(eng)
     eng.backend.reset_runner(Env(prefetch=mb, prefetch_programs="16", prefetch_at=at,
-                                 prefetch_qkv=qkv))
+                                 prefetch_qkv=qkv, prefetch_hint=hint))
     step = eng.backend.runner(eng).step
     hopper = torch.cuda.get_device_capability()[0] >= 9
     assert any(p is not None for p in step.prefetch + step.prefetch_qkv) == hopper
@@ -40,8 +42,9 @@ def test_prefetched_weights_give_the_same_bits(mb, at, qkv):
 @needs_gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="the bulk prefetch is an sm_90 instruction")
-@pytest.mark.parametrize("pieces, early", [(False, False), (False, True), (True, False)])
-def test_an_add_norm_with_prefetch_programs_stores_the_same_rows(pieces, early):
+@pytest.mark.parametrize("pieces, early, last", [(False, False, False), (False, True, True),
+                                                 (True, False, False), (True, False, True)])
+def test_an_add_norm_with_prefetch_programs_stores_the_same_rows(pieces, early, last):
     from muser.backends.cuda.l2_prefetch import plan
     from muser.backends.cuda.triton_ops import add_norm
     torch.manual_seed(0)
@@ -52,6 +55,6 @@ def test_an_add_norm_with_prefetch_programs_stores_the_same_rows(pieces, early):
           else torch.randn(B, N, device="cuda", dtype=torch.bfloat16))
     big = torch.randn(3 << 20, device="cuda", dtype=torch.bfloat16)      # 6 MB "next weights"
     want = add_norm(h, w_next, 1e-6, False, d1=d1, w_post=w_post)
-    pf = plan([big], 4 << 20, 16, 128, early)
+    pf = plan([big], 4 << 20, 16, 128, early, last)
     got = add_norm(h, w_next, 1e-6, False, d1=d1, w_post=w_post, prefetch=pf)
     assert all(torch.equal(g, w) for g, w in zip(got, want))

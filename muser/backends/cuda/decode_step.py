@@ -151,7 +151,8 @@ class DecodeStep:
                 out.append(None)
                 continue
             out.append(prefetch_plan(ws, mb << 20, int(env.prefetch_programs),
-                                     32 * lay["warps"], env.prefetch_at == "early"))
+                                     32 * lay["warps"], env.prefetch_at == "early",
+                                     env.prefetch_hint == "last"))
         return out
 
     def _qkv_prefetches(self, env: Env) -> list:
@@ -162,7 +163,8 @@ class DecodeStep:
             w = nxt["wqkv"]
             ok = isinstance(w, torch.Tensor) and w.is_contiguous()
             out.append(prefetch_plan([w], 8 << 20, int(env.prefetch_programs), 128,
-                                     env.prefetch_at == "early") if ok else None)
+                                     env.prefetch_at == "early", env.prefetch_hint == "last")
+                       if ok else None)
         return out + [None]
 
     def regs_for(self, batch: int) -> int | None:

@@ -46,10 +46,22 @@ class Prefetch:
     programs: int
     early: bool
     lanes: int = 128             # lanes a program: its threads (32 x the launch's warps)
+    last: bool = False           # ask with an L2 evict_last policy (MUSER_PREFETCH_HINT=last)
 
     def args(self) -> list[int]:
         """The launch's runtime arguments: addr0, n0, addr1, n1, addr2, n2, chunk."""
         return [v for r in self.ranges for v in r] + [self.chunk]
+
+    def consts(self) -> dict:
+        """The launch's constexprs (a kernel taking a prefetch row names them so)."""
+        return dict(NPF=self.programs, PF_EARLY=self.early, PF_LANES=self.lanes,
+                    PF_LAST=self.last)
+
+
+def launch_args(pf: Prefetch | None) -> tuple[list[int], dict]:
+    """(runtime args, constexprs) of a launch that may run a prefetch row: without one, zeros
+    and no constexprs (the kernel's defaults: NPF 0, the row compiled out)."""
+    return (pf.args(), pf.consts()) if pf is not None else ([0] * (2 * RANGES + 1), {})
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -59,7 +71,7 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
 
 
 def plan(tensors: list[torch.Tensor], budget: int, programs: int, lanes: int,
-         early: bool = False) -> Prefetch | None:
+         early: bool = False, last: bool = False) -> Prefetch | None:
     """The first `budget` bytes of `tensors` (in order; at most RANGES) as chunks of
     `programs x lanes` lanes.  Every address and size is a multiple of CHUNK_ALIGN (a tensor's
     start is 16-byte aligned in torch's allocator; a size that is not is cut down to one)."""
@@ -82,20 +94,22 @@ def plan(tensors: list[torch.Tensor], budget: int, programs: int, lanes: int,
     lanes_all = programs * lanes
     chunk = -(-total // lanes_all)
     chunk = -(-chunk // CHUNK_ALIGN) * CHUNK_ALIGN
-    return Prefetch(tuple(ranges), chunk, programs, early, lanes)
+    return Prefetch(tuple(ranges), chunk, programs, early, lanes, last)
 
 
 @functools.lru_cache(maxsize=None)
 def prefetch_pieces() -> dict:
-    """`_prefetch_l2(P0, N0, P1, N1, P2, N2, CH, s, LANES)`: program s's lanes each ask the copy
-    engine for one chunk of the joined ranges (a lane past the end asks for nothing)."""
+    """`_prefetch_l2(P0, N0, P1, N1, P2, N2, CH, s, LANES, LAST)`: program s's lanes each ask the
+    copy engine for one chunk of the joined ranges (a lane past the end asks for nothing); LAST:
+    under an L2 evict_last policy (the lines outlive the weights streamed after them -- if the
+    L2 grants it: such lines may count against the persisting set-aside)."""
     import triton
     import triton.language as tl
 
     globals()["tl"] = tl
 
     @triton.jit
-    def prefetch_l2(P0, N0, P1, N1, P2, N2, CH, s, LANES: tl.constexpr):
+    def prefetch_l2(P0, N0, P1, N1, P2, N2, CH, s, LANES: tl.constexpr, LAST: tl.constexpr):
         off = (s * LANES + tl.arange(0, LANES)).to(tl.int64) * CH     # bytes into the joined ranges
         n0 = N0.to(tl.int64)
         e1 = n0 + N1.to(tl.int64)
@@ -104,9 +118,17 @@ def prefetch_pieces() -> dict:
         end = tl.where(off < n0, n0, tl.where(off < e1, e1, e2))
         size = tl.minimum(tl.maximum(end - off, 0), CH).to(tl.int32)
         # the copy engine moves the bytes; the asm's output is a dummy (is_pure=False keeps it)
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.gt.s32 p, $2, 0; "
-            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
-            "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+        if LAST:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; .reg .b64 pol; setp.gt.s32 p, $2, 0; "
+                "createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
+                "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol; "
+                "mov.b32 $0, 0; }",
+                "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.gt.s32 p, $2, 0; "
+                "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
+                "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
 
     return {"_prefetch_l2": prefetch_l2}

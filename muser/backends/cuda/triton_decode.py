@@ -36,6 +36,7 @@ import functools
 
 import torch
 
+from .l2_prefetch import launch_args
 from .triton_attn import decode_keys, layout
 from .triton_ops import _pow2, pdl_launch, upload
 from .triton_decode_kernel import _kernel
@@ -116,6 +117,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
     dummy = ws.ms
     # a Prefetch (l2_prefetch.py) adds one grid row of prefetch.programs programs
     pf = prefetch
+    pf_args, pf_consts = launch_args(pf)
     grid = ((B * kv_heads, grid_splits or nsplit) if pf is None else
             (B * kv_heads + 1, max(grid_splits or nsplit, pf.programs)))
     kern[grid](
@@ -124,7 +126,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         table, meta, ws.ms, ws.ls, ws.acc, ws.cnt, out, sinks if sinks is not None else dummy,
         qout if qout is not None else ws.q_for(B, heads, head_dim, src.dtype),
         float(scale), float(softcap or 1.0), float(eps), int(capacity), ws.ngroups, B * kv_heads,
-        *(pf.args() if pf is not None else [0] * 7),
+        *pf_args,
         H=heads, KV=kv_heads, G=G, D=head_dim, HALF=half, BLOCK_H=block_h,
         BLOCK_G=_pow2(G, 16), BLOCK_GC=_pow2(G), BLOCK_N=block_n, NSPLIT=nsplit, SPLIT=split,
         GS=group, DEPTH=depth, FUSED=qkv is not None,
@@ -132,8 +134,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         SOFTCAP=softcap is not None, SINKS=sinks is not None, V_NORM=bool(v_norm),
         K_EQ_V=bool(k_eq_v), RING=capacity > 0, ACC_DOT=bool(acc_dot),
         PREP=prepare and prep == "alone",
-        NPF=pf.programs if pf is not None else 0, PF_EARLY=pf is not None and pf.early,
-        PF_LANES=pf.lanes if pf is not None else 128,
+        **pf_consts,
         num_warps=warps, enable_fp_fusion=False,
         # a register cap is register allocation only (the same instructions, the same bits):
         # 168 lets three programs share an SM where 208 let two (decode_step.regs_for)

@@ -127,7 +127,7 @@ def _kernel():
                     V_NORM: tl.constexpr, K_EQ_V: tl.constexpr, RING: tl.constexpr,
                     ACC_DOT: tl.constexpr, PDL: tl.constexpr, PREP: tl.constexpr = False,
                     NPF: tl.constexpr = 0, PF_EARLY: tl.constexpr = False,
-                    PF_LANES: tl.constexpr = 128):
+                    PF_LANES: tl.constexpr = 128, PF_LAST: tl.constexpr = False):
         pid = tl.program_id(0)                    # b * KV + kvh (NPF: row NROWS prefetches)
         s = tl.program_id(1)                      # split, counted from the row's first
         # NPF (l2_prefetch.py): one more grid row whose first NPF programs bring the next
@@ -135,13 +135,13 @@ def _kernel():
         if NPF > 0:
             if PF_EARLY:
                 if (pid == NROWS) & (s < NPF):
-                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, s, PF_LANES)
+                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, s, PF_LANES, PF_LAST)
         _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         rid = pid
         if NPF > 0:
             if not PF_EARLY:
                 if (pid == NROWS) & (s < NPF):
-                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, s, PF_LANES)
+                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, s, PF_LANES, PF_LAST)
             rid = tl.minimum(pid, NROWS - 1)      # the prefetch row reads a real row's table
         b = rid // KV
         kvh = rid % KV

@@ -19,7 +19,7 @@ import functools
 
 import torch
 
-from .l2_prefetch import prefetch_pieces
+from .l2_prefetch import launch_args, prefetch_pieces
 
 
 def _pow2(x: int, lo: int = 1) -> int:
@@ -171,7 +171,8 @@ def _kernels():
 
     @triton.jit
     def prefetch_begin(PF0, PN0, PF1, PN1, PF2, PN2, PCH, B, PDL: tl.constexpr,
-                       NPF: tl.constexpr, PF_EARLY: tl.constexpr, PF_LANES: tl.constexpr):
+                       NPF: tl.constexpr, PF_EARLY: tl.constexpr, PF_LANES: tl.constexpr,
+                       PF_LAST: tl.constexpr):
         """_pdl_begin, with NPF programs past the B rows asking the L2 for the next weights
         (l2_prefetch.py) before the PDL wait (PF_EARLY) or after it -> whether this program
         is a row's."""
@@ -179,12 +180,12 @@ def _kernels():
         if NPF > 0:
             if PF_EARLY:
                 if pid >= B:
-                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, pid - B, PF_LANES)
+                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, pid - B, PF_LANES, PF_LAST)
         _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         if NPF > 0:
             if not PF_EARLY:
                 if pid >= B:
-                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, pid - B, PF_LANES)
+                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, pid - B, PF_LANES, PF_LAST)
         live = True                         # (without a prefetch row: no test, every program's)
         if NPF > 0:
             live = pid < B
@@ -198,8 +199,10 @@ def _kernels():
                         N: tl.constexpr, BLOCK: tl.constexpr, HAS_D1: tl.constexpr,
                         HAS_D2: tl.constexpr, POST: tl.constexpr, LAYERNORM: tl.constexpr,
                         NEXT: tl.constexpr, PDL: tl.constexpr, NPF: tl.constexpr = 0,
-                        PF_EARLY: tl.constexpr = False, PF_LANES: tl.constexpr = 128):
-        if _prefetch_begin(PF0, PN0, PF1, PN1, PF2, PN2, PCH, B, PDL, NPF, PF_EARLY, PF_LANES):
+                        PF_EARLY: tl.constexpr = False, PF_LANES: tl.constexpr = 128,
+                        PF_LAST: tl.constexpr = False):
+        if _prefetch_begin(PF0, PN0, PF1, PN1, PF2, PN2, PCH, B, PDL, NPF, PF_EARLY,
+                           PF_LANES, PF_LAST):
             row = tl.program_id(0).to(tl.int64)        # chunks: rows x N can pass 2**31
             i = tl.arange(0, BLOCK)
             mask = i < N
@@ -213,11 +216,13 @@ def _kernels():
                                N: tl.constexpr, BLOCK: tl.constexpr, PIECES: tl.constexpr,
                                WQ: tl.constexpr, POST: tl.constexpr, LAYERNORM: tl.constexpr,
                                NEXT: tl.constexpr, PDL: tl.constexpr, NPF: tl.constexpr = 0,
-                               PF_EARLY: tl.constexpr = False, PF_LANES: tl.constexpr = 128):
+                               PF_EARLY: tl.constexpr = False, PF_LANES: tl.constexpr = 128,
+                               PF_LAST: tl.constexpr = False):
         """add_norm whose d1 is a projection's split-K pieces P [PIECES, B, N] float32, summed
         first exactly as split_sum_kernel sums them (in order from zero, the int8 scale, rounded
         to the activation dtype) -- one launch instead of split_sum + add_norm."""
-        if _prefetch_begin(PF0, PN0, PF1, PN1, PF2, PN2, PCH, B, PDL, NPF, PF_EARLY, PF_LANES):
+        if _prefetch_begin(PF0, PN0, PF1, PN1, PF2, PN2, PCH, B, PDL, NPF, PF_EARLY,
+                           PF_LANES, PF_LAST):
             row = tl.program_id(0).to(tl.int64)
             i = tl.arange(0, BLOCK)
             mask = i < N
@@ -324,9 +329,7 @@ def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm
     B, N = h.shape
     pf = prefetch
     grid = (B,) if pf is None else (B + pf.programs,)
-    pf_args = pf.args() if pf is not None else [0] * 7
-    pf_consts = ({} if pf is None else
-                 dict(NPF=pf.programs, PF_EARLY=pf.early, PF_LANES=pf.lanes))
+    pf_args, pf_consts = launch_args(pf)
     if isinstance(d1, tuple) and d2 is None:           # triton_dot.Pieces: sum them here
         part, scale = d1
         h_out = h_out if h_out is not None else torch.empty_like(h)
