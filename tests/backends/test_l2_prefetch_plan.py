@@ -66,3 +66,17 @@ def test_a_launch_without_a_prefetch_passes_zeros_and_no_constexprs():
     args, consts = launch_args(pf)
     assert args == pf.args() and len(args) == 2 * RANGES + 1
     assert consts == dict(NPF=8, PF_EARLY=True, PF_LANES=64, PF_LAST=True)
+
+
+def test_layers_whose_weights_are_not_plain_tensors_ask_for_nothing():
+    from types import SimpleNamespace
+
+    from muser.backends.cuda.l2_prefetch import plans
+    env = read({"MUSER_PREFETCH_PROGRAMS": "16", "MUSER_PREFETCH_HINT": "last"})
+    w = _weights()
+    int8_rows = SimpleNamespace(q=w[0], scale=None)          # not a tensor: its bytes lie elsewhere
+    out = plans([w, None, [w[0], int8_rows], [w[1].view(256, 512).t()], [w[2]]], 1,
+                [128, 128, 128, 128, 64], env)
+    assert [p is not None for p in out] == [True, False, False, False, True]
+    assert out[0].programs == 16 and out[0].last and not out[0].early
+    assert out[4].lanes == 64 and out[4].ranges[0] == (w[2].data_ptr(), 128 << 10)

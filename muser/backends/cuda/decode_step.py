@@ -42,7 +42,7 @@ from .triton_dot import dot_rows
 from .triton_dot_norm import NormIn, norm_fuses, norm_in
 from .triton_dot_tiles import dot_config, tma_pays
 from .triton_mega import mega_half
-from .l2_prefetch import plan as prefetch_plan
+from .l2_prefetch import plans
 from .triton_gemv import gemv
 from .weights_int8 import RowInt8
 from .triton_ops import add_norm, embed_norm, qk_rope_store
@@ -114,15 +114,22 @@ class DecodeStep:
         self.norm_in_rows = 0 if env.norm_in == "off" else int(env.norm_in)
         self.attn_regs = env.attn_regs          # the attention launch's register cap (`regs_for`)
         # MUSER_PREFETCH: per layer, the l2_prefetch.Prefetch its attention launch runs in
-        # steps of at most prefetch_rows rows (auto: one row -- a 16-row step lost 20 us to it)
-        # (the bulk prefetch is an sm_90 instruction: none before Hopper)
+        # steps of at most prefetch_rows rows (auto: 8 MB, one row -- a 16-row step lost 20 us
+        # to it): the layer's o, gate|up, down (MoE layers: none).  MUSER_PREFETCH_QKV=on: the
+        # NEXT layer's qkv, asked by the add+norm closing this layer.  (The bulk prefetch is an
+        # sm_90 instruction: none before Hopper.)
         hopper = dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
-        self.prefetch = self._prefetches(env) if hopper else [None] * len(spec.layers)
+        L = len(spec.layers)
+        self.prefetch = self.prefetch_qkv = [None] * L
         self.prefetch_rows = 1 if env.prefetch == "auto" else 1 << 30
-        # MUSER_PREFETCH_QKV=on: per layer, the Prefetch of the NEXT layer's qkv weights that the
-        # add+norm closing this layer runs (in the same steps as the attention's)
-        self.prefetch_qkv = (self._qkv_prefetches(env) if hopper and env.prefetch_qkv == "on"
-                             else [None] * len(spec.layers))
+        if hopper and env.prefetch != "off":
+            self.prefetch = plans([None if lw.moe is not None else [lw.wo, fz["wgu"], lw.w_down]
+                                   for lw, fz in zip(self.w.layers, self.fused)],
+                                  8 if env.prefetch == "auto" else int(env.prefetch),
+                                  [32 * lay["warps"] for lay in self.lays], env)
+        if hopper and env.prefetch_qkv == "on":
+            self.prefetch_qkv = plans([[fz["wqkv"]] for fz in self.fused[1:]] + [None], 8,
+                                      [128] * L, env)
         # MUSER_MEGA=mlp: each layer's MLP half as one persistent launch (triton_mega.py)
         self.mega_cnt = (torch.zeros(6, dtype=torch.int32, device=dev) if env.mega == "mlp"
                          else None)
@@ -135,37 +142,6 @@ class DecodeStep:
         self.invariant = mode == "dot" and self.fused_attn
         # the pipelined greedy step may pick in the head (`head_pick`)
         self.fused_pick = dev.type == "cuda" and head_picks(spec, self.w.output, self.gemv_for)
-
-    def _prefetches(self, env: Env) -> list:
-        """MUSER_PREFETCH: each layer's attention launch prefetches the first MB of the layer's
-        o, gate|up and down weights (the order the step reads them); None: off, or a layer
-        whose projections are not plain tensors (MoE, int8 rows: their bytes lie elsewhere)."""
-        if env.prefetch == "off":
-            return [None] * len(self.spec.layers)
-        mb = 8 if env.prefetch == "auto" else int(env.prefetch)
-        out = []
-        for lw, fz, lay in zip(self.w.layers, self.fused, self.lays):
-            ws = [lw.wo, fz["wgu"], lw.w_down]
-            if lw.moe is not None or not all(isinstance(t, torch.Tensor) and t.is_contiguous()
-                                             for t in ws):
-                out.append(None)
-                continue
-            out.append(prefetch_plan(ws, mb << 20, int(env.prefetch_programs),
-                                     32 * lay["warps"], env.prefetch_at == "early",
-                                     env.prefetch_hint == "last"))
-        return out
-
-    def _qkv_prefetches(self, env: Env) -> list:
-        """Layer i's entry: the first 8 MB of layer i + 1's qkv weights (None: the last layer,
-        or weights that are not one plain tensor)."""
-        out = []
-        for nxt in self.fused[1:]:
-            w = nxt["wqkv"]
-            ok = isinstance(w, torch.Tensor) and w.is_contiguous()
-            out.append(prefetch_plan([w], 8 << 20, int(env.prefetch_programs), 128,
-                                     env.prefetch_at == "early", env.prefetch_hint == "last")
-                       if ok else None)
-        return out + [None]
 
     def regs_for(self, batch: int) -> int | None:
         """The decode-attention launch's register cap (register allocation only: the same

@@ -97,6 +97,18 @@ def plan(tensors: list[torch.Tensor], budget: int, programs: int, lanes: int,
     return Prefetch(tuple(ranges), chunk, programs, early, lanes, last)
 
 
+def plans(ranges: list, mb: int, lanes: list[int], env) -> list[Prefetch | None]:
+    """One Prefetch per layer from MUSER_PREFETCH_PROGRAMS / _AT / _HINT (an `Env`): layer i asks
+    for the first `mb` MB of ranges[i] (tensors; None, or any that is not one contiguous plain
+    tensor -- int8 rows, experts, a missing projection -- asks for nothing) with lanes[i] lanes."""
+    def plain(ts):
+        return ts is not None and all(isinstance(t, torch.Tensor) and t.is_contiguous()
+                                      for t in ts)
+    return [plan(ts, mb << 20, int(env.prefetch_programs), n, env.prefetch_at == "early",
+                 env.prefetch_hint == "last") if plain(ts) else None
+            for ts, n in zip(ranges, lanes)]
+
+
 @functools.lru_cache(maxsize=None)
 def prefetch_pieces() -> dict:
     """`_prefetch_l2(P0, N0, P1, N1, P2, N2, CH, s, LANES, LAST)`: program s's lanes each ask the
