@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 
-from .l2_prefetch import prefetch_pieces
 from .triton_attn import pieces
 from .triton_ops import pdl_pieces, rope_pieces
 
@@ -22,7 +21,6 @@ def _kernel():
     globals().update(pieces())          # module globals: the interpreter resolves names there
     globals().update(pdl_pieces())
     globals().update(rope_pieces())
-    globals().update(prefetch_pieces())
 
     @triton.jit
     def load_parked(MS, LS, ACC, prow, i, count, lo, a0, gc, gcm, dm, cv, G: tl.constexpr,
@@ -132,16 +130,10 @@ def _kernel():
         s = tl.program_id(1)                      # split, counted from the row's first
         # NPF (l2_prefetch.py): one more grid row whose first NPF programs bring the next
         # projections' weights into the L2 -- before the PDL wait (PF_EARLY) or after it
-        if NPF > 0:
-            if PF_EARLY:
-                if (pid == NROWS) & (s < NPF):
-                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, s, PF_LANES, PF_LAST)
-        _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
+        _pdl_prefetch_begin((pid == NROWS) & (s < NPF), s, PF0, PN0, PF1, PN1, PF2, PN2, PCH,
+                            PDL, NPF, PF_EARLY, PF_LANES, PF_LAST)
         rid = pid
         if NPF > 0:
-            if not PF_EARLY:
-                if (pid == NROWS) & (s < NPF):
-                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, s, PF_LANES, PF_LAST)
             rid = tl.minimum(pid, NROWS - 1)      # the prefetch row reads a real row's table
         b = rid // KV
         kvh = rid % KV

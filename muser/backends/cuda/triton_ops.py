@@ -63,7 +63,28 @@ def pdl_pieces() -> dict:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
 
-    return {"_pdl_begin": pdl_begin}
+    globals()["_pdl_begin"] = pdl_begin
+    globals().update(prefetch_pieces())
+
+    @triton.jit
+    def pdl_prefetch_begin(mine, idx, PF0, PN0, PF1, PN1, PF2, PN2, PCH, PDL: tl.constexpr,
+                           NPF: tl.constexpr, PF_EARLY: tl.constexpr, PF_LANES: tl.constexpr,
+                           PF_LAST: tl.constexpr):
+        """_pdl_begin for a launch with a prefetch row (NPF > 0, l2_prefetch.py): a program
+        that is `mine` asks the L2 for chunk-program `idx` of the ranges before the PDL wait
+        (PF_EARLY: while the kernel before still streams) or after it.  NPF 0: _pdl_begin alone
+        (`mine` and `idx` unused, compiled out)."""
+        if NPF > 0:
+            if PF_EARLY:
+                if mine:
+                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, idx, PF_LANES, PF_LAST)
+        _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
+        if NPF > 0:
+            if not PF_EARLY:
+                if mine:
+                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, idx, PF_LANES, PF_LAST)
+
+    return {"_pdl_begin": pdl_begin, "_pdl_prefetch_begin": pdl_prefetch_begin}
 
 
 @functools.lru_cache(maxsize=None)
@@ -167,25 +188,16 @@ def _kernels():
     globals().update(pdl_pieces())      # module globals: the interpreter resolves names there
     globals().update(rope_pieces())
     globals().update(norm_pieces())
-    globals().update(prefetch_pieces())
 
     @triton.jit
     def prefetch_begin(PF0, PN0, PF1, PN1, PF2, PN2, PCH, B, PDL: tl.constexpr,
                        NPF: tl.constexpr, PF_EARLY: tl.constexpr, PF_LANES: tl.constexpr,
                        PF_LAST: tl.constexpr):
         """_pdl_begin, with NPF programs past the B rows asking the L2 for the next weights
-        (l2_prefetch.py) before the PDL wait (PF_EARLY) or after it -> whether this program
-        is a row's."""
+        (`_pdl_prefetch_begin`) -> whether this program is a row's."""
         pid = tl.program_id(0)
-        if NPF > 0:
-            if PF_EARLY:
-                if pid >= B:
-                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, pid - B, PF_LANES, PF_LAST)
-        _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
-        if NPF > 0:
-            if not PF_EARLY:
-                if pid >= B:
-                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, pid - B, PF_LANES, PF_LAST)
+        _pdl_prefetch_begin(pid >= B, pid - B, PF0, PN0, PF1, PN1, PF2, PN2, PCH, PDL, NPF,
+                            PF_EARLY, PF_LANES, PF_LAST)
         live = True                         # (without a prefetch row: no test, every program's)
         if NPF > 0:
             live = pid < B
