@@ -1017,6 +1017,7 @@ stage_prefetch_qkv() {  # MUSER_PREFETCH_QKV=on: the add+norm closing a layer as
   # and MUSER_PREFETCH_HINT=last: 16 / 32 MB under an L2 evict_last policy (do they outlive
   # the gate|up stream, where plain 16 / 32 MB did not?)
   tests 200 tests/cuda/test_prefetch.py
+  bench 60 . benchmarks/dot_tiles_graph.py 270m 1b --batches 1 --l2
   bench 480 . benchmarks/exact_ab.py --models 1b,270m,4b --trees exact --decode-only --rounds 2 \
     --variants "QKV:MUSER_PREFETCH_QKV=on;QKVE:MUSER_PREFETCH_QKV=on,MUSER_PREFETCH_AT=early;PF16L:MUSER_PREFETCH=16,MUSER_PREFETCH_HINT=last;PF32L:MUSER_PREFETCH=32,MUSER_PREFETCH_HINT=last"
 }

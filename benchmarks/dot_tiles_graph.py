@@ -12,6 +12,7 @@ against the table's before it is timed.  `--pieces 1024,2048` also times other s
 here changes the shape's bits -- its cuts' encoding follows, backends/cuda `arithmetic_tag`).
 
     PYTHONPATH=. python3 benchmarks/dot_tiles_graph.py [270m] [1b] [4b] [--top 3] [--pieces ...]
+    PYTHONPATH=. python3 benchmarks/dot_tiles_graph.py 270m 1b --batches 1 --l2   # HBM vs L2
     ncu --clock-control none --profile-from-start off --set full -o OUT/dot \
         python3 benchmarks/dot_tiles_graph.py 1b --batches 1 --profiled    # on the device
 """
@@ -144,6 +145,25 @@ def profiled(shapes, batches) -> None:
             del ws, outs
 
 
+def l2_ceiling(shapes, batches) -> None:
+    """Each shape's table tile per launch in a graph with its weights from HBM (a copy a
+    launch) and from the L2 (one copy, every launch): what a launch can gain at most when a
+    prefetch has brought all its weights in (MUSER_PREFETCH, l2_prefetch.py).  A weight past
+    the L2's share it keeps (the 1B's 32 MB gate|up) is only partly L2-resident here."""
+    from muser.backends.cuda.triton_dot import dot_rows
+    for n, k, glu in shapes:
+        for B in batches:
+            copies, ws, x, outs = operands(n, k, glu, B)
+            cold = per_launch_us(lambda i: dot_rows(x, ws[i], outs[i], glu=glu, rows=16,
+                                                    pdl=True), copies)
+            hot = per_launch_us(lambda i: dot_rows(x, ws[0], outs[i], glu=glu, rows=16,
+                                                   pdl=True), copies)
+            mb = (2 * n if glu else n) * k * 2 / 2 ** 20
+            print(f"{n}x{k}{' glu' if glu else ''} B{B} ({mb:.1f} MB): HBM {cold:.2f} us, "
+                  f"L2 {hot:.2f} us a launch (-{cold - hot:.2f})", flush=True)
+            del ws, outs
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", default=["270m", "1b"])
@@ -155,7 +175,14 @@ def main():
     ap.add_argument("--profiled", action="store_true",
                     help="no sweep: each shape's table tile once (weights from HBM, PDL off) "
                          "inside cudaProfilerStart / Stop, for Nsight Compute")
+    ap.add_argument("--l2", action="store_true",
+                    help="no sweep: each shape's table tile per launch with its weights from "
+                         "HBM and from the L2 (the ceiling of a prefetch)")
     args = ap.parse_args()
+    if args.l2:
+        l2_ceiling([s for m in args.models for s in SHAPES[m]],
+                   [int(b) for b in args.batches.split(",")])
+        return
     if args.profiled:
         profiled([s for m in args.models for s in SHAPES[m]],
                  [int(b) for b in args.batches.split(",")])
