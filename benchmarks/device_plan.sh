@@ -58,8 +58,9 @@
 #   prefetch     MUSER_PREFETCH: the attention launch asks the L2 for the layer's o / gate|up /
 #                down weights (l2_prefetch.py): bits, then budgets / programs / early, 1B + 270M
 #   prefetch_auto  the default it became (8 MB, one-row steps): engine rows, auto / off / early
-#   prefetch_qkv the add+norm closing a layer prefetches the next layer's qkv: bits, A/B; and
-#                16 / 32 MB prefetched under an L2 evict_last policy
+#   prefetch_qkv the add+norms prefetch too (the next layer's qkv; more of o | gate|up | down),
+#                and 16 / 32 MB under an L2 evict_last policy: bits, the L2 ceiling, 1B / 270M A/B
+#   prefetch_4b  the same variants on the 4B, one round
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
 #    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
@@ -162,6 +163,8 @@ set -u
 OUT=${OUT:-/tmp/plan-out}
 mkdir -p "$OUT"
 ROOT=$PWD
+
+PREFETCH_VARIANTS="QKV:MUSER_PREFETCH_QKV=on;MLP:MUSER_PREFETCH_MLP=on;BOTH:MUSER_PREFETCH_QKV=on,MUSER_PREFETCH_MLP=on;QKVE:MUSER_PREFETCH_QKV=on,MUSER_PREFETCH_AT=early;PF16L:MUSER_PREFETCH=16,MUSER_PREFETCH_HINT=last;PF32L:MUSER_PREFETCH=32,MUSER_PREFETCH_HINT=last"
 
 dry_note() {       # dry_note KIND ARGS...: a command for dry_check.py (DRY=1), one a line
   local IFS=$'\x1f'
@@ -1011,15 +1014,21 @@ stage_prefetch_auto() {  # MUSER_PREFETCH=auto, the default (8 MB, steps of one 
     --long --variants "OFF:MUSER_PREFETCH=off;PF8E:MUSER_PREFETCH=8,MUSER_PREFETCH_AT=early"
 }
 
-stage_prefetch_qkv() {  # MUSER_PREFETCH_QKV=on: the add+norm closing a layer asks the L2 for
-  # the next layer's qkv weights (its projection: ~5 DRAM latencies a program, ncu_step) --
-  # the bits (engine rows, add_norm rows), then on / early against off, 1B / 270M / 4B
-  # and MUSER_PREFETCH_HINT=last: 16 / 32 MB under an L2 evict_last policy (do they outlive
-  # the gate|up stream, where plain 16 / 32 MB did not?)
+stage_prefetch_qkv() {  # more sites than the attention's (l2_prefetch.py), all the same bits:
+  # MUSER_PREFETCH_QKV=on, the add+norm closing a layer asks for the next layer's qkv (its
+  # projection is ~5 DRAM latencies a program, ncu_step); MUSER_PREFETCH_MLP=on, the add+norm
+  # after o asks for the next 8 MB of o | gate|up | down; MUSER_PREFETCH_HINT=last, 16 / 32 MB
+  # under an L2 evict_last policy (do they outlive the gate|up stream, where plain ones did
+  # not?).  First each tile's launch from HBM against from the L2: the most a prefetch can buy.
   tests 200 tests/cuda/test_prefetch.py
   bench 60 . benchmarks/dot_tiles_graph.py 270m 1b --batches 1 --l2
-  bench 480 . benchmarks/exact_ab.py --models 1b,270m,4b --trees exact --decode-only --rounds 2 \
-    --variants "QKV:MUSER_PREFETCH_QKV=on;QKVE:MUSER_PREFETCH_QKV=on,MUSER_PREFETCH_AT=early;PF16L:MUSER_PREFETCH=16,MUSER_PREFETCH_HINT=last;PF32L:MUSER_PREFETCH=32,MUSER_PREFETCH_HINT=last"
+  bench 420 . benchmarks/exact_ab.py --models 1b,270m --trees exact --decode-only --rounds 2 \
+    --variants "$PREFETCH_VARIANTS"
+}
+
+stage_prefetch_4b() {  # the same variants on the 4B, one round
+  bench 300 . benchmarks/exact_ab.py --models 4b --trees exact --decode-only --rounds 1 \
+    --variants "$PREFETCH_VARIANTS"
 }
 
 stage_ncu_step() {  # Nsight Compute on what else a decode step launches (the ring launch was

@@ -219,6 +219,11 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                            "layer's qkv weights (first 8 MB; steps of one row under "
                            "MUSER_PREFETCH=auto, every step otherwise; the same bits: "
                            "experiment)"),
+    "MUSER_PREFETCH_MLP": ("off|on", "off", "backends/cuda (decode step)",
+                           "on: the add+norm after the o projection also asks the L2 for the "
+                           "next 8 MB of the layer's o, gate|up and down weights past what its "
+                           "attention asked (steps as MUSER_PREFETCH_QKV; the same bits: "
+                           "experiment)"),
     "MUSER_PREFETCH_HINT": ("normal|last", "normal", "backends/cuda (decode step)",
                             "last: the prefetches ask under an L2 evict_last policy, so the lines "
                             "may outlive the weights streamed after them (experiment)"),
@@ -288,6 +293,7 @@ class Env:
     prefetch_programs: str = "32"
     prefetch_qkv: str = "off"
     prefetch_hint: str = "normal"
+    prefetch_mlp: str = "off"
     prefetch_at: str = "wait"
     attn_acc: str = "dot"
     growing_group: int = 16
@@ -383,7 +389,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_PREFETCH", "prefetch"),
                         ("MUSER_PREFETCH_PROGRAMS", "prefetch_programs"),
                         ("MUSER_PREFETCH_AT", "prefetch_at"), ("MUSER_PREFETCH_QKV", "prefetch_qkv"),
-                        ("MUSER_PREFETCH_HINT", "prefetch_hint"),
+                        ("MUSER_PREFETCH_HINT", "prefetch_hint"), ("MUSER_PREFETCH_MLP", "prefetch_mlp"),
                         ("MUSER_NORM_IN", "norm_in"), ("MUSER_DOT_TMA", "dot_tma"),
                         ("MUSER_CHUNK_ALIGN", "chunk_align"), ("MUSER_CHUNK_ORDER", "chunk_order"),
                         ("MUSER_CHUNK_WIDE", "chunk_wide"), ("MUSER_CHUNK_FENCE", "chunk_fence"),

@@ -80,3 +80,21 @@ def test_layers_whose_weights_are_not_plain_tensors_ask_for_nothing():
     assert [p is not None for p in out] == [True, False, False, False, True]
     assert out[0].programs == 16 and out[0].last and not out[0].early
     assert out[4].lanes == 64 and out[4].ranges[0] == (w[2].data_ptr(), 128 << 10)
+
+
+@pytest.mark.parametrize("skip, first, sizes", [
+    (0, 0, [64 << 10, 256 << 10, 128 << 10]),          # nothing asked before: all of it
+    (16 << 10, 0, [48 << 10, 256 << 10, 128 << 10]),    # inside the first tensor
+    (64 << 10, 1, [256 << 10, 128 << 10]),              # the first tensor exactly
+    (100 << 10, 1, [220 << 10, 128 << 10]),             # into the second
+    (1 << 20, None, []),                                # past the end: nothing left
+])
+def test_what_a_later_launch_asks_for_starts_where_the_earlier_one_stopped(skip, first, sizes):
+    from muser.backends.cuda.l2_prefetch import after
+    ws = _weights()
+    rest = after(ws, skip)
+    assert [t.numel() * t.element_size() for t in rest] == sizes
+    if rest:
+        start = ws[first].data_ptr() + (skip - sum(w.numel() * 2 for w in ws[:first]))
+        assert rest[0].data_ptr() == start and all(t.is_contiguous() for t in rest)
+    assert after([ws[0].view(256, 128).t()], 0) is None

@@ -20,20 +20,21 @@ def _batch(eng) -> torch.Tensor:
 
 
 @needs_gpu
-@pytest.mark.parametrize("mb, at, qkv, hint", [("auto", "wait", "off", "normal"),
-                                               ("4", "wait", "off", "normal"),
-                                               ("4", "early", "off", "last"),
-                                               ("auto", "wait", "on", "normal"),
-                                               ("off", "early", "on", "last")])
-def test_prefetched_weights_give_the_same_bits(mb, at, qkv, hint):
+@pytest.mark.parametrize("mb, at, qkv, mlp, hint", [("auto", "wait", "off", "off", "normal"),
+                                                    ("4", "wait", "off", "off", "normal"),
+                                                    ("4", "early", "off", "on", "last"),
+                                                    ("auto", "wait", "on", "on", "normal"),
+                                                    ("off", "early", "on", "off", "last")])
+def test_prefetched_weights_give_the_same_bits(mb, at, qkv, mlp, hint):
     eng = tiny_model("gemma3", device="cuda", dtype="bfloat16", window=4, tokenizer=False)
     eng.backend.reset_runner(Env(prefetch="off"))
     plain, plain_b = run(eng), _batch(eng)
     eng.backend.reset_runner(Env(prefetch=mb, prefetch_programs="16", prefetch_at=at,
-                                 prefetch_qkv=qkv, prefetch_hint=hint))
+                                 prefetch_qkv=qkv, prefetch_mlp=mlp, prefetch_hint=hint))
     step = eng.backend.runner(eng).step
     hopper = torch.cuda.get_device_capability()[0] >= 9
-    assert any(p is not None for p in step.prefetch + step.prefetch_qkv) == hopper
+    assert any(p is not None for p in step.prefetch + step.prefetch_qkv + step.prefetch_mlp) \
+        == hopper
     assert torch.equal(run(eng), plain)
     assert torch.equal(_batch(eng), plain_b)
     assert eng.backend.runner(eng).stats["replays"] > 0

@@ -42,7 +42,7 @@ from .triton_dot import dot_rows
 from .triton_dot_norm import NormIn, norm_fuses, norm_in
 from .triton_dot_tiles import dot_config, tma_pays
 from .triton_mega import mega_half
-from .l2_prefetch import plans
+from .l2_prefetch import after, plans
 from .triton_gemv import gemv
 from .weights_int8 import RowInt8
 from .triton_ops import add_norm, embed_norm, qk_rope_store
@@ -120,16 +120,19 @@ class DecodeStep:
         # sm_90 instruction: none before Hopper.)
         hopper = dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
         L = len(spec.layers)
-        self.prefetch = self.prefetch_qkv = [None] * L
+        self.prefetch = self.prefetch_qkv = self.prefetch_mlp = [None] * L
         self.prefetch_rows = 1 if env.prefetch == "auto" else 1 << 30
-        if hopper and env.prefetch != "off":
-            self.prefetch = plans([None if lw.moe is not None else [lw.wo, fz["wgu"], lw.w_down]
-                                   for lw, fz in zip(self.w.layers, self.fused)],
-                                  8 if env.prefetch == "auto" else int(env.prefetch),
-                                  [32 * lay["warps"] for lay in self.lays], env)
+        mlp = [None if lw.moe is not None else [lw.wo, fz["wgu"], lw.w_down]
+               for lw, fz in zip(self.w.layers, self.fused)]
+        mb = 0 if env.prefetch == "off" else 8 if env.prefetch == "auto" else int(env.prefetch)
+        if hopper and mb:
+            self.prefetch = plans(mlp, mb, [32 * lay["warps"] for lay in self.lays], env)
         if hopper and env.prefetch_qkv == "on":
             self.prefetch_qkv = plans([[fz["wqkv"]] for fz in self.fused[1:]] + [None], 8,
                                       [128] * L, env)
+        if hopper and env.prefetch_mlp == "on":      # MUSER_PREFETCH_MLP: the next 8 MB of them
+            self.prefetch_mlp = plans([None if ts is None else after(ts, mb << 20)
+                                       for ts in mlp], 8, [128] * L, env)
         # MUSER_MEGA=mlp: each layer's MLP half as one persistent launch (triton_mega.py)
         self.mega_cnt = (torch.zeros(6, dtype=torch.int32, device=dev) if env.mega == "mlp"
                          else None)
@@ -275,14 +278,16 @@ class DecodeStep:
             return decode_attention(q, pos, table, meta, KV, self.splits[i], spec.layer_scale(ls),
                                     spec.attn_logit_softcap, ws, sinks=lw.sinks, **lay)
 
-        x = self.layers(ids, attend, self.prefetch_qkv if few else None)
+        x = self.layers(ids, attend, (self.prefetch_mlp, self.prefetch_qkv) if few else None)
         return self.head(x) if pick is None else self.head_pick(x, pick)
 
-    def layers(self, ids: torch.Tensor, attend, prefetch_qkv: list | None = None) -> torch.Tensor:
+    def layers(self, ids: torch.Tensor, attend, norm_prefetch: tuple | None = None) -> torch.Tensor:
         """Rows of token ids through every layer -> the final-normed hidden rows [R, hidden].
         `attend(i, lw, ls, qkv, q_norm, k_norm)` -> [R, H, D]: the layer's attention over its
-        planes (a decode step's launch, or a chunk's: chunk_step.py).  `prefetch_qkv`: per
-        layer, what the add+norm closing it asks the L2 for (MUSER_PREFETCH_QKV)."""
+        planes (a decode step's launch, or a chunk's: chunk_step.py).  `norm_prefetch`: per
+        layer, what the add+norm after o and the one closing the layer ask the L2 for
+        (MUSER_PREFETCH_MLP, MUSER_PREFETCH_QKV)."""
+        pf_mlp, pf_qkv = norm_prefetch or ([None] * len(self.w.layers),) * 2
         spec, w = self.spec, self.w
         H, eps = spec.num_heads, spec.norm_eps
         layers = w.layers
@@ -316,7 +321,8 @@ class DecodeStep:
             post = spec.sandwich_norm or not spec.pre_norm     # transformer.layer_forward's rule
             post_attn = lw.post_attn_norm if post else None
             h, x = self._add_norm(h, lw.pre_ffn_norm if spec.pre_norm else None, o, post_attn,
-                                  lw.moe is None and self._takes_norm("gu", fz["wgu"], R))
+                                  lw.moe is None and self._takes_norm("gu", fz["wgu"], R),
+                                  pf_mlp[i])
             # MUSER_FUSE_SUM: the down projection's split-K pieces summed by the add_norm below
             m = self._ffn(lw, fz, h, h if x is None else x,
                           defer=self.fuse_sum and lw.layer_scale is None)
@@ -327,7 +333,7 @@ class DecodeStep:
                 # stores a line, to save one launch
                 h, x = self._add_norm(h, nxt, m, post_ffn, i + 1 < len(layers) and
                                       self._takes_norm("qkv", self.fused[i + 1]["wqkv"], R),
-                                      prefetch_qkv[i] if prefetch_qkv else None)
+                                      pf_qkv[i])
                 x = h if x is None else x                  # post-norm: the next layer reads h
             else:                                  # Gemma 4: scale the layer's output, then norm
                 h = add_norm(h, None, eps, self.layernorm, d1=m, w_post=post_ffn)[0] * lw.layer_scale

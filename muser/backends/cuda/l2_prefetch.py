@@ -97,6 +97,21 @@ def plan(tensors: list[torch.Tensor], budget: int, programs: int, lanes: int,
     return Prefetch(tuple(ranges), chunk, programs, early, lanes, last)
 
 
+def after(tensors: list[torch.Tensor], nbytes: int) -> list[torch.Tensor] | None:
+    """The bytes of `tensors` (joined, each contiguous) past their first `nbytes`, as flat
+    views -- what a later launch asks for after an earlier one asked for the start.  None:
+    a tensor is not one contiguous plain tensor."""
+    if not all(isinstance(t, torch.Tensor) and t.is_contiguous() for t in tensors):
+        return None
+    out = []
+    for t in tensors:
+        n = t.numel() * t.element_size()
+        if nbytes < n:
+            out.append(t.view(-1)[nbytes // t.element_size():])
+        nbytes = max(0, nbytes - n)
+    return out
+
+
 def plans(ranges: list, mb: int, lanes: list[int], env) -> list[Prefetch | None]:
     """One Prefetch per layer from MUSER_PREFETCH_PROGRAMS / _AT / _HINT (an `Env`): layer i asks
     for the first `mb` MB of ranges[i] (tensors; None, or any that is not one contiguous plain
