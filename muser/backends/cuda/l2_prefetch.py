@@ -2,15 +2,19 @@
 
 Owns: `prefetch_pieces()` -- `_prefetch_l2`, the Triton piece a launch calls to have the
 copy engine bring byte ranges into the L2 (`cp.async.bulk.prefetch.L2`: one instruction a
-chunk, nothing comes back to the SM) -- and `Prefetch` / `plan`, the host side: which ranges,
-how many programs, where in the launch.  Does not own: the launch that runs the piece
-(triton_decode_kernel.py: the attention's extra grid row) or which weights a layer names
+chunk, nothing comes back to the SM) -- and `Prefetch` / `plan` / `plans` / `after`, the host
+side: which ranges, how many programs, where in the launch.  Does not own: the launches that
+run the piece (triton_decode_kernel.py: the attention's extra grid row; triton_ops.py: add_norm's
+programs past its rows, both through `_pdl_prefetch_begin`) or which weights a layer names
 (decode_step.py).
 
 Why the attention: a decode layer is, on the 1B (H200, bf16, 2k),
 
     qkv dot 3.5 MB | attention ~10 us, ~17 busy SMs, KB of K/V | o 2.4 MB | gate|up 32 MB | down 16 MB
                      ^^^^^^^^^^ the bus idles here
+
+(the add+norms between the projections idle it too, for ~2 us each: MUSER_PREFETCH_QKV / _MLP,
+experiments.)
 
 so the bytes of o, gate|up and down can start their trip while the attention runs, and their
 launches then read the L2.  (The ninth session's prefetch ran in every dot_rows program,
