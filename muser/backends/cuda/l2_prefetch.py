@@ -28,6 +28,9 @@ takes chunk s * lanes + i:
     ranges   |------ o ------|------------ gate|up ------------|---- down ----|
     chunks   |c0 |c1 |c2 |c3 |c4 |c5 |  ...                               |cN |   (budget: the
                                                                                   first B bytes)
+
+A chunk that straddles two ranges stops at the first one's end: the next range's first bytes
+up to that chunk's end are not asked for (less than a chunk a boundary, a few KB).
 """
 from __future__ import annotations
 
