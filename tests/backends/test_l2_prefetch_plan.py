@@ -98,3 +98,37 @@ def test_what_a_later_launch_asks_for_starts_where_the_earlier_one_stopped(skip,
         start = ws[first].data_ptr() + (skip - sum(w.numel() * 2 for w in ws[:first]))
         assert rest[0].data_ptr() == start and all(t.is_contiguous() for t in rest)
     assert after([ws[0].view(256, 128).t()], 0) is None
+
+
+def _layer(moe=None):
+    from types import SimpleNamespace
+    o, gu, down, qkv = (torch.empty(n, dtype=torch.bfloat16)
+                        for n in (3 << 20, 8 << 20, 4 << 20, 2 << 20))    # 6, 16, 8, 4 MB
+    return SimpleNamespace(wo=o, w_down=down, moe=moe), {"wgu": gu, "wqkv": qkv}
+
+
+@pytest.mark.parametrize("knobs, attn_mb, more_mb, qkv_mb", [
+    ({}, 8, None, None),                                          # auto: 8 MB from the attention
+    ({"MUSER_PREFETCH": "off"}, None, None, None),
+    ({"MUSER_PREFETCH": "16", "MUSER_PREFETCH_MLP": "on"}, 16, 8, None),
+    ({"MUSER_PREFETCH_QKV": "on", "MUSER_PREFETCH_MLP": "on"}, 8, 8, 4),
+])
+def test_a_decode_step_asks_each_site_for_its_own_bytes(knobs, attn_mb, more_mb, qkv_mb):
+    from muser.backends.cuda.l2_prefetch import step_plans
+    (l0, f0), (l1, f1), (l2, f2) = _layer(), _layer(moe=object()), _layer()
+    env = read(knobs)
+    attn, more, qkv = step_plans([l0, l1, l2], [f0, f1, f2], [{"warps": 4}] * 3, env)
+
+    def mb(p):
+        return None if p is None else sum(n for _, n in p.ranges) >> 20
+    assert [mb(p) for p in attn] == [attn_mb, None, attn_mb]      # the MoE layer asks nothing
+    assert [mb(p) for p in more] == [more_mb, None, more_mb]
+    assert [mb(p) for p in qkv] == [qkv_mb, qkv_mb, None]         # layer i asks for i + 1's
+    if attn_mb:                       # o whole (6 MB), then gate|up from its start
+        assert attn[0].ranges[:2] == ((l0.wo.data_ptr(), 6 << 20),
+                                      (f0["wgu"].data_ptr(), (attn_mb - 6) << 20))
+        assert attn[0].lanes == 128
+    if more_mb:                       # where the attention's budget stopped in gate|up
+        assert more[0].ranges[0][0] == f0["wgu"].data_ptr() + ((attn_mb - 6) << 20)
+    if qkv_mb:
+        assert qkv[0].ranges[0] == (f1["wqkv"].data_ptr(), 4 << 20)

@@ -42,7 +42,7 @@ from .triton_dot import dot_rows
 from .triton_dot_norm import NormIn, norm_fuses, norm_in
 from .triton_dot_tiles import dot_config, tma_pays
 from .triton_mega import mega_half
-from .l2_prefetch import after, plans
+from .l2_prefetch import step_plans
 from .triton_gemv import gemv
 from .weights_int8 import RowInt8
 from .triton_ops import add_norm, embed_norm, qk_rope_store
@@ -113,26 +113,15 @@ class DecodeStep:
         # of the projection that reads its x (`_add_norm`); 0: never
         self.norm_in_rows = 0 if env.norm_in == "off" else int(env.norm_in)
         self.attn_regs = env.attn_regs          # the attention launch's register cap (`regs_for`)
-        # MUSER_PREFETCH: per layer, the l2_prefetch.Prefetch its attention launch runs in
-        # steps of at most prefetch_rows rows (auto: 8 MB, one row -- a 16-row step lost 20 us
-        # to it): the layer's o, gate|up, down (MoE layers: none).  MUSER_PREFETCH_QKV=on: the
-        # NEXT layer's qkv, asked by the add+norm closing this layer.  (The bulk prefetch is an
-        # sm_90 instruction: none before Hopper.)
+        # per layer, the l2_prefetch.Prefetch its attention launch, the add+norm after o and the
+        # one closing it run (l2_prefetch.step_plans), in steps of at most prefetch_rows rows
+        # (auto: one row -- a 16-row step lost 20 us to it).  (The bulk prefetch is an sm_90
+        # instruction: none before Hopper.)
         hopper = dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
-        L = len(spec.layers)
-        self.prefetch = self.prefetch_qkv = self.prefetch_mlp = [None] * L
+        self.prefetch, self.prefetch_mlp, self.prefetch_qkv = (
+            step_plans(self.w.layers, self.fused, self.lays, env) if hopper
+            else ([None] * len(spec.layers),) * 3)
         self.prefetch_rows = 1 if env.prefetch == "auto" else 1 << 30
-        mlp = [None if lw.moe is not None else [lw.wo, fz["wgu"], lw.w_down]
-               for lw, fz in zip(self.w.layers, self.fused)]
-        mb = 0 if env.prefetch == "off" else 8 if env.prefetch == "auto" else int(env.prefetch)
-        if hopper and mb:
-            self.prefetch = plans(mlp, mb, [32 * lay["warps"] for lay in self.lays], env)
-        if hopper and env.prefetch_qkv == "on":
-            self.prefetch_qkv = plans([[fz["wqkv"]] for fz in self.fused[1:]] + [None], 8,
-                                      [128] * L, env)
-        if hopper and env.prefetch_mlp == "on":      # MUSER_PREFETCH_MLP: the next 8 MB of them
-            self.prefetch_mlp = plans([None if ts is None else after(ts, mb << 20)
-                                       for ts in mlp], 8, [128] * L, env)
         # MUSER_MEGA=mlp: each layer's MLP half as one persistent launch (triton_mega.py)
         self.mega_cnt = (torch.zeros(6, dtype=torch.int32, device=dev) if env.mega == "mlp"
                          else None)

@@ -2,11 +2,11 @@
 
 Owns: `prefetch_pieces()` -- `_prefetch_l2`, the Triton piece a launch calls to have the
 copy engine bring byte ranges into the L2 (`cp.async.bulk.prefetch.L2`: one instruction a
-chunk, nothing comes back to the SM) -- and `Prefetch` / `plan` / `plans` / `after`, the host
-side: which ranges, how many programs, where in the launch.  Does not own: the launches that
-run the piece (triton_decode_kernel.py: the attention's extra grid row; triton_ops.py: add_norm's
-programs past its rows, both through `_pdl_prefetch_begin`) or which weights a layer names
-(decode_step.py).
+chunk, nothing comes back to the SM) -- and `Prefetch` / `plan` / `plans` / `after` /
+`step_plans`, the host side: which weights each site asks for, how many programs, where in the
+launch.  Does not own: the launches that run the piece (triton_decode_kernel.py: the
+attention's extra grid row; triton_ops.py: add_norm's programs past its rows, both through
+`_pdl_prefetch_begin`) or where the step passes them (decode_step.py).
 
 Why the attention: a decode layer is, on the 1B (H200, bf16, 2k),
 
@@ -129,6 +129,26 @@ def plans(ranges: list, mb: int, lanes: list[int], env) -> list[Prefetch | None]
     return [plan(ts, mb << 20, int(env.prefetch_programs), n, env.prefetch_at == "early",
                  env.prefetch_hint == "last") if plain(ts) else None
             for ts, n in zip(ranges, lanes)]
+
+
+def step_plans(layers, fused: list[dict], lays: list[dict], env) -> tuple[list, list, list]:
+    """A decode step's prefetches per layer, from its Env: (the attention launch's -- the first
+    MB of o | gate|up | down, MUSER_PREFETCH --, the add+norm after o's -- the 8 MB past those,
+    MUSER_PREFETCH_MLP --, the add+norm closing the layer's -- the next layer's first 8 MB of
+    qkv, MUSER_PREFETCH_QKV).  `layers`: the weights' layers (wo, w_down, moe), `fused`: their
+    fused wqkv / wgu, `lays`: the attention layouts (warps: the attention's lanes).  An MoE
+    layer asks for nothing."""
+    L = len(layers)
+    none = [None] * L
+    mlp = [None if lw.moe is not None else [lw.wo, fz["wgu"], lw.w_down]
+           for lw, fz in zip(layers, fused)]
+    mb = 0 if env.prefetch == "off" else 8 if env.prefetch == "auto" else int(env.prefetch)
+    attn = plans(mlp, mb, [32 * lay["warps"] for lay in lays], env) if mb else none
+    more = (plans([None if ts is None else after(ts, mb << 20) for ts in mlp], 8, [128] * L, env)
+            if env.prefetch_mlp == "on" else none)
+    qkv = (plans([[fz["wqkv"]] for fz in fused[1:]] + [None], 8, [128] * L, env)
+           if env.prefetch_qkv == "on" else none)
+    return attn, more, qkv
 
 
 @functools.lru_cache(maxsize=None)
