@@ -179,23 +179,22 @@ def main():
                     help="no sweep: each shape's table tile per launch with its weights from "
                          "HBM and from the L2 (the ceiling of a prefetch)")
     args = ap.parse_args()
+    shapes = [s for m in args.models for s in SHAPES[m]]
+    batches = [int(b) for b in args.batches.split(",")]
     if args.l2:
-        l2_ceiling([s for m in args.models for s in SHAPES[m]],
-                   [int(b) for b in args.batches.split(",")])
+        l2_ceiling(shapes, batches)
         return
     if args.profiled:
-        profiled([s for m in args.models for s in SHAPES[m]],
-                 [int(b) for b in args.batches.split(",")])
+        profiled(shapes, batches)
         return
     pieces = [int(p) for p in args.pieces.split(",") if p]
     if args.jobs > 1:
-        precompile([s for m in args.models for s in SHAPES[m]], args.jobs, pieces)
-    for m in args.models:
-        for n, k, glu in SHAPES[m]:
-            for B in (int(b) for b in args.batches.split(",")):
-                sweep(n, k, glu, B, args.top)
-                for pc in other_pieces(n, k, glu, pieces):
-                    sweep(n, k, glu, B, args.top, pc)
+        precompile(shapes, args.jobs, pieces)
+    for n, k, glu in shapes:
+        for B in batches:
+            sweep(n, k, glu, B, args.top)
+            for pc in other_pieces(n, k, glu, pieces):
+                sweep(n, k, glu, B, args.top, pc)
 
 
 if __name__ == "__main__":

@@ -104,11 +104,17 @@ def plan(tensors: list[torch.Tensor], budget: int, programs: int, lanes: int,
     return Prefetch(tuple(ranges), chunk, programs, early, lanes, last)
 
 
+def _plain(tensors) -> bool:
+    """Whether `tensors` are all contiguous plain tensors (not int8 rows, experts, None)."""
+    return tensors is not None and all(isinstance(t, torch.Tensor) and t.is_contiguous()
+                                       for t in tensors)
+
+
 def after(tensors: list[torch.Tensor], nbytes: int) -> list[torch.Tensor] | None:
     """The bytes of `tensors` (joined, each contiguous) past their first `nbytes`, as flat
     views -- what a later launch asks for after an earlier one asked for the start.  None:
     a tensor is not one contiguous plain tensor."""
-    if not all(isinstance(t, torch.Tensor) and t.is_contiguous() for t in tensors):
+    if not _plain(tensors):
         return None
     out = []
     for t in tensors:
@@ -123,11 +129,8 @@ def plans(ranges: list, mb: int, lanes: list[int], env) -> list[Prefetch | None]
     """One Prefetch per layer from MUSER_PREFETCH_PROGRAMS / _AT / _HINT (an `Env`): layer i asks
     for the first `mb` MB of ranges[i] (tensors; None, or any that is not one contiguous plain
     tensor -- int8 rows, experts, a missing projection -- asks for nothing) with lanes[i] lanes."""
-    def plain(ts):
-        return ts is not None and all(isinstance(t, torch.Tensor) and t.is_contiguous()
-                                      for t in ts)
     return [plan(ts, mb << 20, int(env.prefetch_programs), n, env.prefetch_at == "early",
-                 env.prefetch_hint == "last") if plain(ts) else None
+                 env.prefetch_hint == "last") if _plain(ts) else None
             for ts, n in zip(ranges, lanes)]
 
 

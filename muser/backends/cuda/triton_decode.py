@@ -116,10 +116,9 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
     rope = cos is not None
     dummy = ws.ms
     # a Prefetch (l2_prefetch.py) adds one grid row of prefetch.programs programs
-    pf = prefetch
-    pf_args, pf_consts = launch_args(pf)
-    grid = ((B * kv_heads, grid_splits or nsplit) if pf is None else
-            (B * kv_heads + 1, max(grid_splits or nsplit, pf.programs)))
+    pf_args, pf_consts = launch_args(prefetch)
+    grid = ((B * kv_heads, grid_splits or nsplit) if prefetch is None else
+            (B * kv_heads + 1, max(grid_splits or nsplit, prefetch.programs)))
     kern[grid](
         src, src, pos, cos if rope else dummy, sin if rope else dummy,
         q_norm if q_norm is not None else dummy, k_norm if k_norm is not None else dummy,

@@ -339,9 +339,8 @@ def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm
     weights the next launch reads (no value changes).
     """
     B, N = h.shape
-    pf = prefetch
-    grid = (B,) if pf is None else (B + pf.programs,)
-    pf_args, pf_consts = launch_args(pf)
+    grid = (B,) if prefetch is None else (B + prefetch.programs,)
+    pf_args, pf_consts = launch_args(prefetch)
     if isinstance(d1, tuple) and d2 is None:           # triton_dot.Pieces: sum them here
         part, scale = d1
         h_out = h_out if h_out is not None else torch.empty_like(h)
