@@ -61,6 +61,8 @@
 #   prefetch_qkv the add+norms prefetch too (the next layer's qkv; more of o | gate|up | down),
 #                and 16 / 32 MB under an L2 evict_last policy: bits, the L2 ceiling, 1B / 270M A/B
 #   prefetch_4b  the same variants on the 4B, one round
+#   attn_early   MUSER_ATTN_EARLY=on: the decode attention's prologue before the PDL wait, idle
+#                splits leave without it: bits, then 1B / 270M / 4B against off and a 4k context
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
 #    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
@@ -1029,6 +1031,16 @@ stage_prefetch_qkv() {  # more sites than the attention's (l2_prefetch.py), all 
 stage_prefetch_4b() {  # the same variants on the 4B, one round
   bench 300 . benchmarks/exact_ab.py --models 4b --trees exact --decode-only --rounds 1 \
     --variants "$PREFETCH_VARIANTS"
+}
+
+stage_attn_early() {  # MUSER_ATTN_EARLY=on: the decode attention reads what the launch before
+  # does not write (plane table, slot, length, position, rope, norm weights) before its PDL wait,
+  # and a growing plane's idle splits (at 2k, ~240 of 256 a row) leave without waiting.  Bits
+  # first; then the A/B, with a 4k-context engine beside it: its growing grid is 32 splits, so
+  # CTX4K - default is the most the idle splits can cost (what EARLY can buy on them, at most)
+  tests 200 tests/cuda/test_triton_decode.py tests/cuda/test_pdl.py tests/cuda/test_prefetch.py
+  bench 420 . benchmarks/exact_ab.py --models 1b,270m,4b --trees exact --decode-only --rounds 2 \
+    --variants "EARLY:MUSER_ATTN_EARLY=on;CTX4K:MAX_CONTEXT=4096;EARLY4K:MUSER_ATTN_EARLY=on,MAX_CONTEXT=4096"
 }
 
 stage_ncu_step() {  # Nsight Compute on what else a decode step launches (the ring launch was

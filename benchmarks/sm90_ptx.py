@@ -136,6 +136,10 @@ CONFIGS = [
      dict(NSPLIT=257, SPLIT=128, GS=16, RING=False, NPF=32, PF_LANES=128, PF_EARLY=True), 4),
     ("decode ring fused, L2 prefetch row, evict_last", "decode",
      dict(NPF=32, PF_LANES=128, PF_LAST=True), 4),
+    # MUSER_ATTN_EARLY: the prologue's loads before the PDL wait, idle splits leave before it
+    ("decode ring fused, early prologue", "decode", dict(EARLY=True), 4),
+    ("decode growing fused, early prologue, L2 prefetch row", "decode",
+     dict(NSPLIT=257, SPLIT=128, GS=16, RING=False, NPF=32, PF_LANES=128, EARLY=True), 4),
     ("decode growing fused, <= 168 registers", "decode", dict(NSPLIT=257, SPLIT=128, GS=16,
                                                              RING=False, maxnreg=168), 4),
     ("dot_rows down 128-row tile, 7 pieces in", "dot", {}, 8),

@@ -18,3 +18,20 @@ def test_dependent_launches_give_the_plain_launches_bits():
     assert torch.equal(run(eng), plain)
     assert eng.backend.runner(eng).stats["replays"] > 0
 
+
+
+@needs_gpu
+def test_an_early_attention_prologue_gives_the_same_bits():
+    """MUSER_ATTN_EARLY=on: the decode attention reads its tables, slot, length, position and
+    constants before the PDL wait (none is written by the launch before it) and its idle splits
+    leave without waiting -- one session's and a batch's logits are the wait-first step's."""
+    from test_prefetch import _batch
+    eng = tiny_model("gemma3", device="cuda", dtype="bfloat16", window=4, tokenizer=False)
+    eng.backend.reset_runner(Env())
+    plain, plain_b = run(eng), _batch(eng)
+    eng.backend.reset_runner(Env(attn_early="on"))
+    step = eng.backend.runner(eng).step
+    assert step.attn_early == (torch.cuda.get_device_capability()[0] >= 9)
+    assert torch.equal(run(eng), plain)
+    assert torch.equal(_batch(eng), plain_b)
+    assert eng.backend.runner(eng).stats["replays"] > 0

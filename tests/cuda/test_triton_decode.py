@@ -112,9 +112,10 @@ def _torch_qk(qkv, pos, cos, sin, qn, kn, heads, kv, d, interleaved):
 
 
 def _fused_case(kind, lens, heads, kv, d, dtype, dev, cap, qk_norm, rope, interleaved, seed,
-                maxnreg=None):
+                maxnreg=None, early=False):
     """Planes at `lens`, then one decode token per row: fused, separate, fused again
-    ([outputs], [planes after each], inputs); `maxnreg` caps every launch's registers."""
+    ([outputs], [planes after each], inputs); `maxnreg` caps every launch's registers; `early`:
+    the fused launches read their prologue before the PDL wait (with PDL on an sm_90 GPU)."""
     from muser.backends.cuda.triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention
     from muser.backends.cuda.triton_ops import qk_rope_store
     g = torch.Generator().manual_seed(seed)
@@ -143,7 +144,8 @@ def _fused_case(kind, lens, heads, kv, d, dtype, dev, cap, qk_norm, rope, interl
         if fused:
             fused_decode_attention(qkv, pos, cos, sin, qn, kn, 1e-6, table, meta, heads, kv, d,
                                    nsplit, 0.0625, None, interleaved, ws=ws, out=out,
-                                   capacity=capacity, maxnreg=maxnreg, **lay)
+                                   capacity=capacity, maxnreg=maxnreg, early=early,
+                                   pdl=early and _pdl(dev), **lay)
         else:
             q = qk_rope_store(qkv, pos, cos, sin, qn, kn, 1e-6, table, meta, heads, kv, d, interleaved)
             decode_attention(q, pos, table, meta, kv, nsplit, 0.0625, None, ws=ws, out=out,
@@ -195,6 +197,28 @@ def test_a_register_cap_is_allocation_not_bits(dev, kdtype, kind, lens, cap, max
     for a, b in zip(one[0], capped[0]):
         assert not a.isnan().any() and torch.equal(a, b)
     for pa, pb in zip(one[1], capped[1]):
+        for a, b in zip(pa, pb):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+def _pdl(dev) -> bool:
+    return torch.device(dev).type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
+
+
+@pytest.mark.parametrize("kind,lens,cap", [("ring", (1, 37, 64, 100, 131), 64),
+                                           ("growing", (0, 4, 300, 2049), None)])
+@pytest.mark.parametrize("qk_norm,rope", [(True, True), (False, False)])
+def test_an_early_prologue_is_timing_not_bits(dev, kdtype, kind, lens, cap, qk_norm, rope):
+    """MUSER_ATTN_EARLY: the launch that reads its table, slot, length, position, rotation and
+    norm weights before the PDL wait (idle splits leaving without it) gives every output and
+    stored row bitwise what the wait-first launch gives -- a growing plane's grid is mostly
+    idle splits, so both kinds of program are in every launch."""
+    one = _fused_case(kind, lens, 4, 1, 256, kdtype, dev, cap, qk_norm, rope, False, seed=5)
+    early = _fused_case(kind, lens, 4, 1, 256, kdtype, dev, cap, qk_norm, rope, False, seed=5,
+                        early=True)
+    for a, b in zip(one[0], early[0]):
+        assert not a.isnan().any() and torch.equal(a, b)
+    for pa, pb in zip(one[1], early[1]):
         for a, b in zip(pa, pb):
             assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 

@@ -128,6 +128,7 @@ class DecodeStep:
         # programmatic dependent launch for the step's own kernels (MUSER_PDL; sm_90 and up)
         self.pdl = (env.pdl == "on" and dev.type == "cuda"
                     and torch.cuda.get_device_capability(dev)[0] >= 9)
+        self.attn_early = self.pdl and env.attn_early == "on"   # triton_decode: `early`
         # a chunk through this step's layer loop has a decode step's bits only with the default
         # kernels: dot_rows for every row count, and the fused attention launch (whose first
         # half prepares a chunk's q/k/v); the experiment switches give that up
@@ -261,7 +262,8 @@ class DecodeStep:
                                               spec.layer_scale(ls), spec.attn_logit_softcap,
                                               spec.rope_interleaved, ws, sinks=lw.sinks,
                                               v_norm=spec.v_norm, k_eq_v=lw.wv is None,
-                                              pdl=self.pdl, prefetch=prefetch[i], **lay)
+                                              pdl=self.pdl, prefetch=prefetch[i],
+                                              early=self.attn_early, **lay)
             q = qk_rope_store(qkv, pos, cos, sin, qn, kn, spec.norm_eps, table, meta,
                               spec.num_heads, KV, D, spec.rope_interleaved)
             return decode_attention(q, pos, table, meta, KV, self.splits[i], spec.layer_scale(ls),

@@ -125,13 +125,16 @@ def _kernel():
                     V_NORM: tl.constexpr, K_EQ_V: tl.constexpr, RING: tl.constexpr,
                     ACC_DOT: tl.constexpr, PDL: tl.constexpr, PREP: tl.constexpr = False,
                     NPF: tl.constexpr = 0, PF_EARLY: tl.constexpr = False,
-                    PF_LANES: tl.constexpr = 128, PF_LAST: tl.constexpr = False):
+                    PF_LANES: tl.constexpr = 128, PF_LAST: tl.constexpr = False,
+                    EARLY: tl.constexpr = False):
         pid = tl.program_id(0)                    # b * KV + kvh (NPF: row NROWS prefetches)
         s = tl.program_id(1)                      # split, counted from the row's first
         # NPF (l2_prefetch.py): one more grid row whose first NPF programs bring the next
         # projections' weights into the L2 -- before the PDL wait (PF_EARLY) or after it
-        _pdl_prefetch_begin((pid == NROWS) & (s < NPF), s, PF0, PN0, PF1, PN1, PF2, PN2, PCH,
-                            PDL, NPF, PF_EARLY, PF_LANES, PF_LAST)
+        pf = (pid == NROWS) & (s < NPF)
+        if not EARLY:
+            _pdl_prefetch_begin(pf, s, PF0, PN0, PF1, PN1, PF2, PN2, PCH, PDL, NPF, PF_EARLY,
+                                PF_LANES, PF_LAST)
         rid = pid
         if NPF > 0:
             rid = tl.minimum(pid, NROWS - 1)      # the prefetch row reads a real row's table
@@ -154,6 +157,26 @@ def _kernel():
         live = (s < nact) | (s == 0)
         if NPF > 0:
             live = live & (pid < NROWS)           # the prefetch row attends nothing
+        if EARLY:
+            # MUSER_ATTN_EARLY (PDL only): nothing above and nothing loaded here is written by
+            # the kernel before (the step's upload, tables, constants), so it is read before the
+            # wait, and a split past the row's last leaves without waiting -- while the qkv
+            # projection still runs.  The values, and so the bits, are the wait-first binary's.
+            if FUSED:
+                ej = tl.arange(0, BLOCK_H)
+                ejm = (ej < HALF) & live
+                e0, e1 = _halves(ej, HALF, INTERLEAVED)
+                if QK_NORM:
+                    ewq0 = tl.load(QN + e0, mask=ejm, other=0.0)
+                    ewq1 = tl.load(QN + e1, mask=ejm, other=0.0)
+                    ewk0 = tl.load(KN + e0, mask=ejm, other=0.0)
+                    ewk1 = tl.load(KN + e1, mask=ejm, other=0.0)
+                if ROPE:
+                    ecs = tl.load(COS + pos * HALF + ej, mask=ejm, other=0.0)
+                    esn = tl.load(SIN + pos * HALF + ej, mask=ejm, other=0.0)
+            if live | pf:
+                _pdl_prefetch_begin(pf, s, PF0, PN0, PF1, PN1, PF2, PN2, PCH, PDL, NPF, PF_EARLY,
+                                    PF_LANES, PF_LAST)
         if live:
             # Columns of the [*, 2 * BLOCK_H] tiles: the two rotation halves joined.  `dm` is the
             # memory dim of column c, `cv` whether it is a real dim (D need not be a power of 2).
@@ -187,10 +210,13 @@ def _kernel():
                 k0 = k0.to(tl.float32)
                 k1 = k1.to(tl.float32)
                 if QK_NORM:                       # rounded to the activation dtype, as torch does
-                    wq0 = tl.load(QN + i0, mask=jm, other=0.0)
-                    wq1 = tl.load(QN + i1, mask=jm, other=0.0)
-                    wk0 = tl.load(KN + i0, mask=jm, other=0.0)
-                    wk1 = tl.load(KN + i1, mask=jm, other=0.0)
+                    if EARLY:
+                        wq0, wq1, wk0, wk1 = ewq0, ewq1, ewk0, ewk1
+                    else:
+                        wq0 = tl.load(QN + i0, mask=jm, other=0.0)
+                        wq1 = tl.load(QN + i1, mask=jm, other=0.0)
+                        wk0 = tl.load(KN + i0, mask=jm, other=0.0)
+                        wk1 = tl.load(KN + i1, mask=jm, other=0.0)
                     rq = tl.rsqrt((tl.sum(q0 * q0, 1) + tl.sum(q1 * q1, 1)) / D + eps)
                     q0 = (q0 * rq[:, None] * wq0[None, :]).to(dt).to(tl.float32)
                     q1 = (q1 * rq[:, None] * wq1[None, :]).to(dt).to(tl.float32)
@@ -198,8 +224,11 @@ def _kernel():
                     k0 = (k0 * rk * wk0).to(dt).to(tl.float32)
                     k1 = (k1 * rk * wk1).to(dt).to(tl.float32)
                 if ROPE:
-                    cs = tl.load(COS + pos * HALF + j, mask=jm, other=0.0)
-                    sn = tl.load(SIN + pos * HALF + j, mask=jm, other=0.0)
+                    if EARLY:
+                        cs, sn = ecs, esn
+                    else:
+                        cs = tl.load(COS + pos * HALF + j, mask=jm, other=0.0)
+                        sn = tl.load(SIN + pos * HALF + j, mask=jm, other=0.0)
                     # q's rotation written out: through _rotate the same multiplies come out
                     # in another order (the same values; a binary the device has not timed)
                     q0, q1 = q0 * cs[None, :] - q1 * sn[None, :], q1 * cs[None, :] + q0 * sn[None, :]
