@@ -61,8 +61,10 @@
 #   prefetch_qkv the add+norms prefetch too (the next layer's qkv; more of o | gate|up | down),
 #                and 16 / 32 MB under an L2 evict_last policy: bits, the L2 ceiling, 1B / 270M A/B
 #   prefetch_4b  the same variants on the 4B, one round
-#   attn_early   MUSER_ATTN_EARLY=on: the decode attention's prologue before the PDL wait, idle
-#                splits leave without it: bits, then 1B / 270M / 4B against off and a 4k context
+#   early        MUSER_ATTN_EARLY (the attention's prologue before the PDL wait, idle splits
+#                leave without it) and MUSER_DOT_EARLY (projection programs ask the L2 for their
+#                rows before it): bits, then 1B / 270M against off and a 4k context
+#   early_4b     the same variants on the 4B, one round
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
 #    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
@@ -166,6 +168,7 @@ OUT=${OUT:-/tmp/plan-out}
 mkdir -p "$OUT"
 ROOT=$PWD
 
+EARLY_VARIANTS="ATTNE:MUSER_ATTN_EARLY=on;DOTE:MUSER_DOT_EARLY=on;BOTHE:MUSER_ATTN_EARLY=on,MUSER_DOT_EARLY=on;CTX4K:MAX_CONTEXT=4096"
 PREFETCH_VARIANTS="QKV:MUSER_PREFETCH_QKV=on;MLP:MUSER_PREFETCH_MLP=on;BOTH:MUSER_PREFETCH_QKV=on,MUSER_PREFETCH_MLP=on;QKVE:MUSER_PREFETCH_QKV=on,MUSER_PREFETCH_AT=early;PF16L:MUSER_PREFETCH=16,MUSER_PREFETCH_HINT=last;PF32L:MUSER_PREFETCH=32,MUSER_PREFETCH_HINT=last"
 
 dry_note() {       # dry_note KIND ARGS...: a command for dry_check.py (DRY=1), one a line
@@ -1033,14 +1036,22 @@ stage_prefetch_4b() {  # the same variants on the 4B, one round
     --variants "$PREFETCH_VARIANTS"
 }
 
-stage_attn_early() {  # MUSER_ATTN_EARLY=on: the decode attention reads what the launch before
-  # does not write (plane table, slot, length, position, rope, norm weights) before its PDL wait,
-  # and a growing plane's idle splits (at 2k, ~240 of 256 a row) leave without waiting.  Bits
+stage_early() {  # work before the PDL wait that the launch before does not feed:
+  # MUSER_ATTN_EARLY=on, the decode attention reads its plane table, slot, length, position,
+  # rope and norm weights before the wait, and a growing plane's idle splits (at 2k, ~500 of
+  # ~512 a row) leave without waiting; MUSER_DOT_EARLY=on, each projection program asks the L2
+  # for its own weight rows (one bulk prefetch a row) while the launch before runs.  Bits
   # first; then the A/B, with a 4k-context engine beside it: its growing grid is 32 splits, so
-  # CTX4K - default is the most the idle splits can cost (what EARLY can buy on them, at most)
-  tests 200 tests/cuda/test_triton_decode.py tests/cuda/test_pdl.py tests/cuda/test_prefetch.py
-  bench 420 . benchmarks/exact_ab.py --models 1b,270m,4b --trees exact --decode-only --rounds 2 \
-    --variants "EARLY:MUSER_ATTN_EARLY=on;CTX4K:MAX_CONTEXT=4096;EARLY4K:MUSER_ATTN_EARLY=on,MAX_CONTEXT=4096"
+  # CTX4K - default is the most the idle splits cost (what ATTN_EARLY can buy on them, at most)
+  tests 200 tests/cuda/test_triton_decode.py tests/cuda/test_pdl.py tests/cuda/test_prefetch.py \
+    tests/cuda/test_triton_ops.py::test_weights_asked_of_the_l2_early_give_the_same_bits
+  bench 360 . benchmarks/exact_ab.py --models 1b,270m --trees exact --decode-only --rounds 2 \
+    --variants "$EARLY_VARIANTS"
+}
+
+stage_early_4b() {  # the same variants on the 4B, one round
+  bench 300 . benchmarks/exact_ab.py --models 4b --trees exact --decode-only --rounds 1 \
+    --variants "$EARLY_VARIANTS"
 }
 
 stage_ncu_step() {  # Nsight Compute on what else a decode step launches (the ring launch was

@@ -1,4 +1,4 @@
-"""Which decode steps pick in their head (backends/cuda/decode_step.head_picks, read once by
+"""Which decode steps pick in their head (backends/cuda/step_weights.head_picks, read once by
 DecodeStep as `fused_pick`): the pipelined greedy graph's head keeps each tile's first maximum
 instead of the logits only where the logits are the head's values.  The pick's bits are the
 kernel tests' to pin (tests/cuda/test_triton_pick.py); this pins the choice."""
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from muser.backends.cuda.decode_step import head_picks
+from muser.backends.cuda.step_weights import head_picks
 from muser.backends.cuda.weights_int8 import RowInt8
 
 DOT = ("qkv", "o", "down", "gu", "head")            # MUSER_GEMV=dot, the default

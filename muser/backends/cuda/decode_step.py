@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from ...env import Env
 from ...model import transformer as tf
 from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention, merge_groups
-from .step_weights import fuse_weights
+from .step_weights import fuse_weights, head_picks, via_dot
 from .triton_moe import experts_rows, route_rows
 from .triton_dot import dot_rows
 from .triton_dot_norm import NormIn, norm_fuses, norm_in
@@ -48,24 +48,6 @@ from .weights_int8 import RowInt8
 from .triton_ops import add_norm, embed_norm, qk_rope_store
 from .triton_rows import act_mul
 from .triton_pick import pick_partials
-
-
-def via_dot(w, what: str, gemv_for, one_row_only: bool, rows: int) -> bool:
-    """Whether projection `what` ("qkv", "o", "down", "gu", "head") of `rows` rows goes through
-    the step's own dot kernels (`DecodeStep._dot`): int8 rows always (only dot_rows scales
-    them); else contiguous rows named in `gemv_for` (MUSER_GEMV), one row only where the kernel
-    is the batch-1 gemv (`one_row_only`).  Elsewhere torch computes it (F.linear, tf.logits)."""
-    return isinstance(w, RowInt8) or (what in gemv_for and w.is_contiguous()
-                                      and (rows == 1 or not one_row_only))
-
-
-def head_picks(spec, output, gemv_for) -> bool:
-    """Whether a step's head can pick (`DecodeStep.head_pick`): it goes through dot_rows (int8
-    rows, or contiguous rows with the head among `gemv_for`, MUSER_GEMV=dot) and the logits are
-    its values -- no logit scale (Cohere2) or final soft-cap (Gemma 2) between them and the
-    pick, which would have to be repeated in the kernel with torch's roundings."""
-    return (spec.logit_scale == 1.0 and not spec.final_logit_softcap
-            and via_dot(output, "head", gemv_for, False, 1))
 
 
 class DecodeStep:
@@ -128,7 +110,9 @@ class DecodeStep:
         # programmatic dependent launch for the step's own kernels (MUSER_PDL; sm_90 and up)
         self.pdl = (env.pdl == "on" and dev.type == "cuda"
                     and torch.cuda.get_device_capability(dev)[0] >= 9)
-        self.attn_early = self.pdl and env.attn_early == "on"   # triton_decode: `early`
+        # MUSER_ATTN_EARLY / MUSER_DOT_EARLY: `early` of the attention launch / of dot_rows
+        self.attn_early = self.pdl and env.attn_early == "on"
+        self.dot_early = self.pdl and env.dot_early == "on"
         # a chunk through this step's layer loop has a decode step's bits only with the default
         # kernels: dot_rows for every row count, and the fused attention launch (whose first
         # half prepares a chunk's q/k/v); the experiment switches give that up
@@ -162,13 +146,13 @@ class DecodeStep:
         as float32 (the activation-dtype values: `.float()`'s bits, in dot_rows' own store)."""
         if isinstance(w, RowInt8):
             return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, flatten=self.flatten,
-                            defer=defer, widen=widen, **kw)
+                            defer=defer, widen=widen, early=self.dot_early, **kw)
         if self.gemv is dot_rows:
             rows = (x.x if isinstance(x, NormIn) else x).shape[0]
             tma = self.tma == "on" or (self.tma == "auto" and
                                        tma_pays(w.numel(), rows, rows in self.graph_rows))
             return dot_rows(x, w, pdl=self.pdl, flatten=self.flatten, defer=defer, widen=widen,
-                            tma=tma, **kw)
+                            tma=tma, early=self.dot_early, **kw)
         y = self.gemv(x, w, **kw)
         return y.float() if widen else y
 

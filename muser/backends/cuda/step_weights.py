@@ -4,7 +4,8 @@ Owns: `fuse_weights` (q/k/v and gate/up concatenated once per layer; the engine'
 tensors become views of the fused ones, so nothing is held twice; int8 rows stack their scales
 alike; a layer's experts stacked), `unsupported(spec)` / `unsupported_weights(weights)` (why a
 model or its weights cannot take the fused step: None = they can; what cannot runs the eager
-session path -- correct, not fast).  Does not own: the step (decode_step.py), the graph runner
+session path -- correct, not fast), `via_dot` / `head_picks` (which projections go through the
+step's own dot kernels, and whether its head can pick).  Does not own: the step (decode_step.py), the graph runner
 that asks (graph.py).
 """
 from __future__ import annotations
@@ -85,3 +86,21 @@ def unsupported_weights(weights) -> str | None:
         if lw.moe is not None and not moe_supported(lw.moe):
             return f"layer {i}: experts that are not plain tensors"
     return None
+
+
+def via_dot(w, what: str, gemv_for, one_row_only: bool, rows: int) -> bool:
+    """Whether projection `what` ("qkv", "o", "down", "gu", "head") of `rows` rows goes through
+    the step's own dot kernels (`DecodeStep._dot`): int8 rows always (only dot_rows scales
+    them); else contiguous rows named in `gemv_for` (MUSER_GEMV), one row only where the kernel
+    is the batch-1 gemv (`one_row_only`).  Elsewhere torch computes it (F.linear, tf.logits)."""
+    return isinstance(w, RowInt8) or (what in gemv_for and w.is_contiguous()
+                                      and (rows == 1 or not one_row_only))
+
+
+def head_picks(spec, output, gemv_for) -> bool:
+    """Whether a step's head can pick (`DecodeStep.head_pick`): it goes through dot_rows (int8
+    rows, or contiguous rows with the head among `gemv_for`, MUSER_GEMV=dot) and the logits are
+    its values -- no logit scale (Cohere2) or final soft-cap (Gemma 2) between them and the
+    pick, which would have to be repeated in the kernel with torch's roundings."""
+    return (spec.logit_scale == 1.0 and not spec.final_logit_softcap
+            and via_dot(output, "head", gemv_for, False, 1))

@@ -105,6 +105,27 @@ def _kernels():
         return acc, accu
 
     globals()["_piece"] = piece_dot
+
+    @triton.jit
+    def prefetch_rows(W, N, K: tl.constexpr, KS: tl.constexpr, BLOCK_N: tl.constexpr,
+                      GLU: tl.constexpr, EB: tl.constexpr, LANES: tl.constexpr):
+        """This program's weight rows -- its BLOCK_N columns' (and up columns') keys of its
+        piece -- asked of the L2, one `cp.async.bulk.prefetch.L2` a row (nothing comes back
+        to the SM; l2_prefetch.py): lane i < BLOCK_N takes column i, the next BLOCK_N lanes
+        (GLU) its up row.  The host checks the 16-byte alignment of every row's start and size."""
+        lane = tl.arange(0, LANES)
+        col = tl.program_id(0) * BLOCK_N + lane % BLOCK_N
+        row = col + (lane // BLOCK_N) * N
+        k_lo = tl.program_id(2) * KS
+        ok = (col < N) & (lane < BLOCK_N * (1 + GLU)) & (k_lo < K)
+        addr = (W + row.to(tl.int64) * K + k_lo).to(tl.int64, bitcast=True)
+        size = tl.where(ok, tl.minimum(KS, K - k_lo) * EB, 0).to(tl.int32)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.gt.s32 p, $2, 0; "
+            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
+            "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+
+    globals()["_prefetch_rows"] = prefetch_rows
     globals().update(norm_pieces())
 
     @triton.jit
@@ -113,7 +134,13 @@ def _kernels():
                         GELU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                         BM: tl.constexpr, PIECES_IN: tl.constexpr, WQ: tl.constexpr,
                         PDL: tl.constexpr, FLATTEN: tl.constexpr = False,
-                        WIDEN: tl.constexpr = False, PICK: tl.constexpr = False):
+                        WIDEN: tl.constexpr = False, PICK: tl.constexpr = False,
+                        EARLY: tl.constexpr = False, EB: tl.constexpr = 2,
+                        LANES: tl.constexpr = 128):
+        if EARLY:
+            # MUSER_DOT_EARLY (pieces on the grid): the program's own weights -- not the kernel
+            # before's output -- start into the L2 while that kernel still runs
+            _prefetch_rows(W, N, K, KS, BLOCK_N, GLU, EB, LANES)
         _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         _dot_body(X, W, S, BIAS, Y, P, B, N, K, KS, BLOCK_N, BLOCK_K, GLU, GELU, HAS_BIAS, SPLIT,
                   BM, PIECES_IN, WQ, FLATTEN, WIDEN, PICK)
@@ -250,6 +277,15 @@ class Pieces(NamedTuple):
     scale: torch.Tensor | None
 
 
+def early_fits(ptr: int, k: int, eb: int, ks: int, bn: int, glu: bool, warps: int) -> bool:
+    """Whether dot_rows' programs can ask the L2 for their weight rows (`early`): a weight at
+    `ptr` of `k` keys of `eb` bytes whose every row slice of `ks` keys starts and ends 16-byte
+    aligned (the bulk prefetch's unit), and a lane a row -- bn rows (2 bn with the up half)
+    within 32 x warps lanes."""
+    return ptr % 16 == 0 and (k * eb) % 16 == 0 and (ks * eb) % 16 == 0 and \
+        bn * (2 if glu else 1) <= 32 * warps
+
+
 def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, glu: bool = False,
              gelu: bool = False, bias: torch.Tensor | None = None,
              config: tuple[int, int, int, int, int] | None = None,
@@ -257,7 +293,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
              tile: tuple[int, int, int, int, int] | None = None,
              scale: torch.Tensor | None = None, pdl: bool = False,
              flatten: bool = False, defer: bool = False,
-             widen: bool = False, pick: bool = False, tma: bool = False):
+             widen: bool = False, pick: bool = False, tma: bool = False, early: bool = False):
     """The same function as `gemv`, for rows in tiles of 16 on the tensor cores (K in fixed
     steps, optionally in fixed split-K pieces summed in order): batch-invariant too, and far
     cheaper per extra row than `gemv`'s loop.  `config` = (block_n, block_k, warps, stages,
@@ -277,7 +313,10 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     no act*up).  `x` a NormIn (MUSER_NORM_IN): the rows are add_norm's x, normed by the
     launch itself (`dot_norm_kernel`; the tile's warps must be add_norm's: `norm_fuses`).
     `tma` (MUSER_DOT_TMA): 128-row tiles of 16-bit weights load by TMA (triton_dot_tma.py:
-    the same pieces, dots and epilogue -- the same bits).
+    the same pieces, dots and epilogue -- the same bits).  `early` (MUSER_DOT_EARLY; meant
+    with `pdl`): where the pieces are on the grid and the rows one tile (a decode step's) and
+    every row's slice is 16-byte aligned (`early_fits`), each program asks the L2 for its weight rows before the PDL wait (no
+    value changes).
     Returns the output, or `Pieces` (defer), or the (values, columns) pair (pick)."""
     import triton
     kern, ssum, kern_norm = _kernels()
@@ -314,7 +353,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     elif widen and (split or out is not None or x.dtype == torch.float32):
         return dot_rows(norm if norm is not None else x, w, out=out, glu=glu, gelu=gelu,
                         bias=bias, config=config, rows=rows, tile=tile, scale=scale, pdl=pdl,
-                        flatten=flatten).float()
+                        flatten=flatten, early=early).float()
     else:
         out = out if out is not None else x.new_empty(B, n, dtype=torch.float32 if widen else None)
         part = (torch.empty((pieces, B, 2 * n if glu else n), dtype=torch.float32,
@@ -328,9 +367,14 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     # int8: no FMA contraction, so `sum * scale + bias` rounds alike in both epilogues
     fuse = {"enable_fp_fusion": False} if wq else {}
     grid = (triton.cdiv(n, bn), triton.cdiv(B, bm), pieces)
+    eb = w.element_size()
+    # (the prefetch is inline PTX: not under Triton's interpreter, whose tensors are the CPU's)
+    early = (early and inside == 1 and norm is None and triton.cdiv(B, bm) == 1 and w.is_cuda
+             and early_fits(w.data_ptr(), k, eb, ks, bn, glu, nw))
     shape = dict(K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu, GELU=gelu,
                  HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, WQ=wq,
                  FLATTEN=bool(flatten) and inside > 1, WIDEN=widen or pick, PICK=pick,
+                 **(dict(EARLY=True, EB=eb, LANES=32 * nw) if early else {}),
                  num_warps=nw, num_stages=st, **fuse, **pdl_launch(pdl))
     if norm is None:
         kern[grid](x, w, s_arg, b_arg, out, part, B, n, **shape)
