@@ -185,6 +185,15 @@ def test_fused_equals_separate_and_reference(dev, kdtype, kind, lens, cap, heads
         assert rel(fo[b:b + 1], ref) < 1.5e-2, (p.kind, lens[b])
 
 
+def _same_bits(one, other):
+    """Two `_fused_case` runs: every output and every stored K/V row bitwise equal."""
+    for a, b in zip(one[0], other[0]):
+        assert not a.isnan().any() and torch.equal(a, b)
+    for pa, pb in zip(one[1], other[1]):
+        for a, b in zip(pa, pb):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
 @pytest.mark.parametrize("kind,lens,cap", [("ring", (1, 37, 64, 100, 131), 64),
                                            ("growing", (0, 4, 300, 2049), None)])
 @pytest.mark.parametrize("maxnreg", [168, 128])
@@ -194,11 +203,7 @@ def test_a_register_cap_is_allocation_not_bits(dev, kdtype, kind, lens, cap, max
     one = _fused_case(kind, lens, 4, 1, 256, kdtype, dev, cap, True, True, False, seed=3)
     capped = _fused_case(kind, lens, 4, 1, 256, kdtype, dev, cap, True, True, False, seed=3,
                          maxnreg=maxnreg)
-    for a, b in zip(one[0], capped[0]):
-        assert not a.isnan().any() and torch.equal(a, b)
-    for pa, pb in zip(one[1], capped[1]):
-        for a, b in zip(pa, pb):
-            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    _same_bits(one, capped)
 
 
 def _pdl(dev) -> bool:
@@ -216,11 +221,7 @@ def test_an_early_prologue_is_timing_not_bits(dev, kdtype, kind, lens, cap, qk_n
     one = _fused_case(kind, lens, 4, 1, 256, kdtype, dev, cap, qk_norm, rope, False, seed=5)
     early = _fused_case(kind, lens, 4, 1, 256, kdtype, dev, cap, qk_norm, rope, False, seed=5,
                         early=True)
-    for a, b in zip(one[0], early[0]):
-        assert not a.isnan().any() and torch.equal(a, b)
-    for pa, pb in zip(one[1], early[1]):
-        for a, b in zip(pa, pb):
-            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    _same_bits(one, early)
 
 
 @pytest.mark.parametrize("split", [64, 128, 512])
