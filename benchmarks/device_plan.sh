@@ -65,6 +65,8 @@
 #                leave without it) and MUSER_DOT_EARLY (projection programs ask the L2 for their
 #                rows before it): bits, then 1B / 270M against off and a 4k context
 #   early_4b     the same variants on the 4B, one round
+#   head8        quant="int8-head" (the head alone int8): its engine rows, then 1B / 270M / 4B
+#                against bf16 and all-int8
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
 #    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
@@ -1052,6 +1054,15 @@ stage_early() {  # work before the PDL wait that the launch before does not feed
 stage_early_4b() {  # the same variants on the 4B, one round
   bench 300 . benchmarks/exact_ab.py --models 4b --trees exact --decode-only --rounds 1 \
     --variants "$EARLY_VARIANTS"
+}
+
+stage_head8() {  # quant="int8-head": the head alone as int8 rows (the one projection a decode
+  # step reads at the bandwidth floor: 1B ~140-150 us of ~1,085; the eighth session's probe ran
+  # int8 heads in 0.55-0.69x the bf16 time).  Its engine rows (K/V bf16's bit for bit, one
+  # arithmetic per token, a bf16 cut replaying in it), then 1B / 270M / 4B against bf16
+  tests 200 tests/cuda/test_int8_step.py tests/cuda/test_triton_pick.py
+  bench 420 . benchmarks/exact_ab.py --models 1b,270m,4b --trees exact --decode-only --rounds 2 \
+    --variants "H8:QUANT=int8-head;Q8:QUANT=int8"
 }
 
 stage_ncu_step() {  # Nsight Compute on what else a decode step launches (the ring launch was

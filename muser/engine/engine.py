@@ -43,9 +43,11 @@ class Engine:
         self.weights = self.backend.prepare_weights(weights, self.dtype)
         self._tokenizer = tokenizer
         self.max_context = min(config.max_context or spec.max_context, spec.max_context)
-        # int8 weights compute different K/V bits than float weights: a distinct encoding.
-        # (the family names the weight path; the dtype is the rows' dtype on the wire)
-        family = config.backend if config.quant == "none" else f"{config.backend}+{config.quant}"
+        # int8 weights compute different K/V bits than float weights: a distinct encoding; an
+        # int8 head moves only the logits -- every row is the float weights' -- so it shares
+        # theirs.  (the family names the weight path; the dtype is the rows' dtype on the wire)
+        rows_quant = "none" if config.quant == "int8-head" else config.quant
+        family = config.backend if rows_quant == "none" else f"{config.backend}+{rows_quant}"
         family += self.backend.encoding_tag       # the backend's arithmetic (CUDA: its version)
         self.encoding = Encoding(family, config.dtype)
         self._grammars = None

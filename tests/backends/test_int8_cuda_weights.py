@@ -50,6 +50,9 @@ def test_fused_int8_rows_are_views_of_one_matrix_with_their_scales():
     (EngineConfig(device="cpu", dtype="bfloat16", quant="int8"), None),
     (EngineConfig(device="cuda", dtype="float32", quant="int8"), "bfloat16 or float16"),
     (EngineConfig(device="mps", dtype="bfloat16", quant="int8"), "CPU or CUDA"),
+    (EngineConfig(device="cuda", dtype="bfloat16", quant="int8-head"), None),
+    (EngineConfig(device="cpu", dtype="bfloat16", quant="int8-head"), "CUDA weight mode.*'int8'"),
+    (EngineConfig(device="cuda", dtype="float32", quant="int8-head"), "bfloat16 or float16"),
 ])
 def test_int8_runs_on_the_cpu_and_cuda_rings(config, refused):
     if refused is None:
@@ -81,6 +84,18 @@ def test_quantized_weights_count_their_bytes_and_keep_the_lookup_table():
     assert w.nbytes() < before
 
 
+def test_an_int8_head_leaves_every_layer_float():
+    eng = tiny_model("gemma3", window=4, tokenizer=False)
+    w = eng.weights
+    layers = [[getattr(lw, n) for n in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")]
+              for lw in w.layers]
+    quantize_weights(w, head_only=True)
+    assert all(getattr(lw, n) is t for lw, ts in zip(w.layers, layers)
+               for n, t in zip(("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"), ts))
+    assert isinstance(w.lm_head, RowInt8) and w.lm_head.shape == w.embed.shape
+    assert torch.equal(w.lm_head.dequantized(), quantize_rows(w.embed).dequantized())
+
+
 def test_a_cuda_int8_engine_refuses_a_model_it_cannot_run_before_preparing_it():
     from muser.backends.cuda import CudaBackend
     backend = CudaBackend(EngineConfig(device="cuda", dtype="bfloat16", quant="int8"), Env())
@@ -90,3 +105,6 @@ def test_a_cuda_int8_engine_refuses_a_model_it_cannot_run_before_preparing_it():
     with pytest.raises(ModelFormatError, match="int8.*experts"):
         backend.check_model(moe.spec, moe.weights)
     assert not isinstance(moe.weights.layers[0].wq, RowInt8)        # nothing was quantized
+    head = CudaBackend(EngineConfig(device="cuda", dtype="bfloat16", quant="int8-head"), Env())
+    with pytest.raises(ModelFormatError, match="int8-head.*experts"):
+        head.check_model(moe.spec, moe.weights)

@@ -53,3 +53,28 @@ def test_cuda_int8_keeps_one_arithmetic_per_token_and_stays_near_bf16():
     bf16 = muser.load(path, device="cuda", dtype="bfloat16", progress=False).new_session().prefill(IDS)
     p, q = torch.log_softmax(bf16.float(), -1), torch.log_softmax(whole.float(), -1)
     assert float((p.exp() * (p - q)).sum()) < 0.05
+
+
+@needs_gpu
+def test_an_int8_head_moves_the_logits_only():
+    """quant="int8-head": every K/V row is the bf16 engine's (the same encoding family, so a cut
+    of one restores into the other and replays bitwise), the mode keeps one arithmetic per token,
+    and its logits stay near bf16's."""
+    path = str(tiny_model_dir("gemma3", window=4, tokenizer=False, seed=4))
+    eng = muser.load(path, device="cuda", dtype="bfloat16", quant="int8-head", progress=False)
+    bf = muser.load(path, device="cuda", dtype="bfloat16", progress=False)
+    assert eng.encoding == bf.encoding and isinstance(eng.weights.output, RowInt8)
+    a, b = eng.new_session(), bf.new_session()
+    whole, ref = a.prefill(IDS), b.prefill(IDS)
+    s = eng.new_session()
+    for t in IDS:
+        last = s.prefill([t])                        # one row at a time: the decode step
+    assert torch.equal(whole, last)
+    for pa, pb in zip(a.planes, b.planes):           # the rows: bf16's, bit for bit
+        (ka, va), (kb, vb) = pa.logical_rows(), pb.logical_rows()
+        assert torch.equal(ka, kb) and torch.equal(va, vb)
+    p, q = torch.log_softmax(ref.float(), -1), torch.log_softmax(whole.float(), -1)
+    assert float((p.exp() * (p - q)).sum()) < 0.05
+    c = eng.new_session()                            # a bf16 cut replays in the int8-head engine
+    c.install(b.snapshot())
+    assert torch.equal(c.decode(5), a.decode(5))

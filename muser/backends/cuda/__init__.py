@@ -63,18 +63,19 @@ class CudaBackend(Backend):
         self.encoding_tag = "+fast-chunks" if env.chunks == "fast" else arithmetic_tag(env)
 
     def check_model(self, spec, weights) -> None:
-        if self.config.quant == "int8":
+        if self.config.quant != "none":
             from ...errors import ModelFormatError
             from .weights_int8 import why_not_int8
             why = why_not_int8(spec, weights, self.env)
             if why:
-                raise ModelFormatError(f"quant='int8' on CUDA needs {why}")
+                raise ModelFormatError(f"quant={self.config.quant!r} on CUDA needs {why}")
 
     def prepare_weights(self, weights, dtype):
-        """int8: every projection and the head as int8 rows (weights_int8.py); else as loaded."""
-        if self.config.quant == "int8":
+        """int8: every projection and the head as int8 rows; int8-head: the head alone
+        (weights_int8.py); else as loaded."""
+        if self.config.quant != "none":
             from .weights_int8 import quantize_weights
-            quantize_weights(weights)
+            quantize_weights(weights, head_only=self.config.quant == "int8-head")
         return weights
 
     def runner(self, engine):

@@ -1,5 +1,7 @@
 """int8 weights on CUDA (`muser.load(..., device="cuda", quant="int8")`): every dense projection
-and the head as int8 rows with a float32 scale per row, dequantized inside `dot_rows`' tiles.
+and the head as int8 rows with a float32 scale per row, dequantized inside `dot_rows`' tiles;
+`quant="int8-head"`: the head alone (the one projection a decode step reads at the bandwidth
+floor; the rest are latency-bound, where int8 bought nothing -- benchmarks/NOTES.md).
 
 Owns: `RowInt8` (what `dot_rows(x, q, scale=s)` takes), `quantize_rows`, `quantize_weights` and
 `why_not_int8` (what the mode needs: the fused decode step, its exact chunks, no experts).  Does
@@ -52,9 +54,11 @@ def quantize_rows(w: torch.Tensor) -> RowInt8:
     return RowInt8(q.contiguous(), scale.contiguous())
 
 
-def quantize_weights(weights) -> None:
-    """In place: every layer's dense projections and the head (`lm_head`, a tied one too)."""
-    for lw in weights.layers:
+def quantize_weights(weights, head_only: bool = False) -> None:
+    """In place: every layer's dense projections and the head (`lm_head`, a tied one too);
+    `head_only` (quant="int8-head"): the head alone -- the layers keep their float weights, so
+    every K/V row is the float mode's and only the logits move."""
+    for lw in ([] if head_only else weights.layers):
         for name in PROJECTIONS:
             w = getattr(lw, name)
             if isinstance(w, torch.Tensor):
