@@ -40,6 +40,27 @@ def test_int8_rows_compute_the_dequantized_weights():
     assert torch.allclose(a, b, rtol=tol, atol=tol), float((a - b).abs().max())
 
 
+@needs_kernels
+def test_an_int8_head_leaves_every_row_to_the_float_weights():
+    """quantize_weights(head_only=True): the chunk pass stores the float model's K/V rows bit for
+    bit and its logits are the dequantized head's (to rounding)."""
+    dev, dt = ("cuda", "bfloat16") if HAS_CUDA else ("cpu", "float32")
+    q8 = tiny_model("gemma3", device=dev, dtype=dt, window=4, tokenizer=False, seed=3)
+    ref = tiny_model("gemma3", device=dev, dtype=dt, window=4, tokenizer=False, seed=3)
+    quantize_weights(q8.weights, head_only=True)
+    sa, sb = q8.new_session(), ref.new_session()
+    a = one_forward(q8, [sa], [IDS], True, False, pass_fn=passes(GraphRunner(q8, capture=False)))
+    one_forward(ref, [sb], [IDS], True, False, pass_fn=passes(GraphRunner(ref, capture=False)))
+    for pa, pb in zip(sa.planes, sb.planes):
+        (ka, va), (kb, vb) = pa.logical_rows(), pb.logical_rows()
+        assert torch.equal(ka, kb) and torch.equal(va, vb)
+    ref.weights.lm_head = q8.weights.lm_head.dequantized(ref.weights.embed.dtype)
+    sc = ref.new_session()
+    c = one_forward(ref, [sc], [IDS], True, False, pass_fn=passes(GraphRunner(ref, capture=False)))
+    tol = 2e-2 if HAS_CUDA else 1e-4
+    assert torch.allclose(a, c, rtol=tol, atol=tol), float((a - c).abs().max())
+
+
 @needs_gpu
 def test_cuda_int8_keeps_one_arithmetic_per_token_and_stays_near_bf16():
     path = str(tiny_model_dir("gemma3", window=4, tokenizer=False, seed=4))
