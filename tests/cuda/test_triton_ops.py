@@ -372,3 +372,29 @@ def test_weights_asked_of_the_l2_early_give_the_same_bits(dev, kdtype, glu, int8
         early = dot_rows(x, w, glu=glu, pdl=True, early=True, **kw, **extra)
         for a, b in zip(*((plain, early) if extra.get("pick") else ((plain,), (early,)))):
             assert not a.float().isnan().any() and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("glu,piece", [(False, 0), (True, 0), (False, 32), (True, 64)])
+def test_block_int8_weights_are_the_dequantized_weights_in_the_tile(dev, kdtype, glu, piece):
+    """BlockInt8 (quant="int8-head": int8 with a float16 scale a 32-key block, Q8_0) through
+    dot_rows == the same dot_rows over its dequantized weights, bitwise: decode tiles with the
+    split-K pieces apart, chunk tiles with them inside, widened and picking -- each weight is
+    the activation-dtype value bf16(q * s) before the dot, whatever the tile."""
+    from muser.backends.cuda.triton_dot import dot_rows
+    from muser.backends.cuda.weights_int8 import quantize_blocks
+    n, k, R = 40, 128, 70
+    g = torch.Generator().manual_seed(2)
+    w = quantize_blocks(torch.randn(2 * n if glu else n, k, generator=g))
+    q, s = w.q.to(dev), w.scale.to(dev)
+    ref_w = w.dequantized(kdtype).to(dev)
+    x = torch.randn(R, k, generator=g).to(dev, kdtype)
+    cfg = (16, 32, 4, 1, piece)
+    for kw in ({"rows": 16}, {"tile": (128, 16, 16, 4, 1)}, {"rows": 16, "widen": True}) + (
+            () if glu or piece else ({"rows": 16, "pick": True},)):
+        xs = x[:16] if kw.get("rows") else x
+        got = dot_rows(xs, q, glu=glu, config=cfg, scale=s, **kw)
+        want = dot_rows(xs, ref_w, glu=glu, config=cfg, **kw)
+        for a, b in zip(*((got, want) if kw.get("pick") else ((got,), (want,)))):
+            assert torch.equal(a, b), kw
+    with pytest.raises(ValueError, match="float16 one of shape"):
+        dot_rows(x, q, glu=glu, config=cfg, scale=s.float())

@@ -130,3 +130,15 @@ def test_hidden_states_match_transformers(muser_gguf, hf_reference, one_thread):
         got = tf.logits(w, spec, tf.final_hidden(w, spec, h[-1:]))[0]
     assert torch.allclose(got, ref["logits"], atol=1e-3, rtol=1e-4)
     assert got.argmax() == ref["logits"].argmax()
+
+
+def test_the_embedded_heads_q8_0_blocks_come_back_exactly(gguf_path):
+    """The embedded 270M stores its (tied) head as Q8_0: dequantized, then quantized again, it
+    is its own blocks -- so quant="int8-head" computes the bf16 engine's weights exactly."""
+    from muser.backends.cuda.weights_int8 import quantize_blocks
+    from muser.model.gguf_file import GGUFFile
+    qs, scales = raw_q8_0(GGUFFile(gguf_path), "token_embd.weight")
+    qs, scales = qs[:8192], scales[:8192]
+    w = (qs.float().view(8192, -1, 32) * scales[..., None]).reshape(8192, -1)
+    b = quantize_blocks(w)
+    assert torch.equal(b.q, qs) and torch.equal(b.scale.float(), scales)

@@ -22,7 +22,8 @@ def _fuse(parts: list) -> tuple:
     if isinstance(parts[0], RowInt8):
         q, qs = _fuse([p.q for p in parts])
         s, ss = _fuse([p.scale for p in parts])
-        return RowInt8(q, s), [RowInt8(a, b) for a, b in zip(qs, ss)]
+        kind = type(parts[0])                       # RowInt8 or BlockInt8: scales stack alike
+        return kind(q, s), [kind(a, b) for a, b in zip(qs, ss)]
     fused = torch.cat(parts, dim=0)
     views, at = [], 0
     for p in parts:

@@ -81,13 +81,36 @@ def _kernels():
     globals().update(pick_pieces())
 
     @triton.jit
+    def block_weights(wp, S, rows, cmask, ks0, m2, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, DT: tl.constexpr):
+        """A [BLOCK_N, BLOCK_K] tile of BlockInt8 weights (weights_int8.py) from key ks0 on, as
+        the dot takes them: each int8 weight times its block's float16 scale in float32 (exact),
+        rounded once to DT.  A step of whole 32-key blocks reads its [BLOCK_N, BLOCK_K / 32]
+        scales once and spreads them over the blocks (ks0 is a multiple of 32 there: the K steps
+        and pieces are); a shorter step reads a scale an element -- the same products."""
+        q = tl.load(wp, mask=m2, other=0).to(tl.float32)
+        if BLOCK_K % 32 == 0:
+            kb = ks0 // 32 + tl.arange(0, BLOCK_K // 32)
+            s = tl.load(S + rows[:, None].to(tl.int64) * (K // 32) + kb[None, :],
+                        mask=cmask[:, None] & (kb < K // 32)[None, :], other=0.0).to(tl.float32)
+            w = tl.reshape(q, (BLOCK_N, BLOCK_K // 32, 32)) * s[:, :, None]
+            return tl.reshape(w, (BLOCK_N, BLOCK_K)).to(DT)
+        else:
+            ks = ks0 + tl.arange(0, BLOCK_K)
+            sp = S + rows[:, None].to(tl.int64) * (K // 32) + ks[None, :] // 32
+            return (q * tl.load(sp, mask=m2, other=0.0).to(tl.float32)).to(DT)
+
+    globals()["_block_weights"] = block_weights
+
+    @triton.jit
     def piece_dot(X, W, rm, rmask, cols, cmask, piece, N, K: tl.constexpr, KS: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
-                  BM: tl.constexpr):
+                  BM: tl.constexpr, S=None, WQB: tl.constexpr = False):
         """One split-K piece [piece * KS, (piece + 1) * KS) of a [BM, BLOCK_N] tile (and its up
         half), from zero.  Each tl.dot chains its k16 MMA steps onto the accumulator, so an
         output element's sum is the k16 steps in order -- whatever BLOCK_K and BM are (the
-        H200 agrees: benchmarks/dot_chunk_sweep.py)."""
+        H200 agrees: benchmarks/dot_chunk_sweep.py).  WQB: BlockInt8 weights, their float16
+        block scales at S [rows of W, K // 32], dequantized in the tile (`_block_weights`)."""
         acc = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
         accu = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, KS, BLOCK_K):
@@ -98,10 +121,20 @@ def _kernels():
                         mask=rmask[:, None] & kmask[None, :], other=0.0)
             wp = W + cols[:, None].to(tl.int64) * K + ks[None, :]
             m2 = cmask[:, None] & kmask[None, :]
-            # int8 weights enter the dot as the activation dtype: exact (|q| <= 127)
-            acc = tl.dot(x, tl.trans(tl.load(wp, mask=m2, other=0).to(x.dtype)), acc)
-            if GLU:
-                accu = tl.dot(x, tl.trans(tl.load(wp + N * K, mask=m2, other=0).to(x.dtype)), accu)
+            if WQB:
+                ks0 = piece * KS + k0
+                acc = tl.dot(x, tl.trans(_block_weights(wp, S, cols, cmask, ks0, m2, K, BLOCK_N,
+                                                        BLOCK_K, x.dtype)), acc)
+                if GLU:
+                    accu = tl.dot(x, tl.trans(_block_weights(wp + N * K, S, cols + N, cmask, ks0,
+                                                             m2, K, BLOCK_N, BLOCK_K, x.dtype)),
+                                  accu)
+            else:
+                # int8 weights enter the dot as the activation dtype: exact (|q| <= 127)
+                acc = tl.dot(x, tl.trans(tl.load(wp, mask=m2, other=0).to(x.dtype)), acc)
+                if GLU:
+                    accu = tl.dot(x, tl.trans(tl.load(wp + N * K, mask=m2, other=0).to(x.dtype)),
+                                  accu)
         return acc, accu
 
     globals()["_piece"] = piece_dot
@@ -136,14 +169,14 @@ def _kernels():
                         PDL: tl.constexpr, FLATTEN: tl.constexpr = False,
                         WIDEN: tl.constexpr = False, PICK: tl.constexpr = False,
                         EARLY: tl.constexpr = False, EB: tl.constexpr = 2,
-                        LANES: tl.constexpr = 128):
+                        LANES: tl.constexpr = 128, WQB: tl.constexpr = False):
         if EARLY:
             # MUSER_DOT_EARLY (pieces on the grid): the program's own weights -- not the kernel
             # before's output -- start into the L2 while that kernel still runs
             _prefetch_rows(W, N, K, KS, BLOCK_N, GLU, EB, LANES)
         _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         _dot_body(X, W, S, BIAS, Y, P, B, N, K, KS, BLOCK_N, BLOCK_K, GLU, GELU, HAS_BIAS, SPLIT,
-                  BM, PIECES_IN, WQ, FLATTEN, WIDEN, PICK)
+                  BM, PIECES_IN, WQ, FLATTEN, WIDEN, PICK, WQB)
 
     @triton.jit
     def dot_norm_kernel(X, W, S, BIAS, Y, P, B, N, NH, ND1, NS, NWP, NWN, NHO, eps,
@@ -178,7 +211,8 @@ def _kernels():
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
                  GELU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                  BM: tl.constexpr, PIECES_IN: tl.constexpr, WQ: tl.constexpr,
-                 FLATTEN: tl.constexpr, WIDEN: tl.constexpr, PICK: tl.constexpr):
+                 FLATTEN: tl.constexpr, WIDEN: tl.constexpr, PICK: tl.constexpr,
+                 WQB: tl.constexpr = False):
         # Rows in tiles of BM (padded with zeros) through the tensor cores; K cut into pieces of
         # KS (program axis 2) walked in fixed BLOCK_K steps.  An output element's sum is the same
         # instruction sequence whatever B (and BM) is, and the other rows of a tile never enter
@@ -199,13 +233,13 @@ def _kernels():
             # on pc) into one software-pipelined loop -- no pipeline drain and refill a piece
             for pc in tl.range(PIECES_IN, flatten=FLATTEN):
                 pa, pu = _piece(X, W, rm, rmask, cols, cmask, pc, N, K, KS, BLOCK_N, BLOCK_K, GLU,
-                                BM)
+                                BM, S, WQB)
                 acc += pa
                 if GLU:
                     accu += pu
         else:
             acc, accu = _piece(X, W, rm, rmask, cols, cmask, piece, N, K, KS, BLOCK_N, BLOCK_K,
-                               GLU, BM)
+                               GLU, BM, S, WQB)
         om = rmask[:, None] & cmask[None, :]
         if not GLU:
             accu = acc                # (no up half: a stand-in the epilogue never reads)
@@ -302,7 +336,9 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     the kernel -- the same bits per row; `rows=16` forces the decode tiles.  int8 `w` with
     float32 `scale` [rows of w]: W = scale[:, None] * w, each sum scaled once all its pieces are
     in (any tile, the same bits; H200: tests/cuda/test_triton_ops.py) -- the CUDA int8 weight
-    mode (weights_int8.py).  `flatten` (MUSER_FLATTEN): pieces summed in the kernel run as one
+    mode (weights_int8.py); with float16 `scale` [rows of w, K // 32] (BlockInt8, GGUF's
+    Q8_0): each weight is dequantized to the activation dtype in the tile, the dot then the
+    float one's (quant="int8-head").  `flatten` (MUSER_FLATTEN): pieces summed in the kernel run as one
     loop fused by Triton (the same dots and adds in the same order).  `defer`: where the pieces
     would be summed by split_sum_kernel (no act*up, no bias), return them unsummed as `Pieces`
     for triton_ops.add_norm to sum (MUSER_FUSE_SUM).  `widen`: a float32 result holding the
@@ -322,9 +358,14 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     kern, ssum, kern_norm = _kernels()
     n, k = w.shape
     wq = w.dtype == torch.int8
-    if wq and (scale is None or scale.dtype != torch.float32 or scale.shape != (n,)):
-        raise ValueError(f"int8 weights [{n}, {k}] need a float32 scale of shape ({n},), got "
+    wqb = wq and scale is not None and scale.dim() == 2          # BlockInt8: scales in the tile
+    if wq and not (scale is not None and (scale.dtype, tuple(scale.shape)) in
+                   ((torch.float32, (n,)), (torch.float16, (n, k // 32))) and not (wqb and k % 32)):
+        raise ValueError(f"int8 weights [{n}, {k}] need a float32 scale of shape ({n},) or a "
+                         f"float16 one of shape ({n}, {k // 32}) (K a multiple of 32), got "
                          f"{None if scale is None else (scale.dtype, tuple(scale.shape))}")
+    if wqb and isinstance(x, NormIn):
+        raise ValueError("a norm-in dot_rows takes no block-scaled int8 weights")
     if glu:
         n //= 2
     norm = x if isinstance(x, NormIn) else None
@@ -371,10 +412,12 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     # (the prefetch is inline PTX: not under Triton's interpreter, whose tensors are the CPU's)
     early = (early and inside == 1 and norm is None and triton.cdiv(B, bm) == 1 and w.is_cuda
              and early_fits(w.data_ptr(), k, eb, ks, bn, glu, nw))
+    wqr = wq and not wqb                     # row scales: applied to each finished sum
     shape = dict(K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu, GELU=gelu,
-                 HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, WQ=wq,
+                 HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, WQ=wqr,
                  FLATTEN=bool(flatten) and inside > 1, WIDEN=widen or pick, PICK=pick,
                  **(dict(EARLY=True, EB=eb, LANES=32 * nw) if early else {}),
+                 **({"WQB": True} if wqb else {}),
                  num_warps=nw, num_stages=st, **fuse, **pdl_launch(pdl))
     if norm is None:
         kern[grid](x, w, s_arg, b_arg, out, part, B, n, **shape)
@@ -384,9 +427,9 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     if pick:
         return out, part
     if split and defer and not glu and bias is None:
-        return Pieces(part, scale if wq else None)
+        return Pieces(part, scale if wqr else None)
     if split:
         ssum[(triton.cdiv(n, 1024), B)](part, s_arg, b_arg, out, B, n, PIECES=pieces, BLOCK=1024,
-                                         GLU=glu, GELU=gelu, HAS_BIAS=bias is not None, WQ=wq,
+                                         GLU=glu, GELU=gelu, HAS_BIAS=bias is not None, WQ=wqr,
                                          num_warps=4, **fuse, **pdl_launch(pdl))
     return out

@@ -1,7 +1,10 @@
 """int8 weights on CUDA (`muser.load(..., device="cuda", quant="int8")`): every dense projection
 and the head as int8 rows with a float32 scale per row, dequantized inside `dot_rows`' tiles;
 `quant="int8-head"`: the head alone (the one projection a decode step reads at the bandwidth
-floor; the rest are latency-bound, where int8 bought nothing -- benchmarks/NOTES.md).
+floor; the rest are latency-bound, where int8 bought nothing -- benchmarks/NOTES.md), as
+`BlockInt8`: GGUF's Q8_0 layout, a float16 scale per 32 keys, each weight dequantized to the
+activation dtype in the tile -- a head stored as Q8_0 (the embedded 270M's) comes back exactly,
+so its logits are the bf16 engine's bit for bit, at 8.5 bits a weight instead of 16.
 
 Owns: `RowInt8` (what `dot_rows(x, q, scale=s)` takes), `quantize_rows`, `quantize_weights` and
 `why_not_int8` (what the mode needs: the fused decode step, its exact chunks, no experts).  Does
@@ -46,6 +49,25 @@ class RowInt8:
         return (self.q.float() * self.scale[:, None]).to(dtype)
 
 
+BLOCK = 32                   # keys a BlockInt8 scale covers (GGUF's Q8_0 block)
+
+
+@dataclass(frozen=True)
+class BlockInt8(RowInt8):
+    """An [N, K] matrix as int8 rows in blocks of BLOCK keys, each with a float16 scale:
+    W[n, k] = dtype(q[n, k] * scale[n, k // BLOCK]), the product exact in float32 (7 + 11 bits),
+    one rounding to the activation dtype -- what `dot_rows` computes in its tile before the dot,
+    so any tile gives the same bits.  A RowInt8 for every rule that asks "int8 rows?"."""
+    # q: int8 [N, K]; scale: float16 [N, K // BLOCK]
+
+    def nbytes(self) -> int:
+        return self.q.numel() + 2 * self.scale.numel()
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """W exactly as the kernel's tile holds it when `dtype` is the activation dtype."""
+        return (self.q.float() * self.scale.float().repeat_interleave(BLOCK, 1)).to(dtype)
+
+
 def quantize_rows(w: torch.Tensor) -> RowInt8:
     """Symmetric int8 per row (gpu_weight_accuracy.py's `int8-row`); all-zero rows scale 1e-12/127."""
     wf = w.float()
@@ -54,11 +76,32 @@ def quantize_rows(w: torch.Tensor) -> RowInt8:
     return RowInt8(q.contiguous(), scale.contiguous())
 
 
+def quantize_blocks(w: torch.Tensor) -> BlockInt8:
+    """Q8_0: symmetric int8 a block of BLOCK keys, scale = max|w| / 127 rounded to float16 (an
+    all-zero block scales 0 and stores 0).  Values that came from Q8_0 come back exactly: the
+    block's largest is +-127 * d, so the scale is d and every q its own."""
+    n, k = w.shape
+    if k % BLOCK:
+        raise ValueError(f"block int8 needs rows of a multiple of {BLOCK} keys, got {k}")
+    g = w.float().reshape(n, k // BLOCK, BLOCK)
+    s = (g.abs().amax(2, keepdim=True) / 127).to(torch.float16)
+    if not torch.isfinite(s).all():
+        raise ValueError(f"block int8: a block's scale overflows float16 (largest weight "
+                         f"{float(g.abs().max()):.3g}, at most {65504 * 127:.3g})")
+    sf = s.float()
+    q = torch.where(sf > 0, g / sf.clamp_min(torch.finfo(torch.float32).tiny), torch.zeros_like(g))
+    q = q.round().clamp(-127, 127).to(torch.int8)
+    return BlockInt8(q.reshape(n, k).contiguous(), s.reshape(n, k // BLOCK).contiguous())
+
+
 def quantize_weights(weights, head_only: bool = False) -> None:
-    """In place: every layer's dense projections and the head (`lm_head`, a tied one too);
-    `head_only` (quant="int8-head"): the head alone -- the layers keep their float weights, so
-    every K/V row is the float mode's and only the logits move."""
-    for lw in ([] if head_only else weights.layers):
+    """In place: every layer's dense projections and the head (`lm_head`, a tied one too) as
+    RowInt8; `head_only` (quant="int8-head"): the head alone, as BlockInt8 -- the layers keep
+    their float weights, so every K/V row is the float mode's and only the logits move."""
+    if head_only:
+        weights.lm_head = quantize_blocks(weights.output)
+        return
+    for lw in weights.layers:
         for name in PROJECTIONS:
             w = getattr(lw, name)
             if isinstance(w, torch.Tensor):
