@@ -1063,6 +1063,7 @@ stage_head8() {  # quant="int8-head": the head alone as Q8_0 blocks (the one pro
   # then 1B / 270M / 4B against bf16
   tests 200 tests/cuda/test_int8_step.py tests/cuda/test_triton_pick.py \
     tests/cuda/test_triton_ops.py::test_block_int8_weights_are_the_dequantized_weights_in_the_tile
+  bench 60 . benchmarks/int8_dot_probe.py --heads
   bench 420 . benchmarks/exact_ab.py --models 1b,270m,4b --trees exact --decode-only --rounds 2 \
     --variants "H8:QUANT=int8-head;Q8:QUANT=int8"
 }

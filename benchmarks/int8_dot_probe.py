@@ -2,17 +2,22 @@
 projection (issue 17, item 2; accuracy: gpu_weight_accuracy.py).
 
 For each decode shape of the Gemma-3 270M / 1B / 4B (and their heads): the same [N, K] product
-with bf16 weights and with int8 weights + float32 row scales, one row, the decode tiles; enough
+with bf16 weights, with int8 weights + float32 row scales (quant="int8") and with int8 blocks of
+32 keys + float16 scales dequantized in the tile (BlockInt8, quant="int8-head"; `--heads` times
+the heads alone), one row, the decode tiles; enough
 weight copies rotated between calls to defeat the 50 MB L2, so each call reads its weights from
 HBM as a decode step does.  Also checks that a 16-row call and a 1-row call give the row the same
 bits (the batch invariance a decode step relies on).
 
-    PYTHONPATH=. python3 benchmarks/int8_dot_probe.py
+    PYTHONPATH=. python3 benchmarks/int8_dot_probe.py [--heads]
 """
+import argparse
+
 import torch
 
 from cuda_measure import timed
 from muser.backends.cuda.triton_dot import dot_rows
+from muser.backends.cuda.weights_int8 import quantize_blocks
 
 SHAPES = {"270m": [(1536, 640, False), (640, 1024, False), (2048, 640, True), (640, 2048, False),
                    (262144, 640, False)],
@@ -22,17 +27,25 @@ SHAPES = {"270m": [(1536, 640, False), (640, 1024, False), (2048, 640, True), (6
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--heads", action="store_true", help="the 262,144-row heads only (+ the 4B's)")
+    heads = ap.parse_args().heads
     dev = "cuda"
     torch.manual_seed(0)
-    print("| model | n, k, glu | bf16 us | int8 us | int8 / bf16 | bf16 GB/s | int8 GB/s | 1-row == 16-row |")
-    print("|---|---|---:|---:|---:|---:|---:|---|")
-    for model, shapes in SHAPES.items():
+    print("| model | n, k, glu | bf16 us | int8 us | int8 / bf16 | blocks us | blocks / bf16 | "
+          "bf16 GB/s | int8 GB/s | 1-row == 16-row |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    shapes_of = {m: ([s for s in v if s[0] == 262144] + ([(262144, 2560, False)] if m == "4b" else [])
+                     if heads else v) for m, v in SHAPES.items()}
+    for model, shapes in shapes_of.items():
         for n, k, glu in shapes:
             rows = 2 * n if glu else n
             copies = max(2, -(-(160 << 20) // (rows * k * 2)))       # > 3x the L2 in bf16
             wb = [torch.randn(rows, k, device=dev).to(torch.bfloat16) for _ in range(copies)]
             sc = [w.float().abs().amax(1) / 127 for w in wb]
             wq = [(w.float() / s[:, None]).round().clamp(-127, 127).to(torch.int8) for w, s in zip(wb, sc)]
+            blocks = [quantize_blocks(w) for w in wb]
+            bq, bs = [b.q for b in blocks], [b.scale for b in blocks]
             x = torch.randn(16, k, device=dev).to(torch.bfloat16)
             it = {"i": 0}
 
@@ -41,11 +54,15 @@ def main():
                 return dot_rows(x[:1], ws[i], glu=glu, scale=None if ss is None else ss[i])
             tb = timed(lambda: run(wb), reps=200) * 1e3
             tq = timed(lambda: run(wq, sc), reps=200) * 1e3
-            same = torch.equal(dot_rows(x, wq[0], glu=glu, scale=sc[0])[:1],
-                               dot_rows(x[:1], wq[0], glu=glu, scale=sc[0]))
-            print(f"| {model} | {n}, {k}, {glu} | {tb:.2f} | {tq:.2f} | {tq / tb:.2f} | "
-                  f"{rows * k * 2 / tb / 1e3:.0f} | {rows * k / tq / 1e3:.0f} | {same} |", flush=True)
-            del wb, wq, sc
+            tk = timed(lambda: run(bq, bs), reps=200) * 1e3
+            same = (torch.equal(dot_rows(x, wq[0], glu=glu, scale=sc[0])[:1],
+                                dot_rows(x[:1], wq[0], glu=glu, scale=sc[0]))
+                    and torch.equal(dot_rows(x, bq[0], glu=glu, scale=bs[0])[:1],
+                                    dot_rows(x[:1], bq[0], glu=glu, scale=bs[0])))
+            print(f"| {model} | {n}, {k}, {glu} | {tb:.2f} | {tq:.2f} | {tq / tb:.2f} | {tk:.2f} | "
+                  f"{tk / tb:.2f} | {rows * k * 2 / tb / 1e3:.0f} | {rows * k / tq / 1e3:.0f} | "
+                  f"{same} |", flush=True)
+            del wb, wq, sc, blocks, bq, bs
             torch.cuda.empty_cache()
 
 
