@@ -78,7 +78,8 @@ def apply(engine, proj, head):
 def main() -> None:
     import argparse
     ap = argparse.ArgumentParser()
-    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated, of " + ", ".join(MODES))
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help="comma-separated, of " + ", ".join(MODES))
     modes = ap.parse_args().modes.split(",")
     ref = muser.load("gemma3-270m", dtype="float32", quant="none", progress=False)
     tok = ref.tokenizer

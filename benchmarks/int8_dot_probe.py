@@ -35,8 +35,9 @@ def main():
     print("| model | n, k, glu | bf16 us | int8 us | int8 / bf16 | blocks us | blocks / bf16 | "
           "bf16 GB/s | int8 GB/s | 1-row == 16-row |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    shapes_of = {m: ([s for s in v if s[0] == 262144] + ([(262144, 2560, False)] if m == "4b" else [])
-                     if heads else v) for m, v in SHAPES.items()}
+    head_4b = [(262144, 2560, False)]
+    shapes_of = {m: ([s for s in v if s[0] == 262144] + (head_4b if m == "4b" else []))
+                 if heads else v for m, v in SHAPES.items()}
     for model, shapes in shapes_of.items():
         for n, k, glu in shapes:
             rows = 2 * n if glu else n

@@ -177,4 +177,6 @@ class EngineConfig:
     backend: Literal["ring", "oracle"] = "ring"
     max_context: int | None = None      # None -> the model's own max_context
     chunk_size: int = 512               # default prefill chunk
-    quant: str = "none"                 # "none" | "int8" (CPU: muser.model.quant; CUDA: backends/cuda/weights_int8) | "int8-head" (CUDA: the head alone)
+    # "none" | "int8" (CPU: muser.model.quant; CUDA: backends/cuda/weights_int8) | "int8-head"
+    # (CUDA: the head alone, as Q8_0 blocks)
+    quant: str = "none"

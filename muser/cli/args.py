@@ -16,8 +16,9 @@ def model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fastest accurate for the device)")
     p.add_argument("--backend", default="ring", choices=["ring", "oracle"])
-    p.add_argument("--quant", default=None, help="weight path: none | int8 (CPU and CUDA) | int8-head (CUDA: the "
-                   "head alone) (default: fastest accurate)")
+    p.add_argument("--quant", default=None,
+                   help="weight path: none | int8 (CPU and CUDA) | int8-head (CUDA: the head "
+                        "alone) (default: fastest accurate)")
     p.add_argument("--max-context", type=int, default=None)
     p.add_argument("--chunk-size", type=int, default=None,
                    help="prefill chunk in tokens (default: 512 on CPU, 8k-16k on CUDA by GPU memory); "

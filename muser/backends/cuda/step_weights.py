@@ -5,8 +5,8 @@ tensors become views of the fused ones, so nothing is held twice; int8 rows stac
 alike; a layer's experts stacked), `unsupported(spec)` / `unsupported_weights(weights)` (why a
 model or its weights cannot take the fused step: None = they can; what cannot runs the eager
 session path -- correct, not fast), `via_dot` / `head_picks` (which projections go through the
-step's own dot kernels, and whether its head can pick).  Does not own: the step (decode_step.py), the graph runner
-that asks (graph.py).
+step's own dot kernels, and whether its head can pick).  Does not own: the step
+(decode_step.py), the graph runner that asks (graph.py).
 """
 from __future__ import annotations
 

@@ -338,21 +338,21 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     in (any tile, the same bits; H200: tests/cuda/test_triton_ops.py) -- the CUDA int8 weight
     mode (weights_int8.py); with float16 `scale` [rows of w, K // 32] (BlockInt8, GGUF's
     Q8_0): each weight is dequantized to the activation dtype in the tile, the dot then the
-    float one's (quant="int8-head").  `flatten` (MUSER_FLATTEN): pieces summed in the kernel run as one
-    loop fused by Triton (the same dots and adds in the same order).  `defer`: where the pieces
-    would be summed by split_sum_kernel (no act*up, no bias), return them unsummed as `Pieces`
-    for triton_ops.add_norm to sum (MUSER_FUSE_SUM).  `widen`: a float32 result holding the
-    activation-dtype values -- `dot_rows(...).float()` bit for bit, without the copy launch (the
-    LM head: 16 rows x 262,144 logits cost a 12.6 us copy on the H200).  `pick`: no output;
+    float one's (quant="int8-head").  `flatten` (MUSER_FLATTEN): pieces summed in the kernel
+    run as one loop fused by Triton (the same dots and adds in the same order).  `defer`: where
+    the pieces would be summed by split_sum_kernel (no act*up, no bias), return them unsummed as
+    `Pieces` for triton_ops.add_norm to sum (MUSER_FUSE_SUM).  `widen`: a float32 result holding
+    the activation-dtype values -- `dot_rows(...).float()` bit for bit, without the copy launch
+    (the LM head: 16 rows x 262,144 logits cost a 12.6 us copy on the H200).  `pick`: no output;
     the widened values' first maximum a row and tile -> (values float32, columns int64), each
-    [B, tiles], for `triton_pick.pick_partials` (the pipelined greedy step's head; no pieces,
-    no act*up).  `x` a NormIn (MUSER_NORM_IN): the rows are add_norm's x, normed by the
-    launch itself (`dot_norm_kernel`; the tile's warps must be add_norm's: `norm_fuses`).
-    `tma` (MUSER_DOT_TMA): 128-row tiles of 16-bit weights load by TMA (triton_dot_tma.py:
-    the same pieces, dots and epilogue -- the same bits).  `early` (MUSER_DOT_EARLY; meant
-    with `pdl`): where the pieces are on the grid and the rows one tile (a decode step's) and
-    every row's slice is 16-byte aligned (`early_fits`), each program asks the L2 for its weight rows before the PDL wait (no
-    value changes).
+    [B, tiles], for `triton_pick.pick_partials` (the pipelined greedy step's head; no pieces, no
+    act*up).  `x` a NormIn (MUSER_NORM_IN): the rows are add_norm's x, normed by the launch
+    itself (`dot_norm_kernel`; the tile's warps must be add_norm's: `norm_fuses`).  `tma`
+    (MUSER_DOT_TMA): 128-row tiles of 16-bit weights load by TMA (triton_dot_tma.py: the same
+    pieces, dots and epilogue -- the same bits).  `early` (MUSER_DOT_EARLY; meant with `pdl`):
+    where the pieces are on the grid and the rows one tile (a decode step's) and every row's
+    slice is 16-byte aligned (`early_fits`), each program asks the L2 for its weight rows before
+    the PDL wait (no value changes).
     Returns the output, or `Pieces` (defer), or the (values, columns) pair (pick)."""
     import triton
     kern, ssum, kern_norm = _kernels()
