@@ -62,8 +62,9 @@
 #                and 16 / 32 MB under an L2 evict_last policy: bits, the L2 ceiling, 1B / 270M A/B
 #   prefetch_4b  the same variants on the 4B, one round
 #   early        MUSER_ATTN_EARLY (the attention's prologue before the PDL wait, idle splits
-#                leave without it) and MUSER_DOT_EARLY (projection programs ask the L2 for their
-#                rows before it): bits, then 1B / 270M against off and a 4k context
+#                leave without it), MUSER_DOT_EARLY (projection programs ask the L2 for their
+#                rows before it) and MUSER_ATTN_O (o inside the attention launch): bits, then
+#                1B / 270M against off and a 4k context
 #   early_4b     the same variants on the 4B, one round
 #   head8        quant="int8-head" (the head alone int8): its engine rows, then 1B / 270M / 4B
 #                against bf16 and all-int8
@@ -170,7 +171,7 @@ OUT=${OUT:-/tmp/plan-out}
 mkdir -p "$OUT"
 ROOT=$PWD
 
-EARLY_VARIANTS="ATTNE:MUSER_ATTN_EARLY=on;DOTE:MUSER_DOT_EARLY=on;BOTHE:MUSER_ATTN_EARLY=on,MUSER_DOT_EARLY=on;CTX4K:MAX_CONTEXT=4096"
+EARLY_VARIANTS="ATTNE:MUSER_ATTN_EARLY=on;DOTE:MUSER_DOT_EARLY=on;BOTHE:MUSER_ATTN_EARLY=on,MUSER_DOT_EARLY=on;AO:MUSER_ATTN_O=on;AOE:MUSER_ATTN_O=on,MUSER_ATTN_EARLY=on,MUSER_DOT_EARLY=on;CTX4K:MAX_CONTEXT=4096"
 PREFETCH_VARIANTS="QKV:MUSER_PREFETCH_QKV=on;MLP:MUSER_PREFETCH_MLP=on;BOTH:MUSER_PREFETCH_QKV=on,MUSER_PREFETCH_MLP=on;QKVE:MUSER_PREFETCH_QKV=on,MUSER_PREFETCH_AT=early;PF16L:MUSER_PREFETCH=16,MUSER_PREFETCH_HINT=last;PF32L:MUSER_PREFETCH=32,MUSER_PREFETCH_HINT=last"
 
 dry_note() {       # dry_note KIND ARGS...: a command for dry_check.py (DRY=1), one a line
@@ -1038,16 +1039,18 @@ stage_prefetch_4b() {  # the same variants on the 4B, one round
     --variants "$PREFETCH_VARIANTS"
 }
 
-stage_early() {  # work before the PDL wait that the launch before does not feed:
+stage_early() {  # work before the PDL wait that the launch before does not feed, and o
+  # inside the attention launch (MUSER_ATTN_O: its o row waits on a counter, not a launch):
   # MUSER_ATTN_EARLY=on, the decode attention reads its plane table, slot, length, position,
   # rope and norm weights before the wait, and a growing plane's idle splits (at 2k, ~500 of
   # ~512 a row) leave without waiting; MUSER_DOT_EARLY=on, each projection program asks the L2
   # for its own weight rows (one bulk prefetch a row) while the launch before runs.  Bits
   # first; then the A/B, with a 4k-context engine beside it: its growing grid is 32 splits, so
   # CTX4K - default is the most the idle splits cost (what ATTN_EARLY can buy on them, at most)
-  tests 200 tests/cuda/test_triton_decode.py tests/cuda/test_pdl.py tests/cuda/test_prefetch.py \
+  tests 150 tests/cuda/test_triton_decode.py tests/cuda/test_pdl.py tests/cuda/test_prefetch.py \
+    tests/cuda/test_attn_o.py \
     tests/cuda/test_triton_ops.py::test_weights_asked_of_the_l2_early_give_the_same_bits
-  bench 360 . benchmarks/exact_ab.py --models 1b,270m --trees exact --decode-only --rounds 2 \
+  bench 420 . benchmarks/exact_ab.py --models 1b,270m --trees exact --decode-only --rounds 2 \
     --variants "$EARLY_VARIANTS"
 }
 

@@ -140,6 +140,12 @@ CONFIGS = [
     ("decode ring fused, early prologue", "decode", dict(EARLY=True), 4),
     ("decode growing fused, early prologue, L2 prefetch row", "decode",
      dict(NSPLIT=257, SPLIT=128, GS=16, RING=False, NPF=32, PF_LANES=128, EARLY=True), 4),
+    # MUSER_ATTN_O: o inside the attention launch (the 1B's o: 1152 x 1024, 16 x 512 tiles)
+    ("decode ring fused, o inside", "decode",
+     dict(O_FUSE=True, ON=1152, OBN=16, OBK=512, ONO=72, NPF=32, PF_LANES=128), 4),
+    ("decode growing fused, o inside", "decode",
+     dict(NSPLIT=257, SPLIT=128, GS=16, RING=False, O_FUSE=True, ON=1152, OBN=16, OBK=512,
+          ONO=72), 4),
     ("decode growing fused, <= 168 registers", "decode", dict(NSPLIT=257, SPLIT=128, GS=16,
                                                              RING=False, maxnreg=168), 4),
     ("dot_rows down 128-row tile, 7 pieces in", "dot", {}, 8),
@@ -231,6 +237,7 @@ TYPES = {  # argument types as the engine passes them (others are i32)
     # decode attention
     "QKV": "*bf16", "POS": "*i64", "COS": "*fp32", "SIN": "*fp32", "QN": "*bf16", "KN": "*bf16",
     "CNT": "*i32", "QOUT": "*bf16", "eps": "fp32", "PF0": "i64", "PF1": "i64", "PF2": "i64",
+    "WO": "*bf16", "BO": "*bf16", "YO": "*bf16", "ODN": "*i32",
     # dot_rows (S: the weights again for bf16) and add_norm (P: split-K pieces, float32)
     "X": "*bf16", "W": "*bf16", "S": "*bf16", "BIAS": "*bf16", "Y": "*bf16", "P": "*fp32",
     "H": "*bf16", "D1": "*bf16", "D2": "*bf16", "W_POST": "*fp32", "W_NEXT": "*fp32",

@@ -241,6 +241,10 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                         "with PDL, each program of a decode step's projections asks the L2 for "
                         "its own weight rows before its PDL wait, while the launch before runs "
                         "(the same bits: experiment)"),
+    "MUSER_ATTN_O": ("off|on", "off", "backends/cuda (decode step)",
+                     "in steps of up to 16 rows, the decode attention launch also computes the o "
+                     "projection (its extra grid row waits on a counter for the attention's rows, "
+                     "then runs dot_rows' o tile: the same bits; experiment)"),
     "MUSER_NORM_IN": ("off|1|4|16", "off", "backends/cuda (decode step)",
                       "a step of at most this many rows leaves each add+norm but the final one "
                       "to the projection that reads its x (dot_rows' norm prologue: every "
@@ -306,6 +310,7 @@ class Env:
     prefetch_at: str = "wait"
     attn_early: str = "off"
     dot_early: str = "off"
+    attn_o: str = "off"
     attn_acc: str = "dot"
     growing_group: int = 16
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)
@@ -402,6 +407,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_PREFETCH_AT", "prefetch_at"), ("MUSER_PREFETCH_QKV", "prefetch_qkv"),
                         ("MUSER_PREFETCH_HINT", "prefetch_hint"), ("MUSER_PREFETCH_MLP", "prefetch_mlp"),
                         ("MUSER_ATTN_EARLY", "attn_early"), ("MUSER_DOT_EARLY", "dot_early"),
+                        ("MUSER_ATTN_O", "attn_o"),
                         ("MUSER_NORM_IN", "norm_in"), ("MUSER_DOT_TMA", "dot_tma"),
                         ("MUSER_CHUNK_ALIGN", "chunk_align"), ("MUSER_CHUNK_ORDER", "chunk_order"),
                         ("MUSER_CHUNK_WIDE", "chunk_wide"), ("MUSER_CHUNK_FENCE", "chunk_fence"),

@@ -105,20 +105,26 @@ def _kernels():
     @triton.jit
     def piece_dot(X, W, rm, rmask, cols, cmask, piece, N, K: tl.constexpr, KS: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
-                  BM: tl.constexpr, S=None, WQB: tl.constexpr = False):
+                  BM: tl.constexpr, S=None, WQB: tl.constexpr = False,
+                  XCG: tl.constexpr = False):
         """One split-K piece [piece * KS, (piece + 1) * KS) of a [BM, BLOCK_N] tile (and its up
         half), from zero.  Each tl.dot chains its k16 MMA steps onto the accumulator, so an
         output element's sum is the k16 steps in order -- whatever BLOCK_K and BM are (the
         H200 agrees: benchmarks/dot_chunk_sweep.py).  WQB: BlockInt8 weights, their float16
-        block scales at S [rows of W, K // 32], dequantized in the tile (`_block_weights`)."""
+        block scales at S [rows of W, K // 32], dequantized in the tile (`_block_weights`).
+        XCG: x read past the L1 (rows another program of the launch just stored)."""
         acc = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
         accu = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, KS, BLOCK_K):
             kin = k0 + tl.arange(0, BLOCK_K)
             ks = piece * KS + kin
             kmask = (ks < K) & (kin < KS)
-            x = tl.load(X + rm[:, None].to(tl.int64) * K + ks[None, :],
-                        mask=rmask[:, None] & kmask[None, :], other=0.0)
+            if XCG:
+                x = tl.load(X + rm[:, None].to(tl.int64) * K + ks[None, :],
+                            mask=rmask[:, None] & kmask[None, :], other=0.0, cache_modifier=".cg")
+            else:
+                x = tl.load(X + rm[:, None].to(tl.int64) * K + ks[None, :],
+                            mask=rmask[:, None] & kmask[None, :], other=0.0)
             wp = W + cols[:, None].to(tl.int64) * K + ks[None, :]
             m2 = cmask[:, None] & kmask[None, :]
             if WQB:
