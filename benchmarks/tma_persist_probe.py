@@ -51,7 +51,7 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    from muser.backends.cuda.triton_dot import act_pieces
+    from muser.backends.cuda.triton_dot_epilogue import act_pieces
     globals()["tl"] = tl
     pieces = act_pieces()
     globals().update(pieces)            # Triton resolves a kernel's callees in module globals

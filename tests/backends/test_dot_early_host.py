@@ -1,9 +1,9 @@
-"""MUSER_DOT_EARLY's host rule (backends/cuda/triton_dot.early_fits): a projection's programs ask
+"""MUSER_DOT_EARLY's host rule (backends/cuda/triton_dot_loads.early_fits): a projection's programs ask
 the L2 for their weight rows only where every row slice is 16-byte aligned (the bulk prefetch
 faults otherwise) and each row has a lane."""
 import pytest
 
-from muser.backends.cuda.triton_dot import early_fits
+from muser.backends.cuda.triton_dot_loads import early_fits
 
 
 @pytest.mark.parametrize("ptr,k,eb,ks,bn,glu,warps,fits", [

@@ -2,12 +2,12 @@
 
 Owns: `dot_rows` (rows in tiles of 16 on the tensor cores, K in fixed steps and
 optional fixed split-K pieces summed in order: the default for every projection
-and the head, any batch size), the split-K sum, and `act_pieces` (the act * up
-every projection kernel shares), and `dot_norm_kernel` (the same dot after add_norm's own
-pieces as a prologue: MUSER_NORM_IN, host side in triton_dot_norm.py).  Batch-invariant: row
-b of a B-row call is bitwise the row computed alone.  Does not own: the tile tables
-(triton_dot_tiles.py), the older batch-1 GEMV (triton_gemv.py, MUSER_GEMV=fast),
-when they are used (decode_step.py), element-wise pieces (triton_ops.py),
+and the head, any batch size), the split-K sum, and `dot_norm_kernel` (the same dot after
+add_norm's own pieces as a prologue: MUSER_NORM_IN, host side in triton_dot_norm.py).
+Batch-invariant: row b of a B-row call is bitwise the row computed alone.  Does not own: the
+tile tables (triton_dot_tiles.py), the epilogue (triton_dot_epilogue.py), block-int8 tiles and
+the early prefetch (triton_dot_loads.py), the older batch-1 GEMV (triton_gemv.py,
+MUSER_GEMV=fast), when they are used (decode_step.py), element-wise pieces (triton_ops.py),
 attention (triton_decode.py).  Triton is imported lazily: this module imports on
 a machine without it.
 """
@@ -18,56 +18,13 @@ from typing import NamedTuple
 
 import torch
 
+from .triton_dot_epilogue import act_pieces
+from .triton_dot_loads import early_fits, load_pieces
 from .triton_dot_norm import NormIn, launch_norm
 from .triton_dot_tma import dot_tma, tma_fits
 from .triton_dot_tiles import CHUNK_ROWS, WIDE_ROWS, chunk_tile, dot_config, tma_tile
 from .triton_ops import norm_pieces, pdl_launch, pdl_pieces
 from .triton_pick import pick_pieces
-
-
-@functools.lru_cache(maxsize=None)
-def act_pieces() -> dict:
-    """`_act_up`, the one act(gate) * up of every projection kernel (dot_rows, split_sum and
-    triton_gemv's gemv), and `_finish`, the one epilogue of dot_rows, split_sum and the TMA tiles,
-    by the names the kernels call them."""
-    import triton
-    import triton.language as tl
-
-    globals()["tl"] = tl                # the interpreter looks for the language in module globals
-
-    @triton.jit
-    def act_up(g, u, DT: tl.constexpr, GELU: tl.constexpr):
-        """act(gate) * up from float32 sums, rounded where torch rounds: each product to the
-        activation dtype DT, then the act.  One copy for every kernel here, so a row's split
-        pieces summed apart (split_sum_kernel) or in the kernel (dot_rows_kernel) end alike."""
-        gf = g.to(DT).to(tl.float32)
-        uf = u.to(DT).to(tl.float32)
-        if GELU:
-            t = 0.7978845608028654 * (gf + 0.044715 * gf * gf * gf)
-            a = 0.5 * gf * (1.0 + (2.0 * tl.sigmoid(2.0 * t) - 1.0))
-        else:
-            a = gf * tl.sigmoid(gf)
-        return a.to(DT).to(tl.float32) * uf
-
-    globals()["_act_up"] = act_up
-
-    @triton.jit
-    def finish(y, u, sy, su, b, WQ: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr,
-               GELU: tl.constexpr, DT: tl.constexpr):
-        """A row's float32 sums (all pieces) -> its output: the int8 rows' scales (sy, su), then
-        the bias, then act(gate) * up -- the one epilogue of dot_rows, split_sum and the TMA
-        tiles (triton_dot_tma.py)."""
-        if WQ:
-            y = y * sy
-            if GLU:
-                u = u * su
-        if HAS_BIAS:
-            y = y + b
-        if GLU:
-            y = _act_up(y, u, DT, GELU)
-        return y
-
-    return {"_act_up": act_up, "_finish": finish}
 
 
 @functools.lru_cache(maxsize=None)
@@ -79,28 +36,7 @@ def _kernels():
     globals().update(act_pieces())      # module globals: the interpreter resolves names there
     globals().update(pdl_pieces())
     globals().update(pick_pieces())
-
-    @triton.jit
-    def block_weights(wp, S, rows, cmask, ks0, m2, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, DT: tl.constexpr):
-        """A [BLOCK_N, BLOCK_K] tile of BlockInt8 weights (weights_int8.py) from key ks0 on, as
-        the dot takes them: each int8 weight times its block's float16 scale in float32 (exact),
-        rounded once to DT.  A step of whole 32-key blocks reads its [BLOCK_N, BLOCK_K / 32]
-        scales once and spreads them over the blocks (ks0 is a multiple of 32 there: the K steps
-        and pieces are); a shorter step reads a scale an element -- the same products."""
-        q = tl.load(wp, mask=m2, other=0).to(tl.float32)
-        if BLOCK_K % 32 == 0:
-            kb = ks0 // 32 + tl.arange(0, BLOCK_K // 32)
-            s = tl.load(S + rows[:, None].to(tl.int64) * (K // 32) + kb[None, :],
-                        mask=cmask[:, None] & (kb < K // 32)[None, :], other=0.0).to(tl.float32)
-            w = tl.reshape(q, (BLOCK_N, BLOCK_K // 32, 32)) * s[:, :, None]
-            return tl.reshape(w, (BLOCK_N, BLOCK_K)).to(DT)
-        else:
-            ks = ks0 + tl.arange(0, BLOCK_K)
-            sp = S + rows[:, None].to(tl.int64) * (K // 32) + ks[None, :] // 32
-            return (q * tl.load(sp, mask=m2, other=0.0).to(tl.float32)).to(DT)
-
-    globals()["_block_weights"] = block_weights
+    globals().update(load_pieces())
 
     @triton.jit
     def piece_dot(X, W, rm, rmask, cols, cmask, piece, N, K: tl.constexpr, KS: tl.constexpr,
@@ -145,26 +81,6 @@ def _kernels():
 
     globals()["_piece"] = piece_dot
 
-    @triton.jit
-    def prefetch_rows(W, N, K: tl.constexpr, KS: tl.constexpr, BLOCK_N: tl.constexpr,
-                      GLU: tl.constexpr, EB: tl.constexpr, LANES: tl.constexpr):
-        """This program's weight rows -- its BLOCK_N columns' (and up columns') keys of its
-        piece -- asked of the L2, one `cp.async.bulk.prefetch.L2` a row (nothing comes back
-        to the SM; l2_prefetch.py): lane i < BLOCK_N takes column i, the next BLOCK_N lanes
-        (GLU) its up row.  The host checks the 16-byte alignment of every row's start and size."""
-        lane = tl.arange(0, LANES)
-        col = tl.program_id(0) * BLOCK_N + lane % BLOCK_N
-        row = col + (lane // BLOCK_N) * N
-        k_lo = tl.program_id(2) * KS
-        ok = (col < N) & (lane < BLOCK_N * (1 + GLU)) & (k_lo < K)
-        addr = (W + row.to(tl.int64) * K + k_lo).to(tl.int64, bitcast=True)
-        size = tl.where(ok, tl.minimum(KS, K - k_lo) * EB, 0).to(tl.int32)
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.gt.s32 p, $2, 0; "
-            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
-            "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
-
-    globals()["_prefetch_rows"] = prefetch_rows
     globals().update(norm_pieces())
 
     @triton.jit
@@ -315,15 +231,6 @@ class Pieces(NamedTuple):
     split_sum_kernel would, in the launch that consumes them."""
     part: torch.Tensor
     scale: torch.Tensor | None
-
-
-def early_fits(ptr: int, k: int, eb: int, ks: int, bn: int, glu: bool, warps: int) -> bool:
-    """Whether dot_rows' programs can ask the L2 for their weight rows (`early`): a weight at
-    `ptr` of `k` keys of `eb` bytes whose every row slice of `ks` keys starts and ends 16-byte
-    aligned (the bulk prefetch's unit), and a lane a row -- bn rows (2 bn with the up half)
-    within 32 x warps lanes."""
-    return ptr % 16 == 0 and (k * eb) % 16 == 0 and (ks * eb) % 16 == 0 and \
-        bn * (2 if glu else 1) <= 32 * warps
 
 
 def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, glu: bool = False,

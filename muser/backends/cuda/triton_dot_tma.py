@@ -43,7 +43,7 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    from .triton_dot import act_pieces
+    from .triton_dot_epilogue import act_pieces
 
     globals()["tl"] = tl
     globals().update(act_pieces())

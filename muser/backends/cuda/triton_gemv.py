@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from .triton_dot import act_pieces
+from .triton_dot_epilogue import act_pieces
 from .triton_ops import _pow2
 
 
