@@ -38,7 +38,7 @@ from ...model import transformer as tf
 from .triton_decode import (DecodeWorkspace, OFuse, decode_attention, fused_decode_attention,
                             merge_groups)
 from .step_weights import fuse_weights, head_picks, o_fuses, via_dot
-from .triton_moe import experts_rows, route_rows
+from .step_ffn import ffn, mlp, norm_all
 from .triton_dot import dot_rows
 from .triton_dot_norm import NormIn, norm_fuses, norm_in
 from .triton_dot_tiles import dot_config, tma_pays
@@ -47,7 +47,6 @@ from .l2_prefetch import step_plans
 from .triton_gemv import gemv
 from .weights_int8 import RowInt8
 from .triton_ops import add_norm, embed_norm, qk_rope_store
-from .triton_rows import act_mul
 from .triton_pick import pick_partials
 
 
@@ -191,43 +190,6 @@ class DecodeStep:
             return self._dot(x, w, bias=b, defer=defer)
         return F.linear(x, w, b)
 
-    def _norm_all(self, qkv, lw, hd: int, kd: int):
-        """OLMo 3's qk-norm over all heads of q (and of k) at once: qkv with q and k normed."""
-        eps, ln = self.spec.norm_eps, self.layernorm
-        q = add_norm(qkv[:, :hd].contiguous(), lw.q_norm, eps, ln)[1]
-        k = add_norm(qkv[:, hd:hd + kd].contiguous(), lw.k_norm, eps, ln)[1]
-        return torch.cat([q, k, qkv[:, hd + kd:]], dim=1)
-
-    def _experts(self, mw, x_router, x):
-        weights, idx = route_rows(x_router, mw, self.spec.moe,
-                                  lambda v, w, b: self._linear("o", v, w, b))
-        return experts_rows(x, mw, self.spec.moe, weights, idx)
-
-    def _ffn(self, lw, fz, h, x, defer: bool = False):
-        """transformer.feed_forward: the MLP; gpt-oss: experts instead; Gemma 4: both, each
-        with its own norms (h = the residual stream the experts and their router read).
-        `defer`: a plain MLP's down projection may come back as unsummed pieces (`_dot`)."""
-        mw = lw.moe
-        if mw is None:
-            return self._mlp(lw, fz, x, defer=defer)
-        if self.spec.moe.style == "gpt_oss":
-            return self._experts(mw, x, x)
-        eps, ln = self.spec.norm_eps, self.layernorm
-        dense = add_norm(self._mlp(lw, fz, x), mw.post_dense_norm, eps, ln)[1]
-        routed = self._experts(mw, add_norm(h, mw.router_norm, eps, ln)[1],
-                               add_norm(h, mw.pre_moe_norm, eps, ln)[1])
-        return dense + add_norm(routed, mw.post_moe_norm, eps, ln)[1]
-
-    def _mlp(self, lw, fz, x, defer: bool = False):
-        wgu = fz["wgu"]
-        if via_dot(wgu, "gu", self.gemv_for, self.batch1_only, x.shape[0]):
-            a = self._dot(x, wgu, glu=True, gelu=self.gelu)               # act*mul fused in
-        else:
-            gu = F.linear(x, wgu)                           # [B, 2I]: gate | up
-            half = gu.shape[1] // 2
-            a = act_mul(gu[:, :half], gu[:, half:], self.gelu)
-        return self._linear("down", a, lw.w_down, defer=defer)
-
     def run(self, packed: torch.Tensor, tables: torch.Tensor, ws: DecodeWorkspace,
             ids: torch.Tensor | None = None, pick: torch.Tensor | None = None) -> torch.Tensor:
         """One decode step: float32 logits [B, vocab] (see the module doc for the inputs).
@@ -293,7 +255,7 @@ class DecodeStep:
             ahead = None
             qn, kn = (lw.q_norm, lw.k_norm) if spec.qk_norm else (None, None)
             if qn is not None and spec.qk_norm_span == "all":
-                qkv, qn, kn = self._norm_all(qkv, lw, H * D, KV * D), None, None
+                qkv, qn, kn = norm_all(self, qkv, lw, H * D, KV * D), None, None
             a = attend(i, lw, ls, qkv, qn, kn)
             nxt = layers[i + 1].attn_norm if i + 1 < len(layers) else w.final_norm
             if self.mega_cnt is not None:          # MUSER_MEGA: o and the MLP half, one launch
@@ -304,7 +266,7 @@ class DecodeStep:
                     continue
             o = a if o_inside else self._linear("o", a.view(R, H * D), lw.wo, lw.bo)
             if spec.parallel_block:
-                h, x = add_norm(h, nxt, eps, self.layernorm, d1=o, d2=self._mlp(lw, fz, x),
+                h, x = add_norm(h, nxt, eps, self.layernorm, d1=o, d2=mlp(self, lw, fz, x),
                                 pdl=self.pdl)
                 continue
             post = spec.sandwich_norm or not spec.pre_norm     # transformer.layer_forward's rule
@@ -313,7 +275,7 @@ class DecodeStep:
                                   lw.moe is None and self._takes_norm("gu", fz["wgu"], R),
                                   pf_mlp[i])
             # MUSER_FUSE_SUM: the down projection's split-K pieces summed by the add_norm below
-            m = self._ffn(lw, fz, h, h if x is None else x,
+            m = ffn(self, lw, fz, h, h if x is None else x,
                           defer=self.fuse_sum and lw.layer_scale is None)
             post_ffn = lw.post_ffn_norm if post else None
             if lw.layer_scale is None:
