@@ -29,6 +29,19 @@ def test_q8_0_values_come_back_exactly():
     assert torch.equal(b.dequantized(torch.bfloat16), w.to(torch.bfloat16))
 
 
+def test_q8_0_values_cast_to_bf16_come_back_as_those_bf16_values():
+    """The engine casts before its backend quantizes: a Q8_0 head arrives as bf16(q * d).  The
+    scale search finds a float16 scale whose bf16(q * s) -- the tile's weight -- is that bf16
+    value, for every block (without it a block's largest, rounded, moves its scale)."""
+    q, d = _q8_0(256, 256, 3)
+    w = (q.float().reshape(256, -1, 32) * d.float()[..., None]).reshape(256, 256)
+    wb = w.to(torch.bfloat16)
+    b = quantize_blocks(wb)
+    assert torch.equal(b.dequantized(torch.bfloat16), wb)
+    plain = quantize_blocks(wb.float())          # the same values as float32: no search
+    assert not torch.equal(plain.dequantized(torch.bfloat16), wb)   # the search made it exact
+
+
 def test_other_values_are_within_half_a_step_of_their_block():
     g = torch.Generator().manual_seed(1)
     w = torch.randn(32, 128, generator=g) * torch.rand(32, 4, 1, generator=g).repeat_interleave(

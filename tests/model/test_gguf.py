@@ -142,3 +142,5 @@ def test_the_embedded_heads_q8_0_blocks_come_back_exactly(gguf_path):
     w = (qs.float().view(8192, -1, 32) * scales[..., None]).reshape(8192, -1)
     b = quantize_blocks(w)
     assert torch.equal(b.q, qs) and torch.equal(b.scale.float(), scales)
+    wb = w.to(torch.bfloat16)                  # as the engine holds it when the backend quantizes
+    assert torch.equal(quantize_blocks(wb).dequantized(torch.bfloat16), wb)

@@ -76,22 +76,57 @@ def quantize_rows(w: torch.Tensor) -> RowInt8:
     return RowInt8(q.contiguous(), scale.contiguous())
 
 
+# f16 ulps tried on either side of max|w| / 127 for a block held in a 16-bit dtype (below)
+NEAR = 6
+ROWS_AT_ONCE = 16384
+
+
+def _scales_q(g: torch.Tensor, s: torch.Tensor):
+    """int8 q of blocks g [..., BLOCK] at float16 scales s [..., 1] (0: an all-zero block)."""
+    sf = s.float()
+    q = torch.where(sf > 0, g / sf.clamp_min(torch.finfo(torch.float32).tiny), torch.zeros_like(g))
+    return q.round().clamp(-127, 127)
+
+
+def _exact_scales(g: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Per block, the first float16 scale of s, s + 1 ulp, s - 1 ulp, .. (NEAR each way) whose
+    dtype(q * scale) gives the block's values back exactly; s where none does."""
+    best, found = s.clone(), torch.zeros_like(s, dtype=torch.bool)
+    bits = s.view(torch.int16)
+    for k in [0] + [d for j in range(1, NEAR + 1) for d in (j, -j)]:
+        c = (bits + k).view(torch.float16)
+        live = (s > 0) & torch.isfinite(c) & (c > 0) & ~found
+        q = _scales_q(g, c)
+        ok = live & ((q * c.float()).to(dtype).float() == g).all(-1, keepdim=True)
+        best = torch.where(ok, c, best)
+        found |= ok
+    return best
+
+
 def quantize_blocks(w: torch.Tensor) -> BlockInt8:
-    """Q8_0: symmetric int8 a block of BLOCK keys, scale = max|w| / 127 rounded to float16 (an
-    all-zero block scales 0 and stores 0).  Values that came from Q8_0 come back exactly: the
-    block's largest is +-127 * d, so the scale is d and every q its own."""
+    """Q8_0: symmetric int8 a block of BLOCK keys, scale ~ max|w| / 127 as float16 (an all-zero
+    block scales 0 and stores 0).  Values that came from Q8_0 come back exactly: the block's
+    largest is +-127 * d, so the scale is d and every q its own.  A weight already held in a
+    16-bit dtype (the engine casts before its backend quantizes: bf16(q * d), rounded) has lost
+    that: its scale is sought among the float16 values near max|w| / 127 for one whose
+    w.dtype(q * scale) -- what the tile computes -- is w again (`_exact_scales`; d is within a
+    few ulps, since a rounding of 2^-9 moves 127 * d by no more); so a Q8_0 head cast to bf16
+    is the bf16 head in the tile, bit for bit."""
     n, k = w.shape
     if k % BLOCK:
         raise ValueError(f"block int8 needs rows of a multiple of {BLOCK} keys, got {k}")
-    g = w.float().reshape(n, k // BLOCK, BLOCK)
-    s = (g.abs().amax(2, keepdim=True) / 127).to(torch.float16)
-    if not torch.isfinite(s).all():
-        raise ValueError(f"block int8: a block's scale overflows float16 (largest weight "
-                         f"{float(g.abs().max()):.3g}, at most {65504 * 127:.3g})")
-    sf = s.float()
-    q = torch.where(sf > 0, g / sf.clamp_min(torch.finfo(torch.float32).tiny), torch.zeros_like(g))
-    q = q.round().clamp(-127, 127).to(torch.int8)
-    return BlockInt8(q.reshape(n, k).contiguous(), s.reshape(n, k // BLOCK).contiguous())
+    qs, ss = [], []
+    for r in range(0, n, ROWS_AT_ONCE):              # a 262k-row head: bounded temporaries
+        g = w[r:r + ROWS_AT_ONCE].float().reshape(-1, k // BLOCK, BLOCK)
+        s = (g.abs().amax(2, keepdim=True) / 127).to(torch.float16)
+        if not torch.isfinite(s).all():
+            raise ValueError(f"block int8: a block's scale overflows float16 (largest weight "
+                             f"{float(g.abs().max()):.3g}, at most {65504 * 127:.3g})")
+        if w.dtype in (torch.bfloat16, torch.float16):
+            s = _exact_scales(g, s, w.dtype)
+        qs.append(_scales_q(g, s).to(torch.int8).reshape(-1, k))
+        ss.append(s.reshape(-1, k // BLOCK))
+    return BlockInt8(torch.cat(qs).contiguous(), torch.cat(ss).contiguous())
 
 
 def quantize_weights(weights, head_only: bool = False) -> None:
