@@ -2,7 +2,8 @@
 
 Owns: `prefetch_pieces()` -- `_prefetch_l2`, the Triton piece a launch calls to have the
 copy engine bring byte ranges into the L2 (`cp.async.bulk.prefetch.L2`: one instruction a
-chunk, nothing comes back to the SM) -- and `Prefetch` / `plan` / `plans` / `after` /
+chunk, nothing comes back to the SM; `_bulk_prefetch`, that one instruction, which
+dot_rows' early rows call too: triton_dot_loads.py) -- and `Prefetch` / `plan` / `plans` / `after` /
 `step_plans`, the host side: which weights each site asks for, how many programs, where in the
 launch.  Does not own: the launches that run the piece (triton_decode_kernel.py: the
 attention's extra grid row; triton_ops.py: add_norm's programs past its rows, both through
@@ -166,6 +167,17 @@ def prefetch_pieces() -> dict:
     globals()["tl"] = tl
 
     @triton.jit
+    def bulk_prefetch(addr, size):
+        """Each lane asks the copy engine for `size` bytes at `addr` (int64; both 16-byte
+        multiples; size <= 0: nothing).  The asm's output is a dummy (is_pure=False keeps it)."""
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.gt.s32 p, $2, 0; "
+            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
+            "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+
+    globals()["_bulk_prefetch"] = bulk_prefetch
+
+    @triton.jit
     def prefetch_l2(P0, N0, P1, N1, P2, N2, CH, s, LANES: tl.constexpr, LAST: tl.constexpr):
         off = (s * LANES + tl.arange(0, LANES)).to(tl.int64) * CH     # bytes into the joined ranges
         n0 = N0.to(tl.int64)
@@ -183,9 +195,6 @@ def prefetch_pieces() -> dict:
                 "mov.b32 $0, 0; }",
                 "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
         else:
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.gt.s32 p, $2, 0; "
-                "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
-                "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+            _bulk_prefetch(addr, size)
 
-    return {"_prefetch_l2": prefetch_l2}
+    return {"_prefetch_l2": prefetch_l2, "_bulk_prefetch": bulk_prefetch}

@@ -4,9 +4,10 @@ Owns: `fuse_weights` (q/k/v and gate/up concatenated once per layer; the engine'
 tensors become views of the fused ones, so nothing is held twice; int8 rows stack their scales
 alike; a layer's experts stacked), `unsupported(spec)` / `unsupported_weights(weights)` (why a
 model or its weights cannot take the fused step: None = they can; what cannot runs the eager
-session path -- correct, not fast), `via_dot` / `head_picks` (which projections go through the
-step's own dot kernels, whether its head can pick, whether o can run inside the attention).  Does not own: the step
-(decode_step.py), the graph runner that asks (graph.py).
+session path -- correct, not fast), `via_dot` / `head_picks` / `o_fuses` (which projections go
+through the step's own dot kernels, whether its head can pick, whether o can run inside the
+attention launch).  Does not own: the step (decode_step.py), the graph runner that asks
+(graph.py).
 """
 from __future__ import annotations
 
@@ -112,5 +113,5 @@ def o_fuses(wo, gemv_for) -> bool:
     triton_decode_o.py): a plain contiguous weight through dot_rows' decode tile (o among
     `gemv_for`), without split-K pieces (the o row sums no pieces)."""
     from .triton_dot_tiles import dot_config
-    return (isinstance(wo, torch.Tensor) and not isinstance(wo, RowInt8) and "o" in gemv_for
-            and wo.is_contiguous() and dot_config(wo.shape[0], wo.shape[1], False)[4] == 0)
+    return (isinstance(wo, torch.Tensor) and "o" in gemv_for and wo.is_contiguous()
+            and dot_config(wo.shape[0], wo.shape[1], False)[4] == 0)

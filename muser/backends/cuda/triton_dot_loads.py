@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 
+from .l2_prefetch import prefetch_pieces
+
 
 def early_fits(ptr: int, k: int, eb: int, ks: int, bn: int, glu: bool, warps: int) -> bool:
     """Whether dot_rows' programs can ask the L2 for their weight rows (`early`): a weight at
@@ -27,6 +29,7 @@ def load_pieces() -> dict:
     import triton.language as tl
 
     globals()["tl"] = tl                # the interpreter looks for the language in module globals
+    globals()["_bulk_prefetch"] = prefetch_pieces()["_bulk_prefetch"]
 
     @triton.jit
     def block_weights(wp, S, rows, cmask, ks0, m2, K: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -62,9 +65,6 @@ def load_pieces() -> dict:
         ok = (col < N) & (lane < BLOCK_N * (1 + GLU)) & (k_lo < K)
         addr = (W + row.to(tl.int64) * K + k_lo).to(tl.int64, bitcast=True)
         size = tl.where(ok, tl.minimum(KS, K - k_lo) * EB, 0).to(tl.int32)
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.gt.s32 p, $2, 0; "
-            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
-            "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+        _bulk_prefetch(addr, size)
 
     return {"_block_weights": block_weights, "_prefetch_rows": prefetch_rows}

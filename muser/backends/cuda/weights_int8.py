@@ -100,6 +100,8 @@ def _exact_scales(g: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> torch
         ok = live & ((q * c.float()).to(dtype).float() == g).all(-1, keepdim=True)
         best = torch.where(ok, c, best)
         found |= ok
+        if bool((found | (s <= 0)).all()):        # every block with a scale has its exact one
+            break
     return best
 
 
