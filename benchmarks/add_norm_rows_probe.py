@@ -19,7 +19,8 @@ import functools
 import torch
 
 from cuda_measure import timed
-from muser.backends.cuda.triton_ops import _row_shape, add_norm, norm_pieces
+from muser.backends.cuda.triton_ops import _row_shape, add_norm
+from muser.backends.cuda.triton_pieces import norm_pieces
 
 
 @functools.lru_cache(maxsize=None)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .triton_chunk_park import park_rows, park_splits
-from .triton_ops import _pow2
+from .triton_pieces import _pow2
 
 CHUNK_ROWS = 64               # query slots per program on the GPU (a decode step has 16)
 CHUNK_WARPS = 8               # at 64 slots: 4 warps spill the [64, D] states (H200: 3x slower)

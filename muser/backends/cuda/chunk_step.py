@@ -26,7 +26,7 @@ from ...cache import stage
 from ..step import row_offsets
 from .triton_chunk import chunk_attention
 from .triton_decode import prepare_rows
-from .triton_ops import upload
+from .triton_pieces import upload
 
 
 def chunk_pass(step, engine, sessions, chunks, all_logits: bool, pad: bool = False,

@@ -41,7 +41,7 @@ import functools
 
 from muser.env import Env
 
-from .triton_ops import _pow2
+from .triton_pieces import _pow2
 
 # Positions per split and splits per merge group live in Env (MUSER_RING_ROWS = 32,
 # MUSER_GROWING_ROWS = 128, MUSER_RING_GROUP = 4, MUSER_GROWING_GROUP = 16).  H200,

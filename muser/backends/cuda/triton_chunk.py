@@ -43,7 +43,7 @@ from .chunk_route import CHUNK_ROWS, chunk_route
 from .triton_attn import pieces
 from .triton_chunk_park import fold_parked, park_workspace
 from .triton_chunk_tiles import chunk_pieces
-from .triton_ops import _pow2
+from .triton_pieces import _pow2
 
 
 @functools.lru_cache(maxsize=None)

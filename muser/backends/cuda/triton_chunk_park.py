@@ -31,7 +31,7 @@ import torch
 
 from .triton_attn import pieces
 from .triton_chunk_tiles import chunk_pieces
-from .triton_ops import _pow2
+from .triton_pieces import _pow2
 
 
 def park_rows(lay: dict) -> int:

@@ -39,7 +39,7 @@ import torch
 
 from .l2_prefetch import launch_args
 from .triton_attn import decode_keys, layout
-from .triton_ops import _pow2, pdl_launch, upload
+from .triton_pieces import _pow2, pdl_launch, upload
 from .triton_decode_kernel import _kernel
 
 TAB_COLS = 4

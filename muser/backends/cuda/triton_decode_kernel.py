@@ -13,7 +13,7 @@ import functools
 from .triton_attn import pieces
 from .triton_decode_merge import merge_pieces
 from .triton_decode_o import o_pieces
-from .triton_ops import pdl_pieces, rope_pieces
+from .triton_pieces import pdl_pieces, rope_pieces
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,6 +62,20 @@ def _kernel():
                           MASKED, ACC_DOT)
 
     globals()["_decode_tile"] = decode_tile
+
+    @triton.jit
+    def row_out(O, SNK, ODN, b, kvh, gc, gcm, dm, cv, M, L, A, H: tl.constexpr, G: tl.constexpr,
+                D: tl.constexpr, SINKS: tl.constexpr, O_FUSE: tl.constexpr):
+        """A row's merged (M, L, A) -> its attention output (after the sinks' mass), stored;
+        with O_FUSE, counted in for the o programs (triton_decode_o.py)."""
+        if SINKS:
+            M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
+        tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
+                 (A / L[:, None]).to(O.dtype.element_ty), mask=gcm[:, None] & cv[None, :])
+        if O_FUSE:
+            _o_done(ODN)
+
+    globals()["_row_out"] = row_out
 
     # runtime ints that differ between a decode launch and prepare_rows stay runtime values
     # (Triton would otherwise specialise a 1): one binary, one prologue arithmetic
@@ -275,21 +289,11 @@ def _kernel():
                                 # (a chunk folds one group's total into an empty total too: exact)
                                 M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, 0, ngrp, a0, gc, gcm, dm, cv,
                                                 G, D, GS, True, DEPTH, BLOCK_GC, 2 * BLOCK_H)
-                                if SINKS:
-                                    M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
-                                tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
-                                         (A / L[:, None]).to(O.dtype.element_ty),
-                                         mask=gcm[:, None] & cv[None, :])
-                                if O_FUSE:
-                                    _o_done(ODN)
+                                _row_out(O, SNK, ODN, b, kvh, gc, gcm, dm, cv, M, L, A, H, G, D,
+                                         SINKS, O_FUSE)
                         else:
-                            if SINKS:
-                                M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
-                            tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
-                                     (A / L[:, None]).to(O.dtype.element_ty),
-                                     mask=gcm[:, None] & cv[None, :])
-                            if O_FUSE:
-                                _o_done(ODN)
+                            _row_out(O, SNK, ODN, b, kvh, gc, gcm, dm, cv, M, L, A, H, G, D,
+                                     SINKS, O_FUSE)
 
         if O_FUSE:
             if is_o:

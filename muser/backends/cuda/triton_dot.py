@@ -23,7 +23,7 @@ from .triton_dot_loads import early_fits, load_pieces
 from .triton_dot_norm import NormIn, launch_norm
 from .triton_dot_tma import dot_tma, tma_fits
 from .triton_dot_tiles import CHUNK_ROWS, WIDE_ROWS, chunk_tile, dot_config, tma_tile
-from .triton_ops import norm_pieces, pdl_launch, pdl_pieces
+from .triton_pieces import norm_pieces, pdl_launch, pdl_pieces
 from .triton_pick import pick_pieces
 
 

@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from .triton_ops import pdl_launch, pdl_pieces
+from .triton_pieces import pdl_launch, pdl_pieces
 
 GROUP_M = 8      # row tiles that share a sweep of weight tiles (the L2 holds the weights once)
 

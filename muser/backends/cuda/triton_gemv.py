@@ -13,7 +13,7 @@ import functools
 import torch
 
 from .triton_dot_epilogue import act_pieces
-from .triton_ops import _pow2
+from .triton_pieces import _pow2
 
 
 @functools.lru_cache(maxsize=None)

@@ -28,7 +28,7 @@ import functools
 
 import torch
 
-from .triton_ops import _pow2
+from .triton_pieces import _pow2
 
 
 @functools.lru_cache(maxsize=None)

@@ -31,7 +31,7 @@ import torch
 from .triton_dot import _kernels as _dot_kernels
 from .triton_dot_epilogue import act_pieces
 from .triton_dot_tiles import dot_config
-from .triton_ops import _pow2, norm_pieces
+from .triton_pieces import _pow2, norm_pieces
 
 
 @functools.lru_cache(maxsize=None)

@@ -32,7 +32,7 @@ import functools
 
 import torch
 
-from .triton_ops import _pow2
+from .triton_pieces import _pow2
 
 BLOCK_N = 32
 BLOCK_K = 128

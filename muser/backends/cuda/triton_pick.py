@@ -24,7 +24,7 @@ import functools
 
 import torch
 
-from .triton_ops import pdl_launch, pdl_pieces
+from .triton_pieces import pdl_launch, pdl_pieces
 
 CHUNK = 8192                                   # columns a program folds
 BLOCK = 1024                                   # columns a program loads at once

@@ -22,7 +22,8 @@ import functools
 
 import torch
 
-from .triton_ops import _pow2, add_norm, rope_pieces
+from .triton_ops import add_norm
+from .triton_pieces import _pow2, rope_pieces
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
