@@ -84,7 +84,6 @@
 #   tail         greedy_tail.py: a greedy graph alone, with its copies on the main stream, and
 #                with them on a second stream (the ~8-16 us a greedy step adds to its graph)
 #   profile16    the top kernels of a 1-session and a 16-session decode step (item 3's 1B gap)
-#   mega         one persistent launch for a layer's MLP half against its four launches (bits, us)
 #   llama_build  llama.cpp's CUDA build, in the background (~340-400 s on 10 cores)
 #   llama        waits for a build started on THIS machine, then cuda_bench.py side by side
 #   peer         the build on every core, then cuda_bench.py: one call (a later call may land
@@ -145,8 +144,6 @@
 #   wide         the chunk kernel's query tile / warps / column slices on the aligned flat loop
 #   masked_ab    MUSER_ATTN_TILES=masked on the aligned chunk route: 16k prefill and decode A/B
 #                (its halves alone: masked_pre, masked_dec)
-#   norm_in      MUSER_NORM_IN (dot_rows norms its own rows: one launch an add+norm fewer):
-#                bits against add_norm + dot, the engine's rows, then the A/B at 1 and 16 rows
 #   tiles1b_ab   the 1B's gate/up (64,128,8,4) and down (32,128,4,4) decode tiles (sixteenth
 #                session: slower, reverted; the stage is the record) against the
 #                tree before (carry .prev): bits, then the A/B (1B, 128 greedy steps)
@@ -263,7 +260,7 @@ stage_full() {     # every CUDA test on the defaults (373 tests, ~8 minutes: two
 }
 
 ENGINE_GROUP="tests/cuda/test_cuda_engine.py tests/cuda/test_cuda_families.py tests/engine/test_invariance.py -k not_cpu"
-SERVE_GROUP="tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_server.py tests/cuda/test_cuda_prefill.py tests/cuda/test_cuda_greedy.py tests/cuda/test_int8_step.py tests/cuda/test_pdl.py tests/cuda/test_norm_in.py tests/cuda/test_fuse_sum.py"
+SERVE_GROUP="tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_server.py tests/cuda/test_cuda_prefill.py tests/cuda/test_cuda_greedy.py tests/cuda/test_int8_step.py tests/cuda/test_pdl.py tests/cuda/test_fuse_sum.py"
 
 par_groups() {     # par_groups GROUP...: one pytest process a group (a space-separated file list,
   # "not_cpu" last -> -k "not cpu"), all at once on the one GPU, each its own log, printed at the end
@@ -281,7 +278,7 @@ par_groups() {     # par_groups GROUP...: one pytest process a group (a space-se
 stage_full_par() {  # every CUDA test in one call (full1 + full2 took ~9 minutes one after the
   # other): four groups at once (380 s, twenty-eighth session)
   par_groups "tests/cuda/test_triton_ops.py" \
-    "tests/cuda/test_triton_chunk.py tests/cuda/test_triton_decode.py tests/cuda/test_triton_rows.py tests/cuda/test_triton_pick.py tests/cuda/test_triton_mega.py tests/cuda/test_triton_moe.py" \
+    "tests/cuda/test_triton_chunk.py tests/cuda/test_triton_decode.py tests/cuda/test_triton_rows.py tests/cuda/test_triton_pick.py tests/cuda/test_triton_moe.py" \
     "$ENGINE_GROUP" "$SERVE_GROUP"
 }
 
@@ -911,19 +908,6 @@ stage_streams_fix() {  # carry .bug (git archive ee7ca9b muser: side streams wit
   bench 150 . benchmarks/greedy_tail.py --models 1b,270m --steps 128
 }
 
-stage_norm_in() {  # MUSER_NORM_IN: the bits first (the prologue must reduce as add_norm does:
-  # the same pieces, block and warps -- only the GPU can say the trees agree), then the A/B;
-  # first the greedy rows (cuda/greedy.py's failed-launch fix came after the last GPU run)
-  tests 240 -x tests/cuda/test_cuda_greedy.py tests/cuda/test_cuda_server.py
-  tests 240 -x tests/cuda/test_triton_ops.py -k "norms_its_own or refuses_what"
-  tests 300 -x tests/cuda/test_norm_in.py
-  export MUSER_NORM_IN=16; echo "MUSER_NORM_IN=16" | tee -a "$OUT/plan.log"
-  tests 300 -x tests/engine/test_invariance.py -k cuda
-  unset MUSER_NORM_IN
-  bench 480 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --steps 128 \
-    --variants "N1:MUSER_NORM_IN=1;N16:MUSER_NORM_IN=16"
-}
-
 stage_tiles1b_ab() {  # carry .prev (git archive HEAD~ muser): the 1B's gate/up and down decode
   # tiles the graph sweep found best (RESULTS.md, tenth session) -- the speed fields only
   tests 150 -x tests/cuda/test_triton_ops.py -k "chunk_tile or do_not_depend or int8_weights"
@@ -942,13 +926,6 @@ stage_tail() {  # what a pipelined greedy step adds to its graph: the copies on 
 
 stage_profile16() {  # kernel time of a decode step alone and of a 16-session step (1B, 270M)
   bench 300 . benchmarks/exact_ab.py --models 1b,270m --trees exact --no-16k --profile
-}
-
-stage_mega() {     # item 6's first experiment: a layer's MLP half as one persistent launch
-  tests 150 -x tests/cuda/test_triton_mega.py
-  bench 150 . benchmarks/mega_probe.py 270m 1b --batches 1,16
-  bench 200 . benchmarks/exact_ab.py --models 270m,1b --trees exact --no-16k \
-    --variants "M1:MUSER_MEGA=mlp"
 }
 
 stage_tiles4b() {  # issue 17 item 1's 4B shape: its decode tiles were chosen from do_bench with

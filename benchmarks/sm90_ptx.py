@@ -15,9 +15,6 @@ Two uses, both before a device call (benchmarks/NOTES.md, tenth session):
   registers and spill bytes, and whether ptxas serialized the wgmmas (C7515); `--tiles` adds
   the 64-key attention tiles (ring and growing, decode and chunk, 4 and 8 warps) -- the ones
   `layout()` does not pick because a [BN, D] K/V tile at D = 256 spilled at 4 warps.
-- **Does a norm-in dot norm as add_norm does?**  `--norm-check` compares each norm-in dot's
-  float ops (loads, converts, adds, FMAs, shuffles, in order) with its add_norm's: the same list
-  on the same data is the same bits (MUSER_NORM_IN, seventeenth session).
 - **How does it move memory?**  `--io` counts the global loads and stores by width, the
   integer divisions and remainders (none in any configuration since the thirty-third session)
   and the async copies: 2-byte `ld.global.b16` by the hundred and no `cp.async` is a tile read
@@ -52,16 +49,7 @@ ADD_NORM = dict(N=1152, BLOCK=2048, HAS_D1=True, HAS_D2=False, POST=True, LAYERN
 EMBED_NORM = dict(N=1152, BLOCK=2048, SCALED=True, LAYERNORM=False, NEXT=True, PDL=True)
 ADD_PIECES = dict(N=1152, BLOCK=2048, PIECES=7, WQ=False, POST=True, LAYERNORM=False, NEXT=True,
                   PDL=True)
-# dot_rows with add_norm in its prologue (MUSER_NORM_IN): the 270M's qkv after a sandwich norm
-DOT_NORM = dict(K=640, KS=640, BLOCK_N=16, BLOCK_K=128, GLU=False, GELU=False, HAS_BIAS=False,
-                SPLIT=False, BM=16, PIECES_IN=1, WQ=False, PDL=True, FLATTEN=False, WIDEN=False,
-                PICK=False, NBLOCK=1024, NPIECES=0, NWQ=False, POST=True, LAYERNORM=False)
 PICK = dict(CHUNK=8192, BLOCK=1024, NBP=32, BIG=3.4028234663852886e38, PDL=True)
-MEGA = dict(N=640, F=2048, BLOCK=1024, BN1=32, BK1=128, KS1=640, BN2=32, BK2=512, KS2=2048,
-            POST=True, LAYERNORM=False, NEXT=True, GELU=True, NPROG=132, T1=64, T2=20, PIECES=1,
-            HD=1024, BN0=16, BK0=512, KS0=1024, T0=40, NQ=1536, BNQ=16, BKQ=128, KSQ=640, T5=96)
-MEGA_1B = dict(N=1152, F=6912, BLOCK=2048, BN1=32, BK1=128, KS1=1152, BN2=64, BK2=256, KS2=1024,
-               T1=216, T2=126, PIECES=7, T0=72, BKQ=256, KSQ=1280)
 # the 1B's global layers on the flat aligned wide route: an eager chunk, and a captured pass
 # over one ordered view (MUSER_GRAPH_KEYS=staged, told its alignment)
 WIDE_EAGER = {**GROWING, "FLAT": True, "TWO": False, "DEV": False, "ALIGN": True, "LIVE": True,
@@ -179,19 +167,6 @@ CONFIGS = [
      dict(K=640, KS=640, BM=16, BLOCK_N=64, BLOCK_K=128, PIECES_IN=1, WIDEN=True, PICK=True,
           _types={"Y": "*fp32", "P": "*i64"}), 4),
     ("greedy pick from a picking head", "fold_pick", {}, 4),
-    ("dot_rows qkv, add_norm in, 270M", "dot_norm", {}, 4),
-    ("dot_rows gate|up, add_norm in, 270M", "dot_norm", dict(KS=640, BLOCK_N=32, GLU=True,
-                                                              GELU=True), 4),
-    ("dot_rows qkv, add_norm of 7 pieces in, 1B", "dot_norm", dict(K=1152, KS=1280,
-                                                                   BLOCK_K=256, NBLOCK=2048,
-                                                                   NPIECES=7,
-                                                                   _types={"ND1": "*fp32"}), 4),
-    ("dot_rows gate|up, add_norm in, 1B", "dot_norm", dict(K=1152, KS=1152, BLOCK_N=32,
-                                                            GLU=True, GELU=True, NBLOCK=2048), 4),
-    ("dot_rows head picking, final norm in, 1B", "dot_norm", dict(K=1152, KS=1152, BLOCK_N=64,
-                                                                   NBLOCK=2048, NPIECES=7,
-                                                                   WIDEN=True, PICK=True,
-                                                                   _types={"ND1": "*fp32"}), 4),
     ("embed + first norm", "embed_norm", {}, 4),
     ("add_norm sandwich", "add_norm", {}, 4),
     ("add_norm sandwich, 270M", "add_norm", dict(N=640, BLOCK=1024), 4),
@@ -207,8 +182,6 @@ CONFIGS = [
     ("qk-norm + RoPE + store, interleaved", "qk_rope", dict(INTERLEAVED=True), 4),
     ("chunk rows: norm + RoPE", "norm_rope", {}, 4),
     ("chunk rows: RoPE interleaved", "norm_rope", dict(NORM=False, INTERLEAVED=True), 4),
-    ("mlp half, one persistent launch, 270M", "mega", {}, 4),
-    ("mlp half, one persistent launch, 1B", "mega", MEGA_1B, 4),
     ("fold growing captured", "fold", {}, 4),
     ("fold ring eager sinks", "fold", dict(SINKS=True, DEV=False, BM=16, ROWS=4, SPLIT=32, GS=4),
      4),
@@ -242,13 +215,8 @@ TYPES = {  # argument types as the engine passes them (others are i32)
     "X": "*bf16", "W": "*bf16", "S": "*bf16", "BIAS": "*bf16", "Y": "*bf16", "P": "*fp32",
     "H": "*bf16", "D1": "*bf16", "D2": "*bf16", "W_POST": "*fp32", "W_NEXT": "*fp32",
     "H_OUT": "*bf16", "X_OUT": "*bf16", "IDS": "*i64", "E": "*bf16", "SCALE": "*bf16",
-    "NH": "*bf16", "ND1": "*bf16", "NS": "*fp32", "NWP": "*fp32", "NWN": "*fp32", "NHO": "*bf16",
     # the greedy pick (triton_pick.py)
     "L": "*fp32", "VALS": "*fp32", "IDX": "*i64", "RES": "*i64",
-    # the persistent MLP half (triton_mega.py)
-    "GU": "*bf16", "DW": "*bf16", "W_PA": "*fp32", "W_PF": "*fp32", "W_PD": "*fp32",
-    "W_NX": "*fp32", "H1": "*bf16", "X1": "*bf16", "A": "*bf16", "D": "*bf16", "H2": "*bf16",
-    "X2": "*bf16", "AT": "*bf16", "WO": "*bf16", "WQ": "*bf16",
     # qk-norm + RoPE + store (triton_ops.py) and a chunk's rows (triton_rows.py)
     "Q_OUT": "*bf16", "OUT": "*bf16",
 }
@@ -357,38 +325,6 @@ def code_only(ptx: str) -> str:
     return "\n".join(keep)
 
 
-# (norm-in dot configuration, the add_norm configuration whose arithmetic its prologue repeats)
-NORM_PAIRS = [("dot_rows qkv, add_norm in, 270M", "add_norm sandwich, 270M"),
-              ("dot_rows gate|up, add_norm in, 270M", "add_norm sandwich, 270M"),
-              ("dot_rows gate|up, add_norm in, 1B", "add_norm sandwich"),
-              ("dot_rows qkv, add_norm of 7 pieces in, 1B", "add_norm over 7 pieces")]
-
-
-def float_ops(ptx: str) -> list[str]:
-    """The opcodes that decide a float result, in program order: loads and stores, converts,
-    adds, multiplies, FMAs, divides, rsqrt, warp shuffles -- two kernels that run the same
-    list on the same data compute the same bits (ptxas does not reassociate float ops)."""
-    out = []
-    for line in ptx.splitlines():
-        words = line.split()
-        if not words or words[0][0] in "/$.":
-            continue
-        op = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
-        if re.match(r"(add|sub|mul|fma|div|rsqrt)(\.rn|\.full|\.approx|\.ftz)*\.f32|"
-                    r"cvt\.(f32|rn\.bf16)|shfl|ld\.global|st\.global", op):
-            out.append(op)
-    return out
-
-
-def norm_check(compiled: dict) -> None:
-    """Does each norm-in dot begin with its add_norm's float ops, in order (MUSER_NORM_IN's
-    bits, before a GPU says so)?"""
-    for dot, norm in NORM_PAIRS:
-        if dot in compiled and norm in compiled:
-            a, b = float_ops(compiled[norm]), float_ops(compiled[dot])
-            print(f"  {dot}: begins with {norm}'s {len(a)} float ops: {b[:len(a)] == a}")
-
-
 def main():
     import triton
     from muser.backends.cuda.triton_chunk import _kernel
@@ -396,7 +332,6 @@ def main():
     from muser.backends.cuda.triton_decode_kernel import _kernel as _decode_kernel
     from muser.backends.cuda.triton_dot import _kernels as _dot_kernels
     from muser.backends.cuda.triton_ops import _kernels as _ops_kernels
-    from muser.backends.cuda.triton_mega import _kernel as _mega_kernel
     from muser.backends.cuda.triton_pick import _kernel as _pick_kernel
     from muser.backends.cuda.triton_rows import _kernels as _rows_kernels
     from muser.backends.cuda.triton_graph_rows import _kernels as _graph_rows
@@ -405,8 +340,6 @@ def main():
     ap.add_argument("--regs", action="store_true", help="ptxas -v: registers and spills")
     ap.add_argument("--tiles", action="store_true", help="also the 64-key attention tiles")
     ap.add_argument("--io", action="store_true", help="global loads / stores by width, cp.async")
-    ap.add_argument("--norm-check", action="store_true",
-                    help="each norm-in dot's prologue against its add_norm's float ops")
     args = ap.parse_args()
     kernels = {"chunk": (_kernel(), CHUNK), "fold": (_fold_kernel(), FOLD),
                "decode": (_decode_kernel(), DECODE), "dot": (_dot_kernels()[0], DOWN),
@@ -414,8 +347,7 @@ def main():
                "add_pieces": (_ops_kernels()[2], ADD_PIECES),
                "embed_norm": (_ops_kernels()[3], EMBED_NORM), "pick": (_pick_kernel()[0], PICK),
                "fold_pick": (_pick_kernel()[1], dict(BLOCK=1024, PDL=True)),
-               "dot_norm": (_dot_kernels()[2], DOT_NORM),
-               "mega": (_mega_kernel(), MEGA), "qk_rope": (_ops_kernels()[1], QK_ROPE),
+               "qk_rope": (_ops_kernels()[1], QK_ROPE),
                "norm_rope": (_rows_kernels()[0], NORM_ROPE),
                "place": (_graph_rows()[0], dict(KVD=256, D=256, BLOCK=256)),
                "shadow": (_graph_rows()[1], dict(KVD=256, D=256, BLOCK=256))}
@@ -437,8 +369,6 @@ def main():
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / (name.replace(" ", "_") + ".ptx")).write_text(code)
-    if args.norm_check:
-        norm_check(compiled)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ the native-kernel loader) and pass the `Env` on; nothing below that reads
 An empty variable counts as unset -- except the two keys (MUSER_PACK_KEY,
 MUSER_API_KEY), which keep exactly what was set, so that a command can refuse
 a blank key (`muser serve` does) instead of mistaking it for no key.  A renamed
-variable still set is refused rather than silently ignored (`RENAMED`).
+variable still set is refused rather than silently ignored (`RENAMED`), and so is a removed
+experiment switch set to anything but off (`REMOVED`).
 """
 from __future__ import annotations
 
@@ -184,13 +185,6 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                   "each may launch while the one before finishes, and waits for it on the "
                   "device before anything else -- the same bits, the launch gaps hidden (H200, "
                   "1B at 2k: decode 9% faster, 16 sessions 18%); off: plain launches"),
-    "MUSER_MEGA": ("off|mlp", "off", "backends/cuda (decode step)",
-                   "mlp: each layer's output projection, MLP half and the next layer's qkv (o, "
-                   "add+norm, gate|up, down, add+norm, qkv) as one persistent launch whose "
-                   "programs wait on counters "
-                   "(triton_mega.py: issue 17 item 6's first experiment; the same bits, but "
-                   "slower on the H200: one layer's launch 21.4 us against 16.3 for the six it "
-                   "replaces (270M), decode 0.59 -> 0.70 ms bare); off: four launches"),
     "MUSER_PIPELINE": ("off|on", "on", "backends/cuda (greedy runs)",
                        "on: `Engine.decode_greedy` and greedy `engine.stream` / `generate` "
                        "launch step N+1 before they read step N's pick back (cuda/greedy.py: "
@@ -245,13 +239,6 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                      "in steps of up to 16 rows, the decode attention launch also computes the o "
                      "projection (its extra grid row waits on a counter for the attention's rows, "
                      "then runs dot_rows' o tile: the same bits; experiment)"),
-    "MUSER_NORM_IN": ("off|1|4|16", "off", "backends/cuda (decode step)",
-                      "a step of at most this many rows leaves each add+norm but the final one "
-                      "to the projection that reads its x (dot_rows' norm prologue: every "
-                      "program norms its rows "
-                      "as add_norm does, then the dot) -- one launch a layer fewer for each, the "
-                      "same bits (checked on an H100), but slower: one 1B step +111 us, 16 rows "
-                      "halved (experiment, off)"),
     "MUSER_ATTN_RING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
                         "tile of the ring decode-attention kernel (experiments)"),
     "MUSER_ATTN_GROWING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
@@ -263,6 +250,10 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                                "1: run the Triton kernel tests on the CPU under Triton's interpreter"),
 }
 RENAMED = {"MUSER_CACHE": "MUSER_CACHE_DIR", "MUSER_GROWING_MIN_ROWS": "MUSER_GROWING_ROWS"}
+# experiment switches measured slower and removed: set to anything but off, refused (the
+# variable would otherwise be ignored while its user believes it runs)
+REMOVED = {"MUSER_MEGA": "removed: measured slower, benchmarks/NOTES.md, fourteenth session",
+           "MUSER_NORM_IN": "removed: measured slower, benchmarks/NOTES.md, eighteenth session"}
 
 
 @dataclass(frozen=True)
@@ -294,13 +285,11 @@ class Env:
     flatten: str = "dot"
     dot_tma: str = "auto"
     fuse_sum: str = "on"
-    norm_in: str = "off"
     chunk_graphs: str = "on"
     chunk_graph_rows: int | None = None             # None: auto (chunk_graph.auto_limit)
     graph_keys: str = "staged"
     pdl: str = "on"
     pipeline: str = "on"
-    mega: str = "off"
     attn_regs: str = "auto"
     prefetch: str = "auto"
     prefetch_programs: str = "32"
@@ -380,6 +369,9 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
     for old, new in RENAMED.items():
         if e.get(old):
             raise EnvError(old, f"nothing (renamed to {new})", e[old])
+    for old, why in REMOVED.items():
+        if e.get(old) and e[old] != "off":
+            raise EnvError(old, f"nothing ({why})", e[old])
 
     def get(name: str) -> str | None:
         v = e.get(name)
@@ -401,14 +393,14 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_CHUNK_FIRST", "chunk_first"), ("MUSER_CHUNK_PARK", "chunk_park"),
                         ("MUSER_CHUNK_PREP", "chunk_prep"), ("MUSER_FLATTEN", "flatten"),
                         ("MUSER_FUSE_SUM", "fuse_sum"), ("MUSER_PIPELINE", "pipeline"),
-                        ("MUSER_MEGA", "mega"), ("MUSER_ATTN_REGS", "attn_regs"),
+                        ("MUSER_ATTN_REGS", "attn_regs"),
                         ("MUSER_PREFETCH", "prefetch"),
                         ("MUSER_PREFETCH_PROGRAMS", "prefetch_programs"),
                         ("MUSER_PREFETCH_AT", "prefetch_at"), ("MUSER_PREFETCH_QKV", "prefetch_qkv"),
                         ("MUSER_PREFETCH_HINT", "prefetch_hint"), ("MUSER_PREFETCH_MLP", "prefetch_mlp"),
                         ("MUSER_ATTN_EARLY", "attn_early"), ("MUSER_DOT_EARLY", "dot_early"),
                         ("MUSER_ATTN_O", "attn_o"),
-                        ("MUSER_NORM_IN", "norm_in"), ("MUSER_DOT_TMA", "dot_tma"),
+                        ("MUSER_DOT_TMA", "dot_tma"),
                         ("MUSER_CHUNK_ALIGN", "chunk_align"), ("MUSER_CHUNK_ORDER", "chunk_order"),
                         ("MUSER_CHUNK_WIDE", "chunk_wide"), ("MUSER_CHUNK_FENCE", "chunk_fence"),
                         ("MUSER_CHUNK_WHOLE", "chunk_whole"), ("MUSER_CHUNK_BASE", "chunk_base")):

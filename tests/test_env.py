@@ -67,6 +67,13 @@ def test_the_old_cache_variable_is_refused_not_ignored():
         env.read({"MUSER_CACHE": "/tmp/x"})
 
 
+@pytest.mark.parametrize("name", ["MUSER_MEGA", "MUSER_NORM_IN"])
+def test_a_removed_switch_is_refused_unless_off(name):
+    with pytest.raises(EnvError, match=rf"{name} expected nothing \(removed: measured slower"):
+        env.read({name: "on"})
+    assert env.read({name: "off"}) == env.read({})
+
+
 def test_the_documented_table_is_the_knob_table():
     doc = (ROOT / "docs" / "env.md").read_text()
     assert env.table() in doc, "docs/env.md is out of date: paste muser.env.table()"
@@ -82,7 +89,8 @@ def test_every_knob_the_code_names_is_in_the_table():
     for f in _python_files():
         named |= set(re.findall(r"\bMUSER_[A-Z_]+\b", f.read_text()))
     named -= {"MUSER_MODES", "MUSER_UNWRITABLE_TEST"}     # a benchmark constant, a C define
-    assert named <= set(env.KNOBS) | set(env.RENAMED), sorted(named - set(env.KNOBS))
+    assert named <= set(env.KNOBS) | set(env.RENAMED) | set(env.REMOVED), \
+        sorted(named - set(env.KNOBS))
 
 
 def test_nothing_but_env_py_reads_a_muser_variable():

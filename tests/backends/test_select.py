@@ -117,7 +117,6 @@ def test_the_cuda_attention_layout_follows_the_env(growing, env, want):
     (Env(growing_group=8), False),
     (Env(gemv="fast"), False),
     (Env(pipeline="on"), True),                # the same steps, launched earlier
-    (Env(mega="mlp"), False),                  # its own encoding until the H200 shows the bits
 ])
 def test_the_cuda_cut_encoding_names_the_arithmetic(env, same):
     """A CUDA engine's cuts carry "+cuda-<digest>": knobs that move a row's bits change it,

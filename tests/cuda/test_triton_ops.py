@@ -113,55 +113,6 @@ def test_an_add_norm_over_unsummed_pieces_gives_the_summed_bits(dev, kdtype, lay
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-@pytest.mark.parametrize("layernorm,post", [(False, True), (False, False), (True, True)])
-@pytest.mark.parametrize("rows,glu,pieces", [(1, False, False), (1, True, True), (3, False, True),
-                                             (16, True, False), (20, False, False)])
-def test_a_dot_that_norms_its_own_rows_is_add_norm_then_the_dot(dev, kdtype, layernorm, post,
-                                                                rows, glu, pieces):
-    """MUSER_NORM_IN: dot_rows of norm_in(h, d1) -- the add+norm done by the dot's own programs
-    (dot_norm_kernel) -- == add_norm, then dot_rows of its x: h', x and the dot's output
-    bitwise, with d1 a tensor or a projection's unsummed split-K pieces, act*up or not, one row
-    tile or two (20 rows), and for a picking head."""
-    from muser.backends.cuda.triton_dot import Pieces, dot_rows
-    from muser.backends.cuda.triton_dot_norm import norm_in
-    from muser.backends.cuda.triton_ops import add_norm
-    N, n = 640, 96                         # the 270M's width: add_norm's 4 warps, the dot's 4
-    g = torch.Generator().manual_seed(9)
-    h = torch.randn(rows, N, generator=g).to(dev, kdtype)
-    if pieces:
-        a = torch.randn(rows, 2048, generator=g).to(dev, kdtype)
-        wd = (torch.randn(N, 2048, generator=g) / 45).to(dev, kdtype)
-        d1 = dot_rows(a, wd, defer=True, config=(32, 128, 4, 2, 512))
-        assert isinstance(d1, Pieces) and d1.part.shape[0] == 4
-    else:
-        d1 = torch.randn(rows, N, generator=g).to(dev, kdtype)
-    wp, wn = torch.randn(N, device=dev), torch.randn(N, device=dev)
-    w = (torch.randn(2 * n if glu else n, N, generator=g) / 25).to(dev, kdtype)
-    post_w = wp if post else None
-    want_h, want_x = add_norm(h, wn, 1e-6, layernorm, d1=d1, w_post=post_w)
-    want = dot_rows(want_x, w, glu=glu)
-    ni = norm_in(h, wn, 1e-6, layernorm, d1=d1, w_post=post_w)
-    got = dot_rows(ni, w, glu=glu)
-    assert torch.equal(ni.h_out, want_h) and torch.equal(ni.x, want_x)
-    assert torch.equal(got, want)
-    if not glu:                                              # the picking head, normed in
-        ni = norm_in(h, wn, 1e-6, layernorm, d1=d1, w_post=post_w)
-        for a, b in zip(dot_rows(ni, w, pick=True), dot_rows(want_x, w, pick=True)):
-            assert torch.equal(a, b)
-
-
-def test_a_norm_in_dot_refuses_what_would_norm_otherwise(dev, kdtype):
-    """A tile whose warps are not add_norm's (another reduction tree) or int8 weights (no FMA
-    contraction) cannot norm its rows as add_norm does: refused, naming why."""
-    from muser.backends.cuda.triton_dot import dot_rows
-    from muser.backends.cuda.triton_dot_norm import norm_in
-    h = torch.randn(2, 640).to(dev, kdtype)
-    w = torch.randn(64, 640).to(dev, kdtype)
-    ni = norm_in(h, torch.ones(640, device=dev), 1e-6, False, d1=h)
-    with pytest.raises(ValueError, match="add_norm's warps"):
-        dot_rows(ni, w, config=(32, 128, 8, 2, 0))
-
-
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("qk_norm", [False, True])
 @pytest.mark.parametrize("rope", [False, True])

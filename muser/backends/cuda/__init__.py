@@ -39,10 +39,7 @@ def arithmetic_tag(env) -> str:
             for growing in (False, True) for d in (64, 256)]
     pieces = table_pieces()
     blob = json.dumps([ARITHMETIC, lays, pieces, env.gemv, env.attn])
-    tag = "+cuda-" + hashlib.sha256(blob.encode()).hexdigest()[:6]
-    # MUSER_MEGA is meant to give the same bits; until the H200 has shown it, its cuts are
-    # their own encoding (a restore across the switch is refused, not silently inexact)
-    return tag + ("+mega-" + env.mega if env.mega != "off" else "")
+    return "+cuda-" + hashlib.sha256(blob.encode()).hexdigest()[:6]
 
 
 class CudaBackend(Backend):

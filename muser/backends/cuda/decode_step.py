@@ -40,9 +40,7 @@ from .triton_decode import (DecodeWorkspace, OFuse, decode_attention, fused_deco
 from .step_weights import fuse_weights, head_picks, o_fuses, via_dot
 from .step_ffn import ffn, mlp, norm_all
 from .triton_dot import dot_rows
-from .triton_dot_norm import NormIn, norm_fuses, norm_in
 from .triton_dot_tiles import dot_config, tma_pays
-from .triton_mega import mega_half
 from .l2_prefetch import step_plans
 from .triton_gemv import gemv
 from .weights_int8 import RowInt8
@@ -91,9 +89,6 @@ class DecodeStep:
         # row counts past 2,048 whose chunk passes run as captured graphs (set by the chunk
         # graphs, chunk_graph.ChunkGraphs._set_limit): MUSER_DOT_TMA=auto takes TMA for every weight
         self.graph_rows: frozenset[int] = frozenset()
-        # MUSER_NORM_IN: in steps of at most this many rows, an add+norm is done by the launch
-        # of the projection that reads its x (`_add_norm`); 0: never
-        self.norm_in_rows = 0 if env.norm_in == "off" else int(env.norm_in)
         self.attn_regs = env.attn_regs          # the attention launch's register cap (`regs_for`)
         # per layer, the l2_prefetch.Prefetch its attention launch, the add+norm after o and the
         # one closing it run (l2_prefetch.step_plans), in steps of at most prefetch_rows rows
@@ -104,9 +99,6 @@ class DecodeStep:
             step_plans(self.w.layers, self.fused, self.lays, env) if hopper
             else ([None] * len(spec.layers),) * 3)
         self.prefetch_rows = 1 if env.prefetch == "auto" else 1 << 30
-        # MUSER_MEGA=mlp: each layer's MLP half as one persistent launch (triton_mega.py)
-        self.mega_cnt = (torch.zeros(6, dtype=torch.int32, device=dev) if env.mega == "mlp"
-                         else None)
         # programmatic dependent launch for the step's own kernels (MUSER_PDL; sm_90 and up)
         self.pdl = (env.pdl == "on" and dev.type == "cuda"
                     and torch.cuda.get_device_capability(dev)[0] >= 9)
@@ -117,7 +109,6 @@ class DecodeStep:
         # o is a plain dot_rows decode tile without split-K pieces (MUSER_GEMV=dot), in steps of
         # <= 16 rows
         self.attn_o = (env.attn_o == "on" and mode == "dot" and self.fused_attn
-                       and self.mega_cnt is None
                        and all(o_fuses(lw.wo, self.gemv_for) for lw in self.w.layers))
         # a chunk through this step's layer loop has a decode step's bits only with the default
         # kernels: dot_rows for every row count, and the fused attention launch (whose first
@@ -154,35 +145,13 @@ class DecodeStep:
             return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, flatten=self.flatten,
                             defer=defer, widen=widen, early=self.dot_early, **kw)
         if self.gemv is dot_rows:
-            rows = (x.x if isinstance(x, NormIn) else x).shape[0]
+            rows = x.shape[0]
             tma = self.tma == "on" or (self.tma == "auto" and
                                        tma_pays(w.numel(), rows, rows in self.graph_rows))
             return dot_rows(x, w, pdl=self.pdl, flatten=self.flatten, defer=defer, widen=widen,
                             tma=tma, early=self.dot_early, **kw)
         y = self.gemv(x, w, **kw)
         return y.float() if widen else y
-
-    def _takes_norm(self, what: str, w, R: int) -> bool:
-        """Whether projection `what` ("qkv", "gu") of an R-row step reads its x through
-        a bf16 dot_rows whose tile norms as add_norm does (`triton_dot_norm.norm_fuses`): where
-        MUSER_NORM_IN may leave it the add+norm before it."""
-        if not (self.norm_in_rows and R <= self.norm_in_rows) or isinstance(w, RowInt8) \
-                or self.gemv is not dot_rows \
-                or not via_dot(w, what, self.gemv_for, self.batch1_only, R):
-            return False
-        n, k = w.shape
-        glu = what == "gu"
-        return norm_fuses(k, dot_config(n // 2 if glu else n, k, glu)[2], False)
-
-    def _add_norm(self, h, w_next, d1, w_post, takes: bool, prefetch=None):
-        """add_norm(h, w_next, d1=d1, w_post=w_post) -> (h', x); with `takes` (the projection
-        reading x can norm it: `_takes_norm`), x is a NormIn that its dot_rows launch computes
-        -- h' is allocated now and written by that launch.  `prefetch`: add_norm's."""
-        if takes and w_next is not None:
-            ni = norm_in(h, w_next, self.spec.norm_eps, self.layernorm, d1=d1, w_post=w_post)
-            return ni.h_out, ni
-        return add_norm(h, w_next, self.spec.norm_eps, self.layernorm, d1=d1, w_post=w_post,
-                        pdl=self.pdl, prefetch=prefetch)
 
     def _linear(self, what, x, w, b=None, defer: bool = False):
         """x @ w.T (+ b); `defer` as `_dot`'s."""
@@ -247,23 +216,15 @@ class DecodeStep:
                           layers[0].attn_norm if spec.pre_norm else None, eps, self.layernorm,
                           pdl=self.pdl)
         x = h if x is None else x
-        ahead = None                       # MUSER_MEGA: this layer's qkv, from the launch before
         for i, (lw, ls, fz) in enumerate(zip(layers, spec.layers, self.fused)):
             R = x.shape[0]
             KV, D = ls.kv_heads, ls.head_dim
-            qkv = ahead if ahead is not None else self._linear("qkv", x, fz["wqkv"], fz["bqkv"])
-            ahead = None
+            qkv = self._linear("qkv", x, fz["wqkv"], fz["bqkv"])
             qn, kn = (lw.q_norm, lw.k_norm) if spec.qk_norm else (None, None)
             if qn is not None and spec.qk_norm_span == "all":
                 qkv, qn, kn = norm_all(self, qkv, lw, H * D, KV * D), None, None
             a = attend(i, lw, ls, qkv, qn, kn)
             nxt = layers[i + 1].attn_norm if i + 1 < len(layers) else w.final_norm
-            if self.mega_cnt is not None:          # MUSER_MEGA: o and the MLP half, one launch
-                hx = mega_half(self, lw, fz, h, a.view(R, H * D), nxt, self.mega_cnt,
-                               self.fused[i + 1] if i + 1 < len(layers) else None)
-                if hx is not None:
-                    h, x, ahead = hx
-                    continue
             o = a if o_inside else self._linear("o", a.view(R, H * D), lw.wo, lw.bo)
             if spec.parallel_block:
                 h, x = add_norm(h, nxt, eps, self.layernorm, d1=o, d2=mlp(self, lw, fz, x),
@@ -271,9 +232,8 @@ class DecodeStep:
                 continue
             post = spec.sandwich_norm or not spec.pre_norm     # transformer.layer_forward's rule
             post_attn = lw.post_attn_norm if post else None
-            h, x = self._add_norm(h, lw.pre_ffn_norm if spec.pre_norm else None, o, post_attn,
-                                  lw.moe is None and self._takes_norm("gu", fz["wgu"], R),
-                                  pf_mlp[i])
+            h, x = add_norm(h, lw.pre_ffn_norm if spec.pre_norm else None, eps, self.layernorm,
+                            d1=o, w_post=post_attn, pdl=self.pdl, prefetch=pf_mlp[i])
             # MUSER_FUSE_SUM: the down projection's split-K pieces summed by the add_norm below
             m = ffn(self, lw, fz, h, h if x is None else x,
                           defer=self.fuse_sum and lw.layer_scale is None)
@@ -282,9 +242,8 @@ class DecodeStep:
                 # not the final norm: each of the head's 4,096 programs would load the rows
                 # (the 1B: 7 pieces, ~130 MB a step) and store the same h' and x lines, 4,096
                 # stores a line, to save one launch
-                h, x = self._add_norm(h, nxt, m, post_ffn, i + 1 < len(layers) and
-                                      self._takes_norm("qkv", self.fused[i + 1]["wqkv"], R),
-                                      pf_qkv[i])
+                h, x = add_norm(h, nxt, eps, self.layernorm, d1=m, w_post=post_ffn,
+                                pdl=self.pdl, prefetch=pf_qkv[i])
                 x = h if x is None else x                  # post-norm: the next layer reads h
             else:                                  # Gemma 4: scale the layer's output, then norm
                 h = add_norm(h, None, eps, self.layernorm, d1=m, w_post=post_ffn)[0] * lw.layer_scale

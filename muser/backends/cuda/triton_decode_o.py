@@ -1,8 +1,8 @@
 """The o projection inside the decode attention launch (Triton; MUSER_ATTN_O, an experiment).
 
-Owns: `o_pieces()` -> `_o_done` (a row's attention output stored: count it) and `_o_tile` (one
-output tile of o = attention @ wo.T for every row of the step, by a program of the launch's o
-row, once every row is counted).  Does not own: the attention (triton_decode_kernel.py, which
+Owns: `o_pieces()` -> `_o_done` (a row's attention output stored: count it), `_wait_for` (spin
+on a counter, then acquire) and `_o_tile` (one output tile of o = attention @ wo.T for every
+row of the step, by a program of the launch's o row, once every row is counted).  Does not own: the attention (triton_decode_kernel.py, which
 calls these), the grid and its buffers (triton_decode.py), when the step takes it
 (decode_step.py).
 
@@ -32,13 +32,26 @@ def o_pieces() -> dict:
     import triton
     import triton.language as tl
 
-    from . import triton_dot, triton_mega
+    from . import triton_dot
     triton_dot._kernels()                # defines _piece / _finish in triton_dot's globals
-    triton_mega._kernel()                # and _wait_for in triton_mega's
     globals()["tl"] = tl                 # the interpreter looks for the language in module globals
     for name in ("_piece", "_finish"):
         globals()[name] = getattr(triton_dot, name)
-    globals()["_wait_for"] = getattr(triton_mega, "_wait_for")
+
+    @triton.jit
+    def wait_for(cnt, n):
+        """Spin until the counter reaches n, then acquire (the producers' stores are visible).
+        The spin reads with volatile loads, not atomics: programs waiting must not queue
+        read-modify-writes on one L2 line beside the stores they wait for."""
+        while tl.load(cnt, volatile=True) < n:
+            pass
+        # the acquire: a compare-and-swap that never swaps (counts are >= 0) -- Triton drops an
+        # atomic add of 0 (sm_90 PTX: it did, acquire and all); its value is used as well
+        seen = tl.atomic_cas(cnt, -1, -1, sem="acquire", scope="gpu")
+        while seen < n:
+            seen = tl.atomic_cas(cnt, -1, -1, sem="acquire", scope="gpu")
+
+    globals()["_wait_for"] = wait_for
 
     @triton.jit
     def o_done(ODN):

@@ -2,8 +2,7 @@
 
 Owns: `dot_rows` (rows in tiles of 16 on the tensor cores, K in fixed steps and
 optional fixed split-K pieces summed in order: the default for every projection
-and the head, any batch size), the split-K sum, and `dot_norm_kernel` (the same dot after
-add_norm's own pieces as a prologue: MUSER_NORM_IN, host side in triton_dot_norm.py).
+and the head, any batch size) and the split-K sum.
 Batch-invariant: row b of a B-row call is bitwise the row computed alone.  Does not own: the
 tile tables (triton_dot_tiles.py), the epilogue (triton_dot_epilogue.py), block-int8 tiles and
 the early prefetch (triton_dot_loads.py), the older batch-1 GEMV (triton_gemv.py,
@@ -20,10 +19,9 @@ import torch
 
 from .triton_dot_epilogue import act_pieces
 from .triton_dot_loads import early_fits, load_pieces
-from .triton_dot_norm import NormIn, launch_norm
 from .triton_dot_tma import dot_tma, tma_fits
 from .triton_dot_tiles import CHUNK_ROWS, WIDE_ROWS, chunk_tile, dot_config, tma_tile
-from .triton_pieces import norm_pieces, pdl_launch, pdl_pieces
+from .triton_pieces import pdl_launch, pdl_pieces
 from .triton_pick import pick_pieces
 
 
@@ -81,7 +79,6 @@ def _kernels():
 
     globals()["_piece"] = piece_dot
 
-    globals().update(norm_pieces())
 
     @triton.jit
     def dot_rows_kernel(X, W, S, BIAS, Y, P, B, N, K: tl.constexpr, KS: tl.constexpr,
@@ -99,34 +96,6 @@ def _kernels():
         _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         _dot_body(X, W, S, BIAS, Y, P, B, N, K, KS, BLOCK_N, BLOCK_K, GLU, GELU, HAS_BIAS, SPLIT,
                   BM, PIECES_IN, WQ, FLATTEN, WIDEN, PICK, WQB)
-
-    @triton.jit
-    def dot_norm_kernel(X, W, S, BIAS, Y, P, B, N, NH, ND1, NS, NWP, NWN, NHO, eps,
-                        K: tl.constexpr, KS: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, GLU: tl.constexpr, GELU: tl.constexpr,
-                        HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr,
-                        PIECES_IN: tl.constexpr, WQ: tl.constexpr, PDL: tl.constexpr,
-                        FLATTEN: tl.constexpr, WIDEN: tl.constexpr, PICK: tl.constexpr,
-                        NBLOCK: tl.constexpr, NPIECES: tl.constexpr, NWQ: tl.constexpr,
-                        POST: tl.constexpr, LAYERNORM: tl.constexpr):
-        """dot_rows of x = add_norm(h, d1)'s x, computed here (`norm_in`): every program first
-        norms its tile's rows exactly as add_norm_kernel does (the same pieces, one row at a
-        time over a [NBLOCK] block, so the same reduction tree at the same warps), stores h'
-        to NHO and x to X -- every program of a row tile stores the same bytes -- and then
-        reads X back as dot_rows_kernel reads it.  One launch where add_norm + dot_rows were
-        two; the rows go one after another, so only a step of few rows gains (decode_step)."""
-        _pdl_begin(PDL)
-        i = tl.arange(0, NBLOCK)
-        mask = i < K
-        for r in range(BM):
-            row = (tl.program_id(1) * BM + r).to(tl.int64)
-            if row < B:
-                h, d1 = _norm_inputs(NH, ND1, NS, row, i, mask, B, K, True, NPIECES, NWQ)
-                _add_norm_tail(h, d1, row, i, mask, NH, NWP, NWN, NHO, X, eps, K, True, False,
-                               POST, LAYERNORM, True)
-        tl.debug_barrier()                  # the block's stores of X before its loads of X
-        _dot_body(X, W, S, BIAS, Y, P, B, N, K, KS, BLOCK_N, BLOCK_K, GLU, GELU, HAS_BIAS, SPLIT,
-                  BM, PIECES_IN, WQ, FLATTEN, WIDEN, PICK)
 
     @triton.jit
     def dot_body(X, W, S, BIAS, Y, P, B, N, K: tl.constexpr, KS: tl.constexpr,
@@ -222,7 +191,7 @@ def _kernels():
         tl.store(Y + b.to(tl.int64) * N + cols, y.to(Y.dtype.element_ty), mask=cmask)
 
     globals()["_dot_body"] = dot_body
-    return dot_rows_kernel, split_sum_kernel, dot_norm_kernel
+    return dot_rows_kernel, split_sum_kernel
 
 
 class Pieces(NamedTuple):
@@ -259,8 +228,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     (the LM head: 16 rows x 262,144 logits cost a 12.6 us copy on the H200).  `pick`: no output;
     the widened values' first maximum a row and tile -> (values float32, columns int64), each
     [B, tiles], for `triton_pick.pick_partials` (the pipelined greedy step's head; no pieces, no
-    act*up).  `x` a NormIn (MUSER_NORM_IN): the rows are add_norm's x, normed by the launch
-    itself (`dot_norm_kernel`; the tile's warps must be add_norm's: `norm_fuses`).  `tma`
+    act*up).  `tma`
     (MUSER_DOT_TMA): 128-row tiles of 16-bit weights load by TMA (triton_dot_tma.py: the same
     pieces, dots and epilogue -- the same bits).  `early` (MUSER_DOT_EARLY; meant with `pdl`):
     where the pieces are on the grid and the rows one tile (a decode step's) and every row's
@@ -268,7 +236,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     the PDL wait (no value changes).
     Returns the output, or `Pieces` (defer), or the (values, columns) pair (pick)."""
     import triton
-    kern, ssum, kern_norm = _kernels()
+    kern, ssum = _kernels()
     n, k = w.shape
     wq = w.dtype == torch.int8
     wqb = wq and scale is not None and scale.dim() == 2          # BlockInt8: scales in the tile
@@ -277,12 +245,9 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
         raise ValueError(f"int8 weights [{n}, {k}] need a float32 scale of shape ({n},) or a "
                          f"float16 one of shape ({n}, {k // 32}) (K a multiple of 32), got "
                          f"{None if scale is None else (scale.dtype, tuple(scale.shape))}")
-    if wqb and isinstance(x, NormIn):
-        raise ValueError("a norm-in dot_rows takes no block-scaled int8 weights")
     if glu:
         n //= 2
-    norm = x if isinstance(x, NormIn) else None
-    x = norm.x if norm is not None else x.contiguous()
+    x = x.contiguous()
     B = x.shape[0]
     bn, bk, nw, st, piece = config or dot_config(n, k, glu)
     pieces = triton.cdiv(k, piece) if piece else 1
@@ -305,7 +270,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
         out = torch.empty(tiles, dtype=torch.float32, device=x.device)
         part = torch.empty(tiles, dtype=torch.int64, device=x.device)
     elif widen and (split or out is not None or x.dtype == torch.float32):
-        return dot_rows(norm if norm is not None else x, w, out=out, glu=glu, gelu=gelu,
+        return dot_rows(x, w, out=out, glu=glu, gelu=gelu,
                         bias=bias, config=config, rows=rows, tile=tile, scale=scale, pdl=pdl,
                         flatten=flatten, early=early).float()
     else:
@@ -313,7 +278,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
         part = (torch.empty((pieces, B, 2 * n if glu else n), dtype=torch.float32,
                             device=x.device) if split else out)
     ks = piece if pieces * inside > 1 else triton.cdiv(k, bk) * bk    # keys per piece
-    if (ttile and norm is None and not (split or pick or widen or wq)
+    if (ttile and not (split or pick or widen or wq)
             and tma_fits(x, w, bm, ttile[2], ks)):
         return dot_tma(x, w, out, n, glu, gelu, bias, ttile, ks, inside, pdl)
     b_arg = bias if bias is not None else w
@@ -323,7 +288,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     grid = (triton.cdiv(n, bn), triton.cdiv(B, bm), pieces)
     eb = w.element_size()
     # (the prefetch is inline PTX: not under Triton's interpreter, whose tensors are the CPU's)
-    early = (early and inside == 1 and norm is None and triton.cdiv(B, bm) == 1 and w.is_cuda
+    early = (early and inside == 1 and triton.cdiv(B, bm) == 1 and w.is_cuda
              and early_fits(w.data_ptr(), k, eb, ks, bn, glu, nw))
     wqr = wq and not wqb                     # row scales: applied to each finished sum
     shape = dict(K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu, GELU=gelu,
@@ -332,11 +297,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
                  **(dict(EARLY=True, EB=eb, LANES=32 * nw) if early else {}),
                  **({"WQB": True} if wqb else {}),
                  num_warps=nw, num_stages=st, **fuse, **pdl_launch(pdl))
-    if norm is None:
-        kern[grid](x, w, s_arg, b_arg, out, part, B, n, **shape)
-    else:
-        launch_norm(kern_norm, grid, norm, k, nw, wq, (x, w, s_arg, b_arg, out, part, B, n),
-                    shape)
+    kern[grid](x, w, s_arg, b_arg, out, part, B, n, **shape)
     if pick:
         return out, part
     if split and defer and not glu and bias is None:

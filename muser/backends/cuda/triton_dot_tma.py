@@ -14,7 +14,7 @@ a weight tile is read from HBM once for GROUP_M row tiles (the L2 keeps it).
          |BK|BK|BK| ...     |                         (TMA: keys >= K read as 0, as other=0)
 
 MUSER_DOT_TMA (on|off): bf16/f16 weights, 128-row tiles (>= WIDE_ROWS rows), no int8 scales,
-no NormIn, no picks.  Triton is imported lazily.
+no picks.  Triton is imported lazily.
 """
 from __future__ import annotations
 

@@ -164,9 +164,8 @@ def _kernels():
 
 def _row_shape(N: int) -> dict:
     """A norm row's block and warps, one rule for every launch that norms a row through
-    `_add_norm_tail` (add_norm, its pieces form, embed_norm, and the norm-in dot's prologue,
-    triton_dot_norm.py): the block and warps fix the reduction's tree, so launches that share
-    it give the same bits for the same row."""
+    `_add_norm_tail` (add_norm, its pieces form, embed_norm): the block and warps fix the
+    reduction's tree, so launches that share it give the same bits for the same row."""
     return {"BLOCK": _pow2(N), "num_warps": 8 if N >= 2048 else 4}
 
 

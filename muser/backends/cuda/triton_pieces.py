@@ -119,7 +119,7 @@ def rope_pieces() -> dict:
 @functools.lru_cache(maxsize=None)
 def norm_pieces() -> dict:
     """add_norm's two halves by the names the kernels call them, for every launch that norms a
-    row (add_norm, its pieces form, embed_norm, and dot_rows' norm prologue, triton_dot.py):
+    row (add_norm, its pieces form, embed_norm; benchmarks/add_norm_rows_probe.py):
     `_norm_inputs` (a row of h and its delta d1: one tensor, or a projection's split-K pieces
     summed in order as split_sum_kernel sums them) and `_add_norm_tail` (h' = h + norm?(d1)
     stored, x = norm(h')).  One copy: launches that norm a row alike give the same bits."""
