@@ -1,7 +1,7 @@
 """`ServerConfig`: every setting of `muser serve`, frozen and validated.
 
 Owns: the server's knobs and their defaults.  Does not own: the engine's
-settings (muser.config.EngineConfig) or parsing flags (cli.py).
+settings (muser.config.EngineConfig) or parsing flags (cli/serve.py).
 """
 from __future__ import annotations
 

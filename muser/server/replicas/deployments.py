@@ -7,7 +7,7 @@ tier in `__del__` when Ray scales it down or shuts it down), `IngressDeployment`
 (the FastAPI ingress) and `serve_app`, which binds both with Ray's own
 deployment options: num_replicas or an autoscaling config, per-replica
 resources (num_gpus, num_cpus), the MuserRouter as the engine deployment's
-request router.  Does not own: starting Ray or Serve (cli.py, or the user's).
+request router.  Does not own: starting Ray or Serve (cli/replicas.py, or the user's).
 
     from ray import serve
     import muser
