@@ -250,8 +250,8 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                                "1: run the Triton kernel tests on the CPU under Triton's interpreter"),
 }
 RENAMED = {"MUSER_CACHE": "MUSER_CACHE_DIR", "MUSER_GROWING_MIN_ROWS": "MUSER_GROWING_ROWS"}
-# experiment switches measured slower and removed: set to anything but off, refused (the
-# variable would otherwise be ignored while its user believes it runs)
+# experiment switches measured slower and removed: set to anything but off (0, false, no), refused
+# (the variable would otherwise be ignored while its user believes it runs)
 REMOVED = {"MUSER_MEGA": "removed: measured slower, benchmarks/NOTES.md, fourteenth session",
            "MUSER_NORM_IN": "removed: measured slower, benchmarks/NOTES.md, eighteenth session"}
 
@@ -370,7 +370,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
         if e.get(old):
             raise EnvError(old, f"nothing (renamed to {new})", e[old])
     for old, why in REMOVED.items():
-        if e.get(old) and e[old] != "off":
+        if e.get(old) and e[old].strip().lower() not in _FALSE:
             raise EnvError(old, f"nothing ({why})", e[old])
 
     def get(name: str) -> str | None:
