@@ -1,7 +1,26 @@
-"""Fixtures for the CUDA tests (helpers and skip marks live in cudautil.py)."""
+"""Fixtures for the CUDA tests (helpers and skip marks live in cudautil.py), and where a kernel
+test runs: on a GPU always; without one, under Triton's interpreter -- the `interp` ones
+wherever Triton is installed, every one with MUSER_TRITON_INTERPRET=1."""
 import pytest
 import torch
-from cudautil import HAS_CUDA
+from cudautil import HAS_CUDA, INTERPRET, INTERPRET_ALL, triton_available
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    if not (INTERPRET and triton_available()):
+        why = "needs a CUDA GPU (or Triton, for its interpreter: pip install -e '.[test]')"
+    elif INTERPRET_ALL:
+        return
+    else:
+        why = ("slow under Triton's interpreter: MUSER_TRITON_INTERPRET=1 runs it (every run "
+               "takes the ones marked interp)")
+    skip = pytest.mark.skip(reason=why)
+    for item in items:
+        if item.get_closest_marker("kernels") and (
+                why.startswith("needs") or not item.get_closest_marker("interp")):
+            item.add_marker(skip)
 
 
 @pytest.fixture

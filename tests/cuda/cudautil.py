@@ -1,10 +1,14 @@
 """Helpers for the CUDA tests: run on a GPU; skip cleanly elsewhere (CI is CPU-only).
 
-Kernel tests also run on the CPU under Triton's interpreter when
-MUSER_TRITON_INTERPRET=1 (float16: the interpreter has no bfloat16), which is
-how they were checked before any GPU time was spent.  Engine tests (graphs,
-flash attention) need a real GPU.
+Kernel tests (marked `kernels`: `needs_kernels`) also run on the CPU under Triton's
+interpreter (float16: the interpreter has no bfloat16), which is how they are checked before
+any GPU time is spent.  Without a GPU but with Triton installed (the test extra installs it),
+the ones also marked `interp` -- one or a few cheap rows a kernel -- run there in every test
+run, CI included; all of them with MUSER_TRITON_INTERPRET=1 (tens of minutes on 2 cores).
+conftest.py's `pytest_collection_modifyitems` applies the rule.  Engine tests (graphs, flash
+attention) need a real GPU (`needs_gpu`).
 """
+import importlib.util
 import os
 
 import pytest
@@ -12,24 +16,26 @@ import torch
 
 from muser.env import read as read_env
 
-INTERPRET = read_env().triton_interpret
-if INTERPRET:
-    os.environ["TRITON_INTERPRET"] = "1"
-
 HAS_CUDA = torch.cuda.is_available()
 
 
 def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether Triton is installed -- found, not imported: Triton reads TRITON_INTERPRET when
+    it is imported, so the check below must not import it before setting that."""
+    return importlib.util.find_spec("triton") is not None
 
+
+# every kernel test, not only the `interp` ones (MUSER_TRITON_INTERPRET=1)
+INTERPRET_ALL = read_env().triton_interpret
+# No GPU, Triton installed: Triton's kernels can only run under its interpreter here.  Set at
+# collection (conftest imports this first), before anything imports Triton.
+INTERPRET = not HAS_CUDA and (INTERPRET_ALL or os.environ.get("TRITON_INTERPRET") == "1"
+                              or triton_available())
+if INTERPRET:
+    os.environ["TRITON_INTERPRET"] = "1"
 
 needs_gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-needs_kernels = pytest.mark.skipif(not (HAS_CUDA or (INTERPRET and triton_available())),
-                                   reason="needs a CUDA GPU (or MUSER_TRITON_INTERPRET=1 with triton)")
+needs_kernels = pytest.mark.kernels          # what runs where: conftest.pytest_collection_modifyitems
 
 
 def rel(a, b) -> float:

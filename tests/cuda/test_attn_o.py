@@ -4,6 +4,7 @@ session and a batch, rings and growing planes, several steps (the counters end a
 and the step takes it only where every layer's o is a plain decode tile.  Under Triton's
 interpreter on the CPU (the step uncaptured); on a GPU through the captured step
 (tests/cuda/test_pdl.py)."""
+import pytest
 import torch
 from cudautil import HAS_CUDA, needs_kernels
 
@@ -26,6 +27,7 @@ def _decode(eng, env):
     return r.step, torch.cat(out)
 
 
+@pytest.mark.interp
 @needs_kernels
 def test_o_inside_the_attention_gives_the_steps_logits():
     dev, dt = ("cuda", "bfloat16") if HAS_CUDA else ("cpu", "float32")
@@ -37,6 +39,7 @@ def test_o_inside_the_attention_gives_the_steps_logits():
     assert not plain.isnan().any() and torch.equal(fused, plain)
 
 
+@pytest.mark.interp
 @needs_kernels
 def test_o_stays_a_launch_where_a_layer_cannot_fuse_it():
     """int8 rows (their scale in the epilogue) or MUSER_GEMV=fast: every layer keeps its o launch."""

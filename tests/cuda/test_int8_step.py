@@ -23,6 +23,7 @@ def passes(runner):
                                                                 logits)
 
 
+@pytest.mark.interp
 @needs_kernels
 def test_int8_rows_compute_the_dequantized_weights():
     dev, dt = ("cuda", "float16") if HAS_CUDA else ("cpu", "float32")
@@ -40,6 +41,7 @@ def test_int8_rows_compute_the_dequantized_weights():
     assert torch.allclose(a, b, rtol=tol, atol=tol), float((a - b).abs().max())
 
 
+@pytest.mark.interp
 @needs_kernels
 def test_an_int8_head_leaves_every_row_to_the_float_weights():
     """quantize_weights(head_only=True): the chunk pass stores the float model's K/V rows bit for
@@ -60,6 +62,7 @@ def test_an_int8_head_leaves_every_row_to_the_float_weights():
     assert torch.equal(a, c)            # the tile's weights are the dequantized ones, exactly
 
 
+@pytest.mark.interp
 @needs_kernels
 def test_a_q8_0_head_gives_the_float_heads_logits():
     """A head holding Q8_0 values (as the embedded 270M's): int8-head's chunk pass gives the

@@ -144,6 +144,7 @@ def test_a_chunk_row_has_the_decode_bits(dev, kdtype, kind, group, depth, loop, 
     assert rel(ref_out, want) < 2e-2
 
 
+@pytest.mark.interp       # the one chunk row CI runs (~25 s interpreted; the rest ~45 s each)
 def test_sinks_give_a_chunk_row_the_decode_bits(dev, kdtype):
     from muser.backends.cuda.triton_chunk import chunk_attention
     from muser.backends.cuda.triton_decode import decode_attention, plane_row, splits_for

@@ -62,6 +62,7 @@ def run(planes, heads, kv, d, dtype, dev, softcap=None, scale=0.125, sinks=None,
     return q, pos, table, meta, nsplit, cap, out
 
 
+@pytest.mark.interp
 @pytest.mark.parametrize("heads,kv,d", [(4, 1, 256), (8, 4, 256), (4, 2, 16), (16, 4, 128), (16, 2, 512)])
 def test_rings_filling_and_wrapped(dev, kdtype, heads, kv, d):
     cap = 64
@@ -70,12 +71,14 @@ def test_rings_filling_and_wrapped(dev, kdtype, heads, kv, d):
     run(planes, heads, kv, d, kdtype, dev)
 
 
+@pytest.mark.interp
 @pytest.mark.parametrize("n", [1, 5, 300, 2049])
 def test_growing_across_splits(dev, kdtype, n):
     planes = [filled("growing", n, 2, 64, kdtype, dev, chunk=257), filled("growing", 3, 2, 64, kdtype, dev)]
     run(planes, 8, 2, 64, kdtype, dev)
 
 
+@pytest.mark.interp
 def test_softcap_and_determinism(dev, kdtype):
     planes = [filled("growing", m, 1, 32, kdtype, dev, chunk=50, seed=m) for m in (700, 90)]
     q, pos, table, meta, nsplit, cap, out = run(planes, 4, 1, 32, kdtype, dev, softcap=3.0, scale=0.3)
@@ -84,6 +87,7 @@ def test_softcap_and_determinism(dev, kdtype):
         assert torch.equal(out, decode_attention(q, pos, table, meta, 1, nsplit, 0.3, 3.0))
 
 
+@pytest.mark.interp
 @pytest.mark.parametrize("kind,lens", [("ring", (1, 37, 64, 131)), ("growing", (1, 300, 2049))])
 def test_sinks_join_every_head_softmax(dev, kdtype, kind, lens):
     """gpt-oss: a learned per-head logit joins the denominator (large sinks: most mass on them)."""
@@ -185,6 +189,7 @@ def test_fused_equals_separate_and_reference(dev, kdtype, kind, lens, cap, heads
         assert rel(fo[b:b + 1], ref) < 1.5e-2, (p.kind, lens[b])
 
 
+@pytest.mark.interp
 @pytest.mark.parametrize("kind,lens,cap", [("ring", (1, 37, 64, 100, 131), 64),
                                            ("growing", (0, 4, 300, 2049), None)])
 @pytest.mark.parametrize("bias,prefetch", [(False, False), (True, True)])
@@ -264,6 +269,7 @@ def _pdl(dev) -> bool:
     return torch.device(dev).type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
 
 
+@pytest.mark.interp
 @pytest.mark.parametrize("kind,lens,cap", [("ring", (1, 37, 64, 100, 131), 64),
                                            ("growing", (0, 4, 300, 2049), None)])
 @pytest.mark.parametrize("qk_norm,rope", [(True, True), (False, False)])
@@ -278,6 +284,7 @@ def test_an_early_prologue_is_timing_not_bits(dev, kdtype, kind, lens, cap, qk_n
     _same_bits(one, early)
 
 
+@pytest.mark.interp
 @pytest.mark.parametrize("split", [64, 128, 512])
 def test_positions_per_split(dev, kdtype, split):
     """Fewer, longer splits compute the same attention (to rounding: a different fold)."""

@@ -41,6 +41,7 @@ def _plain(x, w, b=None):
     return torch.nn.functional.linear(x, w, b)
 
 
+@pytest.mark.interp
 @pytest.mark.parametrize("style,scale", [("gpt_oss", False), ("gemma4", False), ("gemma4", True)])
 def test_experts_match_the_eager_moe(style, scale):
     from muser.backends.cuda.triton_moe import experts_rows, route_rows
@@ -54,6 +55,7 @@ def test_experts_match_the_eager_moe(style, scale):
     assert out.dtype == x.dtype and rel(out.float(), ref.float()) < 2e-2
 
 
+@pytest.mark.interp
 @pytest.mark.parametrize("style", ["gpt_oss", "gemma4"])
 def test_a_row_is_bitwise_the_same_alone_or_in_a_batch(style):
     from muser.backends.cuda.triton_moe import experts_rows, route_rows
@@ -65,6 +67,7 @@ def test_a_row_is_bitwise_the_same_alone_or_in_a_batch(style):
         assert torch.equal(batch[b:b + 1], experts_rows(x[b:b + 1], mw, ms, w[b:b + 1], i[b:b + 1]))
 
 
+@pytest.mark.interp
 @pytest.mark.parametrize("style", ["gpt_oss", "gemma4"])
 def test_a_long_chunk_gives_its_rows_the_decode_bits(style):
     """Past GROUP_MAX pairs (a prefill chunk) the grouping runs through torch, the expert kernels
@@ -168,6 +171,7 @@ def test_the_families_take_the_fused_decode_step(arch, dtype):
     assert worst < bound, (worst, bound)
 
 
+@pytest.mark.interp
 @pytest.mark.parametrize("B,k,E", [(1, 4, 32), (16, 8, 128), (70, 2, 4), (9, 3, 8)])
 def test_pairs_are_grouped_by_expert_stably(B, k, E):
     """group_kernel == a stable argsort of the experts, with their counts and first slots."""

@@ -13,6 +13,7 @@ from cudautil import HAS_CUDA, needs_kernels, rel
 pytestmark = needs_kernels
 
 
+@pytest.mark.interp
 @pytest.mark.parametrize("layernorm", [False, True])
 @pytest.mark.parametrize("mode", ["first", "sandwich", "plain", "parallel"])
 def test_add_norm(dev, kdtype, layernorm, mode):
@@ -36,6 +37,7 @@ def test_add_norm(dev, kdtype, layernorm, mode):
     assert rel(ho, rh) < 1e-2 and rel(xo, tf.norm(rh, wn, spec)) < 1e-2
 
 
+@pytest.mark.interp
 @pytest.mark.parametrize("layernorm", [False, True])
 @pytest.mark.parametrize("scaled,first_norm", [(True, True), (False, True), (True, False)])
 def test_embed_norm_gives_the_embedding_its_scale_and_the_first_norm_bitwise(dev, kdtype,
@@ -64,6 +66,7 @@ def test_embed_norm_gives_the_embedding_its_scale_and_the_first_norm_bitwise(dev
         embed_norm(ids, table, torch.ones(1, device=dev), wn, 1e-6, layernorm)
 
 
+@pytest.mark.interp
 @pytest.mark.parametrize("int8", [False, True])
 @pytest.mark.parametrize("rows,piece", [(1, 0), (16, 0), (70, 0), (5, 32)])
 def test_a_widened_dot_holds_the_float_of_the_rounded_dot(dev, kdtype, int8, rows, piece):
@@ -113,6 +116,7 @@ def test_an_add_norm_over_unsummed_pieces_gives_the_summed_bits(dev, kdtype, lay
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.interp
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("qk_norm", [False, True])
 @pytest.mark.parametrize("rope", [False, True])
@@ -238,6 +242,7 @@ def test_a_chunk_tile_gives_each_row_the_decode_tile_bits(dev, kdtype, glu, n, k
     assert torch.equal(dot_rows(x, w, glu=glu, tma=True), small)
 
 
+@pytest.mark.interp
 @pytest.mark.parametrize("glu,bias", [(False, False), (False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("k,piece", [(96, 0), (256, 64), (200, 64)])
 def test_tma_tiles_give_the_pointer_tiles_bits(dev, kdtype, glu, bias, k, piece):
@@ -263,6 +268,7 @@ def test_tma_tiles_give_the_pointer_tiles_bits(dev, kdtype, glu, bias, k, piece)
         assert not tma_fits(x.view(-1)[1:1 + 69 * k].view(69, k), w, 128, 32, ks)  # unaligned
 
 
+@pytest.mark.interp
 @pytest.mark.parametrize("glu,bias", [(False, False), (False, True), (True, False)])
 @pytest.mark.parametrize("piece", [0, 32])
 def test_int8_weights_through_dot_rows(dev, kdtype, glu, bias, piece):
@@ -325,6 +331,7 @@ def test_weights_asked_of_the_l2_early_give_the_same_bits(dev, kdtype, glu, int8
             assert not a.float().isnan().any() and torch.equal(a, b)
 
 
+@pytest.mark.interp
 @pytest.mark.parametrize("glu,piece", [(False, 0), (True, 0), (False, 32), (True, 64)])
 def test_block_int8_weights_are_the_dequantized_weights_in_the_tile(dev, kdtype, glu, piece):
     """BlockInt8 (quant="int8-head": int8 with a float16 scale a 32-key block, Q8_0) through

@@ -33,6 +33,7 @@ def rows(dev):
     return r.to(dev)
 
 
+@pytest.mark.interp
 @pytest.mark.parametrize("batch", [1, 5, 9])
 def test_one_launch_picks_what_greedy_rows_picks(dev, batch):
     from muser.backends.cuda.triton_pick import PickWorkspace, pick_rows

@@ -11,7 +11,7 @@ from muser.model import transformer as tf
 
 from cudautil import needs_gpu, needs_kernels, rel
 
-pytestmark = needs_kernels
+pytestmark = [needs_kernels, pytest.mark.interp]     # the whole file: ~10 s interpreted
 
 
 def spec(layernorm=False, interleaved=False):
