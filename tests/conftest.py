@@ -1,5 +1,15 @@
-"""Shared fixtures: the embedded 270M model is loaded once per test session."""
+"""Shared fixtures: the embedded 270M model is loaded once per test session.
+
+Also imports tests/cuda/cudautil.py first thing: it decides whether Triton's kernels run under
+its interpreter (no GPU) and sets TRITON_INTERPRET, which Triton reads when it is imported --
+so before any test module, in any folder, can import Triton."""
+import sys
+from pathlib import Path
+
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "cuda"))
+import cudautil  # noqa: E402,F401  (for its side effect: see above)
 
 
 @pytest.fixture(scope="session")

@@ -27,8 +27,8 @@ def triton_available() -> bool:
 
 # every kernel test, not only the `interp` ones (MUSER_TRITON_INTERPRET=1)
 INTERPRET_ALL = read_env().triton_interpret
-# No GPU, Triton installed: Triton's kernels can only run under its interpreter here.  Set at
-# collection (conftest imports this first), before anything imports Triton.
+# No GPU, Triton installed: Triton's kernels can only run under its interpreter here.  Set when
+# the root conftest imports this module, before any test module can import Triton.
 INTERPRET = not HAS_CUDA and (INTERPRET_ALL or os.environ.get("TRITON_INTERPRET") == "1"
                               or triton_available())
 if INTERPRET:
