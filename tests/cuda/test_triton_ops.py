@@ -89,7 +89,8 @@ def test_a_widened_dot_holds_the_float_of_the_rounded_dot(dev, kdtype, int8, row
     assert torch.equal(wide, dot_rows(x, w, **kw).float())
 
 
-@pytest.mark.parametrize("layernorm,post", [(False, True), (False, False), (True, True)])
+@pytest.mark.parametrize("layernorm,post", [pytest.param(False, True, marks=pytest.mark.interp),
+                                            (False, False), (True, True)])
 @pytest.mark.parametrize("int8", [False, True])
 def test_an_add_norm_over_unsummed_pieces_gives_the_summed_bits(dev, kdtype, layernorm, post,
                                                                 int8):
