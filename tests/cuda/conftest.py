@@ -11,15 +11,16 @@ def pytest_collection_modifyitems(config, items):
         return
     if not (INTERPRET and triton_available()):
         why = "needs a CUDA GPU (or Triton, for its interpreter: pip install -e '.[test]')"
+        interp_runs = False
     elif INTERPRET_ALL:
         return
     else:
-        why = ("slow under Triton's interpreter: MUSER_TRITON_INTERPRET=1 runs it (every run "
-               "takes the ones marked interp)")
+        why, interp_runs = ("slow under Triton's interpreter: MUSER_TRITON_INTERPRET=1 runs it "
+                            "(every run takes the ones marked interp)"), True
     skip = pytest.mark.skip(reason=why)
     for item in items:
-        if item.get_closest_marker("kernels") and (
-                why.startswith("needs") or not item.get_closest_marker("interp")):
+        if item.get_closest_marker("kernels") and not (
+                interp_runs and item.get_closest_marker("interp")):
             item.add_marker(skip)
 
 
