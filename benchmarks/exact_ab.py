@@ -130,7 +130,7 @@ def parent(args):
                     + (["--profile"] if args.profile else []) \
                     + ["--chunks", args.chunks, "--cpu-load", str(args.cpu_load)] \
                     + (["--max-context", env["MAX_CONTEXT"]] if "MAX_CONTEXT" in env else []) \
-                    + (["--quant", env["QUANT"]] if "QUANT" in env else []) \
+                    + ["--quant", env.get("QUANT", args.quant)] \
                     + (["--no-16k"] if args.decode_only or (args.no_16k and tree not in
                                                             ("old", "exact", "fast")) else [])
                 t = time.perf_counter()

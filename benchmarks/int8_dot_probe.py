@@ -10,6 +10,12 @@ HBM as a decode step does.  Also checks that a 16-row call and a 1-row call give
 bits (the batch invariance a decode step relies on).
 
     PYTHONPATH=. python3 benchmarks/int8_dot_probe.py [--heads]
+    PYTHONPATH=. python3 benchmarks/int8_dot_probe.py --sweep    # the heads' tiles (below)
+
+`--sweep`: the heads alone as the greedy step runs them (a picking tile, one row), bf16 and
+BlockInt8 weights, over tiles (block_n, block_k, warps, stages): none of them changes a bit
+(a sum is its k16 MMA steps in order, whatever the tile; no split-K pieces on a head), so the
+fastest block tile can be the int8-head mode's own.
 """
 import argparse
 
@@ -26,10 +32,51 @@ SHAPES = {"270m": [(1536, 640, False), (640, 1024, False), (2048, 640, True), (6
           "4b": [(4096, 2560, False), (2560, 2048, False), (10240, 2560, True), (2560, 10240, False)]}
 
 
+SWEEP = [(bn, bk, w, st) for bn in (64, 128) for bk in (128, 256) for w in (4, 8)
+         for st in (3, 4, 6) if bn * bk * st <= 128 * 256 * 4] + [(32, 256, 4, 4), (32, 256, 4, 6)]
+
+
+def sweep(dev: str) -> None:
+    """Each head's picking tile at one row over SWEEP, bf16 and BlockInt8 (us, HBM-fed)."""
+    print("| model | weights | tile (bn, bk, warps, stages) | us | GB/s |")
+    print("|---|---|---|---:|---:|")
+    for model, k in (("270m", 640), ("1b", 1152), ("4b", 2560)):
+        n = 262144
+        copies = max(2, -(-(160 << 20) // (n * k)))
+        wb = [torch.randn(n, k, device=dev).to(torch.bfloat16) for _ in range(copies)]
+        blocks = [quantize_blocks(w) for w in wb]
+        x = torch.randn(1, k, device=dev).to(torch.bfloat16)
+        for kind, ws, ss, nbytes, tiles in (
+                ("bf16", wb, [None] * copies, n * k * 2, [(64, 128, 4, 4)]),     # the default
+                ("blocks", [b.q for b in blocks], [b.scale for b in blocks], n * k + n * k // 16,
+                 SWEEP)):
+            best = None
+            for cfg in tiles:
+                it = {"i": 0}
+
+                def run():
+                    i = it["i"] = (it["i"] + 1) % copies
+                    return dot_rows(x, ws[i], scale=ss[i], pick=True, config=cfg + (0,))
+                try:
+                    t = timed(run, reps=100) * 1e3
+                except Exception as e:                      # a tile that does not fit (smem)
+                    print(f"| {model} | {kind} | {cfg} | {type(e).__name__} | |", flush=True)
+                    continue
+                best = min(best or (t, cfg), (t, cfg))
+                print(f"| {model} | {kind} | {cfg} | {t:.2f} | {nbytes / t / 1e3:.0f} |", flush=True)
+            print(f"| {model} | {kind} | **best {best[1]}** | **{best[0]:.2f}** | |", flush=True)
+        del wb, blocks
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--heads", action="store_true", help="the 262,144-row heads only (+ the 4B's)")
-    heads = ap.parse_args().heads
+    ap.add_argument("--sweep", action="store_true", help="the heads' picking tiles over SWEEP")
+    args = ap.parse_args()
+    heads = args.heads
+    if args.sweep:
+        return sweep("cuda")
     dev = "cuda"
     torch.manual_seed(0)
     print("| model | n, k, glu | bf16 us | int8 us | int8 / bf16 | blocks us | blocks / bf16 | "

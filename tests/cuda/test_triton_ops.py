@@ -357,3 +357,28 @@ def test_block_int8_weights_are_the_dequantized_weights_in_the_tile(dev, kdtype,
             assert torch.equal(a, b), kw
     with pytest.raises(ValueError, match="float16 one of shape"):
         dot_rows(x, q, glu=glu, config=cfg, scale=s.float())
+
+
+@pytest.mark.interp
+def test_block_int8_tile_dequantizes_every_int8_value_at_every_scale_range(dev, kdtype):
+    """The tile turns int8 into float32 by the exponent trick (2^23 + q + 128 as bits, less
+    2^23 + 128), not by a conversion: every byte -128..127 (Q8_0 stores -127..127, the type
+    holds -128 too) at scales from float16's subnormals to its largest must give
+    dtype(q * s), the product BlockInt8.dequantized names."""
+    from muser.backends.cuda.triton_dot import dot_rows
+    from muser.backends.cuda.weights_int8 import BlockInt8
+    n, k = 32, 256
+    q = (torch.arange(n * k) % 256 - 128).to(torch.int8).reshape(n, k)   # every byte, 32 times
+    g = torch.Generator().manual_seed(5)
+    # scales from 2^-24 (float16's least subnormal) up to where 128 q still fits the
+    # activation dtype (bf16: float16's largest; float16 under the interpreter: 2^8)
+    top = 65504.0 if kdtype == torch.bfloat16 else 256.0
+    e = torch.randint(-24, 8, (n, k // 32), generator=g).float()
+    s = (torch.rand(n, k // 32, generator=g) + 1).mul(e.exp2()).to(torch.float16)
+    s[0, 0], s[1, 1], s[2, 2] = top, 2.0 ** -24, 0.0                     # largest, least, 0
+    w = BlockInt8(q.contiguous(), s.contiguous())
+    x = torch.eye(k)[:16].to(dev, kdtype)          # one-hot rows: the output is w's own column
+    got = dot_rows(x, w.q.to(dev), scale=w.scale.to(dev), rows=16, config=(16, 32, 4, 1, 0))
+    want = dot_rows(x, w.dequantized(kdtype).to(dev), rows=16, config=(16, 32, 4, 1, 0))
+    assert torch.equal(got, want)
+    assert torch.equal(got.float(), w.dequantized(kdtype)[:, :16].T.float().to(dev))
