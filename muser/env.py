@@ -232,16 +232,6 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                          "weights) before its PDL wait, and its idle splits leave without "
                          "waiting -- the same bits (H200: 1B 1.082 -> 1.057 ms a step, 270M "
                          "0.541 -> 0.532, 16 sessions -2%); off: everything after the wait"),
-    "MUSER_DOT_EARLY": ("off|on", "off", "backends/cuda (decode step)",
-                        "with PDL, each program of a decode step's projections asks the L2 for "
-                        "its own weight rows before its PDL wait, while the launch before runs "
-                        "-- the same bits, but slower (H200: 1B 1.082 -> 1.208 ms; "
-                        "experiment, off)"),
-    "MUSER_ATTN_O": ("off|on", "off", "backends/cuda (decode step)",
-                     "in steps of up to 16 rows, the decode attention launch also computes the o "
-                     "projection (its extra grid row waits on a counter for the attention's rows, "
-                     "then runs dot_rows' o tile) -- the same bits, but slower (H200: 1B 1.082 -> "
-                     "1.174 ms, 270M 0.541 -> 0.572; experiment, off)"),
     "MUSER_ATTN_RING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
                         "tile of the ring decode-attention kernel (experiments)"),
     "MUSER_ATTN_GROWING": ("block_n,warps", "unset", "backends/cuda (decode attention)",
@@ -256,7 +246,11 @@ RENAMED = {"MUSER_CACHE": "MUSER_CACHE_DIR", "MUSER_GROWING_MIN_ROWS": "MUSER_GR
 # experiment switches measured slower and removed: set to anything but off (0, false, no), refused
 # (the variable would otherwise be ignored while its user believes it runs)
 REMOVED = {"MUSER_MEGA": "removed: measured slower, benchmarks/NOTES.md, fourteenth session",
-           "MUSER_NORM_IN": "removed: measured slower, benchmarks/NOTES.md, eighteenth session"}
+           "MUSER_NORM_IN": "removed: measured slower, benchmarks/NOTES.md, eighteenth session",
+           "MUSER_DOT_EARLY": "removed: measured slower (H200, 1B decode +125 us a step), "
+                              "benchmarks/NOTES.md, thirty-sixth session",
+           "MUSER_ATTN_O": "removed: measured slower (H200, 1B decode +91 us a step, 270M +31 "
+                           "us), benchmarks/NOTES.md, thirty-sixth session"}
 
 
 @dataclass(frozen=True)
@@ -301,8 +295,6 @@ class Env:
     prefetch_mlp: str = "off"
     prefetch_at: str = "wait"
     attn_early: str = "on"
-    dot_early: str = "off"
-    attn_o: str = "off"
     attn_acc: str = "dot"
     growing_group: int = 16
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)
@@ -401,8 +393,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_PREFETCH_PROGRAMS", "prefetch_programs"),
                         ("MUSER_PREFETCH_AT", "prefetch_at"), ("MUSER_PREFETCH_QKV", "prefetch_qkv"),
                         ("MUSER_PREFETCH_HINT", "prefetch_hint"), ("MUSER_PREFETCH_MLP", "prefetch_mlp"),
-                        ("MUSER_ATTN_EARLY", "attn_early"), ("MUSER_DOT_EARLY", "dot_early"),
-                        ("MUSER_ATTN_O", "attn_o"),
+                        ("MUSER_ATTN_EARLY", "attn_early"),
                         ("MUSER_DOT_TMA", "dot_tma"),
                         ("MUSER_CHUNK_ALIGN", "chunk_align"), ("MUSER_CHUNK_ORDER", "chunk_order"),
                         ("MUSER_CHUNK_WIDE", "chunk_wide"), ("MUSER_CHUNK_FENCE", "chunk_fence"),

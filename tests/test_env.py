@@ -67,7 +67,8 @@ def test_the_old_cache_variable_is_refused_not_ignored():
         env.read({"MUSER_CACHE": "/tmp/x"})
 
 
-@pytest.mark.parametrize("name", ["MUSER_MEGA", "MUSER_NORM_IN"])
+@pytest.mark.parametrize("name", ["MUSER_MEGA", "MUSER_NORM_IN", "MUSER_DOT_EARLY",
+                                  "MUSER_ATTN_O"])
 def test_a_removed_switch_is_refused_unless_off(name):
     with pytest.raises(EnvError, match=rf"{name} expected nothing \(removed: measured slower"):
         env.read({name: "on"})

@@ -190,61 +190,6 @@ def test_fused_equals_separate_and_reference(dev, kdtype, kind, lens, cap, heads
         assert rel(fo[b:b + 1], ref) < 1.5e-2, (p.kind, lens[b])
 
 
-@pytest.mark.interp
-@pytest.mark.parametrize("kind,lens,cap", [("ring", (1, 37, 64, 100, 131), 64),
-                                           ("growing", (0, 4, 300, 2049), None)])
-@pytest.mark.parametrize("bias,prefetch", [(False, False), (True, True)])
-def test_o_inside_the_attention_launch_is_the_o_launch(dev, kdtype, kind, lens, cap, bias,
-                                                       prefetch):
-    """MUSER_ATTN_O: the launch's o row computes o = attention @ wo.T (+ bias) with dot_rows'
-    decode tile -- bitwise the attention launch followed by dot_rows; the stored rows are the
-    plain launch's, and the counters end at 0 (a second launch runs clean)."""
-    from muser.backends.cuda.l2_prefetch import plan
-    from muser.backends.cuda.triton_decode import DecodeWorkspace, OFuse, fused_decode_attention
-    from muser.backends.cuda.triton_dot import dot_rows
-    from muser.backends.cuda.triton_dot_tiles import dot_config
-    heads, kv, d, hidden = 4, 1, 256, 96
-    g = torch.Generator().manual_seed(11)
-    wo = (torch.randn(hidden, heads * d, generator=g) / 16).to(dev, kdtype)
-    bo = torch.randn(hidden, generator=g).to(dev, kdtype) if bias else None
-    bn, bk = dot_config(hidden, heads * d, False)[:2]
-    outs = []
-    for fuse in (False, True, True):
-        planes = [filled(kind, n, kv, d, kdtype, dev, cap=cap, seed=n) for n in lens]
-        meta = []
-        for p, n in zip(planes, lens):
-            slot = (p.origin_physical + p.len) % p.capacity if kind == "ring" else n
-            if kind != "ring":
-                p.reserve(n + 1)
-            p.append_batch(n, 1)
-            meta.append([slot, p.len])
-        _, table, _, nsplit, capacity, lay = inputs(planes, dev)
-        B = len(lens)
-        qkv = torch.randn(B, (heads + 2 * kv) * d, generator=torch.Generator().manual_seed(3))
-        qkv = qkv.to(dev, kdtype)
-        pos = torch.tensor(lens, dtype=torch.int64, device=dev)
-        ws = DecodeWorkspace(B, kv, heads // kv, d, nsplit, dev)
-        pf = plan([wo], 1 << 20, 4, 128, False, False) if prefetch and dev == "cuda" else None
-        args = (qkv, pos, None, None, None, None, 1e-6, table,
-                torch.tensor(meta, dtype=torch.int64, device=dev), heads, kv, d, nsplit, 0.0625,
-                None, False)
-        if fuse:
-            yo = torch.full((B, hidden), float("nan"), dtype=kdtype, device=dev)
-            got = fused_decode_attention(*args, ws=ws, capacity=capacity, prefetch=pf,
-                                         ofuse=OFuse(wo, bo, yo, bn, bk), **lay)
-            assert got is yo and int(ws.odn.abs().sum()) == 0
-        else:
-            a = fused_decode_attention(*args, ws=ws, capacity=capacity, **lay)
-            got = dot_rows(a.view(B, heads * d), wo, bias=bo)
-        assert int(ws.cnt.abs().sum()) == 0
-        outs.append((got, planes))
-    (want, wp), *fused = outs
-    for got, gp in fused:
-        assert not want.isnan().any() and torch.equal(got, want)
-        for a, b in zip(wp, gp):
-            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
-
-
 def _same_bits(one, other):
     """Two `_fused_case` runs: every output and every stored K/V row bitwise equal."""
     for a, b in zip(one[0], other[0]):

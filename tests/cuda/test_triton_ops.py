@@ -303,35 +303,6 @@ def test_int8_weights_through_dot_rows(dev, kdtype, glu, bias, piece):
         dot_rows(x, qd, glu=glu, config=cfg)
 
 
-@pytest.mark.parametrize("glu,int8", [(False, False), (True, False), (False, True), (True, True)])
-@pytest.mark.parametrize("n,k,cfg", [(100, 48, (32, 16, 4, 3, 0)), (100, 128, (32, 16, 4, 3, 32)),
-                                     (100, 48, (32, 64, 4, 3, 0)), (1536, 1152, None)])
-def test_weights_asked_of_the_l2_early_give_the_same_bits(dev, kdtype, glu, int8, n, k, cfg):
-    """MUSER_DOT_EARLY: dot_rows whose programs ask the L2 for their weight rows before the PDL
-    wait give the rows, the widened rows and the picks bitwise what the plain launch gives --
-    several K steps, split-K pieces, one short step, a 1B qkv decode tile.  (Inline PTX: on an
-    sm_90 GPU only; `early_fits` is pinned on the CPU in tests/backends.)"""
-    from muser.backends.cuda.triton_dot import dot_rows
-    if not (HAS_CUDA and torch.cuda.get_device_capability()[0] >= 9):
-        pytest.skip("the bulk prefetch is an sm_90 instruction (not under the interpreter)")
-    g = torch.Generator().manual_seed(7)
-    w = torch.randn(2 * n if glu else n, k, generator=g)
-    x = torch.randn(3, k, generator=g).to(dev, kdtype)
-    kw = dict(config=cfg, rows=16)
-    if int8:
-        s = w.abs().amax(1) / 127
-        kw["scale"] = s.to(dev)
-        w = (w / s[:, None]).round().clamp(-127, 127).to(torch.int8).to(dev)
-    else:
-        w = w.to(dev, kdtype)
-    pieces = bool(cfg and cfg[4])
-    for extra in ({}, {"widen": True}) + (() if glu or pieces else ({"pick": True},)):
-        plain = dot_rows(x, w, glu=glu, pdl=True, **kw, **extra)
-        early = dot_rows(x, w, glu=glu, pdl=True, early=True, **kw, **extra)
-        for a, b in zip(*((plain, early) if extra.get("pick") else ((plain,), (early,)))):
-            assert not a.float().isnan().any() and torch.equal(a, b)
-
-
 @pytest.mark.interp
 @pytest.mark.parametrize("glu,piece", [(False, 0), (True, 0), (False, 32), (True, 64)])
 def test_block_int8_weights_are_the_dequantized_weights_in_the_tile(dev, kdtype, glu, piece):

@@ -35,12 +35,11 @@ import torch.nn.functional as F
 
 from ...env import Env
 from ...model import transformer as tf
-from .triton_decode import (DecodeWorkspace, OFuse, decode_attention, fused_decode_attention,
-                            merge_groups)
-from .step_weights import fuse_weights, head_picks, o_fuses, via_dot
+from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention, merge_groups
+from .step_weights import fuse_weights, head_picks, via_dot
 from .step_ffn import ffn, mlp, norm_all
 from .triton_dot import dot_rows
-from .triton_dot_tiles import dot_config, tma_pays
+from .triton_dot_tiles import tma_pays
 from .l2_prefetch import step_plans
 from .triton_gemv import gemv
 from .weights_int8 import RowInt8
@@ -102,14 +101,8 @@ class DecodeStep:
         # programmatic dependent launch for the step's own kernels (MUSER_PDL; sm_90 and up)
         self.pdl = (env.pdl == "on" and dev.type == "cuda"
                     and torch.cuda.get_device_capability(dev)[0] >= 9)
-        # MUSER_ATTN_EARLY / MUSER_DOT_EARLY: `early` of the attention launch / of dot_rows
+        # MUSER_ATTN_EARLY: `early` of the attention launch
         self.attn_early = self.pdl and env.attn_early == "on"
-        self.dot_early = self.pdl and env.dot_early == "on"
-        # MUSER_ATTN_O: o inside the attention launch (triton_decode_o.py) where every layer's
-        # o is a plain dot_rows decode tile without split-K pieces (MUSER_GEMV=dot), in steps of
-        # <= 16 rows
-        self.attn_o = (env.attn_o == "on" and mode == "dot" and self.fused_attn
-                       and all(o_fuses(lw.wo, self.gemv_for) for lw in self.w.layers))
         # a chunk through this step's layer loop has a decode step's bits only with the default
         # kernels: dot_rows for every row count, and the fused attention launch (whose first
         # half prepares a chunk's q/k/v); the experiment switches give that up
@@ -143,13 +136,13 @@ class DecodeStep:
         as float32 (the activation-dtype values: `.float()`'s bits, in dot_rows' own store)."""
         if isinstance(w, RowInt8):
             return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, flatten=self.flatten,
-                            defer=defer, widen=widen, early=self.dot_early, **kw)
+                            defer=defer, widen=widen, **kw)
         if self.gemv is dot_rows:
             rows = x.shape[0]
             tma = self.tma == "on" or (self.tma == "auto" and
                                        tma_pays(w.numel(), rows, rows in self.graph_rows))
             return dot_rows(x, w, pdl=self.pdl, flatten=self.flatten, defer=defer, widen=widen,
-                            tma=tma, early=self.dot_early, **kw)
+                            tma=tma, **kw)
         y = self.gemv(x, w, **kw)
         return y.float() if widen else y
 
@@ -172,16 +165,12 @@ class DecodeStep:
         maxnreg = self.regs_for(B)            # one batch size, one cap for every layer
         few = B <= self.prefetch_rows
         prefetch = self.prefetch if few else [None] * len(self.prefetch)
-        fuse_o = self.attn_o and B <= 16
 
         def attend(i, lw, ls, qkv, qn, kn):
             meta, table = metas[self.groups[i]], tables[i]
             KV, D = ls.kv_heads, ls.head_dim
             cos, sin = self.rope[i]
             lay = dict(capacity=self.caps[i], maxnreg=maxnreg, **self.lays[i])
-            if fuse_o:
-                n, k = lw.wo.shape
-                lay["ofuse"] = OFuse(lw.wo, lw.bo, qkv.new_empty(B, n), *dot_config(n, k, False)[:2])
             if self.fused_attn:
                 return fused_decode_attention(qkv, pos, cos, sin, qn, kn, spec.norm_eps, table, meta,
                                               spec.num_heads, KV, D, self.splits[i],
@@ -195,18 +184,15 @@ class DecodeStep:
             return decode_attention(q, pos, table, meta, KV, self.splits[i], spec.layer_scale(ls),
                                     spec.attn_logit_softcap, ws, sinks=lw.sinks, **lay)
 
-        x = self.layers(ids, attend, (self.prefetch_mlp, self.prefetch_qkv) if few else None,
-                        o_inside=fuse_o)
+        x = self.layers(ids, attend, (self.prefetch_mlp, self.prefetch_qkv) if few else None)
         return self.head(x) if pick is None else self.head_pick(x, pick)
 
-    def layers(self, ids: torch.Tensor, attend, norm_prefetch: tuple | None = None,
-               o_inside: bool = False) -> torch.Tensor:
+    def layers(self, ids: torch.Tensor, attend, norm_prefetch: tuple | None = None) -> torch.Tensor:
         """Rows of token ids through every layer -> the final-normed hidden rows [R, hidden].
         `attend(i, lw, ls, qkv, q_norm, k_norm)` -> [R, H, D]: the layer's attention over its
-        planes (a decode step's launch, or a chunk's: chunk_step.py); with `o_inside`
-        (MUSER_ATTN_O) -> [R, hidden], o already applied.  `norm_prefetch`: per layer, what the
-        add+norm after o and the one closing the layer ask the L2 for (MUSER_PREFETCH_MLP,
-        MUSER_PREFETCH_QKV)."""
+        planes (a decode step's launch, or a chunk's: chunk_step.py).  `norm_prefetch`: per
+        layer, what the add+norm after o and the one closing the layer ask the L2 for
+        (MUSER_PREFETCH_MLP, MUSER_PREFETCH_QKV)."""
         pf_mlp, pf_qkv = norm_prefetch or ([None] * len(self.w.layers),) * 2
         spec, w = self.spec, self.w
         H, eps = spec.num_heads, spec.norm_eps
@@ -225,7 +211,7 @@ class DecodeStep:
                 qkv, qn, kn = norm_all(self, qkv, lw, H * D, KV * D), None, None
             a = attend(i, lw, ls, qkv, qn, kn)
             nxt = layers[i + 1].attn_norm if i + 1 < len(layers) else w.final_norm
-            o = a if o_inside else self._linear("o", a.view(R, H * D), lw.wo, lw.bo)
+            o = self._linear("o", a.view(R, H * D), lw.wo, lw.bo)
             if spec.parallel_block:
                 h, x = add_norm(h, nxt, eps, self.layernorm, d1=o, d2=mlp(self, lw, fz, x),
                                 pdl=self.pdl)

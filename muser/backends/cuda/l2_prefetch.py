@@ -2,8 +2,7 @@
 
 Owns: `prefetch_pieces()` -- `_prefetch_l2`, the Triton piece a launch calls to have the
 copy engine bring byte ranges into the L2 (`cp.async.bulk.prefetch.L2`: one instruction a
-chunk, nothing comes back to the SM; `_bulk_prefetch`, that one instruction, which
-dot_rows' early rows call too: triton_dot_loads.py) -- and `Prefetch` / `plan` / `plans` / `after` /
+chunk, nothing comes back to the SM) -- and `Prefetch` / `plan` / `plans` / `after` /
 `step_plans`, the host side: which weights each site asks for, how many programs, where in the
 launch.  Does not own: the launches that run the piece (triton_decode_kernel.py: the
 attention's extra grid row; triton_ops.py: add_norm's programs past its rows, both through
@@ -197,4 +196,4 @@ def prefetch_pieces() -> dict:
         else:
             _bulk_prefetch(addr, size)
 
-    return {"_prefetch_l2": prefetch_l2, "_bulk_prefetch": bulk_prefetch}
+    return {"_prefetch_l2": prefetch_l2}

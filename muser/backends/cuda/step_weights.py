@@ -4,10 +4,9 @@ Owns: `fuse_weights` (q/k/v and gate/up concatenated once per layer; the engine'
 tensors become views of the fused ones, so nothing is held twice; int8 rows stack their scales
 alike; a layer's experts stacked), `unsupported(spec)` / `unsupported_weights(weights)` (why a
 model or its weights cannot take the fused step: None = they can; what cannot runs the eager
-session path -- correct, not fast), `via_dot` / `head_picks` / `o_fuses` (which projections go
-through the step's own dot kernels, whether its head can pick, whether o can run inside the
-attention launch).  Does not own: the step (decode_step.py), the graph runner that asks
-(graph.py).
+session path -- correct, not fast), `via_dot` / `head_picks` (which projections go through the
+step's own dot kernels, and whether its head can pick).  Does not own: the step
+(decode_step.py), the graph runner that asks (graph.py).
 """
 from __future__ import annotations
 
@@ -106,12 +105,3 @@ def head_picks(spec, output, gemv_for) -> bool:
     pick, which would have to be repeated in the kernel with torch's roundings."""
     return (spec.logit_scale == 1.0 and not spec.final_logit_softcap
             and via_dot(output, "head", gemv_for, False, 1))
-
-
-def o_fuses(wo, gemv_for) -> bool:
-    """Whether a layer's o projection can run inside its attention launch (MUSER_ATTN_O,
-    triton_decode_o.py): a plain contiguous weight through dot_rows' decode tile (o among
-    `gemv_for`), without split-K pieces (the o row sums no pieces)."""
-    from .triton_dot_tiles import dot_config
-    return (isinstance(wo, torch.Tensor) and "o" in gemv_for and wo.is_contiguous()
-            and dot_config(wo.shape[0], wo.shape[1], False)[4] == 0)

@@ -33,7 +33,6 @@ back like any other row: its attention is then the q-given form's, and a chunk's
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import torch
 
@@ -82,8 +81,6 @@ class DecodeWorkspace:
         # per (row, kv head): one top counter, then one per merge group the grid can touch
         self.cnt = torch.zeros(batch * kv_heads * (1 + self.ngroups), dtype=torch.int32, device=device)
         self.q = None                 # [B, H, D] the fused form's q (allocated on first use)
-        # MUSER_ATTN_O: rows counted in, o programs done (triton_decode_o.py; end at 0)
-        self.odn = torch.zeros(2, dtype=torch.int32, device=device)
 
     def q_for(self, batch: int, heads: int, head_dim: int, dtype) -> torch.Tensor:
         """The fused form's q scratch: one buffer for every layer (the first call sizes it;
@@ -92,21 +89,6 @@ class DecodeWorkspace:
         if self.q is None or self.q.numel() < n or self.q.dtype != dtype:
             self.q = torch.empty(n, dtype=dtype, device=self.cnt.device)
         return self.q
-
-
-class OFuse(NamedTuple):
-    """The o projection a decode-attention launch computes in its o row (MUSER_ATTN_O): wo
-    [hidden, H * D] (bf16, no split-K pieces), its bias or None, the output yo [B, hidden], and
-    dot_rows' decode tile for wo (block_n, block_k) -- programs = hidden / block_n."""
-    wo: torch.Tensor
-    bo: torch.Tensor | None
-    yo: torch.Tensor
-    block_n: int
-    block_k: int
-
-    @property
-    def programs(self) -> int:
-        return -(-self.wo.shape[0] // self.block_n)
 
 
 def merge_groups(nsplit: int, group: int) -> int:
@@ -118,7 +100,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
             nsplit, scale, softcap, interleaved, ws, out, split, group, block_n, warps,
             depth=1, acc_dot=False, prep="decode", capacity=0, sinks=None, v_norm=False,
             k_eq_v=False, qout=None, grid_splits=None, pdl=False, maxnreg=None, prefetch=None,
-            early=False, ofuse=None):
+            early=False):
     kern = _kernel()           # (the layout's chunk-only fields are left out: decode_keys)
     prepare = qout is not None and grid_splits == 1   # prepare_rows (prep "alone": PREP binary)
     B = table.shape[0]
@@ -136,21 +118,15 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
     dummy = ws.ms
     # a Prefetch (l2_prefetch.py) adds one grid row of prefetch.programs programs
     pf_args, pf_consts = launch_args(prefetch)
-    # an OFuse adds the o row (triton_decode_o.py): the launch's output is then o [B, hidden]
-    width = max(grid_splits or nsplit, prefetch.programs if prefetch is not None else 0,
-                ofuse.programs if ofuse is not None else 0)
-    grid = (B * kv_heads + (prefetch is not None) + (ofuse is not None), width)
-    o_args = ([ofuse.wo, ofuse.bo if ofuse.bo is not None else ofuse.wo, ofuse.yo, ws.odn]
-              if ofuse is not None else [dummy, dummy, dummy, ws.cnt])
-    o_consts = (dict(O_FUSE=True, ON=ofuse.wo.shape[0], OBN=ofuse.block_n, OBK=ofuse.block_k,
-                     ONO=ofuse.programs, OBIAS=ofuse.bo is not None) if ofuse is not None else {})
+    grid = ((B * kv_heads, grid_splits or nsplit) if prefetch is None else
+            (B * kv_heads + 1, max(grid_splits or nsplit, prefetch.programs)))
     kern[grid](
         src, src, pos, cos if rope else dummy, sin if rope else dummy,
         q_norm if q_norm is not None else dummy, k_norm if k_norm is not None else dummy,
         table, meta, ws.ms, ws.ls, ws.acc, ws.cnt, out, sinks if sinks is not None else dummy,
         qout if qout is not None else ws.q_for(B, heads, head_dim, src.dtype),
         float(scale), float(softcap or 1.0), float(eps), int(capacity), ws.ngroups, B * kv_heads,
-        *pf_args, *o_args,
+        *pf_args,
         H=heads, KV=kv_heads, G=G, D=head_dim, HALF=half, BLOCK_H=block_h,
         BLOCK_G=_pow2(G, 16), BLOCK_GC=_pow2(G), BLOCK_N=block_n, NSPLIT=nsplit, SPLIT=split,
         GS=group, DEPTH=depth, FUSED=qkv is not None,
@@ -158,7 +134,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         SOFTCAP=softcap is not None, SINKS=sinks is not None, V_NORM=bool(v_norm),
         K_EQ_V=bool(k_eq_v), RING=capacity > 0, ACC_DOT=bool(acc_dot),
         PREP=prepare and prep == "alone",
-        **pf_consts, EARLY=bool(early), **o_consts,
+        **pf_consts, EARLY=bool(early),
         num_warps=warps, enable_fp_fusion=False,
         # a register cap is register allocation only (the same instructions, the same bits):
         # 168 lets three programs share an SM where 208 let two (decode_step.regs_for)
@@ -174,8 +150,7 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
                            ws: DecodeWorkspace | None = None, out: torch.Tensor | None = None,
                            sinks: torch.Tensor | None = None, v_norm: bool = False,
                            k_eq_v: bool = False, capacity: int = 0, pdl: bool = False,
-                           prefetch=None, early: bool = False, ofuse: "OFuse | None" = None,
-                           **lay) -> torch.Tensor:
+                           prefetch=None, early: bool = False, **lay) -> torch.Tensor:
     """qkv [B, (H + 2KV) * D] -> attention output [B, H, D], one launch.
 
     Per batch row: qk-norm (if given) and RoPE (if cos/sin) of q and k in float32, each
@@ -191,22 +166,16 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
     `early` (MUSER_ATTN_EARLY; meant with `pdl`): the launch reads its plane table, slot,
     length, position, rotation and norm weights before the PDL wait, and its idle splits leave
     without waiting -- none of them is written by the launch before (no value changes).
-    `ofuse` (MUSER_ATTN_O; B <= 16): the launch also computes o = attention @ wo.T (+ bias)
-    into `ofuse.yo` and returns that -- dot_rows' decode tile's values.
     Graph-capturable: no host reads, static grid.
     """
     B = qkv.shape[0]
     if out is None:
         out = qkv.new_empty(B, heads, head_dim)
     lay = {**layout(capacity == 0, head_dim), **lay}
-    if ofuse is not None and (B > 16 or ws is None):
-        raise ValueError(f"o inside the attention launch takes at most 16 rows and a workspace "
-                         f"(its counters), got {B} rows, workspace {ws is not None}")
-    out = _launch(qkv, None, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads,
-                  head_dim, nsplit, scale, softcap, interleaved, ws, out, capacity=capacity,
-                  sinks=sinks, v_norm=v_norm, k_eq_v=k_eq_v, pdl=pdl, prefetch=prefetch,
-                  early=early, ofuse=ofuse, **decode_keys(lay))
-    return out if ofuse is None else ofuse.yo
+    return _launch(qkv, None, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads,
+                   head_dim, nsplit, scale, softcap, interleaved, ws, out, capacity=capacity,
+                   sinks=sinks, v_norm=v_norm, k_eq_v=k_eq_v, pdl=pdl, prefetch=prefetch,
+                   early=early, **decode_keys(lay))
 
 
 def prepare_rows(qkv: torch.Tensor, pos: torch.Tensor, cos, sin, q_norm, k_norm, eps: float,

@@ -12,7 +12,6 @@ import functools
 
 from .triton_attn import pieces
 from .triton_decode_merge import merge_pieces
-from .triton_decode_o import o_pieces
 from .triton_pieces import pdl_pieces, rope_pieces
 
 
@@ -25,7 +24,6 @@ def _kernel():
     globals().update(pdl_pieces())
     globals().update(rope_pieces())
     globals().update(merge_pieces())
-    globals().update(o_pieces())
 
     @triton.jit
     def load_kv(kp, vp, kpos, lo, hi, slot, pos, capm, rs, hs, kvh, dm, cv, RING: tl.constexpr):
@@ -64,16 +62,13 @@ def _kernel():
     globals()["_decode_tile"] = decode_tile
 
     @triton.jit
-    def row_out(O, SNK, ODN, b, kvh, gc, gcm, dm, cv, M, L, A, H: tl.constexpr, G: tl.constexpr,
-                D: tl.constexpr, SINKS: tl.constexpr, O_FUSE: tl.constexpr):
-        """A row's merged (M, L, A) -> its attention output (after the sinks' mass), stored;
-        with O_FUSE, counted in for the o programs (triton_decode_o.py)."""
+    def row_out(O, SNK, b, kvh, gc, gcm, dm, cv, M, L, A, H: tl.constexpr, G: tl.constexpr,
+                D: tl.constexpr, SINKS: tl.constexpr):
+        """A row's merged (M, L, A) -> its attention output (after the sinks' mass), stored."""
         if SINKS:
             M, L, A = _sink(SNK, kvh * G + gc, gcm, M, L, A)
         tl.store(O + (b * H + kvh * G + gc)[:, None] * D + dm[None, :],
                  (A / L[:, None]).to(O.dtype.element_ty), mask=gcm[:, None] & cv[None, :])
-        if O_FUSE:
-            _o_done(ODN)
 
     globals()["_row_out"] = row_out
 
@@ -83,7 +78,6 @@ def _kernel():
                                    "PN2", "PCH"])
     def attn_kernel(QKV, Q, POS, COS, SIN, QN, KN, TAB, META, MS, LS, ACC, CNT, O, SNK, QOUT,
                     scale, softcap, eps, capm, NGG, NROWS, PF0, PN0, PF1, PN1, PF2, PN2, PCH,
-                    WO, BO, YO, ODN,
                     H: tl.constexpr, KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                     HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_G: tl.constexpr,
                     BLOCK_GC: tl.constexpr, BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr,
@@ -94,27 +88,18 @@ def _kernel():
                     ACC_DOT: tl.constexpr, PDL: tl.constexpr, PREP: tl.constexpr = False,
                     NPF: tl.constexpr = 0, PF_EARLY: tl.constexpr = False,
                     PF_LANES: tl.constexpr = 128, PF_LAST: tl.constexpr = False,
-                    EARLY: tl.constexpr = False, O_FUSE: tl.constexpr = False,
-                    ON: tl.constexpr = 1, OBN: tl.constexpr = 16, OBK: tl.constexpr = 16,
-                    ONO: tl.constexpr = 0, OBIAS: tl.constexpr = False):
+                    EARLY: tl.constexpr = False):
         pid = tl.program_id(0)                    # b * KV + kvh (NPF: row NROWS prefetches)
         s = tl.program_id(1)                      # split, counted from the row's first
         # NPF (l2_prefetch.py): one more grid row whose first NPF programs bring the next
         # projections' weights into the L2 -- before the PDL wait (PF_EARLY) or after it
         pf = (pid == NROWS) & (s < NPF)
-        # O_FUSE (MUSER_ATTN_O, triton_decode_o.py): the last grid row's first ONO programs
-        # compute o = attention @ wo.T once every row's output is stored
-        if NPF > 0:
-            orow = NROWS + 1
-        else:
-            orow = NROWS
-        is_o = O_FUSE & (pid == orow) & (s < ONO)
         if not EARLY:
             _pdl_prefetch_begin(pf, s, PF0, PN0, PF1, PN1, PF2, PN2, PCH, PDL, NPF, PF_EARLY,
                                 PF_LANES, PF_LAST)
         rid = pid
-        if NPF > 0 or O_FUSE:
-            rid = tl.minimum(pid, NROWS - 1)      # the extra rows read a real row's table
+        if NPF > 0:
+            rid = tl.minimum(pid, NROWS - 1)      # the prefetch row reads a real row's table
         b = rid // KV
         kvh = rid % KV
         # independent loads first (latency-bound): plane address, slot, length, position
@@ -132,8 +117,8 @@ def _kernel():
         # no split is live, split 0 stores the rows).  The live splits run the same
         # instructions as before: the same bits.
         live = (s < nact) | (s == 0)
-        if NPF > 0 or O_FUSE:
-            live = live & (pid < NROWS)           # the extra rows attend nothing
+        if NPF > 0:
+            live = live & (pid < NROWS)           # the prefetch row attends nothing
         if EARLY:
             # MUSER_ATTN_EARLY (PDL only): nothing above and nothing loaded here is written by
             # the kernel before (the step's upload, tables, constants), so it is read before the
@@ -151,7 +136,7 @@ def _kernel():
                 if ROPE:
                     ecs = tl.load(COS + pos * HALF + ej, mask=ejm, other=0.0)
                     esn = tl.load(SIN + pos * HALF + ej, mask=ejm, other=0.0)
-            if live | pf | is_o:
+            if live | pf:
                 _pdl_prefetch_begin(pf, s, PF0, PN0, PF1, PN1, PF2, PN2, PCH, PDL, NPF, PF_EARLY,
                                     PF_LANES, PF_LAST)
         if live:
@@ -289,15 +274,9 @@ def _kernel():
                                 # (a chunk folds one group's total into an empty total too: exact)
                                 M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, 0, ngrp, a0, gc, gcm, dm, cv,
                                                 G, D, GS, True, DEPTH, BLOCK_GC, 2 * BLOCK_H)
-                                _row_out(O, SNK, ODN, b, kvh, gc, gcm, dm, cv, M, L, A, H, G, D,
-                                         SINKS, O_FUSE)
+                                _row_out(O, SNK, b, kvh, gc, gcm, dm, cv, M, L, A, H, G, D,
+                                         SINKS)
                         else:
-                            _row_out(O, SNK, ODN, b, kvh, gc, gcm, dm, cv, M, L, A, H, G, D,
-                                     SINKS, O_FUSE)
-
-        if O_FUSE:
-            if is_o:
-                _o_tile(O, WO, BO, YO, ODN, s, NROWS // KV, NROWS, H * D, ON, OBN, OBK, ONO,
-                        OBIAS)
+                            _row_out(O, SNK, b, kvh, gc, gcm, dm, cv, M, L, A, H, G, D, SINKS)
 
     return attn_kernel

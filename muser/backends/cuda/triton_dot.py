@@ -4,8 +4,8 @@ Owns: `dot_rows` (rows in tiles of 16 on the tensor cores, K in fixed steps and
 optional fixed split-K pieces summed in order: the default for every projection
 and the head, any batch size) and the split-K sum.
 Batch-invariant: row b of a B-row call is bitwise the row computed alone.  Does not own: the
-tile tables (triton_dot_tiles.py), the epilogue (triton_dot_epilogue.py), block-int8 tiles and
-the early prefetch (triton_dot_loads.py), the older batch-1 GEMV (triton_gemv.py,
+tile tables (triton_dot_tiles.py), the epilogue (triton_dot_epilogue.py), block-int8 tiles
+(triton_dot_loads.py), the older batch-1 GEMV (triton_gemv.py,
 MUSER_GEMV=fast), when they are used (decode_step.py), element-wise pieces (triton_ops.py),
 attention (triton_decode.py).  Triton is imported lazily: this module imports on
 a machine without it.
@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 
 from .triton_dot_epilogue import act_pieces
-from .triton_dot_loads import early_fits, load_pieces
+from .triton_dot_loads import load_pieces
 from .triton_dot_tma import dot_tma, tma_fits
 from .triton_dot_tiles import CHUNK_ROWS, WIDE_ROWS, chunk_tile, dot_config, tma_tile
 from .triton_pieces import pdl_launch, pdl_pieces
@@ -39,26 +39,20 @@ def _kernels():
     @triton.jit
     def piece_dot(X, W, rm, rmask, cols, cmask, piece, N, K: tl.constexpr, KS: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
-                  BM: tl.constexpr, S=None, WQB: tl.constexpr = False,
-                  XCG: tl.constexpr = False):
+                  BM: tl.constexpr, S=None, WQB: tl.constexpr = False):
         """One split-K piece [piece * KS, (piece + 1) * KS) of a [BM, BLOCK_N] tile (and its up
         half), from zero.  Each tl.dot chains its k16 MMA steps onto the accumulator, so an
         output element's sum is the k16 steps in order -- whatever BLOCK_K and BM are (the
         H200 agrees: benchmarks/dot_chunk_sweep.py).  WQB: BlockInt8 weights, their float16
-        block scales at S [rows of W, K // 32], dequantized in the tile (`_block_weights`).
-        XCG: x read past the L1 (rows another program of the launch just stored)."""
+        block scales at S [rows of W, K // 32], dequantized in the tile (`_block_weights`)."""
         acc = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
         accu = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, KS, BLOCK_K):
             kin = k0 + tl.arange(0, BLOCK_K)
             ks = piece * KS + kin
             kmask = (ks < K) & (kin < KS)
-            if XCG:
-                x = tl.load(X + rm[:, None].to(tl.int64) * K + ks[None, :],
-                            mask=rmask[:, None] & kmask[None, :], other=0.0, cache_modifier=".cg")
-            else:
-                x = tl.load(X + rm[:, None].to(tl.int64) * K + ks[None, :],
-                            mask=rmask[:, None] & kmask[None, :], other=0.0)
+            x = tl.load(X + rm[:, None].to(tl.int64) * K + ks[None, :],
+                        mask=rmask[:, None] & kmask[None, :], other=0.0)
             wp = W + cols[:, None].to(tl.int64) * K + ks[None, :]
             m2 = cmask[:, None] & kmask[None, :]
             if WQB:
@@ -87,12 +81,7 @@ def _kernels():
                         BM: tl.constexpr, PIECES_IN: tl.constexpr, WQ: tl.constexpr,
                         PDL: tl.constexpr, FLATTEN: tl.constexpr = False,
                         WIDEN: tl.constexpr = False, PICK: tl.constexpr = False,
-                        EARLY: tl.constexpr = False, EB: tl.constexpr = 2,
-                        LANES: tl.constexpr = 128, WQB: tl.constexpr = False):
-        if EARLY:
-            # MUSER_DOT_EARLY (pieces on the grid): the program's own weights -- not the kernel
-            # before's output -- start into the L2 while that kernel still runs
-            _prefetch_rows(W, N, K, KS, BLOCK_N, GLU, EB, LANES)
+                        WQB: tl.constexpr = False):
         _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         _dot_body(X, W, S, BIAS, Y, P, B, N, K, KS, BLOCK_N, BLOCK_K, GLU, GELU, HAS_BIAS, SPLIT,
                   BM, PIECES_IN, WQ, FLATTEN, WIDEN, PICK, WQB)
@@ -209,7 +198,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
              tile: tuple[int, int, int, int, int] | None = None,
              scale: torch.Tensor | None = None, pdl: bool = False,
              flatten: bool = False, defer: bool = False,
-             widen: bool = False, pick: bool = False, tma: bool = False, early: bool = False):
+             widen: bool = False, pick: bool = False, tma: bool = False):
     """The same function as `gemv`, for rows in tiles of 16 on the tensor cores (K in fixed
     steps, optionally in fixed split-K pieces summed in order): batch-invariant too, and far
     cheaper per extra row than `gemv`'s loop.  `config` = (block_n, block_k, warps, stages,
@@ -230,10 +219,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     [B, tiles], for `triton_pick.pick_partials` (the pipelined greedy step's head; no pieces, no
     act*up).  `tma`
     (MUSER_DOT_TMA): 128-row tiles of 16-bit weights load by TMA (triton_dot_tma.py: the same
-    pieces, dots and epilogue -- the same bits).  `early` (MUSER_DOT_EARLY; meant with `pdl`):
-    where the pieces are on the grid and the rows one tile (a decode step's) and every row's
-    slice is 16-byte aligned (`early_fits`), each program asks the L2 for its weight rows before
-    the PDL wait (no value changes).
+    pieces, dots and epilogue -- the same bits).
     Returns the output, or `Pieces` (defer), or the (values, columns) pair (pick)."""
     import triton
     kern, ssum = _kernels()
@@ -272,7 +258,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     elif widen and (split or out is not None or x.dtype == torch.float32):
         return dot_rows(x, w, out=out, glu=glu, gelu=gelu,
                         bias=bias, config=config, rows=rows, tile=tile, scale=scale, pdl=pdl,
-                        flatten=flatten, early=early).float()
+                        flatten=flatten).float()
     else:
         out = out if out is not None else x.new_empty(B, n, dtype=torch.float32 if widen else None)
         part = (torch.empty((pieces, B, 2 * n if glu else n), dtype=torch.float32,
@@ -286,15 +272,10 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     # int8: no FMA contraction, so `sum * scale + bias` rounds alike in both epilogues
     fuse = {"enable_fp_fusion": False} if wq else {}
     grid = (triton.cdiv(n, bn), triton.cdiv(B, bm), pieces)
-    eb = w.element_size()
-    # (the prefetch is inline PTX: not under Triton's interpreter, whose tensors are the CPU's)
-    early = (early and inside == 1 and triton.cdiv(B, bm) == 1 and w.is_cuda
-             and early_fits(w.data_ptr(), k, eb, ks, bn, glu, nw))
     wqr = wq and not wqb                     # row scales: applied to each finished sum
     shape = dict(K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu, GELU=gelu,
                  HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, WQ=wqr,
                  FLATTEN=bool(flatten) and inside > 1, WIDEN=widen or pick, PICK=pick,
-                 **(dict(EARLY=True, EB=eb, LANES=32 * nw) if early else {}),
                  **({"WQB": True} if wqb else {}),
                  num_warps=nw, num_stages=st, **fuse, **pdl_launch(pdl))
     kern[grid](x, w, s_arg, b_arg, out, part, B, n, **shape)

@@ -2,8 +2,8 @@
 
 Owns: act(gate) * up with torch's roundings, and a row's finished float32 sums -> its output
 (int8 row scales, bias, act * up) -- shared by dot_rows, split_sum and the TMA tiles
-(triton_dot.py, triton_dot_tma.py), triton_gemv's gemv and the o row (triton_decode_o.py),
-so a row's sums end alike in all of them.  Does not own: the sums (the kernels).
+(triton_dot.py, triton_dot_tma.py) and triton_gemv's gemv, so a row's sums end alike in all
+of them.  Does not own: the sums (the kernels).
 """
 from __future__ import annotations
 
