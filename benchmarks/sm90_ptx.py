@@ -147,7 +147,7 @@ CONFIGS = [
     # quant="int8-head": the head as int8 blocks of 32 keys with float16 scales (BlockInt8)
     ("dot_rows head, 16-row tile, picking, block int8", "dot",
      dict(K=640, KS=640, BM=16, BLOCK_N=64, BLOCK_K=128, PIECES_IN=1, WIDEN=True, PICK=True,
-          WQB=True, _types={"W": "*i8", "S": "*fp16", "Y": "*fp32", "P": "*i64"}), 4),
+          WQB=2, _types={"W": "*i8", "S": "*fp16", "Y": "*fp32", "P": "*i64"}), 4),
     ("dot_rows head, 16-row tile, picking, 270M", "dot",
      dict(K=640, KS=640, BM=16, BLOCK_N=64, BLOCK_K=128, PIECES_IN=1, WIDEN=True, PICK=True,
           _types={"Y": "*fp32", "P": "*i64"}), 4),

@@ -2,7 +2,8 @@
 
 Owns: `load_pieces()` -> `_block_weights` (a tile of BlockInt8 weights -- GGUF's Q8_0 blocks,
 quant="int8-head" -- dequantized to the activation dtype before the dot), by the name
-triton_dot.py's kernels call it.  Does not own: the kernels that call it, their tiles
+triton_dot.py's kernels call it, and the fence that keeps that tile's MMA layout the bf16
+tile's (below).  Does not own: the kernels that call it, their tiles
 (triton_dot.py, triton_dot_tiles.py), the weights' layout (weights_int8.py).
 """
 from __future__ import annotations
@@ -18,23 +19,42 @@ def load_pieces() -> dict:
     globals()["tl"] = tl                # the interpreter looks for the language in module globals
 
     @triton.jit
+    def layout_fence(w):
+        """w itself, through a `mov` (two 16-bit values a register) that Triton cannot see
+        through.  Why: Triton lays out a dot operand computed from an 8-bit load four k a lane
+        (TTGIR `kWidth = 4`) instead of a 16-bit operand's two, which permutes the k inside
+        each m16n8k16 MMA -- for x and the weights alike, the same sum in exact arithmetic, but
+        the tensor core's own rounding then differs about once in 10^4 outputs (the embedded
+        270M's int8-head logits: 28 of 262,144 at one row, thirty-seventh session).  Behind the
+        fence the operand's layout is chosen from the 16-bit value alone: the bf16 tile's.
+        Not under the interpreter (no inline asm there; its dot is numpy's either way)."""
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [w], dtype=w.dtype,
+                                         is_pure=False, pack=2)
+
+    globals()["_layout_fence"] = layout_fence
+
+    @triton.jit
     def block_weights(wp, S, rows, cmask, ks0, m2, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, DT: tl.constexpr):
+                      BLOCK_K: tl.constexpr, DT: tl.constexpr, FENCE: tl.constexpr):
         """A [BLOCK_N, BLOCK_K] tile of BlockInt8 weights (weights_int8.py) from key ks0 on, as
         the dot takes them: each int8 weight times its block's float16 scale in float32 (exact),
-        rounded once to DT.  A step of whole 32-key blocks reads its [BLOCK_N, BLOCK_K / 32]
-        scales once and spreads them over the blocks (ks0 is a multiple of 32 there: the K steps
-        and pieces are); a shorter step reads a scale an element -- the same products."""
+        rounded once to DT, then (FENCE: on a GPU) through `_layout_fence`.  A step of whole
+        32-key blocks reads its [BLOCK_N, BLOCK_K / 32] scales once and spreads them over the
+        blocks (ks0 is a multiple of 32 there: the K steps and pieces are); a shorter step
+        reads a scale an element -- the same products."""
         q = tl.load(wp, mask=m2, other=0).to(tl.float32)
         if BLOCK_K % 32 == 0:
             kb = ks0 // 32 + tl.arange(0, BLOCK_K // 32)
             s = tl.load(S + rows[:, None].to(tl.int64) * (K // 32) + kb[None, :],
                         mask=cmask[:, None] & (kb < K // 32)[None, :], other=0.0).to(tl.float32)
-            w = tl.reshape(q, (BLOCK_N, BLOCK_K // 32, 32)) * s[:, :, None]
-            return tl.reshape(w, (BLOCK_N, BLOCK_K)).to(DT)
+            w = tl.reshape(tl.reshape(q, (BLOCK_N, BLOCK_K // 32, 32)) * s[:, :, None],
+                           (BLOCK_N, BLOCK_K)).to(DT)
         else:
             ks = ks0 + tl.arange(0, BLOCK_K)
             sp = S + rows[:, None].to(tl.int64) * (K // 32) + ks[None, :] // 32
-            return (q * tl.load(sp, mask=m2, other=0.0).to(tl.float32)).to(DT)
+            w = (q * tl.load(sp, mask=m2, other=0.0).to(tl.float32)).to(DT)
+        if FENCE:
+            w = _layout_fence(w)
+        return w
 
     return {"_block_weights": block_weights}
