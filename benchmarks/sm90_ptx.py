@@ -120,10 +120,6 @@ CONFIGS = [
     ("decode ring fused, <= 168 registers", "decode", dict(maxnreg=168), 4),
     # MUSER_PREFETCH: the launch's extra row asks for the layer's next weights (l2_prefetch.py)
     ("decode ring fused, L2 prefetch row", "decode", dict(NPF=32, PF_LANES=128), 4),
-    ("decode growing fused, L2 prefetch row before the wait", "decode",
-     dict(NSPLIT=257, SPLIT=128, GS=16, RING=False, NPF=32, PF_LANES=128, PF_EARLY=True), 4),
-    ("decode ring fused, L2 prefetch row, evict_last", "decode",
-     dict(NPF=32, PF_LANES=128, PF_LAST=True), 4),
     # MUSER_ATTN_EARLY: the prologue's loads before the PDL wait, idle splits leave before it
     ("decode ring fused, early prologue", "decode", dict(EARLY=True), 4),
     ("decode growing fused, early prologue, L2 prefetch row", "decode",
@@ -158,10 +154,6 @@ CONFIGS = [
     ("add_norm first layer", "add_norm", dict(HAS_D1=False, POST=False), 4),
     ("add_norm parallel", "add_norm", dict(HAS_D2=True, POST=False), 4),
     ("add_norm over 7 pieces", "add_pieces", {}, 4),
-    # MUSER_PREFETCH_QKV: programs past the rows ask the L2 for the next layer's qkv weights
-    ("add_norm over 7 pieces, L2 prefetch programs", "add_pieces", dict(NPF=32, PF_LANES=128), 4),
-    ("add_norm sandwich, 270M, L2 prefetch programs", "add_norm",
-     dict(N=640, BLOCK=1024, NPF=32, PF_LANES=128), 4),
     ("greedy pick, 262k columns", "pick", {}, 4),
     ("qk-norm + RoPE + store (MUSER_ATTN=separate)", "qk_rope", {}, 4),
     ("qk-norm + RoPE + store, interleaved", "qk_rope", dict(INTERLEAVED=True), 4),

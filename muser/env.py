@@ -13,7 +13,7 @@ An empty variable counts as unset -- except the two keys (MUSER_PACK_KEY,
 MUSER_API_KEY), which keep exactly what was set, so that a command can refuse
 a blank key (`muser serve` does) instead of mistaking it for no key.  A renamed
 variable still set is refused rather than silently ignored (`RENAMED`), and so is a removed
-experiment switch set to anything but off (`REMOVED`).
+experiment switch set to anything but off or its old default (`REMOVED`, `REMOVED_DEFAULT`).
 """
 from __future__ import annotations
 
@@ -208,24 +208,6 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                        "the memory bus idles (l2_prefetch.py; the same bits); auto = 8 in steps "
                        "of one row, off in batches (H200: 1B -20 us a token, 270M -9 us; 16 rows "
                        "+20 us, more MB slower); a number: every step"),
-    "MUSER_PREFETCH_QKV": ("off|on", "off", "backends/cuda (decode step)",
-                           "on: the add+norm closing a layer also asks the L2 for the next "
-                           "layer's qkv weights (first 8 MB; steps of one row under "
-                           "MUSER_PREFETCH=auto, every step otherwise; the same bits: "
-                           "experiment)"),
-    "MUSER_PREFETCH_MLP": ("off|on", "off", "backends/cuda (decode step)",
-                           "on: the add+norm after the o projection also asks the L2 for the "
-                           "next 8 MB of the layer's o, gate|up and down weights past what its "
-                           "attention asked (steps as MUSER_PREFETCH_QKV; the same bits: "
-                           "experiment)"),
-    "MUSER_PREFETCH_HINT": ("normal|last", "normal", "backends/cuda (decode step)",
-                            "last: the prefetches ask under an L2 evict_last policy, so the lines "
-                            "may outlive the weights streamed after them (experiment)"),
-    "MUSER_PREFETCH_PROGRAMS": ("16|32|64|128", "32", "backends/cuda (decode step)",
-                                "programs of the decode attention's prefetch row"),
-    "MUSER_PREFETCH_AT": ("wait|early", "wait", "backends/cuda (decode step)",
-                          "the prefetch row asks after the launch's PDL wait, or before it (while "
-                          "the qkv projection still streams)"),
     "MUSER_ATTN_EARLY": ("off|on", "on", "backends/cuda (decode step)",
                          "on: with PDL, the decode attention reads what the launch before does "
                          "not write (plane table, slot, length, position, rotation, norm "
@@ -243,14 +225,33 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                                "1: run the Triton kernel tests on the CPU under Triton's interpreter"),
 }
 RENAMED = {"MUSER_CACHE": "MUSER_CACHE_DIR", "MUSER_GROWING_MIN_ROWS": "MUSER_GROWING_ROWS"}
-# experiment switches measured slower and removed: set to anything but off (0, false, no), refused
-# (the variable would otherwise be ignored while its user believes it runs)
+# experiment switches measured slower and removed: set to anything but off (0, false, no) -- or
+# the old default's spelling (REMOVED_DEFAULT), which asked for what still runs -- refused (the
+# variable would otherwise be ignored while its user believes it runs)
 REMOVED = {"MUSER_MEGA": "removed: measured slower, benchmarks/NOTES.md, fourteenth session",
            "MUSER_NORM_IN": "removed: measured slower, benchmarks/NOTES.md, eighteenth session",
            "MUSER_DOT_EARLY": "removed: measured slower (H200, 1B decode +125 us a step), "
                               "benchmarks/NOTES.md, thirty-sixth session",
            "MUSER_ATTN_O": "removed: measured slower (H200, 1B decode +91 us a step, 270M +31 "
-                           "us), benchmarks/NOTES.md, thirty-sixth session"}
+                           "us), benchmarks/NOTES.md, thirty-sixth session",
+           "MUSER_PREFETCH_QKV": "removed: measured slower with MUSER_PREFETCH_MLP (H200, 1B "
+                                 "decode +36 us a step; alone -2 us, noise), "
+                                 "benchmarks/NOTES.md, thirty-fourth / thirty-sixth session",
+           "MUSER_PREFETCH_MLP": "removed: measured slower (H200, 1B decode +45 us a step), "
+                                 "benchmarks/NOTES.md, thirty-fourth / thirty-sixth session",
+           "MUSER_PREFETCH_HINT": "removed: measured slower (H200, 1B decode, 16 MB under "
+                                  "evict_last +21 us a step), benchmarks/NOTES.md, "
+                                  "thirty-fourth / thirty-sixth session",
+           "MUSER_PREFETCH_PROGRAMS": "removed: measured slower (H200, 1B decode, 128 programs "
+                                      "instead of 32, both at 32 MB: +28 us a step; 32 stays), "
+                                      "benchmarks/NOTES.md, thirty-fourth / thirty-sixth session",
+           "MUSER_PREFETCH_AT": "removed: measured slower (H200, early -- the prefetch row "
+                                "before the PDL wait: +90 us a 4B step, the same on the 1B / "
+                                "270M; wait stays), benchmarks/NOTES.md, thirty-fourth / "
+                                "thirty-sixth session"}
+# a removed switch's old default, accepted as silently as off: it named what still runs
+REMOVED_DEFAULT = {"MUSER_PREFETCH_HINT": "normal", "MUSER_PREFETCH_PROGRAMS": "32",
+                   "MUSER_PREFETCH_AT": "wait"}
 
 
 @dataclass(frozen=True)
@@ -289,11 +290,6 @@ class Env:
     pipeline: str = "on"
     attn_regs: str = "auto"
     prefetch: str = "auto"
-    prefetch_programs: str = "32"
-    prefetch_qkv: str = "off"
-    prefetch_hint: str = "normal"
-    prefetch_mlp: str = "off"
-    prefetch_at: str = "wait"
     attn_early: str = "on"
     attn_acc: str = "dot"
     growing_group: int = 16
@@ -365,7 +361,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
         if e.get(old):
             raise EnvError(old, f"nothing (renamed to {new})", e[old])
     for old, why in REMOVED.items():
-        if e.get(old) and e[old].strip().lower() not in _FALSE:
+        if e.get(old) and e[old].strip().lower() not in (*_FALSE, REMOVED_DEFAULT.get(old)):
             raise EnvError(old, f"nothing ({why})", e[old])
 
     def get(name: str) -> str | None:
@@ -390,9 +386,6 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_FUSE_SUM", "fuse_sum"), ("MUSER_PIPELINE", "pipeline"),
                         ("MUSER_ATTN_REGS", "attn_regs"),
                         ("MUSER_PREFETCH", "prefetch"),
-                        ("MUSER_PREFETCH_PROGRAMS", "prefetch_programs"),
-                        ("MUSER_PREFETCH_AT", "prefetch_at"), ("MUSER_PREFETCH_QKV", "prefetch_qkv"),
-                        ("MUSER_PREFETCH_HINT", "prefetch_hint"), ("MUSER_PREFETCH_MLP", "prefetch_mlp"),
                         ("MUSER_ATTN_EARLY", "attn_early"),
                         ("MUSER_DOT_TMA", "dot_tma"),
                         ("MUSER_CHUNK_ALIGN", "chunk_align"), ("MUSER_CHUNK_ORDER", "chunk_order"),

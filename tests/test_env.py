@@ -67,12 +67,17 @@ def test_the_old_cache_variable_is_refused_not_ignored():
         env.read({"MUSER_CACHE": "/tmp/x"})
 
 
-@pytest.mark.parametrize("name", ["MUSER_MEGA", "MUSER_NORM_IN", "MUSER_DOT_EARLY",
-                                  "MUSER_ATTN_O"])
-def test_a_removed_switch_is_refused_unless_off(name):
-    with pytest.raises(EnvError, match=rf"{name} expected nothing \(removed: measured slower"):
-        env.read({name: "on"})
-    for off in ("off", "0", "false"):
+@pytest.mark.parametrize("name, old", [("MUSER_MEGA", "off"), ("MUSER_NORM_IN", "off"),
+                                       ("MUSER_DOT_EARLY", "off"), ("MUSER_ATTN_O", "off"),
+                                       ("MUSER_PREFETCH_QKV", "off"), ("MUSER_PREFETCH_MLP", "off"),
+                                       ("MUSER_PREFETCH_HINT", "normal"),
+                                       ("MUSER_PREFETCH_PROGRAMS", "32"),
+                                       ("MUSER_PREFETCH_AT", "wait")])
+def test_a_removed_switch_is_refused_unless_off_or_its_old_default(name, old):
+    for on in ("on", "early", "last", "128", "16"):
+        with pytest.raises(EnvError, match=rf"{name} expected nothing \(removed: measured slower"):
+            env.read({name: on})
+    for off in ("off", "0", "false", old):
         assert env.read({name: off}) == env.read({})
 
 

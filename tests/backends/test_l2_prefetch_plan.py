@@ -50,10 +50,8 @@ def test_a_strided_range_or_a_fourth_range_is_refused_by_name():
         plan(_weights() + [w], 1 << 20, 32, 128)
 
 
-def test_the_knobs_parse_and_refuse_what_they_do_not_name():
-    env = read({"MUSER_PREFETCH": "16", "MUSER_PREFETCH_PROGRAMS": "64",
-                "MUSER_PREFETCH_AT": "early"})
-    assert (env.prefetch, env.prefetch_programs, env.prefetch_at) == ("16", "64", "early")
+def test_the_knob_parses_and_refuses_what_it_does_not_name():
+    assert read({"MUSER_PREFETCH": "16"}).prefetch == "16"
     assert read({}).prefetch == "auto"
     with pytest.raises(EnvError, match="MUSER_PREFETCH"):
         read({"MUSER_PREFETCH": "7"})
@@ -62,73 +60,46 @@ def test_the_knobs_parse_and_refuse_what_they_do_not_name():
 def test_a_launch_without_a_prefetch_passes_zeros_and_no_constexprs():
     from muser.backends.cuda.l2_prefetch import launch_args
     assert launch_args(None) == ([0] * (2 * RANGES + 1), {})
-    pf = plan(_weights(), 1 << 20, 8, 64, early=True, last=True)
+    pf = plan(_weights(), 1 << 20, 8, 64)
     args, consts = launch_args(pf)
     assert args == pf.args() and len(args) == 2 * RANGES + 1
-    assert consts == dict(NPF=8, PF_EARLY=True, PF_LANES=64, PF_LAST=True)
+    assert consts == dict(NPF=8, PF_LANES=64)
 
 
 def test_layers_whose_weights_are_not_plain_tensors_ask_for_nothing():
     from types import SimpleNamespace
 
-    from muser.backends.cuda.l2_prefetch import plans
-    env = read({"MUSER_PREFETCH_PROGRAMS": "16", "MUSER_PREFETCH_HINT": "last"})
+    from muser.backends.cuda.l2_prefetch import PROGRAMS, plans
     w = _weights()
     int8_rows = SimpleNamespace(q=w[0], scale=None)          # not a tensor: its bytes lie elsewhere
     out = plans([w, None, [w[0], int8_rows], [w[1].view(256, 512).t()], [w[2]]], 1,
-                [128, 128, 128, 128, 64], env)
+                [128, 128, 128, 128, 64])
     assert [p is not None for p in out] == [True, False, False, False, True]
-    assert out[0].programs == 16 and out[0].last and not out[0].early
+    assert out[0].programs == PROGRAMS == 32
     assert out[4].lanes == 64 and out[4].ranges[0] == (w[2].data_ptr(), 128 << 10)
-
-
-@pytest.mark.parametrize("skip, first, sizes", [
-    (0, 0, [64 << 10, 256 << 10, 128 << 10]),          # nothing asked before: all of it
-    (16 << 10, 0, [48 << 10, 256 << 10, 128 << 10]),    # inside the first tensor
-    (64 << 10, 1, [256 << 10, 128 << 10]),              # the first tensor exactly
-    (100 << 10, 1, [220 << 10, 128 << 10]),             # into the second
-    (1 << 20, None, []),                                # past the end: nothing left
-])
-def test_what_a_later_launch_asks_for_starts_where_the_earlier_one_stopped(skip, first, sizes):
-    from muser.backends.cuda.l2_prefetch import after
-    ws = _weights()
-    rest = after(ws, skip)
-    assert [t.numel() * t.element_size() for t in rest] == sizes
-    if rest:
-        start = ws[first].data_ptr() + (skip - sum(w.numel() * 2 for w in ws[:first]))
-        assert rest[0].data_ptr() == start and all(t.is_contiguous() for t in rest)
-    assert after([ws[0].view(256, 128).t()], 0) is None
 
 
 def _layer(moe=None):
     from types import SimpleNamespace
-    o, gu, down, qkv = (torch.empty(n, dtype=torch.bfloat16)
-                        for n in (3 << 20, 8 << 20, 4 << 20, 2 << 20))    # 6, 16, 8, 4 MB
-    return SimpleNamespace(wo=o, w_down=down, moe=moe), {"wgu": gu, "wqkv": qkv}
+    o, gu, down = (torch.empty(n, dtype=torch.bfloat16)
+                   for n in (3 << 20, 8 << 20, 4 << 20))                  # 6, 16, 8 MB
+    return SimpleNamespace(wo=o, w_down=down, moe=moe), {"wgu": gu}
 
 
-@pytest.mark.parametrize("knobs, attn_mb, more_mb, qkv_mb", [
-    ({}, 8, None, None),                                          # auto: 8 MB from the attention
-    ({"MUSER_PREFETCH": "off"}, None, None, None),
-    ({"MUSER_PREFETCH": "16", "MUSER_PREFETCH_MLP": "on"}, 16, 8, None),
-    ({"MUSER_PREFETCH_QKV": "on", "MUSER_PREFETCH_MLP": "on"}, 8, 8, 4),
+@pytest.mark.parametrize("knobs, attn_mb", [
+    ({}, 8),                                                      # auto: 8 MB from the attention
+    ({"MUSER_PREFETCH": "off"}, None),
+    ({"MUSER_PREFETCH": "16"}, 16),
 ])
-def test_a_decode_step_asks_each_site_for_its_own_bytes(knobs, attn_mb, more_mb, qkv_mb):
+def test_a_decode_step_asks_the_attention_launch_for_its_bytes(knobs, attn_mb):
     from muser.backends.cuda.l2_prefetch import step_plans
     (l0, f0), (l1, f1), (l2, f2) = _layer(), _layer(moe=object()), _layer()
-    env = read(knobs)
-    attn, more, qkv = step_plans([l0, l1, l2], [f0, f1, f2], [{"warps": 4}] * 3, env)
+    attn = step_plans([l0, l1, l2], [f0, f1, f2], [{"warps": 4}] * 3, read(knobs))
 
     def mb(p):
         return None if p is None else sum(n for _, n in p.ranges) >> 20
     assert [mb(p) for p in attn] == [attn_mb, None, attn_mb]      # the MoE layer asks nothing
-    assert [mb(p) for p in more] == [more_mb, None, more_mb]
-    assert [mb(p) for p in qkv] == [qkv_mb, qkv_mb, None]         # layer i asks for i + 1's
     if attn_mb:                       # o whole (6 MB), then gate|up from its start
         assert attn[0].ranges[:2] == ((l0.wo.data_ptr(), 6 << 20),
                                       (f0["wgu"].data_ptr(), (attn_mb - 6) << 20))
-        assert attn[0].lanes == 128
-    if more_mb:                       # where the attention's budget stopped in gate|up
-        assert more[0].ranges[0][0] == f0["wgu"].data_ptr() + ((attn_mb - 6) << 20)
-    if qkv_mb:
-        assert qkv[0].ranges[0] == (f1["wqkv"].data_ptr(), 4 << 20)
+        assert attn[0].lanes == 128 and attn[0].programs == 32

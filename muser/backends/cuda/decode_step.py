@@ -89,14 +89,12 @@ class DecodeStep:
         # graphs, chunk_graph.ChunkGraphs._set_limit): MUSER_DOT_TMA=auto takes TMA for every weight
         self.graph_rows: frozenset[int] = frozenset()
         self.attn_regs = env.attn_regs          # the attention launch's register cap (`regs_for`)
-        # per layer, the l2_prefetch.Prefetch its attention launch, the add+norm after o and the
-        # one closing it run (l2_prefetch.step_plans), in steps of at most prefetch_rows rows
-        # (auto: one row -- a 16-row step lost 20 us to it).  (The bulk prefetch is an sm_90
-        # instruction: none before Hopper.)
+        # per layer, the l2_prefetch.Prefetch its attention launch runs (l2_prefetch.step_plans),
+        # in steps of at most prefetch_rows rows (auto: one row -- a 16-row step lost 20 us to
+        # it).  (The bulk prefetch is an sm_90 instruction: none before Hopper.)
         hopper = dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
-        self.prefetch, self.prefetch_mlp, self.prefetch_qkv = (
-            step_plans(self.w.layers, self.fused, self.lays, env) if hopper
-            else ([None] * len(spec.layers),) * 3)
+        self.prefetch = (step_plans(self.w.layers, self.fused, self.lays, env) if hopper
+                         else [None] * len(spec.layers))
         self.prefetch_rows = 1 if env.prefetch == "auto" else 1 << 30
         # programmatic dependent launch for the step's own kernels (MUSER_PDL; sm_90 and up)
         self.pdl = (env.pdl == "on" and dev.type == "cuda"
@@ -184,16 +182,13 @@ class DecodeStep:
             return decode_attention(q, pos, table, meta, KV, self.splits[i], spec.layer_scale(ls),
                                     spec.attn_logit_softcap, ws, sinks=lw.sinks, **lay)
 
-        x = self.layers(ids, attend, (self.prefetch_mlp, self.prefetch_qkv) if few else None)
+        x = self.layers(ids, attend)
         return self.head(x) if pick is None else self.head_pick(x, pick)
 
-    def layers(self, ids: torch.Tensor, attend, norm_prefetch: tuple | None = None) -> torch.Tensor:
+    def layers(self, ids: torch.Tensor, attend) -> torch.Tensor:
         """Rows of token ids through every layer -> the final-normed hidden rows [R, hidden].
         `attend(i, lw, ls, qkv, q_norm, k_norm)` -> [R, H, D]: the layer's attention over its
-        planes (a decode step's launch, or a chunk's: chunk_step.py).  `norm_prefetch`: per
-        layer, what the add+norm after o and the one closing the layer ask the L2 for
-        (MUSER_PREFETCH_MLP, MUSER_PREFETCH_QKV)."""
-        pf_mlp, pf_qkv = norm_prefetch or ([None] * len(self.w.layers),) * 2
+        planes (a decode step's launch, or a chunk's: chunk_step.py)."""
         spec, w = self.spec, self.w
         H, eps = spec.num_heads, spec.norm_eps
         layers = w.layers
@@ -219,7 +214,7 @@ class DecodeStep:
             post = spec.sandwich_norm or not spec.pre_norm     # transformer.layer_forward's rule
             post_attn = lw.post_attn_norm if post else None
             h, x = add_norm(h, lw.pre_ffn_norm if spec.pre_norm else None, eps, self.layernorm,
-                            d1=o, w_post=post_attn, pdl=self.pdl, prefetch=pf_mlp[i])
+                            d1=o, w_post=post_attn, pdl=self.pdl)
             # MUSER_FUSE_SUM: the down projection's split-K pieces summed by the add_norm below
             m = ffn(self, lw, fz, h, h if x is None else x,
                           defer=self.fuse_sum and lw.layer_scale is None)
@@ -229,7 +224,7 @@ class DecodeStep:
                 # (the 1B: 7 pieces, ~130 MB a step) and store the same h' and x lines, 4,096
                 # stores a line, to save one launch
                 h, x = add_norm(h, nxt, eps, self.layernorm, d1=m, w_post=post_ffn,
-                                pdl=self.pdl, prefetch=pf_qkv[i])
+                                pdl=self.pdl)
                 x = h if x is None else x                  # post-norm: the next layer reads h
             else:                                  # Gemma 4: scale the layer's output, then norm
                 h = add_norm(h, None, eps, self.layernorm, d1=m, w_post=post_ffn)[0] * lw.layer_scale

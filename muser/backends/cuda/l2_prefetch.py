@@ -2,25 +2,25 @@
 
 Owns: `prefetch_pieces()` -- `_prefetch_l2`, the Triton piece a launch calls to have the
 copy engine bring byte ranges into the L2 (`cp.async.bulk.prefetch.L2`: one instruction a
-chunk, nothing comes back to the SM) -- and `Prefetch` / `plan` / `plans` / `after` /
-`step_plans`, the host side: which weights each site asks for, how many programs, where in the
-launch.  Does not own: the launches that run the piece (triton_decode_kernel.py: the
-attention's extra grid row; triton_ops.py: add_norm's programs past its rows, both through
-`_pdl_prefetch_begin`) or where the step passes them (decode_step.py).
+chunk, nothing comes back to the SM) -- and `Prefetch` / `plan` / `plans` / `step_plans`,
+the host side: which weights the attention launch asks for, in how many programs.  Does not
+own: the launch that runs the piece (triton_decode_kernel.py: the attention's extra grid row,
+through `_pdl_prefetch_begin`, after the PDL wait) or where the step passes it (decode_step.py).
 
 Why the attention: a decode layer is, on the 1B (H200, bf16, 2k),
 
     qkv dot 3.5 MB | attention ~10 us, ~17 busy SMs, KB of K/V | o 2.4 MB | gate|up 32 MB | down 16 MB
                      ^^^^^^^^^^ the bus idles here
 
-(the add+norms between the projections idle it too, for ~2 us each: MUSER_PREFETCH_QKV / _MLP,
-experiments.)
-
 so the bytes of o, gate|up and down can start their trip while the attention runs, and their
 launches then read the L2.  (The ninth session's prefetch ran in every dot_rows program,
 competing with the projection before it for the same bus, and lost; this one uses programs of
 an otherwise idle launch.)  A prefetch moves no value: the bits of every row are the launch's
-own -- only where the bytes come from changes.
+own -- only where the bytes come from changes.  (Measured and removed, benchmarks/NOTES.md,
+thirty-fourth / thirty-sixth sessions: the add+norms between the projections asking too, for
+the next layer's qkv or more of o | gate|up | down -- 1B QKV -2 us, MLP +45 us, both +36 us; an
+L2 evict_last policy -- 16 MB +21 us; 128 programs instead of 32 -- 32 MB +28 us; asking before
+the PDL wait -- the same on the 1B / 270M, +90 us on the 4B.)
 
 Ranges are joined end to end and cut into `programs x lanes` chunks; lane i of program s
 takes chunk s * lanes + i:
@@ -41,19 +41,17 @@ import torch
 
 CHUNK_ALIGN = 16             # the bulk copy's size and address unit (bytes)
 RANGES = 3                   # ranges a launch can take (o, gate|up, down)
+PROGRAMS = 32                # programs of the attention's prefetch row (128 lost: 32 MB +28 us)
 
 
 @dataclass(frozen=True)
 class Prefetch:
     """What one launch prefetches: RANGES (address, bytes) pairs (bytes 0: unused), the chunk
-    each lane takes (bytes), the programs and whether they run before the launch's PDL wait
-    (`early`: while the kernel before still streams) or after it."""
+    each lane takes (bytes) and the programs (they ask after the launch's PDL wait)."""
     ranges: tuple[tuple[int, int], ...]
     chunk: int
     programs: int
-    early: bool
     lanes: int = 128             # lanes a program: its threads (32 x the launch's warps)
-    last: bool = False           # ask with an L2 evict_last policy (MUSER_PREFETCH_HINT=last)
 
     def args(self) -> list[int]:
         """The launch's runtime arguments: addr0, n0, addr1, n1, addr2, n2, chunk."""
@@ -61,8 +59,7 @@ class Prefetch:
 
     def consts(self) -> dict:
         """The launch's constexprs (a kernel taking a prefetch row names them so)."""
-        return dict(NPF=self.programs, PF_EARLY=self.early, PF_LANES=self.lanes,
-                    PF_LAST=self.last)
+        return dict(NPF=self.programs, PF_LANES=self.lanes)
 
 
 def launch_args(pf: Prefetch | None) -> tuple[list[int], dict]:
@@ -77,8 +74,7 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     return t.data_ptr(), t.numel() * t.element_size()
 
 
-def plan(tensors: list[torch.Tensor], budget: int, programs: int, lanes: int,
-         early: bool = False, last: bool = False) -> Prefetch | None:
+def plan(tensors: list[torch.Tensor], budget: int, programs: int, lanes: int) -> Prefetch | None:
     """The first `budget` bytes of `tensors` (in order; at most RANGES) as chunks of
     `programs x lanes` lanes.  Every address and size is a multiple of CHUNK_ALIGN (a tensor's
     start is 16-byte aligned in torch's allocator; a size that is not is cut down to one)."""
@@ -101,7 +97,7 @@ def plan(tensors: list[torch.Tensor], budget: int, programs: int, lanes: int,
     lanes_all = programs * lanes
     chunk = -(-total // lanes_all)
     chunk = -(-chunk // CHUNK_ALIGN) * CHUNK_ALIGN
-    return Prefetch(tuple(ranges), chunk, programs, early, lanes, last)
+    return Prefetch(tuple(ranges), chunk, programs, lanes)
 
 
 def _plain(tensors) -> bool:
@@ -110,56 +106,29 @@ def _plain(tensors) -> bool:
                                        for t in tensors)
 
 
-def after(tensors: list[torch.Tensor], nbytes: int) -> list[torch.Tensor] | None:
-    """The bytes of `tensors` (joined, each contiguous) past their first `nbytes`, as flat
-    views -- what a later launch asks for after an earlier one asked for the start.  None:
-    a tensor is not one contiguous plain tensor."""
-    if not _plain(tensors):
-        return None
-    out = []
-    for t in tensors:
-        n = t.numel() * t.element_size()
-        if nbytes < n:
-            out.append(t.view(-1)[nbytes // t.element_size():])
-        nbytes = max(0, nbytes - n)
-    return out
-
-
-def plans(ranges: list, mb: int, lanes: list[int], env) -> list[Prefetch | None]:
-    """One Prefetch per layer from MUSER_PREFETCH_PROGRAMS / _AT / _HINT (an `Env`): layer i asks
-    for the first `mb` MB of ranges[i] (tensors; None, or any that is not one contiguous plain
-    tensor -- int8 rows, experts, a missing projection -- asks for nothing) with lanes[i] lanes."""
-    return [plan(ts, mb << 20, int(env.prefetch_programs), n, env.prefetch_at == "early",
-                 env.prefetch_hint == "last") if _plain(ts) else None
+def plans(ranges: list, mb: int, lanes: list[int]) -> list[Prefetch | None]:
+    """One Prefetch per layer: layer i asks for the first `mb` MB of ranges[i] (tensors; None, or
+    any that is not one contiguous plain tensor -- int8 rows, experts, a missing projection --
+    asks for nothing) with PROGRAMS programs of lanes[i] lanes."""
+    return [plan(ts, mb << 20, PROGRAMS, n) if _plain(ts) else None
             for ts, n in zip(ranges, lanes)]
 
 
-def step_plans(layers, fused: list[dict], lays: list[dict], env) -> tuple[list, list, list]:
-    """A decode step's prefetches per layer, from its Env: (the attention launch's -- the first
-    MB of o | gate|up | down, MUSER_PREFETCH --, the add+norm after o's -- the 8 MB past those,
-    MUSER_PREFETCH_MLP --, the add+norm closing the layer's -- the next layer's first 8 MB of
-    qkv, MUSER_PREFETCH_QKV).  `layers`: the weights' layers (wo, w_down, moe), `fused`: their
-    fused wqkv / wgu, `lays`: the attention layouts (warps: the attention's lanes).  An MoE
-    layer asks for nothing."""
-    L = len(layers)
-    none = [None] * L
+def step_plans(layers, fused: list[dict], lays: list[dict], env) -> list[Prefetch | None]:
+    """A decode step's prefetches per layer, from its Env: the attention launch's -- the first
+    MB of o | gate|up | down, MUSER_PREFETCH.  `layers`: the weights' layers (wo, w_down, moe),
+    `fused`: their fused wgu, `lays`: the attention layouts (warps: the attention's lanes).  An
+    MoE layer asks for nothing."""
     mlp = [None if lw.moe is not None else [lw.wo, fz["wgu"], lw.w_down]
            for lw, fz in zip(layers, fused)]
     mb = 0 if env.prefetch == "off" else 8 if env.prefetch == "auto" else int(env.prefetch)
-    attn = plans(mlp, mb, [32 * lay["warps"] for lay in lays], env) if mb else none
-    more = (plans([None if ts is None else after(ts, mb << 20) for ts in mlp], 8, [128] * L, env)
-            if env.prefetch_mlp == "on" else none)
-    qkv = (plans([[fz["wqkv"]] for fz in fused[1:]] + [None], 8, [128] * L, env)
-           if env.prefetch_qkv == "on" else none)
-    return attn, more, qkv
+    return plans(mlp, mb, [32 * lay["warps"] for lay in lays]) if mb else [None] * len(layers)
 
 
 @functools.lru_cache(maxsize=None)
 def prefetch_pieces() -> dict:
-    """`_prefetch_l2(P0, N0, P1, N1, P2, N2, CH, s, LANES, LAST)`: program s's lanes each ask the
-    copy engine for one chunk of the joined ranges (a lane past the end asks for nothing); LAST:
-    under an L2 evict_last policy (the lines outlive the weights streamed after them -- if the
-    L2 grants it: such lines may count against the persisting set-aside)."""
+    """`_prefetch_l2(P0, N0, P1, N1, P2, N2, CH, s, LANES)`: program s's lanes each ask the
+    copy engine for one chunk of the joined ranges (a lane past the end asks for nothing)."""
     import triton
     import triton.language as tl
 
@@ -177,7 +146,7 @@ def prefetch_pieces() -> dict:
     globals()["_bulk_prefetch"] = bulk_prefetch
 
     @triton.jit
-    def prefetch_l2(P0, N0, P1, N1, P2, N2, CH, s, LANES: tl.constexpr, LAST: tl.constexpr):
+    def prefetch_l2(P0, N0, P1, N1, P2, N2, CH, s, LANES: tl.constexpr):
         off = (s * LANES + tl.arange(0, LANES)).to(tl.int64) * CH     # bytes into the joined ranges
         n0 = N0.to(tl.int64)
         e1 = n0 + N1.to(tl.int64)
@@ -185,15 +154,6 @@ def prefetch_pieces() -> dict:
         addr = tl.where(off < n0, P0 + off, tl.where(off < e1, P1 + (off - n0), P2 + (off - e1)))
         end = tl.where(off < n0, n0, tl.where(off < e1, e1, e2))
         size = tl.minimum(tl.maximum(end - off, 0), CH).to(tl.int32)
-        # the copy engine moves the bytes; the asm's output is a dummy (is_pure=False keeps it)
-        if LAST:
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; .reg .b64 pol; setp.gt.s32 p, $2, 0; "
-                "createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
-                "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol; "
-                "mov.b32 $0, 0; }",
-                "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
-        else:
-            _bulk_prefetch(addr, size)
+        _bulk_prefetch(addr, size)           # the copy engine moves the bytes
 
     return {"_prefetch_l2": prefetch_l2}

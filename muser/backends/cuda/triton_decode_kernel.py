@@ -86,17 +86,15 @@ def _kernel():
                     INTERLEAVED: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
                     V_NORM: tl.constexpr, K_EQ_V: tl.constexpr, RING: tl.constexpr,
                     ACC_DOT: tl.constexpr, PDL: tl.constexpr, PREP: tl.constexpr = False,
-                    NPF: tl.constexpr = 0, PF_EARLY: tl.constexpr = False,
-                    PF_LANES: tl.constexpr = 128, PF_LAST: tl.constexpr = False,
+                    NPF: tl.constexpr = 0, PF_LANES: tl.constexpr = 128,
                     EARLY: tl.constexpr = False):
         pid = tl.program_id(0)                    # b * KV + kvh (NPF: row NROWS prefetches)
         s = tl.program_id(1)                      # split, counted from the row's first
         # NPF (l2_prefetch.py): one more grid row whose first NPF programs bring the next
-        # projections' weights into the L2 -- before the PDL wait (PF_EARLY) or after it
+        # projections' weights into the L2, after the PDL wait
         pf = (pid == NROWS) & (s < NPF)
         if not EARLY:
-            _pdl_prefetch_begin(pf, s, PF0, PN0, PF1, PN1, PF2, PN2, PCH, PDL, NPF, PF_EARLY,
-                                PF_LANES, PF_LAST)
+            _pdl_prefetch_begin(pf, s, PF0, PN0, PF1, PN1, PF2, PN2, PCH, PDL, NPF, PF_LANES)
         rid = pid
         if NPF > 0:
             rid = tl.minimum(pid, NROWS - 1)      # the prefetch row reads a real row's table
@@ -137,8 +135,7 @@ def _kernel():
                     ecs = tl.load(COS + pos * HALF + ej, mask=ejm, other=0.0)
                     esn = tl.load(SIN + pos * HALF + ej, mask=ejm, other=0.0)
             if live | pf:
-                _pdl_prefetch_begin(pf, s, PF0, PN0, PF1, PN1, PF2, PN2, PCH, PDL, NPF, PF_EARLY,
-                                    PF_LANES, PF_LAST)
+                _pdl_prefetch_begin(pf, s, PF0, PN0, PF1, PN1, PF2, PN2, PCH, PDL, NPF, PF_LANES)
         if live:
             # Columns of the [*, 2 * BLOCK_H] tiles: the two rotation halves joined.  `dm` is the
             # memory dim of column c, `cv` whether it is a real dim (D need not be a power of 2).

@@ -20,7 +20,6 @@ import functools
 
 import torch
 
-from .l2_prefetch import launch_args
 from .triton_pieces import _pow2, norm_pieces, pdl_launch, pdl_pieces, rope_pieces
 
 
@@ -35,57 +34,33 @@ def _kernels():
     globals().update(norm_pieces())
 
     @triton.jit
-    def prefetch_begin(PF0, PN0, PF1, PN1, PF2, PN2, PCH, B, PDL: tl.constexpr,
-                       NPF: tl.constexpr, PF_EARLY: tl.constexpr, PF_LANES: tl.constexpr,
-                       PF_LAST: tl.constexpr):
-        """_pdl_begin, with NPF programs past the B rows asking the L2 for the next weights
-        (`_pdl_prefetch_begin`) -> whether this program is a row's."""
-        pid = tl.program_id(0)
-        _pdl_prefetch_begin(pid >= B, pid - B, PF0, PN0, PF1, PN1, PF2, PN2, PCH, PDL, NPF,
-                            PF_EARLY, PF_LANES, PF_LAST)
-        live = True                         # (without a prefetch row: no test, every program's)
-        if NPF > 0:
-            live = pid < B
-        return live
-
-    globals()["_prefetch_begin"] = prefetch_begin
-
-    @triton.jit(do_not_specialize=["PF0", "PN0", "PF1", "PN1", "PF2", "PN2", "PCH", "B"])
     def add_norm_kernel(H, D1, D2, W_POST, W_NEXT, H_OUT, X_OUT, eps,
-                        PF0, PN0, PF1, PN1, PF2, PN2, PCH, B,
                         N: tl.constexpr, BLOCK: tl.constexpr, HAS_D1: tl.constexpr,
                         HAS_D2: tl.constexpr, POST: tl.constexpr, LAYERNORM: tl.constexpr,
-                        NEXT: tl.constexpr, PDL: tl.constexpr, NPF: tl.constexpr = 0,
-                        PF_EARLY: tl.constexpr = False, PF_LANES: tl.constexpr = 128,
-                        PF_LAST: tl.constexpr = False):
-        if _prefetch_begin(PF0, PN0, PF1, PN1, PF2, PN2, PCH, B, PDL, NPF, PF_EARLY,
-                           PF_LANES, PF_LAST):
-            row = tl.program_id(0).to(tl.int64)        # chunks: rows x N can pass 2**31
-            i = tl.arange(0, BLOCK)
-            mask = i < N
-            h, d1 = _norm_inputs(H, D1, H, row, i, mask, 1, N, HAS_D1, 0, False)
-            _add_norm_tail(h, d1, row, i, mask, D2, W_POST, W_NEXT, H_OUT, X_OUT, eps, N,
-                           HAS_D1, HAS_D2, POST, LAYERNORM, NEXT)
+                        NEXT: tl.constexpr, PDL: tl.constexpr):
+        _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
+        row = tl.program_id(0).to(tl.int64)        # chunks: rows x N can pass 2**31
+        i = tl.arange(0, BLOCK)
+        mask = i < N
+        h, d1 = _norm_inputs(H, D1, H, row, i, mask, 1, N, HAS_D1, 0, False)
+        _add_norm_tail(h, d1, row, i, mask, D2, W_POST, W_NEXT, H_OUT, X_OUT, eps, N,
+                       HAS_D1, HAS_D2, POST, LAYERNORM, NEXT)
 
-    @triton.jit(do_not_specialize=["PF0", "PN0", "PF1", "PN1", "PF2", "PN2", "PCH"])
+    @triton.jit
     def add_pieces_norm_kernel(H, P, S, W_POST, W_NEXT, H_OUT, X_OUT, eps, B,
-                               PF0, PN0, PF1, PN1, PF2, PN2, PCH,
                                N: tl.constexpr, BLOCK: tl.constexpr, PIECES: tl.constexpr,
                                WQ: tl.constexpr, POST: tl.constexpr, LAYERNORM: tl.constexpr,
-                               NEXT: tl.constexpr, PDL: tl.constexpr, NPF: tl.constexpr = 0,
-                               PF_EARLY: tl.constexpr = False, PF_LANES: tl.constexpr = 128,
-                               PF_LAST: tl.constexpr = False):
+                               NEXT: tl.constexpr, PDL: tl.constexpr):
         """add_norm whose d1 is a projection's split-K pieces P [PIECES, B, N] float32, summed
         first exactly as split_sum_kernel sums them (in order from zero, the int8 scale, rounded
         to the activation dtype) -- one launch instead of split_sum + add_norm."""
-        if _prefetch_begin(PF0, PN0, PF1, PN1, PF2, PN2, PCH, B, PDL, NPF, PF_EARLY,
-                           PF_LANES, PF_LAST):
-            row = tl.program_id(0).to(tl.int64)
-            i = tl.arange(0, BLOCK)
-            mask = i < N
-            h, d1 = _norm_inputs(H, P, S, row, i, mask, B, N, True, PIECES, WQ)
-            _add_norm_tail(h, d1, row, i, mask, H, W_POST, W_NEXT, H_OUT, X_OUT, eps, N, True,
-                           False, POST, LAYERNORM, NEXT)
+        _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
+        row = tl.program_id(0).to(tl.int64)
+        i = tl.arange(0, BLOCK)
+        mask = i < N
+        h, d1 = _norm_inputs(H, P, S, row, i, mask, B, N, True, PIECES, WQ)
+        _add_norm_tail(h, d1, row, i, mask, H, W_POST, W_NEXT, H_OUT, X_OUT, eps, N, True,
+                       False, POST, LAYERNORM, NEXT)
 
     @triton.jit
     def qk_rope_store_kernel(QKV, POS, COS, SIN, QN, KN, TAB, META, Q_OUT, eps,
@@ -172,19 +147,16 @@ def _row_shape(N: int) -> dict:
 def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm: bool,
              d1: torch.Tensor | None = None, d2: torch.Tensor | None = None,
              w_post: torch.Tensor | None = None, h_out: torch.Tensor | None = None,
-             x_out: torch.Tensor | None = None, pdl: bool = False, prefetch=None):
+             x_out: torch.Tensor | None = None, pdl: bool = False):
     """h' = h + norm?(d1) [+ d2]; x = norm(h', w_next).  Returns (h', x); contiguous rows [B, N],
     any B (the decode step's batch, or a prefill chunk's rows: `triton_rows`).
 
     With d1 None, h' is h and only the norm runs (the first layer's input norm); with w_next
     None, only h' is computed and x is None.  d1 may be a projection's unsummed split-K pieces
     (triton_dot.Pieces, no d2): summed first as split_sum_kernel sums them, in this launch.
-    `prefetch`: an l2_prefetch.Prefetch -- its programs, past the B rows', ask the L2 for the
-    weights the next launch reads (no value changes).
     """
     B, N = h.shape
-    grid = (B,) if prefetch is None else (B + prefetch.programs,)
-    pf_args, pf_consts = launch_args(prefetch)
+    grid = (B,)
     if isinstance(d1, tuple) and d2 is None:           # triton_dot.Pieces: sum them here
         part, scale = d1
         h_out = h_out if h_out is not None else torch.empty_like(h)
@@ -193,11 +165,10 @@ def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm
         w_any = w_next if w_next is not None else (w_post if w_post is not None else h)
         _kernels()[2][grid](h, part, scale if scale is not None else part,
                             w_post if w_post is not None else w_any, w_any, h_out,
-                            x_out if w_next is not None else h_out, float(eps), B, *pf_args,
+                            x_out if w_next is not None else h_out, float(eps), B,
                             N=N, PIECES=part.shape[0], WQ=scale is not None,
                             POST=w_post is not None, LAYERNORM=layernorm,
-                            NEXT=w_next is not None, **_row_shape(N), **pf_consts,
-                            **pdl_launch(pdl))
+                            NEXT=w_next is not None, **_row_shape(N), **pdl_launch(pdl))
         return h_out, (x_out if w_next is not None else None)
     kern = _kernels()[0]
     h_out = h if d1 is None else (h_out if h_out is not None else torch.empty_like(h))
@@ -206,10 +177,10 @@ def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm
     w_any = w_next if w_next is not None else (w_post if w_post is not None else h)
     kern[grid](h, d1 if d1 is not None else h, d2 if d2 is not None else h,
                w_post if w_post is not None else w_any, w_any, h_out,
-               x_out if w_next is not None else h_out, float(eps), *pf_args, B,
+               x_out if w_next is not None else h_out, float(eps),
                N=N, HAS_D1=d1 is not None, HAS_D2=d2 is not None,
                POST=w_post is not None, LAYERNORM=layernorm, NEXT=w_next is not None,
-               **_row_shape(N), **pf_consts, **pdl_launch(pdl))
+               **_row_shape(N), **pdl_launch(pdl))
     return h_out, (x_out if w_next is not None else None)
 
 

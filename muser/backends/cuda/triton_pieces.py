@@ -67,21 +67,14 @@ def pdl_pieces() -> dict:
 
     @triton.jit
     def pdl_prefetch_begin(mine, idx, PF0, PN0, PF1, PN1, PF2, PN2, PCH, PDL: tl.constexpr,
-                           NPF: tl.constexpr, PF_EARLY: tl.constexpr, PF_LANES: tl.constexpr,
-                           PF_LAST: tl.constexpr):
-        """_pdl_begin for a launch with a prefetch row (NPF > 0, l2_prefetch.py): a program
-        that is `mine` asks the L2 for chunk-program `idx` of the ranges before the PDL wait
-        (PF_EARLY: while the kernel before still streams) or after it.  NPF 0: _pdl_begin alone
-        (`mine` and `idx` unused, compiled out)."""
-        if NPF > 0:
-            if PF_EARLY:
-                if mine:
-                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, idx, PF_LANES, PF_LAST)
+                           NPF: tl.constexpr, PF_LANES: tl.constexpr):
+        """_pdl_begin for a launch with a prefetch row (NPF > 0, l2_prefetch.py): after the PDL
+        wait, a program that is `mine` asks the L2 for chunk-program `idx` of the ranges.
+        NPF 0: _pdl_begin alone (`mine` and `idx` unused, compiled out)."""
         _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         if NPF > 0:
-            if not PF_EARLY:
-                if mine:
-                    _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, idx, PF_LANES, PF_LAST)
+            if mine:
+                _prefetch_l2(PF0, PN0, PF1, PN1, PF2, PN2, PCH, idx, PF_LANES)
 
     return {"_pdl_begin": pdl_begin, "_pdl_prefetch_begin": pdl_prefetch_begin}
 
