@@ -58,9 +58,8 @@
 #   prefetch     MUSER_PREFETCH: the attention launch asks the L2 for the layer's o / gate|up /
 #                down weights (l2_prefetch.py): bits, then budgets / programs / early, 1B + 270M
 #   prefetch_auto  the default it became (8 MB, one-row steps): engine rows, auto / off / early
-#   prefetch_qkv the add+norms prefetch too (the next layer's qkv; more of o | gate|up | down),
-#                and 16 / 32 MB under an L2 evict_last policy: bits, the L2 ceiling, 1B / 270M A/B
-#   prefetch_4b  the same variants on the 4B, one round
+#   (prefetch_qkv, prefetch_4b: the add+norms' prefetch sites and the evict_last hint -- none
+#    paid; removed with their switches in c906966)
 #   early        MUSER_ATTN_EARLY (the attention's prologue before the PDL wait, idle splits
 #                leave without it; the default since the thirty-sixth session): bits, then
 #                1B / 270M against off and a 4k context (MUSER_DOT_EARLY and MUSER_ATTN_O ran
@@ -175,7 +174,6 @@ mkdir -p "$OUT"
 ROOT=$PWD
 
 EARLY_VARIANTS="NOE:MUSER_ATTN_EARLY=off;CTX4K:MAX_CONTEXT=4096"
-PREFETCH_VARIANTS="QKV:MUSER_PREFETCH_QKV=on;MLP:MUSER_PREFETCH_MLP=on;BOTH:MUSER_PREFETCH_QKV=on,MUSER_PREFETCH_MLP=on;QKVE:MUSER_PREFETCH_QKV=on,MUSER_PREFETCH_AT=early;PF16L:MUSER_PREFETCH=16,MUSER_PREFETCH_HINT=last;PF32L:MUSER_PREFETCH=32,MUSER_PREFETCH_HINT=last"
 
 dry_note() {       # dry_note KIND ARGS...: a command for dry_check.py (DRY=1), one a line
   local IFS=$'\x1f'
@@ -994,33 +992,19 @@ stage_prefetch() {  # the decode attention's extra grid row brings the layer's n
   # into the L2 while the bus idles (cp.async.bulk.prefetch.L2): the same bits, then budgets
   tests 150 tests/cuda/test_prefetch.py tests/cuda/test_pdl.py
   bench 420 . benchmarks/exact_ab.py --models 1b,270m --trees exact --decode-only --rounds 2 \
-    --variants "PF4:MUSER_PREFETCH=4;PF8:MUSER_PREFETCH=8;PF16:MUSER_PREFETCH=16;PF32:MUSER_PREFETCH=32;PF48:MUSER_PREFETCH=48;PF32E:MUSER_PREFETCH=32,MUSER_PREFETCH_AT=early;PF32W:MUSER_PREFETCH=32,MUSER_PREFETCH_PROGRAMS=128"
+    --variants "PF4:MUSER_PREFETCH=4;PF8:MUSER_PREFETCH=8;PF16:MUSER_PREFETCH=16;PF32:MUSER_PREFETCH=32;PF48:MUSER_PREFETCH=48"
 }
 
 stage_prefetch_auto() {  # MUSER_PREFETCH=auto, the default (8 MB, steps of one row): the
-  # engine / greedy / invariance rows on it, then auto against off and 8 MB before the wait
+  # engine / greedy / invariance rows on it, then auto against off
   tests 200 tests/cuda/test_prefetch.py tests/cuda/test_cuda_greedy.py
   tests 150 tests/engine/test_invariance.py -k cuda
   bench 330 . benchmarks/exact_ab.py --models 1b,270m,4b --trees exact --decode-only --rounds 2 \
-    --long --variants "OFF:MUSER_PREFETCH=off;PF8E:MUSER_PREFETCH=8,MUSER_PREFETCH_AT=early"
+    --long --variants "OFF:MUSER_PREFETCH=off"
 }
 
-stage_prefetch_qkv() {  # more sites than the attention's (l2_prefetch.py), all the same bits:
-  # MUSER_PREFETCH_QKV=on, the add+norm closing a layer asks for the next layer's qkv (its
-  # projection is ~5 DRAM latencies a program, ncu_step); MUSER_PREFETCH_MLP=on, the add+norm
-  # after o asks for the next 8 MB of o | gate|up | down; MUSER_PREFETCH_HINT=last, 16 / 32 MB
-  # under an L2 evict_last policy (do they outlive the gate|up stream, where plain ones did
-  # not?).  First each tile's launch from HBM against from the L2: the most a prefetch can buy.
-  tests 200 tests/cuda/test_prefetch.py
-  bench 60 . benchmarks/dot_tiles_graph.py 270m 1b --batches 1 --l2
-  bench 420 . benchmarks/exact_ab.py --models 1b,270m --trees exact --decode-only --rounds 2 \
-    --variants "$PREFETCH_VARIANTS"
-}
-
-stage_prefetch_4b() {  # the same variants on the 4B, one round
-  bench 300 . benchmarks/exact_ab.py --models 4b --trees exact --decode-only --rounds 1 \
-    --variants "$PREFETCH_VARIANTS"
-}
+# (prefetch_qkv / prefetch_4b, thirty-sixth session: MUSER_PREFETCH_QKV / _MLP / _HINT / _AT /
+#  _PROGRAMS measured -- none paid -- and were removed in c906966; the stages went with them)
 
 stage_early() {  # work before the PDL wait that the launch before does not feed, and o
   # inside the attention launch (MUSER_ATTN_O: its o row waits on a counter, not a launch):

@@ -203,8 +203,10 @@ CHUNK["FLATTEN"] = False
 DIVISIBLE = set(TYPES) - {"scale", "softcap", "eps"} | {"rs", "hs"}
 
 
-def compile_ptx(kern, consts: dict, warps: int) -> str:
-    """`consts` may carry "maxnreg": a register cap (a launch option, not a kernel argument)."""
+def compile_ptx(kern, consts: dict, warps: int, asm: str = "ptx") -> str:
+    """`consts` may carry "maxnreg": a register cap (a launch option, not a kernel argument).
+    `asm`: which of Triton's stages to return ("ttgir": the layouts Triton chose, e.g. a dot
+    operand's kWidth -- tests/cuda/test_block_int8_tile.py reads it)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -224,12 +226,12 @@ def compile_ptx(kern, consts: dict, warps: int) -> str:
                     constexprs={(names.index(k),): v for k, v in consts.items()})
     out = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                          # as launched: attention without FMA contraction, bf16 dot_rows and
-                         # add_norm with it (dot_rows' int8 epilogue turns it off), 3 stages
+                         # add_norm with it (dot_rows turns it off for int8 weights), 3 stages
                          options={"num_warps": warps, "num_stages": 3,
                                   "enable_fp_fusion": ("K" in consts or "NEXT" in consts)
-                                  and not consts.get("WQ"),
+                                  and not (consts.get("WQ") or consts.get("WQB")),
                                   **({"maxnreg": cap} if cap else {})})
-    return out.asm["ptx"]
+    return out.asm[asm]
 
 
 def as_launched(which: str, over: dict) -> dict:

@@ -1,24 +1,62 @@
 """The BlockInt8 tile (quant="int8-head", backends/cuda/triton_dot_loads.py) against the bf16 tile
-over the same weights, at a head's size, on a GPU.
+over the same weights: at a head's size on a GPU, and compiled for sm_90 anywhere.
 
-Why a GPU and a head's size: a tensor-core MMA sums its 16 products in a fixed internal order,
-so two tiles agree bit for bit only if each MMA sees the same k in the same lanes.  Triton
+Why: a tensor-core MMA sums its 16 products in a fixed internal order, so two tiles agree bit
+for bit only if each MMA sees the same k in the same lanes.  Triton
 lays out a dot operand that comes from 8-bit loads with four k a lane instead of two (kWidth 4:
 the k inside each MMA permuted, the same permutation for x and the weights -- the same sum in
 exact arithmetic, a different rounding in about one output in ten thousand).  The embedded
 270M's int8-head logits differed from bf16's in 28 of 262,144 at one row until the tile stopped
 Triton from seeing the 8-bit load (thirty-seventh session).  The interpreter cannot show it
-(numpy's matmul has no MMA), and a small matrix rarely meets it: 32,768 x 640 at 16 rows is
-~50 expected differences under the old layout.
+(numpy's matmul has no MMA), and a small matrix rarely meets it: 32,768 x 640 at 16 rows failed
+5 of 6 rows under the old layout (H200); the layout itself is visible in Triton's TTGIR.
 """
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
-from cudautil import needs_gpu
+from cudautil import needs_gpu, triton_available
 
-pytestmark = needs_gpu
+REPO = Path(__file__).resolve().parents[2]
+# both picking head tiles compiled for sm_90 by Triton itself (benchmarks/sm90_ptx.py's
+# configurations), their dot operands' kWidth read from the TTGIR
+KWIDTHS = """
+import json, re, sys
+sys.path.insert(0, "benchmarks")
+import sm90_ptx as m
+from muser.backends.cuda.triton_dot import _kernels
+rows = {c[0]: c for c in m.CONFIGS}
+out = {}
+for key, name in (("bf16", "dot_rows head, 16-row tile, picking, 270M"),
+                  ("blocks", "dot_rows head, 16-row tile, picking, block int8")):
+    over, warps = rows[name][2], rows[name][3]
+    ttgir = m.compile_ptx(_kernels()[0], {**m.DOWN, **over}, warps, asm="ttgir")
+    out[key] = sorted(set(re.findall(r"kWidth = [0-9]+", ttgir)))
+print(json.dumps(out))
+"""
 
 
+@pytest.mark.skipif(not triton_available(), reason="needs Triton (the test extra installs it)")
+def test_block_int8_tile_keeps_the_bf16_tiles_mma_layout_on_sm90():
+    """No GPU needed: Triton compiles both head tiles for sm_90 here, and the Q8_0 tile's dot
+    operands must carry the bf16 tile's kWidth (2) -- without `_layout_fence` they carry 4, the
+    permuted k that rounded 28 of the embedded 270M's 262,144 logits apart.  (In a process of
+    its own: this one may run Triton's interpreter, which compiles nothing.)"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", KWIDTHS], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    kw = json.loads(done.stdout.strip().splitlines()[-1])
+    assert kw["bf16"] == ["kWidth = 2"] and kw["blocks"] == kw["bf16"], kw
+
+
+@needs_gpu
 @pytest.mark.parametrize("k", [640, 1152])
 @pytest.mark.parametrize("mode", ["plain", "widen", "pick"])
 def test_block_int8_tile_is_the_bf16_tile_bit_for_bit_at_a_heads_size(k, mode):

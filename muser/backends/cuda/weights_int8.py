@@ -4,7 +4,9 @@ and the head as int8 rows with a float32 scale per row, dequantized inside `dot_
 floor; the rest are latency-bound, where int8 bought nothing -- benchmarks/NOTES.md), as
 `BlockInt8`: GGUF's Q8_0 layout, a float16 scale per 32 keys, each weight dequantized to the
 activation dtype in the tile -- a head stored as Q8_0 (the embedded 270M's) comes back exactly,
-so its logits are the bf16 engine's bit for bit, at 8.5 bits a weight instead of 16.
+so its logits are the bf16 engine's bit for bit (H200, benchmarks/q8_head_check.py), at 8.5 bits
+a weight instead of 16.  Memory, not time: the tile that keeps those bits (the bf16 tile's MMA
+layout, triton_dot_loads.py) runs the head in bf16's time.
 
 Owns: `RowInt8` (what `dot_rows(x, q, scale=s)` takes), `quantize_rows`, `quantize_weights` and
 `why_not_int8` (what the mode needs: the fused decode step, its exact chunks, no experts).  Does
