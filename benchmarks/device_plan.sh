@@ -73,6 +73,8 @@
 #   gguf_row     the parts assembled, then the embedded 270M's int8-head row
 #   fence        the Q8_0 head tile behind the layout fence: the head-sized row before / after,
 #                the tile and engine rows, the heads' time
+#   int8_fence   the int8-row decode tile behind the fence too: decode tile == chunk tiles at a
+#                layer's size before / after, the int8 rows, probe and step cost (carry .prev)
 #   (pairs_ab, thirtieth session: MUSER_CHUNK_PAIRS -- two key tiles scored by one dot -- ran the
 #    1B's global layers 3.75 -> 4.67 ms a layer with the same bits; the code is gone)
 #   ws           the TMA projections' one loop under Triton's Hopper auto warp specialization
@@ -1060,16 +1062,34 @@ stage_fence() {  # carry .whl, .gg/p00, .snap (git archive 73219da): the Q8_0 he
   # apart).  The new head-sized row fails on the tree before (.snap) and passes here; the tile
   # rows, int8-head's engine rows; then the heads' time with the fence
   if [ -z "${DRY:-}" ]; then
-    cp tests/cuda/test_block_int8_tile.py .snap/tests/cuda/ && echo "+ [.snap] the new row, before" \
+    cp tests/cuda/test_int8_tiles.py .snap/tests/cuda/ && echo "+ [.snap] the new row, before" \
       | tee -a "$OUT/plan.log"
     (cd .snap && PYTHONPATH=/tmp/site:$ROOT/.snap:$ROOT/.snap/tests/cuda timeout 120 python3 -m \
-      pytest -q --tb=line -p no:cacheprovider tests/cuda/test_block_int8_tile.py 2>&1 \
+      pytest -q --tb=line -p no:cacheprovider tests/cuda/test_int8_tiles.py 2>&1 \
       | tee -a "$OUT/plan.log" | tail -8)
   fi
-  tests 150 tests/cuda/test_block_int8_tile.py tests/cuda/test_int8_step.py \
+  tests 150 tests/cuda/test_int8_tiles.py tests/cuda/test_int8_step.py \
     tests/cuda/test_triton_pick.py
   tests 100 tests/cuda/test_triton_ops.py -k block_int8
   bench 60 . benchmarks/int8_dot_probe.py --heads
+}
+
+stage_int8_fence() {  # carry .whl, .prev (git archive 4f277c3 muser: int8 rows unfenced): the
+  # int8-row decode tile behind the layout fence too (TTGIR kWidth 4 -> 2; unfenced, a row
+  # decoded parts from the same row in a chunk of >= 64 rows about once in 10^4).  The tile
+  # rows at a layer's size before / after, the int8 engine rows, then what the fence costs:
+  # the projections and heads alone, and the all-int8 step against the tree before
+  if [ -z "${DRY:-}" ]; then
+    echo "+ [.prev] the tile rows, before" | tee -a "$OUT/plan.log"
+    PYTHONPATH=/tmp/site:$ROOT/.prev:$ROOT/tests/cuda timeout 150 python3 -m pytest -q \
+      --tb=line -p no:cacheprovider tests/cuda/test_int8_tiles.py -k "decode_tile_and" 2>&1 \
+      | tee -a "$OUT/plan.log" | tail -5
+  fi
+  tests 200 tests/cuda/test_int8_tiles.py tests/cuda/test_int8_step.py
+  bench 90 .prev benchmarks/int8_dot_probe.py
+  bench 90 . benchmarks/int8_dot_probe.py
+  bench 300 . benchmarks/exact_ab.py --old .prev --models 1b,270m --trees old,exact \
+    --decode-only --quant int8 --rounds 1 --variants "BF:QUANT=none"
 }
 
 stage_gguf_part() {  # carry .gg/pNN (the embedded GGUF split in six: 64 MiB a call, .whl too): kept in

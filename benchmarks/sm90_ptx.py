@@ -143,7 +143,11 @@ CONFIGS = [
     # quant="int8-head": the head as int8 blocks of 32 keys with float16 scales (BlockInt8)
     ("dot_rows head, 16-row tile, picking, block int8", "dot",
      dict(K=640, KS=640, BM=16, BLOCK_N=64, BLOCK_K=128, PIECES_IN=1, WIDEN=True, PICK=True,
-          WQB=2, _types={"W": "*i8", "S": "*fp16", "Y": "*fp32", "P": "*i64"}), 4),
+          WQB=True, FENCE=True, _types={"W": "*i8", "S": "*fp16", "Y": "*fp32", "P": "*i64"}), 4),
+    # quant="int8": a layer's projection as int8 rows with float32 scales, behind the fence
+    ("dot_rows qkv 16-row decode tile, int8 rows", "dot",
+     dict(K=1152, KS=1152, BM=16, BLOCK_N=16, BLOCK_K=256, PIECES_IN=1, WQ=True, FENCE=True,
+          _types={"W": "*i8", "S": "*fp32"}), 4),
     ("dot_rows head, 16-row tile, picking, 270M", "dot",
      dict(K=640, KS=640, BM=16, BLOCK_N=64, BLOCK_K=128, PIECES_IN=1, WIDEN=True, PICK=True,
           _types={"Y": "*fp32", "P": "*i64"}), 4),
@@ -206,7 +210,7 @@ DIVISIBLE = set(TYPES) - {"scale", "softcap", "eps"} | {"rs", "hs"}
 def compile_ptx(kern, consts: dict, warps: int, asm: str = "ptx") -> str:
     """`consts` may carry "maxnreg": a register cap (a launch option, not a kernel argument).
     `asm`: which of Triton's stages to return ("ttgir": the layouts Triton chose, e.g. a dot
-    operand's kWidth -- tests/cuda/test_block_int8_tile.py reads it)."""
+    operand's kWidth -- tests/cuda/test_int8_tiles.py reads it)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

@@ -127,6 +127,17 @@ def test_the_cuda_cut_encoding_names_the_arithmetic(env, same):
     assert (arithmetic_tag(env) == base) == same
 
 
+@pytest.mark.parametrize("quant, tag", [("none", ""), ("int8-head", ""), ("int8", "+i2")])
+def test_int8_rows_name_their_own_arithmetic_in_the_cut_encoding(quant, tag):
+    """quant="int8" computes its own rows (and changed them in the thirty-seventh session: the
+    decode tile behind the layout fence), so its cuts carry weights_int8.INT8_ROWS; int8-head's
+    rows are bf16's, its cuts bf16's encoding."""
+    from muser.backends.cuda import CudaBackend, arithmetic_tag
+    from muser.config import EngineConfig
+    backend = CudaBackend(EngineConfig(device="cuda", dtype="bfloat16", quant=quant), Env())
+    assert backend.encoding_tag == arithmetic_tag(Env()) + tag
+
+
 @pytest.mark.parametrize("entry, same", [
     (((2560, 2048, False), (16, 128, 8, 2, 0)), True),     # a tile: speed only (the rule's piece)
     (((2560, 2048, False), (32, 512, 4, 3, 1024)), False),  # a piece the rule would not take

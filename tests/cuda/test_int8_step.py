@@ -83,7 +83,7 @@ def test_a_q8_0_head_gives_the_float_heads_logits():
 def test_cuda_int8_keeps_one_arithmetic_per_token_and_stays_near_bf16():
     path = str(tiny_model_dir("gemma3", window=4, tokenizer=False, seed=4))
     eng = muser.load(path, device="cuda", dtype="bfloat16", quant="int8", progress=False)
-    assert eng.encoding.family.startswith("ring+int8+cuda-")
+    assert eng.encoding.family.startswith("ring+int8+cuda-") and eng.encoding.family.endswith("+i2")
     whole = eng.new_session().prefill(IDS)
     s = eng.new_session()
     for t in IDS:

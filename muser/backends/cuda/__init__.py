@@ -58,6 +58,9 @@ class CudaBackend(Backend):
         # cuts carry the arithmetic that made them: fast chunks compute rows that differ from
         # decoded ones; the exact path is named by its version and bits knobs (arithmetic_tag)
         self.encoding_tag = "+fast-chunks" if env.chunks == "fast" else arithmetic_tag(env)
+        if config.quant == "int8":           # int8 rows' own arithmetic (int8-head's rows are bf16's)
+            from .weights_int8 import INT8_ROWS
+            self.encoding_tag += f"+i{INT8_ROWS}"
 
     def check_model(self, spec, weights) -> None:
         if self.config.quant != "none":

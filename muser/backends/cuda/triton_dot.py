@@ -39,13 +39,14 @@ def _kernels():
     @triton.jit
     def piece_dot(X, W, rm, rmask, cols, cmask, piece, N, K: tl.constexpr, KS: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
-                  BM: tl.constexpr, S=None, WQB: tl.constexpr = 0):
+                  BM: tl.constexpr, S=None, WQB: tl.constexpr = False,
+                  FENCE: tl.constexpr = False):
         """One split-K piece [piece * KS, (piece + 1) * KS) of a [BM, BLOCK_N] tile (and its up
         half), from zero.  Each tl.dot chains its k16 MMA steps onto the accumulator, so an
         output element's sum is the k16 steps in order -- whatever BLOCK_K and BM are (the
         H200 agrees: benchmarks/dot_chunk_sweep.py).  WQB: BlockInt8 weights, their float16
-        block scales at S [rows of W, K // 32], dequantized in the tile (`_block_weights`);
-        2 on a GPU (behind `_layout_fence`: the bf16 tile's MMA layout), 1 interpreted."""
+        block scales at S [rows of W, K // 32], dequantized in the tile; FENCE: int8 weights
+        on a GPU, behind the layout fence (`_weights_tile`)."""
         acc = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
         accu = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, KS, BLOCK_K):
@@ -56,21 +57,13 @@ def _kernels():
                         mask=rmask[:, None] & kmask[None, :], other=0.0)
             wp = W + cols[:, None].to(tl.int64) * K + ks[None, :]
             m2 = cmask[:, None] & kmask[None, :]
-            if WQB:
-                ks0 = piece * KS + k0
-                acc = tl.dot(x, tl.trans(_block_weights(wp, S, cols, cmask, ks0, m2, K, BLOCK_N,
-                                                        BLOCK_K, x.dtype, WQB == 2)), acc)
-                if GLU:
-                    accu = tl.dot(x, tl.trans(_block_weights(wp + N * K, S, cols + N, cmask, ks0,
-                                                             m2, K, BLOCK_N, BLOCK_K, x.dtype,
-                                                             WQB == 2)),
-                                  accu)
-            else:
-                # int8 weights enter the dot as the activation dtype: exact (|q| <= 127)
-                acc = tl.dot(x, tl.trans(tl.load(wp, mask=m2, other=0).to(x.dtype)), acc)
-                if GLU:
-                    accu = tl.dot(x, tl.trans(tl.load(wp + N * K, mask=m2, other=0).to(x.dtype)),
-                                  accu)
+            ks0 = piece * KS + k0
+            acc = tl.dot(x, tl.trans(_weights_tile(wp, S, cols, cmask, ks0, m2, K, BLOCK_N,
+                                                   BLOCK_K, x.dtype, WQB, FENCE)), acc)
+            if GLU:
+                accu = tl.dot(x, tl.trans(_weights_tile(wp + N * K, S, cols + N, cmask, ks0, m2,
+                                                        K, BLOCK_N, BLOCK_K, x.dtype, WQB,
+                                                        FENCE)), accu)
         return acc, accu
 
     globals()["_piece"] = piece_dot
@@ -83,10 +76,10 @@ def _kernels():
                         BM: tl.constexpr, PIECES_IN: tl.constexpr, WQ: tl.constexpr,
                         PDL: tl.constexpr, FLATTEN: tl.constexpr = False,
                         WIDEN: tl.constexpr = False, PICK: tl.constexpr = False,
-                        WQB: tl.constexpr = 0):
+                        WQB: tl.constexpr = False, FENCE: tl.constexpr = False):
         _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         _dot_body(X, W, S, BIAS, Y, P, B, N, K, KS, BLOCK_N, BLOCK_K, GLU, GELU, HAS_BIAS, SPLIT,
-                  BM, PIECES_IN, WQ, FLATTEN, WIDEN, PICK, WQB)
+                  BM, PIECES_IN, WQ, FLATTEN, WIDEN, PICK, WQB, FENCE)
 
     @triton.jit
     def dot_body(X, W, S, BIAS, Y, P, B, N, K: tl.constexpr, KS: tl.constexpr,
@@ -94,7 +87,7 @@ def _kernels():
                  GELU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                  BM: tl.constexpr, PIECES_IN: tl.constexpr, WQ: tl.constexpr,
                  FLATTEN: tl.constexpr, WIDEN: tl.constexpr, PICK: tl.constexpr,
-                 WQB: tl.constexpr = 0):
+                 WQB: tl.constexpr = False, FENCE: tl.constexpr = False):
         # Rows in tiles of BM (padded with zeros) through the tensor cores; K cut into pieces of
         # KS (program axis 2) walked in fixed BLOCK_K steps.  An output element's sum is the same
         # instruction sequence whatever B (and BM) is, and the other rows of a tile never enter
@@ -115,13 +108,13 @@ def _kernels():
             # on pc) into one software-pipelined loop -- no pipeline drain and refill a piece
             for pc in tl.range(PIECES_IN, flatten=FLATTEN):
                 pa, pu = _piece(X, W, rm, rmask, cols, cmask, pc, N, K, KS, BLOCK_N, BLOCK_K, GLU,
-                                BM, S, WQB)
+                                BM, S, WQB, FENCE)
                 acc += pa
                 if GLU:
                     accu += pu
         else:
             acc, accu = _piece(X, W, rm, rmask, cols, cmask, piece, N, K, KS, BLOCK_N, BLOCK_K,
-                               GLU, BM, S, WQB)
+                               GLU, BM, S, WQB, FENCE)
         om = rmask[:, None] & cmask[None, :]
         if not GLU:
             accu = acc                # (no up half: a stand-in the epilogue never reads)
@@ -278,9 +271,10 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     shape = dict(K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu, GELU=gelu,
                  HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, WQ=wqr,
                  FLATTEN=bool(flatten) and inside > 1, WIDEN=widen or pick, PICK=pick,
-                 # (the layout fence is inline asm: not under the interpreter, whose tensors
-                 # are the CPU's)
-                 **({"WQB": 2 if w.is_cuda else 1} if wqb else {}),
+                 **({"WQB": True} if wqb else {}),
+                 # int8 on a GPU: the layout fence (inline asm: not under the interpreter, whose
+                 # tensors are the CPU's)
+                 **({"FENCE": True} if wq and w.is_cuda else {}),
                  num_warps=nw, num_stages=st, **fuse, **pdl_launch(pdl))
     kern[grid](x, w, s_arg, b_arg, out, part, B, n, **shape)
     if pick:

@@ -1,9 +1,9 @@
 """How a dot_rows program reads its weights, apart from the plain tile (Triton pieces).
 
-Owns: `load_pieces()` -> `_block_weights` (a tile of BlockInt8 weights -- GGUF's Q8_0 blocks,
-quant="int8-head" -- dequantized to the activation dtype before the dot), by the name
-triton_dot.py's kernels call it, and the fence that keeps that tile's MMA layout the bf16
-tile's (below).  Does not own: the kernels that call it, their tiles
+Owns: `load_pieces()` -> `_weights_tile` (the weight tile a dot takes: 16-bit weights as
+stored, int8 rows converted, or a tile of BlockInt8 weights -- GGUF's Q8_0 blocks,
+quant="int8-head" -- dequantized to the activation dtype), by the name triton_dot.py's kernels
+call it, and the fence that keeps an int8 tile's MMA layout the bf16 tile's (below).  Does not own: the kernels that call it, their tiles
 (triton_dot.py, triton_dot_tiles.py), the weights' layout (weights_int8.py).
 """
 from __future__ import annotations
@@ -23,10 +23,12 @@ def load_pieces() -> dict:
         """w itself, through a `mov` (two 16-bit values a register) that Triton cannot see
         through.  Why: Triton lays out a dot operand computed from an 8-bit load four k a lane
         (TTGIR `kWidth = 4`) instead of a 16-bit operand's two, which permutes the k inside
-        each m16n8k16 MMA -- for x and the weights alike, the same sum in exact arithmetic, but
-        the tensor core's own rounding then differs about once in 10^4 outputs (the embedded
-        270M's int8-head logits: 28 of 262,144 at one row, thirty-seventh session).  Behind the
-        fence the operand's layout is chosen from the 16-bit value alone: the bf16 tile's.
+        each m16n8k16 MMA of a decode tile -- for x and the weights alike, the same sum in exact
+        arithmetic, but the tensor core's own rounding then differs about once in 10^4 outputs:
+        from the bf16 tile (the embedded 270M's int8-head logits: 28 of 262,144 at one row,
+        thirty-seventh session) and from the chunk tiles' wgmma, which reads its weights from
+        shared memory in one layout (an int8 row decoded != the same row prefilled).  Behind
+        the fence the operand's layout is chosen from the 16-bit value alone: the bf16 tile's.
         Not under the interpreter (no inline asm there; its dot is numpy's either way)."""
         return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [w], dtype=w.dtype,
                                          is_pure=False, pack=2)
@@ -57,4 +59,22 @@ def load_pieces() -> dict:
             w = _layout_fence(w)
         return w
 
-    return {"_block_weights": block_weights}
+    globals()["_block_weights"] = block_weights
+
+    @triton.jit
+    def weights_tile(wp, S, rows, cmask, ks0, m2, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, DT: tl.constexpr, WQB: tl.constexpr,
+                     FENCE: tl.constexpr):
+        """The [BLOCK_N, BLOCK_K] weight tile a dot takes, in the activation dtype DT: BlockInt8
+        dequantized (WQB), else the weights as stored -- 16-bit ones as they are, int8 rows
+        (quant="int8") converted, exact for |q| <= 127, their scale applied to the finished
+        sum.  FENCE (int8 of either kind, on a GPU): behind `_layout_fence`, so a decode tile's
+        MMA sums k in the order the chunk tiles' (wgmma) and the bf16 tiles' do."""
+        if WQB:
+            return _block_weights(wp, S, rows, cmask, ks0, m2, K, BLOCK_N, BLOCK_K, DT, FENCE)
+        w = tl.load(wp, mask=m2, other=0).to(DT)
+        if FENCE:
+            w = _layout_fence(w)
+        return w
+
+    return {"_weights_tile": weights_tile}

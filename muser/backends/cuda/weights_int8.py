@@ -28,6 +28,11 @@ from dataclasses import dataclass
 import torch
 
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+# the int8-row mode's own arithmetic, in its cut encoding (CudaBackend.encoding_tag):
+#   1: seventh session (int8 rows in dot_rows' tiles)
+#   2: thirty-seventh session (the decode tile behind the layout fence: it summed k permuted,
+#      apart from the chunk tiles -- rows decoded before this are not the rows computed now)
+INT8_ROWS = 2
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,106 @@
+"""int8 weight tiles (backends/cuda/triton_dot_loads.py) against the bf16 tiles: the MMA layout
+Triton compiles for sm_90 (anywhere Triton is installed), and at a head's size on a GPU.
+
+Why: a tensor-core MMA sums its 16 products in a fixed internal order, so two tiles agree bit
+for bit only if each MMA sees the same k in the same lanes.  Triton lays out a dot operand that
+comes from 8-bit loads with four k a lane instead of two (kWidth 4: the k inside each MMA
+permuted, the same permutation for x and the weights -- the same sum in exact arithmetic, a
+different rounding in about one output in ten thousand).  So a decode tile of int8 weights
+summed apart from the bf16 tile (quant="int8-head": the embedded 270M's logits differed from
+bf16's in 28 of 262,144 at one row) and from the chunk tiles' wgmma, which reads its weights
+from shared memory in one layout (quant="int8": a row decoded != the same row prefilled in a
+chunk of 64 rows or more) -- until the tiles stopped Triton from seeing the 8-bit load
+(`_layout_fence`, thirty-seventh session).  The interpreter cannot show it (numpy's matmul has
+no MMA), and a small matrix rarely meets it: 32,768 x 640 at 16 rows failed 5 of 6 rows under
+the old layout (H200).
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cudautil import needs_gpu, triton_available
+
+REPO = Path(__file__).resolve().parents[2]
+# both picking head tiles compiled for sm_90 by Triton itself (benchmarks/sm90_ptx.py's
+# configurations), their dot operands' kWidth read from the TTGIR
+KWIDTHS = """
+import json, re, sys
+sys.path.insert(0, "benchmarks")
+import sm90_ptx as m
+from muser.backends.cuda.triton_dot import _kernels
+rows = {c[0]: c for c in m.CONFIGS}
+out = {}
+for key, name in (("bf16", "dot_rows head, 16-row tile, picking, 270M"),
+                  ("blocks", "dot_rows head, 16-row tile, picking, block int8"),
+                  ("rows", "dot_rows qkv 16-row decode tile, int8 rows")):
+    over, warps = rows[name][2], rows[name][3]
+    ttgir = m.compile_ptx(_kernels()[0], {**m.DOWN, **over}, warps, asm="ttgir")
+    out[key] = sorted(set(re.findall(r"kWidth = [0-9]+", ttgir)))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not triton_available(), reason="needs Triton (the test extra installs it)")
+def test_int8_decode_tiles_keep_the_bf16_tiles_mma_layout_on_sm90():
+    """No GPU needed: Triton compiles the decode tiles for sm_90 here, and the Q8_0 head tile's
+    and the int8-row tile's dot operands must carry the bf16 tile's kWidth (2) -- without
+    `_layout_fence` they carry 4, the permuted k that rounded 28 of the embedded 270M's 262,144
+    logits apart.  (In a process of its own: this one may run Triton's interpreter, which
+    compiles nothing.)"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", KWIDTHS], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    kw = json.loads(done.stdout.strip().splitlines()[-1])
+    assert kw["bf16"] == ["kWidth = 2"] and kw["blocks"] == kw["rows"] == kw["bf16"], kw
+
+
+@needs_gpu
+@pytest.mark.parametrize("k", [640, 1152])
+@pytest.mark.parametrize("mode", ["plain", "widen", "pick"])
+def test_block_int8_tile_is_the_bf16_tile_bit_for_bit_at_a_heads_size(k, mode):
+    from muser.backends.cuda.triton_dot import dot_rows
+    from muser.backends.cuda.weights_int8 import quantize_blocks
+    n = 32768
+    g = torch.Generator().manual_seed(11)
+    blocks = quantize_blocks(torch.randn(n, k, generator=g) * 0.05)
+    q, s = blocks.q.cuda(), blocks.scale.cuda()
+    w = blocks.dequantized(torch.bfloat16).cuda()
+    x = torch.randn(16, k, generator=g).to("cuda", torch.bfloat16)
+    kw = {"widen": True} if mode == "widen" else {"pick": True} if mode == "pick" else {}
+    for rows in (x[:1], x):                           # one row, and a 16-row decode tile
+        got = dot_rows(rows, q, scale=s, rows=16, **kw)
+        want = dot_rows(rows, w, rows=16, **kw)
+        for a, b in zip(*((got, want) if mode == "pick" else ((got,), (want,)))):
+            assert torch.equal(a, b), (mode, rows.shape[0], int((a != b).sum()))
+
+
+@needs_gpu
+@pytest.mark.parametrize("kind", ["bf16", "int8 rows", "blocks"])
+def test_a_row_sums_alike_in_the_decode_tile_and_the_chunk_tiles_at_a_layers_size(kind):
+    """One arithmetic per token for every weight kind at a real projection's size (the 1B's
+    qkv is 1,536 x 1,152; here 8,192 x 1,152: ~10^5 outputs a comparison): 16 rows through the
+    decode tile (mma.sync) == the same rows inside a 64-row and a 2,048-row chunk (wgmma
+    tiles).  Without the layout fence an int8 decode tile sums k permuted and parts from the
+    chunk tiles about once in 10^4 (quant="int8": a row decoded != the row prefilled)."""
+    from muser.backends.cuda.triton_dot import dot_rows
+    from muser.backends.cuda.weights_int8 import quantize_blocks, quantize_rows
+    n, k = 8192, 1152
+    g = torch.Generator().manual_seed(13)
+    w = torch.randn(n, k, generator=g) * 0.05
+    if kind == "bf16":
+        args = {"w": w.to("cuda", torch.bfloat16)}
+    else:
+        qw = quantize_rows(w) if kind == "int8 rows" else quantize_blocks(w)
+        args = {"w": qw.q.cuda(), "scale": qw.scale.cuda()}
+    x = torch.randn(2048, k, generator=g).to("cuda", torch.bfloat16)
+    decoded = dot_rows(x[:16], rows=16, **args)
+    for rows in (64, 2048):
+        chunk = dot_rows(x[:rows], **args)[:16]
+        assert torch.equal(decoded, chunk), (kind, rows, int((decoded != chunk).sum()))
