@@ -307,8 +307,8 @@ def code_only(ptx: str) -> str:
     return "\n".join(keep)
 
 
-def main():
-    import triton
+def kernel_table() -> dict:
+    """Each configuration's `which` -> (its Triton kernel, the base constexprs)."""
     from muser.backends.cuda.triton_chunk import _kernel
     from muser.backends.cuda.triton_chunk_park import _fold_kernel
     from muser.backends.cuda.triton_decode_kernel import _kernel as _decode_kernel
@@ -317,22 +317,40 @@ def main():
     from muser.backends.cuda.triton_pick import _kernel as _pick_kernel
     from muser.backends.cuda.triton_rows import _kernels as _rows_kernels
     from muser.backends.cuda.triton_graph_rows import _kernels as _graph_rows
+    return {"chunk": (_kernel(), CHUNK), "fold": (_fold_kernel(), FOLD),
+            "decode": (_decode_kernel(), DECODE), "dot": (_dot_kernels()[0], DOWN),
+            "add_norm": (_ops_kernels()[0], ADD_NORM),
+            "add_pieces": (_ops_kernels()[2], ADD_PIECES),
+            "embed_norm": (_ops_kernels()[3], EMBED_NORM), "pick": (_pick_kernel()[0], PICK),
+            "fold_pick": (_pick_kernel()[1], dict(BLOCK=1024, PDL=True)),
+            "qk_rope": (_ops_kernels()[1], QK_ROPE),
+            "norm_rope": (_rows_kernels()[0], NORM_ROPE),
+            "place": (_graph_rows()[0], dict(KVD=256, D=256, BLOCK=256)),
+            "shadow": (_graph_rows()[1], dict(KVD=256, D=256, BLOCK=256))}
+
+
+def mma_layouts() -> dict:
+    """Each configuration's dot operand layouts as Triton chose them (TTGIR `kWidth = n`, an
+    empty list where the operands come from shared memory): every MMA must sum its k in the
+    one order all tiles share (tests/cuda/test_int8_tiles.py)."""
+    kernels = kernel_table()
+    out = {}
+    for name, which, over, warps in CONFIGS:
+        kern, base = kernels[which]
+        ttgir = compile_ptx(kern, {**base, **as_launched(which, over)}, warps, asm="ttgir")
+        out[name] = sorted(set(re.findall(r"kWidth = [0-9]+", ttgir)))
+    return out
+
+
+def main():
+    import triton
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="write each configuration's stripped PTX here")
     ap.add_argument("--regs", action="store_true", help="ptxas -v: registers and spills")
     ap.add_argument("--tiles", action="store_true", help="also the 64-key attention tiles")
     ap.add_argument("--io", action="store_true", help="global loads / stores by width, cp.async")
     args = ap.parse_args()
-    kernels = {"chunk": (_kernel(), CHUNK), "fold": (_fold_kernel(), FOLD),
-               "decode": (_decode_kernel(), DECODE), "dot": (_dot_kernels()[0], DOWN),
-               "add_norm": (_ops_kernels()[0], ADD_NORM),
-               "add_pieces": (_ops_kernels()[2], ADD_PIECES),
-               "embed_norm": (_ops_kernels()[3], EMBED_NORM), "pick": (_pick_kernel()[0], PICK),
-               "fold_pick": (_pick_kernel()[1], dict(BLOCK=1024, PDL=True)),
-               "qk_rope": (_ops_kernels()[1], QK_ROPE),
-               "norm_rope": (_rows_kernels()[0], NORM_ROPE),
-               "place": (_graph_rows()[0], dict(KVD=256, D=256, BLOCK=256)),
-               "shadow": (_graph_rows()[1], dict(KVD=256, D=256, BLOCK=256))}
+    kernels = kernel_table()
     print(f"triton {triton.__version__}, sm_90")
     compiled = {}
     for name, which, over, warps in CONFIGS + (TILES if args.tiles else []):

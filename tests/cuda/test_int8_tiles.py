@@ -1,5 +1,5 @@
-"""int8 weight tiles (backends/cuda/triton_dot_loads.py) against the bf16 tiles: the MMA layout
-Triton compiles for sm_90 (anywhere Triton is installed), and at a head's size on a GPU.
+"""int8 weight tiles (backends/cuda/triton_dot_loads.py) against the bf16 tiles at a head's and a
+layer's size, on a GPU (the layout they compile to, anywhere: test_mma_layouts.py).
 
 Why: a tensor-core MMA sums its 16 products in a fixed internal order, so two tiles agree bit
 for bit only if each MMA sees the same k in the same lanes.  Triton lays out a dot operand that
@@ -14,51 +14,10 @@ chunk of 64 rows or more) -- until the tiles stopped Triton from seeing the 8-bi
 no MMA), and a small matrix rarely meets it: 32,768 x 640 at 16 rows failed 5 of 6 rows under
 the old layout (H200).
 """
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-from cudautil import needs_gpu, triton_available
-
-REPO = Path(__file__).resolve().parents[2]
-# both picking head tiles compiled for sm_90 by Triton itself (benchmarks/sm90_ptx.py's
-# configurations), their dot operands' kWidth read from the TTGIR
-KWIDTHS = """
-import json, re, sys
-sys.path.insert(0, "benchmarks")
-import sm90_ptx as m
-from muser.backends.cuda.triton_dot import _kernels
-rows = {c[0]: c for c in m.CONFIGS}
-out = {}
-for key, name in (("bf16", "dot_rows head, 16-row tile, picking, 270M"),
-                  ("blocks", "dot_rows head, 16-row tile, picking, block int8"),
-                  ("rows", "dot_rows qkv 16-row decode tile, int8 rows")):
-    over, warps = rows[name][2], rows[name][3]
-    ttgir = m.compile_ptx(_kernels()[0], {**m.DOWN, **over}, warps, asm="ttgir")
-    out[key] = sorted(set(re.findall(r"kWidth = [0-9]+", ttgir)))
-print(json.dumps(out))
-"""
-
-
-@pytest.mark.skipif(not triton_available(), reason="needs Triton (the test extra installs it)")
-def test_int8_decode_tiles_keep_the_bf16_tiles_mma_layout_on_sm90():
-    """No GPU needed: Triton compiles the decode tiles for sm_90 here, and the Q8_0 head tile's
-    and the int8-row tile's dot operands must carry the bf16 tile's kWidth (2) -- without
-    `_layout_fence` they carry 4, the permuted k that rounded 28 of the embedded 270M's 262,144
-    logits apart.  (In a process of its own: this one may run Triton's interpreter, which
-    compiles nothing.)"""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", KWIDTHS], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    kw = json.loads(done.stdout.strip().splitlines()[-1])
-    assert kw["bf16"] == ["kWidth = 2"] and kw["blocks"] == kw["rows"] == kw["bf16"], kw
+from cudautil import needs_gpu
 
 
 @needs_gpu
