@@ -4,11 +4,11 @@ Owns: `dot_rows` (rows in tiles of 16 on the tensor cores, K in fixed steps and
 optional fixed split-K pieces summed in order: the default for every projection
 and the head, any batch size) and the split-K sum.
 Batch-invariant: row b of a B-row call is bitwise the row computed alone.  Does not own: the
-tile tables (triton_dot_tiles.py), the epilogue (triton_dot_epilogue.py), block-int8 tiles
-(triton_dot_loads.py), the older batch-1 GEMV (triton_gemv.py,
-MUSER_GEMV=fast), when they are used (decode_step.py), element-wise pieces (triton_ops.py),
-attention (triton_decode.py).  Triton is imported lazily: this module imports on
-a machine without it.
+tile tables (triton_dot_tiles.py), the epilogue (triton_dot_epilogue.py), the weight tile of
+each weight kind and the int8 tiles' layout fence (triton_dot_loads.py), the older batch-1 GEMV
+(triton_gemv.py, MUSER_GEMV=fast), when they are used (decode_step.py), element-wise pieces
+(triton_ops.py), attention (triton_decode.py).  Triton is imported lazily: this module imports
+on a machine without it.
 """
 from __future__ import annotations
 
