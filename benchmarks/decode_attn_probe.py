@@ -22,8 +22,9 @@ import torch
 
 from muser.backends.cuda import triton_decode as td
 from muser.backends.cuda.triton_attn import layout
+from muser.cache.growing import GrowingPlane
 from muser.cache.many import advance_lockstep
-from muser.cache.plane import GrowingPlane, RingPlane
+from muser.cache.ring import RingPlane
 from muser.model import transformer as tf
 
 H, KV, D = 4, 1, 256

@@ -16,8 +16,10 @@ import torch
 
 from ..config import LayerSpec
 from .checkpoint import Checkpoint, PlaneUndo
+from .growing import GrowingPlane
 from .plan import CacheGeometry, CachePlan, plan
-from .plane import GrowingPlane, Plane, RingPlane
+from .plane import Plane
+from .ring import RingPlane
 from .snapshot import Encoding, PlaneCut, SessionSnapshot
 from .staging import Staged, stage
 

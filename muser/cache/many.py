@@ -4,8 +4,8 @@ Owns: `advance_lockstep` (planes that move as one: the arithmetic once), `read_e
 (the rows open checkpoints must log, copied out of every plane at once), `store_many` (a
 chunk's rows into every plane of a session: checks, logs, bookkeeping, then the rows) and
 `copy_rows` (the one multi-tensor copy they and a rollback's restores go through).  Does not
-own: one plane's bookkeeping and rows (`plane.py`: these functions only call its methods),
-what a log keeps (`checkpoint.py`).
+own: one plane's bookkeeping and rows (`plane.py`, its layouts in `ring.py` / `growing.py`:
+these functions only call its methods), what a log keeps (`checkpoint.py`).
 
 Why: a step of a 26-layer model touches 26 planes, and on CUDA each small copy is a launch
 from Python (~5-10 us of host time).  A speculative round on the Gemma-3-1B shape (22 rings,

@@ -1,4 +1,4 @@
-"""One layer's K/V storage and its bookkeeping: the ring plane and the growing plane.
+"""One layer's K/V storage and its bookkeeping: the base `Plane` both plane kinds share.
 
 Owns: the five bookkeeping fields and their invariants, the shared append
 arithmetic (`append_batch`), `advance(n)` -- the one way bookkeeping moves
@@ -6,26 +6,23 @@ forward, whichever driver runs the step (`store` here, many.py's lockstep and
 batched stores, a checkpoint replaying the rows it keeps) --,
 `bookmark` / `rewind` (metadata back to an earlier state), writing rows
 (`store`), reading them in logical order (`logical_rows`) and laying them back
-with the rotation rebuilt (`install`).  No code outside this file writes a
-plane's fields (lockstep planes take a leader's through `follow`).  Does not
-own: attention (muser.attention), the attend-before-overwrite protocol
-(`staging.py`), undo logs (`checkpoint.py`), many planes at once (`many.py`)
-or the cut contract (`snapshot.py`).
+with the rotation rebuilt (`install`), the layout hooks a plane kind fills in
+(`read_slots`, `slot_views`, `_ensure_storage`) and `slot_runs`.  No code
+outside this file writes a plane's fields (the plane kinds do not either;
+lockstep planes take a leader's through `follow`).  Does not own: the two
+storage layouts -- the sliding layer's bounded ring (`ring.py`, `RingPlane`)
+and the full layer's growing plane (`growing.py`, `GrowingPlane`) -- or which
+layer gets which (`PLANES` in `__init__.py`); attention (muser.attention), the
+attend-before-overwrite protocol (`staging.py`), undo logs (`checkpoint.py`),
+many planes at once (`many.py`) or the cut contract (`snapshot.py`).
 
 Physical placement is never derived from an absolute position.  It comes
 from the origins:
 
     slot(p) = (origin_physical + (p - origin_logical)) % capacity
 
-A ring of capacity 8 after 11 appends (numbers = positions held):
-
-    physical:  [ 8][ 9][10][ 3][ 4][ 5][ 6][ 7]
-                            ^ origin_physical = 3, origin_logical = 3, len = 8
-
-A growing plane has capacity == max_context, so `len + count <= capacity`
-always holds inside the context and the wrap branch of `append_batch` never
-runs: origin_logical == origin_physical == 0 forever and slot(p) == p.  The
-ring machinery costs it nothing but one comparison.
+A ring wraps (`ring.py` draws one after 11 appends); a growing plane never
+does, so its slot(p) == p (`growing.py`).
 """
 from __future__ import annotations
 
@@ -300,110 +297,3 @@ class Plane:
 
     def _ensure_storage(self, end_position: int) -> None:
         """Make sure slots for positions up to end_position exist (growing planes grow)."""
-
-
-class RingPlane(Plane):
-    """A sliding layer's bounded ring: token-major storage [capacity, KV, D]."""
-
-    kind = "ring"
-    head_major = False
-
-    def __init__(self, layer, window, max_context, kv_heads, head_dim, dtype, device):
-        super().__init__(layer, min(max_context, window), max_context, kv_heads, head_dim,
-                         dtype, device, window)
-        shape = (self.capacity, kv_heads, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=self.device)     # [capacity, KV, D]
-        self.values = torch.zeros(shape, dtype=dtype, device=self.device)
-
-    def read_slots(self, first_slot, count):
-        if first_slot + count <= self.capacity:          # one run, no wrap (every decode step)
-            return (self.keys[first_slot:first_slot + count].clone(),
-                    self.values[first_slot:first_slot + count].clone())
-        idx = (torch.arange(count, device=self.device) + first_slot) % self.capacity
-        return self.keys.index_select(0, idx), self.values.index_select(0, idx)
-
-    def slot_views(self, first_slot, count):
-        return [(self.keys[slot:slot + n], self.values[slot:slot + n], off, n)
-                for slot, off, n in slot_runs(first_slot, count, self.capacity)]
-
-    def shadow_rows(self, keys, values):
-        # One pass into one buffer (the base class un-rotates, then concatenates: two): a small
-        # chunk on a full ring copies the whole window here, so this is most of its staging.
-        live, t = self.len, keys.shape[0]
-        k = self.keys.new_empty((live + t, *self.keys.shape[1:]))           # [len + t, KV, D]
-        v = self.values.new_empty((live + t, *self.values.shape[1:]))
-        for slot, off, n in slot_runs(self.origin_physical, live, self.capacity):
-            k[off:off + n].copy_(self.keys[slot:slot + n])
-            v[off:off + n].copy_(self.values[slot:slot + n])
-        k[live:].copy_(keys)
-        v[live:].copy_(values)
-        return k, v
-
-    def allocated_bytes(self) -> int:
-        return 2 * self.keys.numel() * self.keys.element_size()
-
-
-class GrowingPlane(Plane):
-    """A full-attention layer's plane: head-major storage [KV, allocated, D] that grows.
-
-    Storage policy: allocation grows geometrically (x2, at least `min_rows`,
-    never past max_context) with a copy, or can be reserved up front with
-    `reserve(rows)` (what a CUDA graph needs: static shapes).  Physical row ==
-    logical position, so relocation is a plain copy and never changes a bit.
-    `window` is None for a true full layer; the oracle backend reuses this
-    plane for sliding layers with the window applied only as a mask.
-    """
-
-    kind = "growing"
-    head_major = True
-    writes_ahead = True
-
-    def __init__(self, layer, max_context, kv_heads, head_dim, dtype, device,
-                 window: int | None = None, min_rows: int = 256):
-        super().__init__(layer, max_context, max_context, kv_heads, head_dim, dtype, device, window)
-        self.min_rows = min_rows
-        self.keys = torch.zeros((kv_heads, 0, head_dim), dtype=dtype, device=self.device)
-        self.values = torch.zeros_like(self.keys)                        # [KV, allocated, D]
-        # == keys.shape[1], kept as an int: every decode step asks it for every plane
-        self._allocated = 0
-
-    @property
-    def allocated(self) -> int:
-        return self._allocated
-
-    def reserve(self, rows: int) -> None:
-        rows = min(rows, self.max_context)
-        if rows <= self.allocated:
-            return
-        k = torch.zeros((self.kv_heads, rows, self.head_dim), dtype=self.dtype, device=self.device)
-        v = torch.zeros_like(k)
-        k[:, :self.len].copy_(self.keys[:, :self.len])
-        v[:, :self.len].copy_(self.values[:, :self.len])
-        self.keys, self.values = k, v
-        self._allocated = rows
-
-    def _ensure_storage(self, end_position):
-        if end_position > self._allocated:
-            self.reserve(max(end_position, 2 * self.allocated, self.min_rows))
-
-    def read_slots(self, first_slot, count):
-        # Physical == logical: one span per head.
-        k = self.keys[:, first_slot:first_slot + count].transpose(0, 1).contiguous()
-        v = self.values[:, first_slot:first_slot + count].transpose(0, 1).contiguous()
-        return k, v
-
-    def slot_views(self, first_slot, count):
-        # head-major storage: the rows' view is [count, KV, D] over [KV, allocated, D]
-        return [(self.keys[:, first_slot:first_slot + count].transpose(0, 1),
-                 self.values[:, first_slot:first_slot + count].transpose(0, 1), 0, count)]
-
-    def check_invariants(self) -> None:
-        super().check_invariants()
-        if (self.origin_logical != 0 or self.origin_physical != 0 or self.len > self.allocated
-                or self._allocated != self.keys.shape[1] or self.keys.shape != self.values.shape):
-            raise CacheError(f"layer {self.layer}: growing plane invariant broken: "
-                             f"{self.metadata()} allocated={self.allocated}, storage "
-                             f"{tuple(self.keys.shape)} / {tuple(self.values.shape)}")
-
-    def allocated_bytes(self) -> int:
-        return 2 * self.keys.numel() * self.keys.element_size()
