@@ -37,10 +37,10 @@ def load_pieces() -> dict:
 
     @triton.jit
     def block_weights(wp, S, rows, cmask, ks0, m2, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, DT: tl.constexpr, FENCE: tl.constexpr):
+                      BLOCK_K: tl.constexpr, DT: tl.constexpr):
         """A [BLOCK_N, BLOCK_K] tile of BlockInt8 weights (weights_int8.py) from key ks0 on, as
         the dot takes them: each int8 weight times its block's float16 scale in float32 (exact),
-        rounded once to DT, then (FENCE: on a GPU) through `_layout_fence`.  A step of whole
+        rounded once to DT.  A step of whole
         32-key blocks reads its [BLOCK_N, BLOCK_K / 32] scales once and spreads them over the
         blocks (ks0 is a multiple of 32 there: the K steps and pieces are); a shorter step
         reads a scale an element -- the same products."""
@@ -55,8 +55,6 @@ def load_pieces() -> dict:
             ks = ks0 + tl.arange(0, BLOCK_K)
             sp = S + rows[:, None].to(tl.int64) * (K // 32) + ks[None, :] // 32
             w = (q * tl.load(sp, mask=m2, other=0.0).to(tl.float32)).to(DT)
-        if FENCE:
-            w = _layout_fence(w)
         return w
 
     globals()["_block_weights"] = block_weights
@@ -71,8 +69,9 @@ def load_pieces() -> dict:
         sum.  FENCE (int8 of either kind, on a GPU): behind `_layout_fence`, so a decode tile's
         MMA sums k in the order the chunk tiles' (wgmma) and the bf16 tiles' do."""
         if WQB:
-            return _block_weights(wp, S, rows, cmask, ks0, m2, K, BLOCK_N, BLOCK_K, DT, FENCE)
-        w = tl.load(wp, mask=m2, other=0).to(DT)
+            w = _block_weights(wp, S, rows, cmask, ks0, m2, K, BLOCK_N, BLOCK_K, DT)
+        else:
+            w = tl.load(wp, mask=m2, other=0).to(DT)
         if FENCE:
             w = _layout_fence(w)
         return w
