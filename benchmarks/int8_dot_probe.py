@@ -23,13 +23,28 @@ import torch
 
 from cuda_measure import timed
 from muser.backends.cuda.triton_dot import dot_rows
-from muser.backends.cuda.weights_int8 import quantize_blocks
+from muser.backends.cuda.weights_int8 import quantize_blocks, quantize_rows
 
 SHAPES = {"270m": [(1536, 640, False), (640, 1024, False), (2048, 640, True), (640, 2048, False),
                    (262144, 640, False)],
           "1b": [(1536, 1152, False), (1152, 1024, False), (6912, 1152, True), (1152, 6912, False),
                  (262144, 1152, False)],
           "4b": [(4096, 2560, False), (2560, 2048, False), (10240, 2560, True), (2560, 10240, False)]}
+
+
+def hbm_copies(rows: int, k: int, elem_bytes: int) -> int:
+    """How many weight copies to rotate between calls so each call reads HBM: > 3x the L2."""
+    return max(2, -(-(160 << 20) // (rows * k * elem_bytes)))
+
+
+def rotating(call, copies: int):
+    """A no-argument function calling `call(i)` with i = 1, 2, .. copies - 1, 0, 1, .."""
+    it = {"i": 0}
+
+    def run():
+        it["i"] = (it["i"] + 1) % copies
+        return call(it["i"])
+    return run
 
 
 SWEEP = [(bn, bk, w, st) for bn in (64, 128) for bk in (128, 256) for w in (4, 8)
@@ -42,7 +57,7 @@ def sweep(dev: str) -> None:
     print("|---|---|---|---:|---:|")
     for model, k in (("270m", 640), ("1b", 1152), ("4b", 2560)):
         n = 262144
-        copies = max(2, -(-(160 << 20) // (n * k)))
+        copies = hbm_copies(n, k, 1)
         wb = [torch.randn(n, k, device=dev).to(torch.bfloat16) for _ in range(copies)]
         blocks = [quantize_blocks(w) for w in wb]
         x = torch.randn(1, k, device=dev).to(torch.bfloat16)
@@ -52,11 +67,8 @@ def sweep(dev: str) -> None:
                  SWEEP)):
             best = None
             for cfg in tiles:
-                it = {"i": 0}
-
-                def run():
-                    i = it["i"] = (it["i"] + 1) % copies
-                    return dot_rows(x, ws[i], scale=ss[i], pick=True, config=cfg + (0,))
+                run = rotating(lambda i: dot_rows(x, ws[i], scale=ss[i], pick=True,
+                                                  config=cfg + (0,)), copies)
                 try:
                     t = timed(run, reps=100) * 1e3
                 except Exception as e:                      # a tile that does not fit (smem)
@@ -88,21 +100,20 @@ def main():
     for model, shapes in shapes_of.items():
         for n, k, glu in shapes:
             rows = 2 * n if glu else n
-            copies = max(2, -(-(160 << 20) // (rows * k * 2)))       # > 3x the L2 in bf16
+            copies = hbm_copies(rows, k, 2)
             wb = [torch.randn(rows, k, device=dev).to(torch.bfloat16) for _ in range(copies)]
-            sc = [w.float().abs().amax(1) / 127 for w in wb]
-            wq = [(w.float() / s[:, None]).round().clamp(-127, 127).to(torch.int8) for w, s in zip(wb, sc)]
+            int8 = [quantize_rows(w) for w in wb]
+            wq, sc = [r.q for r in int8], [r.scale for r in int8]
             blocks = [quantize_blocks(w) for w in wb]
             bq, bs = [b.q for b in blocks], [b.scale for b in blocks]
             x = torch.randn(16, k, device=dev).to(torch.bfloat16)
-            it = {"i": 0}
 
-            def run(ws, ss=None):
-                i = it["i"] = (it["i"] + 1) % copies
-                return dot_rows(x[:1], ws[i], glu=glu, scale=None if ss is None else ss[i])
-            tb = timed(lambda: run(wb), reps=200) * 1e3
-            tq = timed(lambda: run(wq, sc), reps=200) * 1e3
-            tk = timed(lambda: run(bq, bs), reps=200) * 1e3
+            def one_row(ws, ss=None):
+                return rotating(lambda i: dot_rows(x[:1], ws[i], glu=glu,
+                                                   scale=None if ss is None else ss[i]), copies)
+            tb = timed(one_row(wb), reps=200) * 1e3
+            tq = timed(one_row(wq, sc), reps=200) * 1e3
+            tk = timed(one_row(bq, bs), reps=200) * 1e3
             same = (torch.equal(dot_rows(x, wq[0], glu=glu, scale=sc[0])[:1],
                                 dot_rows(x[:1], wq[0], glu=glu, scale=sc[0]))
                     and torch.equal(dot_rows(x, bq[0], glu=glu, scale=bs[0])[:1],
@@ -110,7 +121,7 @@ def main():
             print(f"| {model} | {n}, {k}, {glu} | {tb:.2f} | {tq:.2f} | {tq / tb:.2f} | {tk:.2f} | "
                   f"{tk / tb:.2f} | {rows * k * 2 / tb / 1e3:.0f} | {rows * k / tq / 1e3:.0f} | "
                   f"{same} |", flush=True)
-            del wb, wq, sc, blocks, bq, bs
+            del wb, int8, wq, sc, blocks, bq, bs
             torch.cuda.empty_cache()
 
 
