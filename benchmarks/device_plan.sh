@@ -69,6 +69,7 @@
 #                against bf16 and all-int8
 #   magic        the Q8_0 head tile's int8 -> float32 by the exponent trick (lost, reverted)
 #   head_sweep   the heads' picking tiles, Q8_0 blocks over 24 tiles (int8_dot_probe --sweep)
+#   cpp_gemv     a CUDA C++ decode projection against dot_rows' decode tile: bits, us (HBM)
 #   gguf_part    one part of the embedded GGUF (.gg/pNN, carried a call each to a warm machine)
 #   gguf_row     the parts assembled, then the embedded 270M's int8-head row
 #   fence        the Q8_0 head tile behind the layout fence: the head-sized row before / after,
@@ -266,7 +267,7 @@ stage_full() {     # every CUDA test on the defaults (373 tests, ~8 minutes: two
 }
 
 ENGINE_GROUP="tests/cuda/test_cuda_engine.py tests/cuda/test_cuda_families.py tests/engine/test_invariance.py -k not_cpu"
-SERVE_GROUP="tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_server.py tests/cuda/test_cuda_prefill.py tests/cuda/test_cuda_greedy.py tests/cuda/test_int8_step.py tests/cuda/test_pdl.py tests/cuda/test_fuse_sum.py"
+SERVE_GROUP="tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_server.py tests/cuda/test_cuda_prefill.py tests/cuda/test_cuda_greedy.py tests/cuda/test_int8_step.py tests/cuda/test_pdl.py tests/cuda/test_fuse_sum.py tests/cuda/test_prefetch.py"
 
 par_groups() {     # par_groups GROUP...: one pytest process a group (a space-separated file list,
   # "not_cpu" last -> -k "not cpu"), all at once on the one GPU, each its own log, printed at the end
@@ -284,7 +285,7 @@ par_groups() {     # par_groups GROUP...: one pytest process a group (a space-se
 stage_full_par() {  # every CUDA test in one call (full1 + full2 took ~9 minutes one after the
   # other): four groups at once (380 s, twenty-eighth session)
   par_groups "tests/cuda/test_triton_ops.py" \
-    "tests/cuda/test_triton_chunk.py tests/cuda/test_triton_decode.py tests/cuda/test_triton_rows.py tests/cuda/test_triton_pick.py tests/cuda/test_triton_moe.py" \
+    "tests/cuda/test_triton_chunk.py tests/cuda/test_triton_decode.py tests/cuda/test_triton_rows.py tests/cuda/test_triton_pick.py tests/cuda/test_triton_moe.py tests/cuda/test_int8_tiles.py" \
     "$ENGINE_GROUP" "$SERVE_GROUP"
 }
 
@@ -1090,6 +1091,12 @@ stage_int8_fence() {  # carry .whl, .prev (git archive 4f277c3 muser: int8 rows 
   bench 90 . benchmarks/int8_dot_probe.py
   bench 300 . benchmarks/exact_ab.py --old .prev --models 1b,270m --trees old,exact \
     --decode-only --quant int8 --rounds 1 --variants "BF:QUANT=none"
+}
+
+stage_cpp_gemv() {  # carry .whl: a CUDA C++ decode projection (benchmarks/cuda/gemv_mma.cu, built
+  # there by nvcc) against dot_rows' decode tile -- bits (torch.equal at B = 1, 5, 16) and us a
+  # launch in a graph with the weights from HBM (issue 17 item 6: does CUDA C++ reach further?)
+  bench 400 . benchmarks/cpp_gemv_probe.py
 }
 
 stage_gguf_part() {  # carry .gg/pNN (the embedded GGUF split in six: 64 MiB a call, .whl too): kept in

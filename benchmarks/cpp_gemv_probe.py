@@ -1,0 +1,138 @@
+"""Can a CUDA C++ decode projection keep dot_rows' bits and beat its time?  (issue 17, item 6:
+"CUDA C++ through torch's extension loader where Triton does not reach the bandwidth").
+
+`benchmarks/cuda/gemv_mma.cu` sums each output as dot_rows' decode tile does (k16 MMA steps
+in order, mma.sync's own fragment layout) but asks for a CTA's whole weight slab at once by
+bulk copies.  For each plain projection of the Gemma-3 shapes (no split-K pieces, no act*up:
+the sums alone, gate|up's rows as one plain matrix) this prints, for B = 1:
+
+    shape | PDL | Triton decode tile us | C++ us per (warps, n8 tiles a warp) | HBM floor us | bits
+
+timed as dot_tiles_graph.py times tiles: one CUDA graph of launches over rotating weight copies
+(>= 256 MB, so the weights come from HBM), without PDL and with it (the step's way: then the
+C++ launch asks for its weights before it waits for the launch before).  Bits: the C++ output
+against dot_rows(..., rows=16) with torch.equal at B = 1, 5 and 16 (where shared memory fits).
+Builds the .cu with the machine's nvcc (sm_90a) into /tmp first.
+
+    PYTHONPATH=. python3 benchmarks/cpp_gemv_probe.py [--shapes 1b] [--variants 11,21,41,12,22]
+"""
+import argparse
+import ctypes
+import itertools
+import os
+import subprocess
+
+import torch
+
+BYTES = 256 << 20
+HBM = 4.3e12                       # bytes/s: the H200's measured copy rate (reads + writes)
+SHAPES = {   # name -> (n, k): plain projections (gate|up's rows as one matrix, its sums alone)
+    "270m": [("qkv", 1536, 640), ("o", 640, 1024), ("gate|up", 4096, 640),
+             ("head", 262144, 640)],
+    "1b": [("qkv", 1536, 1152), ("o", 1152, 1024), ("gate|up", 13824, 1152)],
+    "4b": [("qkv", 4096, 2560), ("o", 2560, 2048), ("gate|up", 20480, 2560),
+           ("down", 2560, 10240)],
+}
+
+
+def build(src: str, out: str) -> ctypes.CDLL:
+    cmd = ["nvcc", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler",
+           "-fPIC", "-Xptxas", "-v", "-o", out, src]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"nvcc failed:\n{r.stderr}")
+    regs = [ln.strip() for ln in r.stderr.splitlines() if "registers" in ln or "spill" in ln]
+    print("\n".join(regs[:4]), flush=True)
+    lib = ctypes.CDLL(out)
+    lib.gemv_mma_launch.restype = ctypes.c_int
+    lib.gemv_mma_launch.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 6 + [ctypes.c_void_p]
+    return lib
+
+
+def cpp(lib, x, w, y, warps, nt, pdl=False) -> None:
+    rc = lib.gemv_mma_launch(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], w.shape[0],
+                             w.shape[1], warps, nt, int(pdl),
+                             torch.cuda.current_stream().cuda_stream)
+    if rc:
+        raise RuntimeError(f"gemv_mma_launch: {rc}")
+
+
+def graph_us(fns, replays=10) -> float:
+    """us per launch: one graph over `fns` (each on its own weights), replayed."""
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    g.replay()
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    ev[0].record()
+    for _ in range(replays):
+        g.replay()
+    ev[1].record()
+    torch.cuda.synchronize()
+    return ev[0].elapsed_time(ev[1]) * 1e3 / replays / len(fns)
+
+
+def main():
+    from muser.backends.cuda.triton_dot import dot_rows
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="270m,1b,4b")
+    ap.add_argument("--variants", default="11,21,41,12,22",
+                    help="warps a CTA and n8 tiles a warp, as two digits")
+    ap.add_argument("--so", default="/tmp/gemv_mma.so")
+    args = ap.parse_args()
+    here = os.path.dirname(os.path.abspath(__file__))
+    lib = build(os.path.join(here, "cuda", "gemv_mma.cu"), args.so)
+    variants = [(int(v[0]), int(v[1])) for v in args.variants.split(",")]
+    g = torch.Generator(device="cuda").manual_seed(5)
+    head = " | ".join(f"C++ {w}w x {nt}" for w, nt in variants)
+    print(f"| model | shape (n x k) | PDL | Triton us | {head} | floor us | bits (B = 1, 5, 16) |")
+    print("|---|---|---|---:|" + "---:|" * len(variants) + "---:|---|")
+    for model in args.shapes.split(","):
+        for name, n, k in SHAPES[model]:
+            copies = max(4, -(-BYTES // (n * k * 2)))
+            ws = [(torch.randn(n, k, device="cuda", generator=g) / k ** 0.5).to(torch.bfloat16)
+                  for _ in range(copies)]
+            bits = []
+            for B in (1, 5, 16):
+                x = torch.randn(B, k, device="cuda", generator=g).to(torch.bfloat16)
+                want = dot_rows(x, ws[0], rows=16)
+                for (wv, nt), pdl in itertools.product(variants, (False, True)):
+                    y = torch.full_like(want, float("nan"))
+                    try:
+                        cpp(lib, x, ws[0], y, wv, nt, pdl)
+                    except RuntimeError as e:
+                        bits.append(f"{B}:{wv}{nt}{'p' if pdl else ''} {e}")
+                        continue
+                    torch.cuda.synchronize()
+                    if not torch.equal(y, want):
+                        ref = (x.double() @ ws[0].double().T)
+                        err = ((y.double() - ref).norm() / ref.norm()).item()
+                        tag = f"{B}:{wv}{nt}{'p' if pdl else ''}"
+                        bits.append(f"{tag} {int((y != want).sum())} differ, rel {err:.1e}")
+            x = torch.randn(1, k, device="cuda", generator=g).to(torch.bfloat16)
+            outs = [torch.empty(1, n, device="cuda", dtype=torch.bfloat16) for _ in ws]
+            floor = n * k * 2 / HBM * 1e6
+            for pdl in (False, True):
+                tri = graph_us([lambda w=w, o=o: dot_rows(x, w, out=o, rows=16, pdl=pdl)
+                                for w, o in zip(ws, outs)])
+                cols = []
+                for wv, nt in variants:
+                    calls = [lambda w=w, o=o, wv=wv, nt=nt: cpp(lib, x, w, o, wv, nt, pdl)
+                             for w, o in zip(ws, outs)]
+                    try:
+                        cols.append(f"{graph_us(calls):.2f}")
+                    except RuntimeError:
+                        cols.append("-")
+                print(f"| {model} | {name} {n} x {k} | {'on' if pdl else 'off'} | {tri:.2f} | "
+                      f"{' | '.join(cols)} | {floor:.2f} | "
+                      f"{'equal' if not bits else '; '.join(bits)} |", flush=True)
+            del ws, outs
+
+
+if __name__ == "__main__":
+    main()
