@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from muser import env
+from muser import env, knobs
 from muser.errors import EnvError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +83,7 @@ def test_a_removed_switch_is_refused_unless_off_or_its_old_default(name, old):
 
 def test_the_documented_table_is_the_knob_table():
     doc = (ROOT / "docs" / "env.md").read_text()
-    assert env.table() in doc, "docs/env.md is out of date: paste muser.env.table()"
+    assert knobs.table() in doc, "docs/env.md is out of date: paste muser.knobs.table()"
 
 
 def _python_files():
@@ -96,8 +96,8 @@ def test_every_knob_the_code_names_is_in_the_table():
     for f in _python_files():
         named |= set(re.findall(r"\bMUSER_[A-Z_]+\b", f.read_text()))
     named -= {"MUSER_MODES", "MUSER_UNWRITABLE_TEST"}     # a benchmark constant, a C define
-    assert named <= set(env.KNOBS) | set(env.RENAMED) | set(env.REMOVED), \
-        sorted(named - set(env.KNOBS))
+    assert named <= set(knobs.KNOBS) | set(knobs.RENAMED) | set(knobs.REMOVED), \
+        sorted(named - set(knobs.KNOBS))
 
 
 def test_nothing_but_env_py_reads_a_muser_variable():
