@@ -56,10 +56,10 @@ def attention_sweep(rows_out):
     from types import SimpleNamespace
 
     from muser.backends.cuda import triton_decode as td
-    from muser.model import transformer as tf
+    from muser.model import ops
     from muser.backends.cuda.triton_ops import qk_rope_store
     dt, dev, L = torch.bfloat16, "cuda", 26
-    cos, sin = tf.rope_tables(10000.0, 1.0, 256, dev, 40000)
+    cos, sin = ops.rope_tables(10000.0, 1.0, 256, dev, 40000)
     for model, a in ATTN.items():
         H, KV, D = a["H"], a["KV"], a["D"]
         qkv = torch.randn(1, (H + 2 * KV) * D, device=dev).to(dt)

@@ -25,7 +25,7 @@ from muser.backends.cuda.triton_attn import layout
 from muser.cache.growing import GrowingPlane
 from muser.cache.many import advance_lockstep
 from muser.cache.ring import RingPlane
-from muser.model import transformer as tf
+from muser.model import ops
 
 H, KV, D = 4, 1, 256
 VARIANTS = [("default", {}), ("masks everywhere", {"interior": False}),
@@ -66,7 +66,7 @@ def variants(args: list[str]) -> list[tuple[str, dict]]:
 def main():
     dev, dt = "cuda", torch.bfloat16
     contexts = [int(a) for a in sys.argv[1:] if a.isdigit()] or [2048, 32768]
-    cos, sin = tf.rope_tables(10000.0, 1.0, D, dev, 65536)
+    cos, sin = ops.rope_tables(10000.0, 1.0, D, dev, 65536)
     qkv = torch.randn(1, (H + 2 * KV) * D, device=dev).to(dt)
     qkn = "qk" in sys.argv[1:]                    # Gemma 3's q/k norms in the fused prologue
     qn = kn = (torch.rand(D, device=dev) + 0.5) if qkn else None

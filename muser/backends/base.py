@@ -1,7 +1,7 @@
 """What a backend is: the device's wing of an engine, chosen once per Engine.
 
 Owns: `Backend`, the interface every backend implements -- an ops table for the
-model maths (`model.transformer.Ops`), an attention function, weight
+model maths (`model.ops.Ops`), an attention function, weight
 preparation, the row-invariance facts the one forward needs, and `forward`,
 the step driver (by default the one eager forward, backends/step.py).
 Does not own: choosing a backend (backends/__init__.py: `select`), the maths
@@ -13,7 +13,7 @@ import torch
 
 from ..config import EngineConfig
 from ..env import Env
-from ..model.transformer import EAGER, Ops
+from ..model.ops import EAGER, Ops
 from .step import forward as one_forward
 
 
@@ -21,7 +21,7 @@ class Backend:
     """A device's ops, attention and step driver for one engine.
 
     name            "reference" | "cpu" | "cuda"
-    ops             the element-wise pieces of a layer (model.transformer.Ops)
+    ops             the element-wise pieces of a layer (model.ops.Ops)
     attention       (q [T,H,D], k [S,KV,D], v [S,KV,D], mask bool [T,S] | None, scale, softcap)
                     -> [T,H,D]; may also offer `banded(q, k, v, q_start, k_start, window, scale,
                     softcap)`, the window rule as positions (flash attention without a mask)

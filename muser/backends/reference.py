@@ -1,6 +1,6 @@
 """The reference backend: the eager maths and the reference attention -- the oracle.
 
-Owns: `ReferenceBackend` -- the plain-torch ops table (`model.transformer.EAGER`)
+Owns: `ReferenceBackend` -- the plain-torch ops table (`model.ops.EAGER`)
 and `attention.reference.attention` for every call, no kernel of any device.
 It runs the float32 full-history oracle (`backend="oracle"`: every plane grows,
 a sliding layer's window is only a mask) and any device without a backend of
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..attention.reference import attention as reference_attention
-from ..model.transformer import EAGER
+from ..model.ops import EAGER
 from .base import Backend
 
 

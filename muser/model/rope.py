@@ -5,7 +5,7 @@ factor) for every schedule a `LayerSpec` can name: plain, linear (`scale`), YaRN
 proportional and llama3 (`config.RopeScaling`).  Computed the way transformers' `ROPE_INIT_FUNCTIONS`
 do (float32 frequencies from the same formulas), so angles agree with the oracle.
 Does not own: which layer uses which schedule (the layer map, `spec.py`) or applying
-the rotation (`transformer.apply_rope`, the native and Triton kernels).
+the rotation (`ops.apply_rope`, the native and Triton kernels).
 
 The rotation is always half-rotation or interleaved over the whole head: a schedule
 that leaves some dims unrotated (proportional) gives them frequency 0, i.e. cos 1 and

@@ -7,18 +7,23 @@ the architecture knobs the transformer reads (norm style and placement, qk-norm
 span, sinks, experts, per-layer inputs, soft-caps, scales), for Gemma 3 / 4,
 gpt-oss, OLMo 3, EXAONE 4, Cohere2 and Llama / Qwen2 / Mistral / Ministral.  This is the ONLY place those are
 decided; loaders and the transformer read the spec and never re-derive them.
-Does not own: tensors (`weights`, loaders) or the maths (`transformer`).
+Does not own: the per-layer rules every family reads through -- layer types and
+their pattern, a type's RoPE from the config's rope keys, building the
+`LayerSpec`s (moved to `spec_layers.py`: `_FULL`, `_SLIDING`, `_layer_types`,
+`_rope_params`, `_layers`); tensors (`weights`, loaders) or the maths
+(`transformer`, `ops`).
 
 Sources: a HF `config.json` dict (`spec_from_hf_config`, here) or a GGUF header
 (`spec_gguf.spec_from_gguf`, which reads its header into the same helpers and
-conventions: the spec's decisions stay in these two files).
+conventions: the spec's decisions stay in spec.py, spec_layers.py and spec_gguf.py).
 """
 from __future__ import annotations
 
 import math
 
-from muser.config import LayerSpec, ModelSpec, MoeSpec, RopeScaling
+from muser.config import ModelSpec, MoeSpec, RopeScaling
 from muser.errors import ModelFormatError
+from muser.model.spec_layers import _FULL, _SLIDING, _layer_types, _layers, _rope_params
 
 # Gemma 3's conventions (its config class defaults), used where a source is silent.
 GEMMA3_SLIDING_PATTERN = 6          # every 6th layer (5, 11, 17, ...) is full attention
@@ -27,92 +32,11 @@ GEMMA3_GLOBAL_BASE = 1_000_000.0
 GEMMA3_END_OF_TURN = 106            # <end_of_turn>: an instruction-tuned Gemma ends its turn with it
 COHERE2_SLIDING_PATTERN = 4
 
-_FULL, _SLIDING = "full_attention", "sliding_attention"
-
-
-def _layer_types(n: int, pattern: int) -> list[str]:
-    """HF's rule: layer i is full iff (i + 1) % pattern == 0."""
-    return [_FULL if (i + 1) % pattern == 0 else _SLIDING for i in range(n)]
-
-
-def _rope_params(cfg: dict, kind: str, default_theta: float,
-                 legacy_kinds: tuple[str, ...] = (_FULL,)) -> tuple[float, float, RopeScaling | None]:
-    """(theta, linear scale, other schedule) for a layer type, reading transformers 5's
-    `rope_parameters` (flat, or keyed by layer type) and the older `rope_theta` /
-    `rope_scaling` keys (`legacy_kinds`: the layer types an old `rope_scaling` applies to --
-    Gemma 3 and OLMo 3 scale their global layers only)."""
-    rp = cfg.get("rope_parameters") or {}
-    if kind in rp or _FULL in rp or _SLIDING in rp:      # keyed by layer type (Gemma 3)
-        rp = rp.get(kind) or {}
-    theta = rp.get("rope_theta")
-    if theta is None:
-        if kind == _SLIDING and cfg.get("rope_local_base_freq") is not None:
-            theta = cfg["rope_local_base_freq"]
-        else:
-            theta = cfg.get("rope_theta", default_theta)
-    scaling = dict(rp) if rp.get("rope_type", "default") != "default" else None
-    if scaling is None and cfg.get("rope_scaling") and kind in legacy_kinds:
-        scaling = cfg["rope_scaling"]
-    if not scaling:
-        if float(rp.get("partial_rotary_factor", 1.0)) != 1.0:
-            raise ModelFormatError(f"partial rotary factor {rp['partial_rotary_factor']} without the "
-                                   "proportional RoPE type is not supported")
-        return float(theta), 1.0, None
-    rtype = scaling.get("rope_type", scaling.get("type", "default"))
-    if rtype == "default":
-        return float(theta), 1.0, None
-    if rtype == "linear":
-        return float(theta), float(scaling["factor"]), None
-    if rtype == "proportional":
-        return float(theta), 1.0, RopeScaling("proportional", factor=float(scaling.get("factor", 1.0)),
-                                              partial=float(scaling.get("partial_rotary_factor", 1.0)))
-    if rtype == "llama3":
-        return float(theta), 1.0, RopeScaling(
-            "llama3", factor=float(scaling["factor"]), low_freq=float(scaling["low_freq_factor"]),
-            high_freq=float(scaling["high_freq_factor"]),
-            original_context=int(scaling["original_max_position_embeddings"]))
-    if rtype == "yarn":
-        orig = int(scaling["original_max_position_embeddings"])
-        factor = scaling.get("factor") or cfg.get("max_position_embeddings", orig) / orig
-        att = scaling.get("attention_factor")
-        ms, msd = scaling.get("mscale"), scaling.get("mscale_all_dim")
-        if att is None and ms and msd:
-            def get(m):
-                return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
-            att = get(ms) / get(msd)
-        top = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        return float(theta), 1.0, RopeScaling(
-            "yarn", factor=float(factor), beta_fast=float(scaling.get("beta_fast") or 32),
-            beta_slow=float(scaling.get("beta_slow") or 1), original_context=orig,
-            # transformers reads `truncate` from the top-level rope dict
-            truncate=bool(top.get("truncate", scaling.get("truncate", True))),
-            attention_factor=None if att is None else float(att))
-    raise ModelFormatError(f"RoPE type {rtype!r} is not supported (default, linear, yarn, llama3, proportional)")
-
 
 def _eos(value) -> tuple[int, ...]:
     if value is None:
         return ()
     return tuple(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
-
-
-def _layers(types: list[str], window: int | None, thetas: dict, rope_full: bool = True,
-            geometry: dict[int, dict] | None = None) -> tuple[LayerSpec, ...]:
-    """LayerSpecs from layer types; thetas: type -> (theta, scale[, scaling]);
-    geometry: layer -> LayerSpec overrides (head_dim, kv_heads, kv_source, k_eq_v)."""
-    out = []
-    for i, t in enumerate(types):
-        if t not in (_FULL, _SLIDING):
-            raise ModelFormatError(f"layer {i}: unsupported layer type {t!r}")
-        sliding = t == _SLIDING
-        if sliding and not window:
-            raise ModelFormatError(f"layer {i}: sliding layer but the config has no sliding_window")
-        theta, scale, *rest = thetas[t]
-        out.append(LayerSpec(index=i, kind="sliding" if sliding else "full",
-                             window=int(window) if sliding else None,
-                             rope=sliding or rope_full, rope_theta=theta, rope_scale=scale,
-                             rope_scaling=rest[0] if rest else None, **(geometry or {}).get(i, {})))
-    return tuple(out)
 
 
 def spec_from_hf_config(cfg: dict, max_context: int | None = None) -> ModelSpec:

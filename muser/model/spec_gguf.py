@@ -1,9 +1,9 @@
 """The layer map from a GGUF header: `spec_from_gguf` -> the frozen `ModelSpec`.
 
 Owns: reading a GGUF's metadata (`gguf_meta`) and turning it into the spec that `spec.py` would
-build from the same model's `config.json` -- through spec.py's helpers (`_layers`, `_eos`,
-`_gemma4`) and Gemma 3's published conventions (a GGUF of Gemma 3 carries no sliding pattern and
-no local RoPE base, so they fill those in).  Does not own: tensors (`gguf_loader`) or any
+build from the same model's `config.json` -- through spec.py's helpers (`_eos`, `_gemma4`),
+spec_layers.py's layer rules (`_layers`, `_layer_types`) and Gemma 3's published conventions (a
+GGUF of Gemma 3 carries no sliding pattern and no local RoPE base, so they fill those in).  Does not own: tensors (`gguf_loader`) or any
 decision spec.py makes for both sources.
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 from muser.config import ModelSpec, MoeSpec, RopeScaling
 from muser.errors import ModelFormatError
 from muser.model.spec import (GEMMA3_END_OF_TURN, GEMMA3_GLOBAL_BASE, GEMMA3_LOCAL_BASE,
-                              GEMMA3_SLIDING_PATTERN, _FULL, _SLIDING, _eos, _gemma4, _layer_types,
-                              _layers)
+                              GEMMA3_SLIDING_PATTERN, _eos, _gemma4)
+from muser.model.spec_layers import _FULL, _SLIDING, _layer_types, _layers
 
 
 def _open(reader_or_path):

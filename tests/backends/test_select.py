@@ -10,7 +10,7 @@ import pytest
 from muser.backends import select
 from muser.config import EngineConfig
 from muser.env import Env
-from muser.model import transformer as tf
+from muser.model import ops
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def test_the_reference_backend_is_the_eager_maths_and_the_reference_attention():
     from muser.backends.reference import attend
     import torch
     backend = select(EngineConfig(backend="oracle"), Env())
-    assert backend.ops is tf.EAGER and backend.attention is attend
+    assert backend.ops is ops.EAGER and backend.attention is attend
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(3, n, 8, generator=g) for n in (4, 2, 2))
     assert torch.equal(attend(q, k, v, None, 0.3), attention(q, k, v, torch.ones(3, 3, dtype=torch.bool), 0.3))
@@ -45,12 +45,13 @@ def test_an_engine_selects_once_and_the_env_it_was_built_with_decides():
     e = tiny_model()
     assert e.backend.name == "cpu" and e.backend.env is e.env
     off = select(e.config, Env(native=False))
-    assert off.ops is cpu_ops(False) is tf.EAGER
+    assert off.ops is cpu_ops(False) is ops.EAGER
 
 
 def test_model_maths_ask_no_device_questions():
-    src = (ROOT / "muser" / "model" / "transformer.py").read_text()
-    assert not re.search(r"is_cuda|device\.type|\.type\s*==|native|triton", src.split('"""', 2)[2])
+    for name in ("transformer.py", "ops.py"):
+        src = (ROOT / "muser" / "model" / name).read_text()
+        assert not re.search(r"is_cuda|device\.type|\.type\s*==|native|triton", src.split('"""', 2)[2]), name
 
 
 def test_device_checks_live_in_the_backends():

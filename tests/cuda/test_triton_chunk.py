@@ -10,7 +10,7 @@ from muser.attention.reference import attention as reference
 from muser.attention.reference import visibility_mask
 from muser.cache import GrowingPlane, RingPlane, stage
 from muser.cache.many import advance_lockstep
-from muser.model import transformer as tf
+from muser.model import ops
 
 from cudautil import HAS_CUDA, needs_kernels, rel
 
@@ -42,7 +42,7 @@ def _inputs(heads, kv, d, dtype, dev, qk_norm, seed=0):
     qkv = torch.randn(N, (heads + 2 * kv) * d, generator=g).to(dev, dtype)
     qn = (torch.rand(d, generator=g) + 0.5).to(dev) if qk_norm else None
     kn = (torch.rand(d, generator=g) + 0.5).to(dev) if qk_norm else None
-    cos, sin = tf.rope_tables(10000.0, 1.0, d, dev, 1024)
+    cos, sin = ops.rope_tables(10000.0, 1.0, d, dev, 1024)
     return qkv, qn, kn, cos, sin
 
 
@@ -134,10 +134,10 @@ def test_a_chunk_row_has_the_decode_bits(dev, kdtype, kind, group, depth, loop, 
     k = qkv[:, heads * d:(heads + kv) * d].view(N, kv, d)
     spec = type("S", (), {"norm": "rms", "norm_eps": 1e-6})()
     if qn is not None:
-        q, k = tf.norm(q, qn, spec), tf.norm(k, kn, spec)
+        q, k = ops.norm(q, qn, spec), ops.norm(k, kn, spec)
     pos = torch.arange(N, device=dev)
-    q = tf.apply_rope(q, cos[pos], sin[pos], False)
-    k = tf.apply_rope(k, cos[pos], sin[pos], False)
+    q = ops.apply_rope(q, cos[pos], sin[pos], False)
+    k = ops.apply_rope(k, cos[pos], sin[pos], False)
     v = qkv[:, (heads + kv) * d:].view(N, kv, d)
     mask = visibility_mask(pos, pos, 48 if kind == "ring" else None)
     want = reference(q.float(), k.float(), v.float(), mask, scale, softcap)

@@ -7,7 +7,7 @@ import torch
 
 from muser.attention.reference import attention as reference
 from muser.cache import GrowingPlane, RingPlane
-from muser.model import transformer as tf
+from muser.model import ops
 
 from cudautil import needs_kernels, rel
 
@@ -108,10 +108,10 @@ def _torch_qk(qkv, pos, cos, sin, qn, kn, heads, kv, d, interleaved):
     k = qkv[:, heads * d:(heads + kv) * d].view(B, kv, d)
     v = qkv[:, (heads + kv) * d:].view(B, kv, d)
     if qn is not None:
-        q, k = tf.norm(q, qn, spec), tf.norm(k, kn, spec)
+        q, k = ops.norm(q, qn, spec), ops.norm(k, kn, spec)
     if cos is not None:
-        q = tf.apply_rope(q, cos[pos], sin[pos], interleaved)
-        k = tf.apply_rope(k, cos[pos], sin[pos], interleaved)
+        q = ops.apply_rope(q, cos[pos], sin[pos], interleaved)
+        k = ops.apply_rope(k, cos[pos], sin[pos], interleaved)
     return q, k, v
 
 
@@ -127,7 +127,7 @@ def _fused_case(kind, lens, heads, kv, d, dtype, dev, cap, qk_norm, rope, interl
     qkv = torch.randn(B, (heads + 2 * kv) * d, generator=g).to(dev, dtype)
     qn = (torch.rand(d, generator=g) + 0.5).to(dev) if qk_norm else None
     kn = (torch.rand(d, generator=g) + 0.5).to(dev) if qk_norm else None
-    cos, sin = tf.rope_tables(10000.0, 1.0, d, dev, 4096) if rope else (None, None)
+    cos, sin = ops.rope_tables(10000.0, 1.0, d, dev, 4096) if rope else (None, None)
     pos = torch.tensor(lens, dtype=torch.int64, device=dev)
     outs, plane_sets = [], []
     for fused in (True, False, True):

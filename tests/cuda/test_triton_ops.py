@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from muser.cache import GrowingPlane, RingPlane
-from muser.model import transformer as tf
+from muser.model import ops
 
 from cudautil import HAS_CUDA, needs_kernels, rel
 
@@ -27,14 +27,14 @@ def test_add_norm(dev, kdtype, layernorm, mode):
         rh = h
     elif mode == "sandwich":
         ho, xo = add_norm(h, wn, 1e-6, layernorm, d1=d1, w_post=wp)
-        rh = h + tf.norm(d1, wp, spec)
+        rh = h + ops.norm(d1, wp, spec)
     elif mode == "plain":
         ho, xo = add_norm(h, wn, 1e-6, layernorm, d1=d1)
         rh = h + d1
     else:
         ho, xo = add_norm(h, wn, 1e-6, layernorm, d1=d1, d2=d2)
         rh = h + d1 + d2
-    assert rel(ho, rh) < 1e-2 and rel(xo, tf.norm(rh, wn, spec)) < 1e-2
+    assert rel(ho, rh) < 1e-2 and rel(xo, ops.norm(rh, wn, spec)) < 1e-2
 
 
 @pytest.mark.interp
@@ -130,7 +130,7 @@ def test_qk_rope_store(dev, kdtype, interleaved, qk_norm, rope):
     planes[1].reserve(32)
     qkv = torch.randn(B, (H + 2 * KV) * D).to(dev, kdtype)
     pos = torch.tensor([5, 17], device=dev)
-    cos, sin = tf.rope_tables(10000.0, 1.0, D, dev, 64)
+    cos, sin = ops.rope_tables(10000.0, 1.0, D, dev, 64)
     qn = torch.randn(D, device=dev) if qk_norm else None
     kn = torch.randn(D, device=dev) if qk_norm else None
     table = torch.tensor([plane_row(p) for p in planes], dtype=torch.int64, device=dev)
@@ -141,11 +141,11 @@ def test_qk_rope_store(dev, kdtype, interleaved, qk_norm, rope):
     rk = qkv[:, H * D:(H + KV) * D].view(B, KV, D)
     rv = qkv[:, (H + KV) * D:].view(B, KV, D)
     if qk_norm:
-        rq, rk = tf.norm(rq, qn, spec), tf.norm(rk, kn, spec)
+        rq, rk = ops.norm(rq, qn, spec), ops.norm(rk, kn, spec)
     if rope:
-        rq = torch.cat([tf.apply_rope(rq[b:b + 1], cos[pos[b:b + 1]], sin[pos[b:b + 1]], interleaved)
+        rq = torch.cat([ops.apply_rope(rq[b:b + 1], cos[pos[b:b + 1]], sin[pos[b:b + 1]], interleaved)
                         for b in range(B)])
-        rk = torch.cat([tf.apply_rope(rk[b:b + 1], cos[pos[b:b + 1]], sin[pos[b:b + 1]], interleaved)
+        rk = torch.cat([ops.apply_rope(rk[b:b + 1], cos[pos[b:b + 1]], sin[pos[b:b + 1]], interleaved)
                         for b in range(B)])
     assert rel(q, rq) < 1e-2
     assert rel(planes[0].keys[3], rk[0]) < 1e-2 and torch.equal(planes[0].values[3], rv[0])

@@ -1,5 +1,5 @@
-"""Chunk row kernels (muser.backends.cuda.triton_rows) against muser.model.transformer's eager maths
-(tf.*, device-free), outputs poisoned first; determinism and row invariance (a row's result
+"""Chunk row kernels (muser.backends.cuda.triton_rows) against muser.model.ops' eager maths
+(ops.*, device-free), outputs poisoned first; determinism and row invariance (a row's result
 does not depend on the chunk's row count); the engine's chunk path fused vs eager."""
 from types import SimpleNamespace
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from muser.model import transformer as tf
+from muser.model import ops
 
 from cudautil import needs_gpu, needs_kernels, rel
 
@@ -42,7 +42,7 @@ def test_norm(dev, kdtype, layernorm, n):
     poison((37, n), kdtype, dev)
     out = same_rows(lambda a, b: triton_rows.norm(a, b, 1e-6, layernorm), x, w)
     assert not out.isnan().any() and out.dtype == kdtype
-    assert rel(out, tf.norm(x, w, spec(layernorm))) < 1e-2
+    assert rel(out, ops.norm(x, w, spec(layernorm))) < 1e-2
 
 
 @pytest.mark.parametrize("layernorm", [False, True])
@@ -58,13 +58,13 @@ def test_residual(dev, kdtype, layernorm, mode):
     d2 = d2 if mode == "parallel" else None
     poison((T, N), kdtype, dev)
     ho, xo = triton_rows.residual(h, d, 1e-6, layernorm, w_post, w_next, d2)
-    rh = h + (tf.norm(d, w_post, sp) if w_post is not None else d)
+    rh = h + (ops.norm(d, w_post, sp) if w_post is not None else d)
     if d2 is not None:
         rh = rh + d2
     assert not ho.isnan().any() and rel(ho, rh) < 1e-2
     assert (xo is None) == (w_next is None)
     if w_next is not None:
-        assert not xo.isnan().any() and rel(xo, tf.norm(rh, wn, sp)) < 1e-2
+        assert not xo.isnan().any() and rel(xo, ops.norm(rh, wn, sp)) < 1e-2
     again = triton_rows.residual(h[:5], d[:5], 1e-6, layernorm, w_post, w_next,
                                  None if d2 is None else d2[:5])
     assert torch.equal(again[0], ho[:5]) and (xo is None or torch.equal(again[1], xo[:5]))
@@ -86,14 +86,14 @@ def test_norm_rope(dev, kdtype, norm, rope, interleaved, H, KV, D):
     q, k = qkv[:, :H * D].view(T, H, D), qkv[:, H * D:(H + KV) * D].view(T, KV, D)
     sp = spec(norm == "layernorm", interleaved)
     pos = torch.randint(0, 5000, (T,), device=dev)
-    cos, sin = tf.rope_tables(10000.0, 1.0, D, dev, 5000)
+    cos, sin = ops.rope_tables(10000.0, 1.0, D, dev, 5000)
     cos, sin = (cos[pos], sin[pos]) if rope else (None, None)
     for x in (q, k):
         w = torch.randn(D, device=dev) if norm else None
         poison(x.shape, kdtype, dev)
         out = triton_rows.norm_rope(x, w, 1e-6, norm == "layernorm", cos, sin, interleaved)
         assert out.is_contiguous() and out.shape == x.shape and not out.isnan().any()
-        assert rel(out, tf.norm_rope(x, w, sp, cos, sin)) < 1e-2
+        assert rel(out, ops.norm_rope(x, w, sp, cos, sin)) < 1e-2
         assert torch.equal(out, triton_rows.norm_rope(x, w, 1e-6, norm == "layernorm", cos, sin,
                                                       interleaved))
         part = triton_rows.norm_rope(x[:5], w, 1e-6, norm == "layernorm",
@@ -129,7 +129,7 @@ def test_chunk_path_fused_agrees_with_eager(monkeypatch, arch):
     for mode in ("eager", "fused"):
         monkeypatch.setenv("MUSER_ROWS", mode)
         engine = tiny_model(arch, device="cuda", dtype="bfloat16", window=4, tokenizer=False)
-        assert (engine.backend.ops.norm is tf.norm) == (mode == "eager")
+        assert (engine.backend.ops.norm is ops.norm) == (mode == "eager")
         s = engine.new_session()
         out[mode] = (s.prefill(prompt, chunk_size=8), s.extend(more))
     for a, b in zip(out["fused"], out["eager"]):

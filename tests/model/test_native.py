@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from muser.model import native, native_build
-from muser.model import transformer as tf
+from muser.model import ops
 from muser.model.quant import quantize_rowwise_int8
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler: native kernels not built")
@@ -126,16 +126,16 @@ def test_norm_rope_refuses_tables_of_the_wrong_shape():
 
 
 def test_the_cpu_backend_norm_uses_the_kernel_and_agrees_with_the_eager_maths():
-    """The CPU backend's ops table (native) vs the eager table of model.transformer."""
+    """The CPU backend's ops table (native) vs the eager table of model.ops."""
     from muser.backends.cpu.ops import cpu_ops
     from muser.testing import tiny_model
     engine = tiny_model()
     spec = engine.spec
-    assert engine.backend.ops is cpu_ops(native.available()) and cpu_ops(True) is not tf.EAGER
+    assert engine.backend.ops is cpu_ops(native.available()) and cpu_ops(True) is not ops.EAGER
     x = torch.randn(5, spec.hidden_size)
     w = torch.rand(spec.hidden_size) + 0.5
     fast = engine.backend.ops.norm(x, w, spec)
-    slow = tf.norm(x, w, spec)
+    slow = ops.norm(x, w, spec)
     assert float((fast - slow).abs().max()) < 1e-5
 
 

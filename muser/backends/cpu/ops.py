@@ -1,6 +1,6 @@
 """The CPU ops table: RMS norms and qk-norm + RoPE through the native kernel.
 
-Owns: `cpu_ops(native_ok)`, the `model.transformer.Ops` the CPU backend runs.
+Owns: `cpu_ops(native_ok)`, the `model.ops.Ops` the CPU backend runs.
 With the native kernels (muser.model.native, built once per process unless
 MUSER_NATIVE=0 or no compiler), an RMS norm and a qk-norm + RoPE of a float32
 or bfloat16 tensor are one native call each (same maths in one pass: the eager
@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from ...model import native
-from ...model import transformer as tf
-from ...model.transformer import Ops
+from ...model import ops
+from ...model.ops import Ops
 
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -22,7 +22,7 @@ NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 def _norm(x, w, spec):
     if spec.norm == "rms" and x.dtype in NATIVE_DTYPES:
         return native.norm_rope(x, w, spec.norm_eps)
-    return tf.norm(x, w, spec)
+    return ops.norm(x, w, spec)
 
 
 def _norm_rope(x, w, spec, cos, sin):
@@ -30,16 +30,16 @@ def _norm_rope(x, w, spec, cos, sin):
         return x
     if spec.norm == "rms" and x.dtype in NATIVE_DTYPES:
         return native.norm_rope(x, w, spec.norm_eps, cos, sin, spec.rope_interleaved)
-    return tf.norm_rope(x, w, spec, cos, sin)
+    return ops.norm_rope(x, w, spec, cos, sin)
 
 
 def _residual(h, d, spec, w_post=None, w_next=None, d2=None):
-    return tf.residual(h, d, spec, w_post, w_next, d2, norm_fn=_norm)
+    return ops.residual(h, d, spec, w_post, w_next, d2, norm_fn=_norm)
 
 
-NATIVE = Ops(norm=_norm, norm_rope=_norm_rope, act_mul=tf.act_mul, residual=_residual,
-             rope_rows=tf.rope_rows_asked)
+NATIVE = Ops(norm=_norm, norm_rope=_norm_rope, act_mul=ops.act_mul, residual=_residual,
+             rope_rows=ops.rope_rows_asked)
 
 
 def cpu_ops(native_ok: bool) -> Ops:
-    return NATIVE if native_ok else tf.EAGER
+    return NATIVE if native_ok else ops.EAGER

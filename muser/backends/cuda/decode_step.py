@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from ...env import Env
+from ...model import ops
 from ...model import transformer as tf
 from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention, merge_groups
 from .step_weights import fuse_weights, head_picks, via_dot
@@ -64,8 +65,8 @@ class DecodeStep:
         self.rope = []
         for ls in spec.layers:
             if ls.rope:
-                self.rope.append(tf.rope_tables(ls.rope_theta, ls.rope_scale, ls.head_dim, dev,
-                                                spec.max_context, ls.rope_scaling))
+                self.rope.append(ops.rope_tables(ls.rope_theta, ls.rope_scale, ls.head_dim, dev,
+                                                 spec.max_context, ls.rope_scaling))
             else:
                 self.rope.append((None, None))
         self.embed_scale = (torch.tensor(spec.embed_scale, dtype=engine.dtype, device=dev)

@@ -1,6 +1,6 @@
 """The CUDA ops table: a chunk's element-wise pieces through Triton row kernels.
 
-Owns: `cuda_ops(rows_fused)`, the `model.transformer.Ops` the CUDA backend
+Owns: `cuda_ops(rows_fused)`, the `model.ops.Ops` the CUDA backend
 runs for chunks (prefill, extend; decode steps run the captured step,
 decode_step.py).  With the row kernels (triton_rows.py: Triton installed and
 MUSER_ROWS not `eager`), norms, residual add (+ norm), qk-norm + RoPE and
@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from ...model import moe
-from ...model import transformer as tf
-from ...model.transformer import Ops
+from ...model import ops
+from ...model.ops import Ops
 from . import triton_moe, triton_rows
 
 
@@ -28,7 +28,7 @@ def _fused(x, *others) -> bool:
 def _norm(x, w, spec):
     if _fused(x):
         return triton_rows.norm(x, w, spec.norm_eps, spec.norm != "rms")
-    return tf.norm(x, w, spec)
+    return ops.norm(x, w, spec)
 
 
 def _norm_rope(x, w, spec, cos, sin):
@@ -37,19 +37,19 @@ def _norm_rope(x, w, spec, cos, sin):
     if _fused(x) and x.shape[-1] % 2 == 0:
         return triton_rows.norm_rope(x, w, spec.norm_eps, spec.norm != "rms", cos, sin,
                                      spec.rope_interleaved)
-    return tf.norm_rope(x, w, spec, cos, sin, norm_fn=_norm)
+    return ops.norm_rope(x, w, spec, cos, sin, norm_fn=_norm)
 
 
 def _act_mul(gate, up, spec):
     if _fused(gate, up) and gate.dim() == 2:
         return triton_rows.act_mul(gate, up, spec.activation == "gelu_tanh")
-    return tf.act_mul(gate, up, spec)
+    return ops.act_mul(gate, up, spec)
 
 
 def _residual(h, d, spec, w_post=None, w_next=None, d2=None):
     if _fused(h, d, d2) and h.dim() == 2:
         return triton_rows.residual(h, d, spec.norm_eps, spec.norm != "rms", w_post, w_next, d2)
-    return tf.residual(h, d, spec, w_post, w_next, d2, norm_fn=_norm)
+    return ops.residual(h, d, spec, w_post, w_next, d2, norm_fn=_norm)
 
 
 def _experts(mw, ms, x, weights, idx):
@@ -61,9 +61,9 @@ def _experts(mw, ms, x, weights, idx):
 
 
 FUSED = Ops(norm=_norm, norm_rope=_norm_rope, act_mul=_act_mul, residual=_residual,
-            rope_rows=tf.rope_rows_context, experts=_experts)
-EAGER = Ops(norm=tf.norm, norm_rope=tf.norm_rope, act_mul=tf.act_mul, residual=tf.residual,
-            rope_rows=tf.rope_rows_context)
+            rope_rows=ops.rope_rows_context, experts=_experts)
+EAGER = Ops(norm=ops.norm, norm_rope=ops.norm_rope, act_mul=ops.act_mul, residual=ops.residual,
+            rope_rows=ops.rope_rows_context)
 
 
 def cuda_ops(rows_fused: bool) -> Ops:
