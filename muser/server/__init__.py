@@ -1,8 +1,9 @@
 """muser.server: the OpenAI-compatible HTTP server (`muser serve`).
 
 Package map (each module's docstring says what it owns and what it doesn't):
-  policy.py       PURE context policy: chat turn split, shift plans, lineage (no torch)
-  schemas.py      strict OpenAI request models and response shapes
+  policy.py       PURE context policy: chat turn split, shift plans, lineage (no torch);
+                  raw_policy.py the same for raw prompts (completions)
+  schemas.py      strict OpenAI request models;  bodies.py  the JSON bodies sent back
   http_errors.py  server errors and the map from muser's typed errors to HTTP
   slots.py        SlotPool: slots + hidden staging, placement, bounded queue, health latch
   scheduler.py    the worker thread: its loop, prefill/decode time share, failure containment;
@@ -19,8 +20,9 @@ Package map (each module's docstring says what it owns and what it doesn't):
   front.py        --front-process: the HTTP process (uvicorn, no torch), forwarding to the app;
                   bridge.py the wire and the app's end (requests' receive / send over a socketpair)
   candidates.py   a prompt -> per-slot candidates: the context plan (fresh or a slot's lineage), cuts
-  service.py      one request: gates -> candidates -> lease -> job; responses.py: JSON / SSE shaping;
-                  sse.py: the SSE response (queued or pushed), text frames from a template
+  service.py      one request: gates -> candidates -> lease -> job; controls.py: a request's
+                  decoding controls; responses.py: JSON / SSE shaping (stream_shape.py: a
+                  stream's events -> chunks); sse.py: the SSE response, frames from a template
   tokenize_api.py POST /tokenize and /detokenize (the count the generation endpoints bill)
   persist.py      slot save / restore (packs with the replay plan sealed inside) in --session-dir
   metrics.py      Prometheus text;  config.py  ServerConfig;  app.py  create_app

@@ -25,7 +25,7 @@ from ..errors import MuserError
 from .config import ServerConfig
 from .http_errors import ClientGone, InvalidRequest, NotFound, ServerError, to_http
 from .persist import pack_path, parse_slot_id, restore_slot, save_slot
-from .policy import RawReplay
+from .raw_policy import RawReplay
 from .schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .service import ServerState
 from .transport import read_body

@@ -18,8 +18,8 @@ from typing import Any, Callable
 from ..errors import RequestError
 from .admission import PromptGate
 from .http_errors import InvalidRequest
-from .policy import (Limits, RawReplay, ReplayPlan, match_lineage, plan_chat, plan_raw,
-                     plan_raw_continuation)
+from .policy import Limits, ReplayPlan, match_lineage, plan_chat
+from .raw_policy import RawReplay, plan_raw, plan_raw_continuation
 from .prefix import BoundaryMemo, PrefixCache, chat_boundaries, cut_points
 from .slots import Candidate, Slot
 from .text import SharedTokenizer

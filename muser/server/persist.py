@@ -19,7 +19,8 @@ import stat
 from pathlib import Path
 
 from .http_errors import InvalidRequest, NotFound, clip
-from .policy import SYSTEM_ROLES, RawReplay, ReplayPlan
+from .policy import SYSTEM_ROLES, ReplayPlan
+from .raw_policy import RawReplay
 from .slots import Slot
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

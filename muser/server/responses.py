@@ -4,8 +4,10 @@ Owns: `ClientWatch` (the one listener on a request's ASGI receive channel,
 which notices a client that left) and `Formatter` (events -> chat / completion
 bodies and chunks for n choices, with logprobs, tool calls (tools.py), echo,
 usage with cached_tokens, the `muser` extension field, per-request metrics).
-Does not own: producing events (scheduler.py), leasing (service.py) or the SSE
-framing (sse.py: the response, pushed or from the queue, text frames from a template).
+Does not own: producing events (scheduler.py), leasing (service.py), the SSE
+framing (sse.py: the response, pushed or from the queue, text frames from a template),
+a stream's per-event chunking (moved to stream_shape.py: `StreamShape`, which
+`Formatter.shaper` returns) or the bodies' dict shapes (moved to bodies.py).
 """
 from __future__ import annotations
 
@@ -16,12 +18,13 @@ from typing import AsyncIterator, Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from . import schemas
+from . import bodies
 from .http_errors import to_http
 from .logprobs import chat_entries, completion_logprobs
 from .scheduler import Job
 from .sse import TextFrames
-from .tools import ToolStream, parse_calls
+from .stream_shape import StreamShape
+from .tools import parse_calls
 
 
 class ClientWatch:
@@ -50,7 +53,7 @@ class Formatter:
 
     def __init__(self, state, req, chat: bool, t0: float, tools=None, echo: str = ""):
         self.state, self.req, self.chat, self.t0 = state, req, chat, t0
-        self.rid = schemas.new_id("chatcmpl" if chat else "cmpl")
+        self.rid = bodies.new_id("chatcmpl" if chat else "cmpl")
         self.model = state.model_id
         self.info: dict = {}
         self.tools = tools if tools is not None and tools.active else None
@@ -77,7 +80,7 @@ class Formatter:
         return ext
 
     def _usage(self, generated: int) -> dict:
-        return schemas.usage(self.info["prompt_tokens"], generated, self.info["cached_tokens"])
+        return bodies.usage(self.info["prompt_tokens"], generated, self.info["cached_tokens"])
 
     def start(self, info: dict, job: Job) -> None:
         self.info = dict(info, plan=job.placement.plan)
@@ -174,16 +177,16 @@ class Formatter:
                 choices = [self._choice(i, "".join(parts[i]), finishes[i] if i < len(finishes)
                                         else finishes[0], picks[i], "".join(thoughts[i]))
                            for i in range(n)]
-                build = schemas.chat_response if self.chat else schemas.completion_response
+                build = bodies.chat_response if self.chat else bodies.completion_response
                 return JSONResponse(build(self.rid, self.model, choices, self._usage(generated),
                                           self._ext()))
 
     def _chat_chunk(self, delta: dict, finish, **kw) -> dict:
-        return schemas.chat_chunk(self.rid, self.model, delta, finish, created=self.created, **kw)
+        return bodies.chat_chunk(self.rid, self.model, delta, finish, created=self.created, **kw)
 
     def _completion_chunk(self, text: str, finish, **kw) -> dict:
-        return schemas.completion_chunk(self.rid, self.model, text, finish, created=self.created,
-                                        **kw)
+        return bodies.completion_chunk(self.rid, self.model, text, finish, created=self.created,
+                                       **kw)
 
     def _text_frame(self, i: int, text: str) -> bytes:
         """Choice i's plain text chunk (no logprobs, no finish, no extension field) as an SSE
@@ -217,100 +220,3 @@ class Formatter:
                 yield chunk
             if end:
                 return
-
-
-class StreamShape:
-    """One stream's events -> its chunks (dicts, or frames already encoded), synchronously: the
-    queue-driven `Formatter.stream` and the pushed stream (sse.SSEResponse with a sync sender,
-    the --front-process engine side) share it, so both send the same chunks."""
-
-    def __init__(self, fmt: Formatter, n: int):
-        self.fmt, self.n = fmt, n
-        self.tools = [ToolStream(fmt.tools) if fmt.tools is not None else None for _ in range(n)]
-        self.called = [False] * n
-        self.offsets = [len(fmt.echo)] * n
-        self.echoed = [False] * n
-        self.first = not fmt.chat
-
-    def opening(self) -> list:
-        f = self.fmt
-        if not f.chat:
-            return []
-        return [f._chat_chunk({"role": "assistant", "content": ""}, None,
-                              ext=f._ext() if i == 0 else None, index=i) for i in range(self.n)]
-
-    def feed(self, ev: tuple) -> tuple[list, bool]:
-        """(the chunks event `ev` makes, whether the stream ends with it)."""
-        f, out = self.fmt, []
-        kind, *payload = ev
-        if kind == "prompt":
-            f.prompt_picks = payload[0]
-        elif kind == "reasoning":             # only a chat's (channels.py)
-            i, text = payload
-            out.append(f._chat_chunk({"reasoning_content": text}, None, index=i))
-        elif kind == "delta":
-            self._delta(out, *payload)
-        elif kind == "end":
-            self._end(out, *payload)
-        elif kind == "error":
-            err = to_http(payload[0])
-            f._done(str(err.status))
-            return [err.body()], True
-        elif kind == "done":
-            finishes, generated = payload
-            if "cancelled" in finishes:
-                f._done("disconnected")
-                f.state.metrics.inc("disconnects_total")
-                return out, True
-            f._done("200")
-            if f.req.include_usage:
-                out.append((f._chat_chunk if f.chat else f._completion_chunk)(
-                    {} if f.chat else "", None, use=f._usage(generated), empty=True))
-            return out, True
-        return out, False
-
-    def _delta(self, out: list, i: int, text: str, ps) -> None:
-        f = self.fmt
-        lp = f._logprobs(ps, self.offsets[i]) if f._wants_logprobs and ps else None
-        if f.chat and lp is None and self.tools[i] is None:
-            if text:                          # the common chunk: text only
-                out.append(f._text_frame(i, text))
-            return
-        if f.chat:
-            deltas = self.tools[i].push(text) if self.tools[i] is not None else \
-                ([{"content": text}] if text or lp else [])
-            if not deltas and lp:
-                deltas = [{"content": ""}]
-            for k, d in enumerate(deltas):
-                out.append(f._chat_chunk(d, None, index=i, logprobs=lp if k == 0 else None))
-            return
-        if f.echo and not self.echoed[i]:
-            self.echoed[i] = True
-            out.append(f._echo_chunk(i, self.first))
-            self.first = False
-        self.offsets[i] += len(text)
-        if lp is None and not self.first:
-            out.append(f._text_frame(i, text))
-        else:
-            out.append(f._completion_chunk(text, None, index=i, logprobs=lp,
-                                           ext=f._ext() if self.first else None))
-        self.first = False
-
-    def _end(self, out: list, i: int, finish: str) -> None:
-        f = self.fmt
-        if f.chat and self.tools[i] is not None:
-            deltas, self.called[i] = self.tools[i].finish()
-            for d in deltas:
-                out.append(f._chat_chunk(d, None, index=i))
-            if self.called[i] and finish == "stop":
-                finish = "tool_calls"
-        if f.chat:
-            out.append(f._chat_chunk({}, finish, index=i, ext=f._ext() if i == 0 else None))
-            return
-        if f.echo and not self.echoed[i]:
-            self.echoed[i] = True
-            out.append(f._echo_chunk(i, self.first))
-            self.first = False
-        out.append(f._completion_chunk("", finish, index=i,
-                                       ext=f._ext() if self.first or i == 0 else None))
-        self.first = False

@@ -1,17 +1,18 @@
 """Serving one request: prompt -> plan -> slot lease -> worker job -> OpenAI response.
 
 Owns: `ServerState` (the engine, the slot pool, the worker, metrics, the
-limits), the request's gates (auth, body, model, health), its decoding
-controls, waiting for a slot while watching for the client to leave, and
-shaping the job's events into a JSON body or an SSE stream.
-Does not own: validation (schemas.py), the prompt's per-slot candidates
-(candidates.py), placement (slots.py), model steps (scheduler.py), routes
-(app.py).
+limits), the request's gates (auth, body, model, health), waiting for a slot
+while watching for the client to leave, and shaping the job's events into a
+JSON body or an SSE stream.
+Does not own: validation (schemas.py), the request's decoding controls
+(controls.py: `DecodingControls`, which `ServerState` inherits -- sampling,
+stop ids, penalties, the grammar; moved out of this file), the prompt's
+per-slot candidates (candidates.py), placement (slots.py), model steps
+(scheduler.py), routes (app.py).
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import sys
 import threading
@@ -21,34 +22,29 @@ from typing import Any, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..engine.constrained import Grammar
 from ..engine.warmup import warm_up
 from ..backends.host import on_short_thread
-from ..engine.logits_processors import Controls
-from ..engine.sampling import SamplingParams
-from ..errors import ParameterError
 from .choices import Decoding
 from .config import ServerConfig
 from .admission import PromptGate
 from .candidates import Prompts
+from .controls import DecodingControls
 from .http_errors import InvalidRequest, ModelNotFound, clip
 from .metrics import Metrics
 from .outbox import Outbox
 from .policy import Limits
 from .responses import ClientWatch, Formatter
 from .sse import SSEResponse
-from .sampler import sampling_params
 from .scheduler import Job, Scheduler
 from .prefix import PrefixCache
 from .slots import SlotPool
 from .text import SharedTokenizer, base_model_note, chars_per_token_bound, turn_marker_ids
 from .transport import check_bearer, read_body
-from . import tools as toolkit
 
 log = logging.getLogger("muser.server")
 
 
-class ServerState:
+class ServerState(DecodingControls):
     def __init__(self, engine, config: ServerConfig):
         self.engine, self.config = engine, config
         if not getattr(engine, "has_tokenizer", True):
@@ -167,73 +163,6 @@ class ServerState:
             raise InvalidRequest("the request JSON is nested too deeply") from None
 
     # ------------------------------------------------------------------ serving
-    def sampling(self, req) -> SamplingParams:
-        return sampling_params(req.temperature, req.top_p, req.top_k, req.seed)
-
-    def decoding(self, req, chat: bool, tools=None) -> Decoding:
-        """Everything the request asks of the token choice, checked against this model
-        (vocabulary, grammar compilation): ParameterError -> 400 naming the field."""
-        vocab = self.engine.spec.vocab_size
-        stop_ids = frozenset(req.stop_token_ids or ())
-        bad = sorted(t for t in stop_ids if t >= vocab)
-        if bad:
-            raise ParameterError("stop_token_ids", f"token ids must be in [0, {vocab}), got {bad[:5]}")
-        if chat:
-            logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        else:
-            logprobs = req.logprobs
-        grammar = self.grammar(req, tools)
-        if grammar is not None:
-            self.engine.grammars.check(grammar)
-        elif chat and not req.ignore_eos:   # a (base) model's free chat stops at the turn
-            stop_ids = stop_ids | self.turn_markers   # markers; a grammar decides itself
-        limit = req.token_limit if chat else req.max_tokens
-        if limit is not None and req.min_tokens > limit:
-            raise ParameterError("min_tokens", f"must be at most max_tokens ({limit}), got "
-                                               f"{req.min_tokens}")
-        # min_tokens refuses every id that would end the output before it has that many
-        enders = tuple(sorted(stop_ids | self.eos_ids)) if req.min_tokens else ()
-        controls = Controls(req.frequency_penalty or 0.0, req.presence_penalty or 0.0,
-                            1.0 if req.repetition_penalty is None else req.repetition_penalty,
-                            Controls.bias_from(req.logit_bias, vocab), req.min_p or 0.0,
-                            req.min_tokens, enders)
-        return Decoding(self.sampling(req), controls, grammar, logprobs, req.n, stop_ids,
-                        prompt_logprobs=not chat and req.echo and req.logprobs is not None,
-                        channels=chat and grammar is None and self.tokenizer_speaks_harmony,
-                        tool_calls=tools is not None and tools.active, ignore_eos=req.ignore_eos)
-
-    def grammar(self, req, tools) -> Grammar | None:
-        rf, so = req.response_format, req.structured_outputs
-        if tools is not None and tools.constrained:
-            if (rf is not None and rf.type != "text") or so is not None:
-                raise ParameterError("tool_choice", "a required or named tool choice cannot be "
-                                     "combined with response_format or structured_outputs")
-            toolkit.check_schemas(tools, self.engine.grammars)
-            return toolkit.grammar(tools)
-        if rf is not None and rf.type == "json_object":
-            return Grammar("json_object", "", "response_format")
-        if rf is not None and rf.type == "json_schema":
-            if rf.json_schema.schema_ is None:
-                raise ParameterError("response_format.json_schema.schema", "a schema is required")
-            return Grammar.json_schema(rf.json_schema.schema_)
-        if so is None:
-            return None
-        if so.json_ is not None:
-            schema = so.json_
-            if isinstance(schema, str):
-                try:
-                    schema = json.loads(schema)
-                except ValueError as e:
-                    raise ParameterError("structured_outputs.json", f"not valid JSON: {e}") from None
-            return Grammar.json_schema(schema, "structured_outputs.json")
-        if so.regex is not None:
-            return Grammar("regex", so.regex, "structured_outputs.regex")
-        if so.choice is not None:
-            return Grammar("choice", json.dumps(so.choice), "structured_outputs.choice")
-        if so.grammar is not None:
-            return Grammar("lark", so.grammar, "structured_outputs.grammar")
-        return Grammar("json_object", "", "structured_outputs.json_object")
-
     async def serve(self, request: Request, req, candidate, *, chat: bool,
                     max_tokens: int | None, replay: Callable[[Any], Callable[[int], Any]],
                     decoding: Decoding, tools=None, echo: str = "") -> Response:

@@ -30,7 +30,7 @@ class Slot:
     busy: bool = False
     last_used: int = 0               # LRU clock tick of the last lease
     epoch: int = 0                   # context_epoch: advances on every shift
-    replay: Any = None               # policy.ReplayPlan | policy.RawReplay | None
+    replay: Any = None               # policy.ReplayPlan | raw_policy.RawReplay | None
     file_op: bool = False            # leased by save / restore (not by a request)
 
     @property
@@ -44,7 +44,7 @@ class Placement:
     prompt: list[int]                # the retained context, as token ids
     reuse: int                       # prompt tokens already live in the slot's cache
     rebuild: bool                    # a shift: prefill into staging, then swap
-    plan: Any = None                 # policy.ChatPlan | policy.RawPlan
+    plan: Any = None                 # policy.ChatPlan | raw_policy.RawPlan
     lineage: bool = False            # placed by the slot's shifted lineage
     queue_wait: float = 0.0
     cuts: tuple = ()                 # positions where the prefill records a cut (prefix cache)

@@ -3,7 +3,7 @@
 Owns: `SSEResponse` (text/event-stream from chunks -- dicts, or `data:` frames already
 encoded -- ending in `data: [DONE]`; pushed where the sender never waits) and `TextFrames` (a
 stream's plain text chunks serialized from a template made once per request and choice).
-Does not own: what a chunk says (schemas.py, responses.Formatter).
+Does not own: what a chunk says (bodies.py, responses.Formatter).
 
 Why frames from a template: the HTTP loop shares the GIL with the worker thread, and at 16
 streams it writes one chunk per token per stream.  A plain text chunk differs from the next

@@ -12,7 +12,7 @@ from muser.server.outbox import Outbox
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from muser.server import schemas
+from muser.server import bodies, schemas
 from muser.server.sse import TextFrames, frame
 
 
@@ -71,8 +71,8 @@ def test_a_text_frame_from_its_template_is_the_chunk_dumped_whole(text, index, c
     """sse.TextFrames: prefix + the text's JSON + suffix == the whole chunk's frame, for any
     text (quotes, backslashes, control characters, astral characters, the marker's own bytes)."""
     def make(t):
-        return (schemas.chat_chunk("chatcmpl-x", "m", {"content": t}, None, index=index, created=7)
-                if chat else schemas.completion_chunk("cmpl-x", "m", t, None, index=index, created=7))
+        return (bodies.chat_chunk("chatcmpl-x", "m", {"content": t}, None, index=index, created=7)
+                if chat else bodies.completion_chunk("cmpl-x", "m", t, None, index=index, created=7))
     assert TextFrames(make)(text) == frame(make(text))
 
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from muser.errors import ContextOverflow, RequestError
-from muser.server.policy import (Limits, RawReplay, ReplayPlan, match_lineage, plan_chat,
-                                 plan_raw, plan_raw_continuation, split_chat)
+from muser.server.policy import Limits, ReplayPlan, match_lineage, plan_chat, split_chat
+from muser.server.raw_policy import RawReplay, plan_raw, plan_raw_continuation
 
 
 def msg(role, content):
@@ -29,8 +29,9 @@ def convo(n_turns, size=10):
     return out + [msg("user", "last".ljust(size, "."))]
 
 
-def test_policy_imports_no_torch():
-    src = (Path(__file__).resolve().parents[2] / "muser/server/policy.py").read_text()
+@pytest.mark.parametrize("planner", ["policy.py", "raw_policy.py"])
+def test_policy_imports_no_torch(planner):
+    src = (Path(__file__).resolve().parents[2] / "muser/server" / planner).read_text()
     tree = ast.parse(src)
     names = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
              for a in n.names}
