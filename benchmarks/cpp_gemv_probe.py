@@ -2,17 +2,18 @@
 "CUDA C++ through torch's extension loader where Triton does not reach the bandwidth").
 
 `benchmarks/cuda/gemv_mma.cu` sums each output as dot_rows' decode tile does (k16 MMA steps
-in order, mma.sync's own fragment layout) but asks for a CTA's whole weight slab at once by
-bulk copies.  For each plain projection of the Gemma-3 shapes (no split-K pieces, no act*up:
-the sums alone, gate|up's rows as one plain matrix) this prints, for B = 1:
+in order, mma.sync's own fragment layout) and ends it as dot_rows does -- rounded (qkv, o, the
+head, an unsplit down), gelu(gate) * up (gate|up, in the PTX Triton emits for it) or the split-K
+pieces' float32 sums (the 1B's down, which the add+norm after it sums) -- but asks for a CTA's
+whole weight slab at once by bulk copies.  For each decode projection of the Gemma-3 shapes:
 
     shape | PDL | Triton decode tile us | C++ us per (warps, n8 tiles a warp) | HBM floor us | bits
 
 timed as dot_tiles_graph.py times tiles: one CUDA graph of launches over rotating weight copies
 (>= 256 MB, so the weights come from HBM), without PDL and with it (the step's way: then the
 C++ launch asks for its weights before it waits for the launch before).  Bits: the C++ output
-against dot_rows(..., rows=16) with torch.equal at B = 1, 5 and 16 (where shared memory fits).
-Builds the .cu with the machine's nvcc (sm_90a) into /tmp first.
+against dot_rows(..., rows=16) (glu / defer as the step calls it) with torch.equal at B = 1, 5
+and 16, where shared memory fits.  Builds the .cu with the machine's nvcc (sm_90a) into /tmp.
 
     PYTHONPATH=. python3 benchmarks/cpp_gemv_probe.py [--shapes 1b] [--variants 11,21,41,12,22]
 """
@@ -26,13 +27,15 @@ import torch
 
 BYTES = 256 << 20
 HBM = 4.3e12                       # bytes/s: the H200's measured copy rate (reads + writes)
-SHAPES = {   # name -> (n, k): plain projections (gate|up's rows as one matrix, its sums alone)
-    "270m": [("qkv", 1536, 640), ("o", 640, 1024), ("gate|up", 4096, 640),
-             ("head", 262144, 640)],
-    "1b": [("qkv", 1536, 1152), ("o", 1152, 1024), ("gate|up", 13824, 1152)],
-    "4b": [("qkv", 4096, 2560), ("o", 2560, 2048), ("gate|up", 20480, 2560),
-           ("down", 2560, 10240)],
+SHAPES = {   # name -> (projection, n, k, glu): dot_rows' decode shapes (triton_dot_tiles)
+    "270m": [("qkv", 1536, 640, False), ("o", 640, 1024, False), ("gate|up", 2048, 640, True),
+             ("down", 640, 2048, False), ("head", 262144, 640, False)],
+    "1b": [("qkv", 1536, 1152, False), ("o", 1152, 1024, False), ("gate|up", 6912, 1152, True),
+           ("down", 1152, 6912, False)],
+    "4b": [("qkv", 4096, 2560, False), ("o", 2560, 2048, False), ("gate|up", 10240, 2560, True),
+           ("down", 2560, 10240, False)],
 }
+PLAIN, GLU, SPLIT = 0, 1, 2
 
 
 def build(src: str, out: str) -> ctypes.CDLL:
@@ -45,13 +48,13 @@ def build(src: str, out: str) -> ctypes.CDLL:
     print("\n".join(regs[:4]), flush=True)
     lib = ctypes.CDLL(out)
     lib.gemv_mma_launch.restype = ctypes.c_int
-    lib.gemv_mma_launch.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 6 + [ctypes.c_void_p]
+    lib.gemv_mma_launch.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 8 + [ctypes.c_void_p]
     return lib
 
 
-def cpp(lib, x, w, y, warps, nt, pdl=False) -> None:
-    rc = lib.gemv_mma_launch(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], w.shape[0],
-                             w.shape[1], warps, nt, int(pdl),
+def cpp(lib, x, w, y, n, ks, mode, warps, nt, pdl=False) -> None:
+    rc = lib.gemv_mma_launch(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], n,
+                             w.shape[1], ks, mode, warps, nt, int(pdl),
                              torch.cuda.current_stream().cuda_stream)
     if rc:
         raise RuntimeError(f"gemv_mma_launch: {rc}")
@@ -77,8 +80,17 @@ def graph_us(fns, replays=10) -> float:
     return ev[0].elapsed_time(ev[1]) * 1e3 / replays / len(fns)
 
 
-def main():
+def triton_call(x, w, out, glu: bool, split: bool, pdl: bool = False):
+    """dot_rows as the decode step calls it: the result (bf16 [B, n], or the pieces' float32
+    sums [pieces, B, n] where the table splits K)."""
     from muser.backends.cuda.triton_dot import dot_rows
+    if split:
+        return dot_rows(x, w, rows=16, defer=True, pdl=pdl).part
+    return dot_rows(x, w, out=out, glu=glu, gelu=glu, rows=16, pdl=pdl)
+
+
+def main():
+    from muser.backends.cuda.triton_dot_tiles import dot_config
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="270m,1b,4b")
     ap.add_argument("--variants", default="11,21,41,12,22",
@@ -93,45 +105,55 @@ def main():
     print(f"| model | shape (n x k) | PDL | Triton us | {head} | floor us | bits (B = 1, 5, 16) |")
     print("|---|---|---|---:|" + "---:|" * len(variants) + "---:|---|")
     for model in args.shapes.split(","):
-        for name, n, k in SHAPES[model]:
-            copies = max(4, -(-BYTES // (n * k * 2)))
-            ws = [(torch.randn(n, k, device="cuda", generator=g) / k ** 0.5).to(torch.bfloat16)
-                  for _ in range(copies)]
+        for name, n, k, glu in SHAPES[model]:
+            piece = dot_config(n, k, glu)[4]
+            split = bool(piece) and not glu
+            mode, ks = (GLU if glu else SPLIT if split else PLAIN), piece or k
+            rows = 2 * n if glu else n
+            copies = max(4, -(-BYTES // (rows * k * 2)))
+            ws = [(torch.randn(rows, k, device="cuda", generator=g) / k ** 0.5)
+                  .to(torch.bfloat16) for _ in range(copies)]
             bits = []
             for B in (1, 5, 16):
                 x = torch.randn(B, k, device="cuda", generator=g).to(torch.bfloat16)
-                want = dot_rows(x, ws[0], rows=16)
+                want = triton_call(x, ws[0], None, glu, split)
                 for (wv, nt), pdl in itertools.product(variants, (False, True)):
                     y = torch.full_like(want, float("nan"))
+                    tag = f"{B}:{wv}{nt}{'p' if pdl else ''}"
                     try:
-                        cpp(lib, x, ws[0], y, wv, nt, pdl)
+                        cpp(lib, x, ws[0], y, n, ks, mode, wv, nt, pdl)
                     except RuntimeError as e:
-                        bits.append(f"{B}:{wv}{nt}{'p' if pdl else ''} {e}")
+                        bits.append(f"{tag} {e}")
                         continue
                     torch.cuda.synchronize()
                     if not torch.equal(y, want):
-                        ref = (x.double() @ ws[0].double().T)
-                        err = ((y.double() - ref).norm() / ref.norm()).item()
-                        tag = f"{B}:{wv}{nt}{'p' if pdl else ''}"
-                        bits.append(f"{tag} {int((y != want).sum())} differ, rel {err:.1e}")
+                        bad = y != want
+                        err = ((y.double() - want.double()).norm() / want.double().norm()).item()
+                        bits.append(f"{tag} {int(bad.sum())} of {want.numel()} differ, "
+                                    f"rel {err:.1e}")
             x = torch.randn(1, k, device="cuda", generator=g).to(torch.bfloat16)
             outs = [torch.empty(1, n, device="cuda", dtype=torch.bfloat16) for _ in ws]
-            floor = n * k * 2 / HBM * 1e6
+            parts = [torch.empty(-(-k // ks), 1, n, device="cuda") for _ in ws]
+            ys = parts if split else outs
+            floor = rows * k * 2 / HBM * 1e6
             for pdl in (False, True):
-                tri = graph_us([lambda w=w, o=o: dot_rows(x, w, out=o, rows=16, pdl=pdl)
+                tri = graph_us([lambda w=w, o=o: triton_call(x, w, o, glu, split, pdl)
                                 for w, o in zip(ws, outs)])
                 cols = []
                 for wv, nt in variants:
-                    calls = [lambda w=w, o=o, wv=wv, nt=nt: cpp(lib, x, w, o, wv, nt, pdl)
-                             for w, o in zip(ws, outs)]
+                    calls = [lambda w=w, o=o, wv=wv, nt=nt: cpp(lib, x, w, o, n, ks, mode, wv, nt,
+                                                                pdl)
+                             for w, o in zip(ws, ys)]
                     try:
                         cols.append(f"{graph_us(calls):.2f}")
                     except RuntimeError:
                         cols.append("-")
-                print(f"| {model} | {name} {n} x {k} | {'on' if pdl else 'off'} | {tri:.2f} | "
+                what = f"{name} {n} x {k}" + (" (glu)" if glu else f" ({ks}-key pieces)"
+                                              if split else "")
+                print(f"| {model} | {what} | {'on' if pdl else 'off'} | {tri:.2f} | "
                       f"{' | '.join(cols)} | {floor:.2f} | "
-                      f"{'equal' if not bits else '; '.join(bits)} |", flush=True)
-            del ws, outs
+                      f"{'equal' if not bits else '; '.join(bits[:6])} |", flush=True)
+            del ws, outs, parts
 
 
 if __name__ == "__main__":

@@ -1093,9 +1093,10 @@ stage_int8_fence() {  # carry .whl, .prev (git archive 4f277c3 muser: int8 rows 
     --decode-only --quant int8 --rounds 1 --variants "BF:QUANT=none"
 }
 
-stage_cpp_gemv() {  # carry .whl: a CUDA C++ decode projection (benchmarks/cuda/gemv_mma.cu, built
-  # there by nvcc) against dot_rows' decode tile -- bits (torch.equal at B = 1, 5, 16) and us a
-  # launch in a graph with the weights from HBM (issue 17 item 6: does CUDA C++ reach further?)
+stage_cpp_gemv() {  # carry .whl: CUDA C++ decode projections (benchmarks/cuda/gemv_mma.cu, built
+  # there by nvcc: plain, gelu(gate) * up, split-K pieces) against dot_rows' decode tiles --
+  # bits (torch.equal at B = 1, 5, 16) and us a launch in a graph with the weights from HBM,
+  # PDL off / on (issue 17 item 6: does CUDA C++ reach further?)
   bench 400 . benchmarks/cpp_gemv_probe.py
 }
 
