@@ -33,6 +33,7 @@ import torch
 
 from muser.cache import Encoding, PlaneCut, SessionSnapshot
 from muser.pack import format as pf
+from muser.pack import reader as pr
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.workers:
-        pf._WORKERS = args.workers
+        pf._WORKERS = pr._WORKERS = args.workers
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     snap = synthetic(args.tokens, args.window, args.dtype)
     key = b"benchmark-key"
@@ -114,16 +115,16 @@ def main(argv=None) -> int:
             "sha256 over the bytes (1 thread)": best(lambda: hashlib.sha256(data).digest(), args.repeats),
             "save_pack, no key": best(lambda: pf.save_pack(snap, a), args.repeats),
             "save_pack, HMAC key": best(lambda: pf.save_pack(snap, c, key=key), args.repeats),
-            "load_pack, no key": best(lambda: pf.load_pack(a), args.repeats),
-            "load_pack, HMAC key": best(lambda: pf.load_pack(c, key=key), args.repeats),
+            "load_pack, no key": best(lambda: pr.load_pack(a), args.repeats),
+            "load_pack, HMAC key": best(lambda: pr.load_pack(c, key=key), args.repeats),
             "to_bytes, no key": best(lambda: pf.pack_to_bytes(snap), args.repeats),
-            "from_bytes, no key": best(lambda: pf.pack_from_bytes(data), args.repeats),
+            "from_bytes, no key": best(lambda: pr.pack_from_bytes(data), args.repeats),
         }
-        assert pf.load_pack(c, key=key).equal(snap)
+        assert pr.load_pack(c, key=key).equal(snap)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     info = {"tokens": args.tokens, "window": args.window, "dtype": args.dtype, "file_bytes": n,
-            "header_bytes": pf.read_manifest(data)["header_bytes"], "workers": pf._WORKERS,
+            "header_bytes": pr.read_manifest(data)["header_bytes"], "workers": pf._WORKERS,
             "load_average": os.getloadavg(), "cpus": os.cpu_count(),
             "wall_seconds": {k: w for k, (w, _) in rows.items()},
             "cpu_seconds": {k: c for k, (_, c) in rows.items()},

@@ -18,6 +18,7 @@ import torch
 
 import muser
 from muser.pack import format as pf
+from muser.pack import reader as pr
 
 
 def main():
@@ -43,7 +44,7 @@ def main():
             pf.save_pack(s2.snapshot(), path)
             size = os.path.getsize(path)
             t0 = time.perf_counter()
-            r = engine.restore(pf.load_pack(path))
+            r = engine.restore(pr.load_pack(path))
             warm_first = r.decode(1000)
             warm = time.perf_counter() - t0
             assert torch.equal(cold_first, warm_first), "restored first token differs from the live session"

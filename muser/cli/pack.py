@@ -22,6 +22,7 @@ import sys
 
 from ..errors import PackError
 from ..pack import format as pf
+from ..pack import reader as pr
 from ..pack.manifest import load_key
 from .args import load_engine, model_args
 
@@ -41,7 +42,7 @@ def _fail(file: str, e: Exception) -> int:
 
 def cmd_inspect(args) -> int:
     try:
-        info = pf.read_manifest(args.file, key=load_key(args.key_file))
+        info = pr.read_manifest(args.file, key=load_key(args.key_file))
     except (PackError, OSError) as e:
         return _fail(args.file, e)
     m = info["manifest"]
@@ -89,7 +90,7 @@ def cmd_inspect(args) -> int:
 def cmd_verify(args) -> int:
     try:
         key = load_key(args.key_file)
-        snap, state = pf.verify(args.file, key=key)
+        snap, state = pr.verify(args.file, key=key)
     except (PackError, OSError) as e:
         return _fail(args.file, e)
     print(f"{args.file}: OK: {len(snap.planes)} planes at position {snap.position} "

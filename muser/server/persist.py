@@ -130,7 +130,7 @@ def save_slot(slot: Slot, path: Path, key: bytes | None) -> dict:
 
 
 def restore_slot(engine, slot: Slot, path: Path, key: bytes | None) -> dict:
-    from ..pack.format import read_pack
+    from ..pack.reader import read_pack
     _check_plain_file(path, must_exist=True)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))

@@ -29,7 +29,8 @@ from pathlib import Path
 
 from ..cache.snapshot import PlaneCut, SessionSnapshot
 from ..errors import MuserError, StoreCorrupt
-from ..pack.format import load_with_manifest, pid_alive, read_manifest, save_pack
+from ..pack.format import pid_alive, save_pack
+from ..pack.reader import load_with_manifest, read_manifest
 from ..pack.manifest import check_model
 from . import chain as ch
 from .objects import Block, Cut, Layout

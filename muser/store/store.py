@@ -1,16 +1,19 @@
 """`CutStore`: exact cuts of sessions, shared by prefix, in a RAM tier and an optional disk tier.
 
-Owns: the public API -- `put(session)`, `longest_prefix(ids)`, `install(session, hit)`,
-`install_longest(session, ids)`, `evict`, `flush`, `close`, `stats` -- the lock every index
-change happens under, the gate that refuses a session of another model, encoding or plane
-layout (`StoreMismatch`), and what a bad disk file costs (`StoreCorrupt`: logged, counted,
-removed, raised to the caller, who recomputes).  Does not own: the policy (index.py), bytes on
-disk (disk.py, writer.py) or how a cut is laid back (muser.cache.snapshot via Session.install).
+Owns: the public API's home -- `CutStore`, with `put(session)`, `longest_prefix(ids)`, `evict`,
+`flush`, `close`, `stats` here and `install(session, hit)`, `install_longest(session, ids)`,
+`pin` / `unpin` / `hold` from its `Installing` mixin (install.py) -- the `Hit` a lookup returns,
+the lock every index change happens under, the gate that refuses a session of another model,
+encoding or plane layout (`StoreMismatch`), and what a bad disk file costs (`StoreCorrupt`:
+logged, counted, removed, raised to the caller, who recomputes).  Does not own: laying a hit
+back into a session, reading what RAM lacks from disk for it, and pins (moved to install.py),
+the policy (index.py), bytes on disk (disk.py, writer.py) or how a cut is laid back
+(muser.cache.snapshot via Session.install).
 
 What a stored cut holds (objects.py): the ring windows (last min(p, W) rows of each sliding
 layer) and the growing rows past its last whole block; the growing rows of whole blocks are
-`Block`s shared by every cut on the same ids.  Installing a hit assembles exactly the
-`SessionSnapshot` the session had when it was put, and installs that through the snapshot
+`Block`s shared by every cut on the same ids.  Installing a hit (install.py) assembles exactly
+the `SessionSnapshot` the session had when it was put, and installs that through the snapshot
 gate -- so it is bitwise the same as restoring that session's snapshot.
 
 Threads: any.  `put` and `install` copy tensors under the lock (a few ms for a 2k-token cut);
@@ -18,18 +21,18 @@ Threads: any.  `put` and `install` copy tensors under the lock (a few ms for a 2
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..errors import StoreCorrupt, StoreError, StoreMismatch, StoreMiss
+from ..errors import StoreError, StoreMismatch
 from . import chain as ch
 from .disk import DiskTier
 from .index import Index
-from .objects import Block, Cut, Layout, assemble, block_matches, nbytes, read_block, read_cut
+from .install import Installing
+from .objects import Block, Cut, Layout, block_matches, nbytes, read_block, read_cut
 from .writer import Writer
 
 log = logging.getLogger("muser.store")
@@ -56,7 +59,7 @@ class Hit:
     store: "CutStore" = field(repr=False, compare=False)
 
 
-class CutStore:
+class CutStore(Installing):
     def __init__(self, engine, ram_bytes: int | None = None, disk_dir=None, disk_bytes: int | None = None,
                  key: bytes | str | None = None, block_size: int = DEFAULT_BLOCK):
         ram_bytes = default_ram_bytes() if ram_bytes is None else int(ram_bytes)
@@ -207,103 +210,6 @@ class CutStore:
                     self.counts["hits"] += 1
                     self.counts["hit_tokens"] += cut.position
             return None if cut is None else self._hit(cut, ids)
-
-    # ------------------------------------------------------------------ install
-    def install(self, session, hit: Hit) -> int:
-        """Lay `hit` into `session` (replacing its cache); returns the position installed.
-
-        Bitwise the snapshot the cut was put with.  Raises StoreMismatch for a session of another
-        model / encoding / layout, StoreMiss when the cut was evicted since the lookup,
-        StoreCorrupt when one of its files failed a check (it is gone now); the session is
-        unchanged in every case."""
-        self._check_session(session)
-        if hit.store is not self:
-            raise StoreMismatch("that hit belongs to another cut store")
-        cut = hit.cut
-        with self.lock:
-            if self.index.cuts.get(cut.key) is not cut or not self.index.usable(cut):
-                raise StoreMiss(f"the cut at position {hit.position} is no longer stored")
-            cut.pins += 1
-            self.index.touch(cut)
-            payload, block_rows = cut.payload, [b.rows for b in cut.blocks]
-        loaded = False
-        try:
-            if payload is None or any(r is None for r in block_rows):
-                payload, block_rows = self._load(cut, payload, block_rows)
-                loaded = True
-            snap = assemble(self.layout, cut, payload, block_rows, hit.tokens)
-            session.install(snap)
-        finally:
-            with self.lock:
-                if loaded and self.index.cuts.get(cut.key) is cut:
-                    self.index.ram_in(cut, payload, block_rows)    # promote while still pinned
-                    self.index.evict("ram")
-                    if self.index.over("ram"):
-                        self.index.ram_out(cut)
-                cut.pins -= 1
-        with self.lock:
-            self.counts["installs"] += 1
-            self.counts["installed_tokens"] += cut.position
-        return cut.position
-
-    def _load(self, cut: Cut, payload, block_rows):
-        """Read what RAM lacks from disk (every check); a refused file takes its users with it."""
-        block_rows = list(block_rows)
-        obj = None
-        try:
-            for j, b in enumerate(cut.blocks):
-                if block_rows[j] is None:
-                    obj = b
-                    block_rows[j] = self.disk.load_block(b)
-            if payload is None:
-                obj = cut
-                payload = self.disk.load_cut(cut)
-        except StoreCorrupt as e:
-            with self.lock:
-                self._refuse(e.path, e.reason)
-                users = [c for c in self.index.cuts.values() if obj is c or obj in c.blocks]
-                for c in users:
-                    self.index.disk_out(c)
-            raise
-        with self.lock:
-            self.counts["disk_loads"] += 1
-        return payload, block_rows
-
-    def install_longest(self, session, ids: Sequence[int], limit: int | None = None) -> int:
-        """Install the longest stored prefix of `ids` into `session`; 0 when there is none or it
-        could not be installed (evicted meanwhile, or a bad file: recompute)."""
-        hit = self.longest_prefix(ids, limit)
-        if hit is None:
-            return 0
-        try:
-            return self.install(session, hit)
-        except StoreMiss:
-            return 0
-
-    # ------------------------------------------------------------------ holding
-    def pin(self, hit: Hit) -> None:
-        """Hold `hit`'s cut: nothing it needs is evicted from any tier until `unpin`."""
-        with self.lock:
-            if self.index.cuts.get(hit.cut.key) is not hit.cut:
-                raise StoreMiss(f"the cut at position {hit.position} is no longer stored")
-            hit.cut.pins += 1
-
-    def unpin(self, hit: Hit) -> None:
-        with self.lock:
-            if hit.cut.pins <= 0:
-                raise StoreError(f"the cut at position {hit.position} is not pinned")
-            hit.cut.pins -= 1
-            self.index.evict("ram")
-            self.index.evict("disk")
-
-    @contextlib.contextmanager
-    def hold(self, hit: Hit):
-        """`with store.hold(hit): ...` -- pinned for the block (see `pin`)."""
-        self.pin(hit)
-        try:
-            yield hit
-        finally:
-            self.unpin(hit)
 
     # ------------------------------------------------------------------ housekeeping
     def evict(self, nbytes: int | None = None, tier: str = "ram") -> int:

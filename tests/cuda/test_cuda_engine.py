@@ -7,6 +7,7 @@ import torch
 from muser.backends.step import forward as one_forward
 from muser.cache import CacheGeometry, plan
 from muser.pack import format as pf
+from muser.pack import reader as pr
 from muser.testing import continue_both, prompt_ids as ids, tiny_model
 
 from cudautil import needs_gpu, rel
@@ -59,7 +60,7 @@ def test_pack_round_trip_replays_bitwise_on_gpu(pair):
     live = engine.new_session()
     live.prefill(ids(11, 4), chunk_size=5)
     live.decode(3)
-    again = engine.restore(pf.pack_from_bytes(pf.pack_to_bytes(live.snapshot())))
+    again = engine.restore(pr.pack_from_bytes(pf.pack_to_bytes(live.snapshot())))
     continue_both(live, again)
 
 

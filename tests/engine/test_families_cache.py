@@ -11,7 +11,8 @@ import torch
 
 import muser
 from muser.errors import PackModelMismatch
-from muser.pack.format import pack_from_bytes, pack_to_bytes
+from muser.pack.format import pack_to_bytes
+from muser.pack.reader import pack_from_bytes
 from muser.testing import FAMILIES, prompt_ids as ids, tiny_model, tiny_model_dir
 
 transformers = pytest.importorskip("transformers")

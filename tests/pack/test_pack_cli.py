@@ -6,6 +6,7 @@ from packutil import synthetic_snapshot
 
 from muser.cli import main as cli
 from muser.pack import format as pf
+from muser.pack import reader as pr
 
 
 @pytest.fixture
@@ -70,6 +71,6 @@ def test_save_prefills_and_writes_a_loadable_pack(tiny_engine, tmp_path, capsys,
     assert cli(["pack", "save", *src, "--out", str(out), "--model", model, "--dtype", "float32",
                 "--key-file", str(key)]) == 0
     assert "signed with HMAC-SHA256" in capsys.readouterr().out
-    snap = pf.load_pack(out, key=b"k")
+    snap = pr.load_pack(out, key=b"k")
     want = tuple(engine.encode_prompt("hello world")) if text else (5, 6, 7, 8, 9, 10)
     assert snap.tokens == want and snap.position == len(want) and snap.model == engine.fingerprint

@@ -12,6 +12,7 @@ from packutil import synthetic_snapshot
 from muser.cache import Encoding, PlaneCut, SessionSnapshot
 from muser.errors import PackError
 from muser.pack import format as pf
+from muser.pack import reader as pr
 
 
 @pytest.fixture
@@ -64,7 +65,7 @@ def test_failed_save_leaves_the_old_file_and_no_temporary(old, monkeypatch, fail
     with pytest.raises(OSError, match="injected"):
         pf.save_pack(new, path)
     monkeypatch.undo()
-    assert pf.load_pack(path).equal(snap_old)
+    assert pr.load_pack(path).equal(snap_old)
     assert leftovers(path.parent) == []
 
 
@@ -130,13 +131,13 @@ def fork_and_kill(path, mode, delay):
 
 def check_directory(old_snap, path):
     """The target is the old pack or a complete new one; temporaries are refused or complete."""
-    snap = pf.load_pack(path)
+    snap = pr.load_pack(path)
     assert snap.equal(old_snap) or snap.position == 4096
     partial = 0
     for f in leftovers(path.parent):
         assert f.name.startswith(".session.pack.") and f.name.endswith(".tmp")
         try:
-            assert pf.load_pack(f).position == 4096            # killed after the last byte: complete
+            assert pr.load_pack(f).position == 4096            # killed after the last byte: complete
         except PackError:
             partial += 1
     return partial
@@ -145,7 +146,7 @@ def check_directory(old_snap, path):
 def test_writer_killed_mid_save_leaves_old_or_new(old):
     snap_old, path = old
     fork_and_kill(path, "mid-write", 0.0)
-    assert pf.load_pack(path).equal(snap_old)                 # never renamed
+    assert pr.load_pack(path).equal(snap_old)                 # never renamed
     assert check_directory(snap_old, path) == 1               # the partial temporary is refused
     for f in leftovers(path.parent):
         os.unlink(f)
@@ -169,7 +170,7 @@ def test_a_successful_save_removes_temporaries_of_dead_writers_only(tmp_path):
         pf.save_pack(synthetic_snapshot()[0], tmp_path / "session.pack")
         assert not stale.exists()                   # its writer is gone
         assert running.exists() and other.exists()  # a live writer's, another target's
-        assert pf.load_pack(tmp_path / "session.pack") is not None
+        assert pr.load_pack(tmp_path / "session.pack") is not None
     finally:
         live.kill()
         live.wait()

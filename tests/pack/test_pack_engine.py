@@ -12,6 +12,7 @@ from packutil import plane_state, same_state
 import muser
 from muser.errors import EncodingMismatch, PackAuthError, PackEncodingMismatch, PackModelMismatch
 from muser.pack import format as pf
+from muser.pack import reader as pr
 
 POSITIONS = [1, 3, 4, 5, 8, 9, 13, 17]            # tiny model: window 4, wraps at 4, 8, ...
 
@@ -33,7 +34,7 @@ def test_restored_session_continues_bitwise_at_every_wrap_phase(tiny_engine, bac
             packs[p] = pf.pack_to_bytes(live.snapshot())
         logits[p] = live.decode(ids[p])                  # logits after consuming position p
     for p, data in packs.items():
-        s = engine.restore(pf.pack_from_bytes(data))
+        s = engine.restore(pr.pack_from_bytes(data))
         assert s.position == p and s.tokens == ids[:p]
         for q in range(p, p + 3):
             assert torch.equal(s.decode(ids[q]), logits[q]), f"{backend}: pack at {p}, step {q}"
@@ -46,7 +47,7 @@ def test_restored_session_prefills_chunks_bitwise(tiny_engine, p, tmp_path):
     a = engine.new_session()
     a.prefill(ids[:p], chunk_size=5)
     pf.save_pack(a.snapshot(), tmp_path / "a.pack", key=b"k")
-    b = engine.restore(pf.load_pack(tmp_path / "a.pack", key=b"k"))
+    b = engine.restore(pr.load_pack(tmp_path / "a.pack", key=b"k"))
     assert same_state(plane_state(b.planes), plane_state(a.planes))
     assert torch.equal(a.prefill(ids[p:p + 7], chunk_size=3), b.prefill(ids[p:p + 7], chunk_size=3))
     assert torch.equal(a.extend(ids[p + 7:p + 10]), b.extend(ids[p + 7:p + 10]))
@@ -54,12 +55,12 @@ def test_restored_session_prefills_chunks_bitwise(tiny_engine, p, tmp_path):
 
 FRESH = textwrap.dedent("""
     import sys, torch, muser
-    from muser.pack import format as pf
+    from muser.pack import reader as pr
     from muser.pack.manifest import load_key
     engine = muser.load(sys.argv[1], backend="ring", dtype="float32")
     expected = torch.load(sys.argv[2])
     for path, (ids, logits) in expected.items():
-        s = engine.restore(pf.load_pack(path, key=load_key()))
+        s = engine.restore(pr.load_pack(path, key=load_key()))
         got = torch.stack([s.decode(t) for t in ids])
         assert torch.equal(got, logits), path
         print("OK", path)
@@ -105,29 +106,29 @@ def test_foreign_packs_are_refused_each_with_its_own_error(tiny_engine, tmp_path
     pf.save_pack(s.snapshot(), path, key=b"k")
 
     with pytest.raises(PackAuthError, match="another key"):
-        pf.load_pack(path, key=b"not-k")
+        pr.load_pack(path, key=b"not-k")
     pf.save_pack(s.snapshot(), tmp_path / "plain.pack")
     with pytest.raises(PackAuthError, match="unsigned"):
-        pf.load_pack(tmp_path / "plain.pack", key=b"k")
+        pr.load_pack(tmp_path / "plain.pack", key=b"k")
 
-    snap = pf.load_pack(path, key=b"k")
+    snap = pr.load_pack(path, key=b"k")
     other = tiny_engine(seed=1)                                   # same shapes, other weights
     refused(other, snap, PackModelMismatch)
     with pytest.raises(PackModelMismatch, match="weights digest expected"):
-        pf.load_pack(path, key=b"k", expect_model=other.fingerprint)
+        pr.load_pack(path, key=b"k", expect_model=other.fingerprint)
 
     wide = tiny_engine(window=8)                                  # another window
     refused(wide, snap, PackModelMismatch)
     with pytest.raises(PackModelMismatch, match="window of layer 0 expected 8, got 4"):
-        pf.load_pack(path, expect_model=wide.fingerprint)
+        pr.load_pack(path, expect_model=wide.fingerprint)
 
     oracle = tiny_engine(backend="oracle")                        # same model, other encoding
     refused(oracle, snap, EncodingMismatch)
     with pytest.raises(PackEncodingMismatch, match="expected oracle/float32, got ring/float32"):
-        pf.load_pack(path, expect_model=oracle.fingerprint, expect_encoding=oracle.encoding)
+        pr.load_pack(path, expect_model=oracle.fingerprint, expect_encoding=oracle.encoding)
     o = oracle.new_session()
     o.prefill(ids_for(oracle, 9))
-    back = pf.pack_from_bytes(pf.pack_to_bytes(o.snapshot()))
+    back = pr.pack_from_bytes(pf.pack_to_bytes(o.snapshot()))
     refused(ring, back, EncodingMismatch)                         # and the reverse
     assert snap.model == ring.fingerprint
     ring.restore(snap)                                            # the right one still installs
@@ -139,8 +140,8 @@ def test_bfloat16_session_round_trips(tiny_engine):
     s = engine.new_session()
     s.prefill(ids[:9])
     data = pf.pack_to_bytes(s.snapshot())
-    assert pf.read_manifest(data)["manifest"]["encoding"] == {"family": "ring", "dtype": "bfloat16"}
-    r = engine.restore(pf.pack_from_bytes(data))
+    assert pr.read_manifest(data)["manifest"]["encoding"] == {"family": "ring", "dtype": "bfloat16"}
+    r = engine.restore(pr.pack_from_bytes(data))
     assert torch.equal(s.decode(ids[9]), r.decode(ids[9]))
 
 
@@ -153,7 +154,7 @@ def test_pack_restores_into_an_engine_with_another_max_context(tiny_engine):
     ids = ids_for(engine, 30, seed=11)
     s = engine.new_session()
     s.prefill(ids[:21])
-    r = small.restore(pf.pack_from_bytes(pf.pack_to_bytes(s.snapshot())))
+    r = small.restore(pr.pack_from_bytes(pf.pack_to_bytes(s.snapshot())))
     growing = [p for p in r.planes if p.kind == "growing"]
     assert growing and all(p.capacity == 40 != q.capacity for p, q in zip(growing, s.planes[2::3]))
     for t in ids[21:25]:
@@ -166,6 +167,6 @@ def test_a_pack_without_lineage_round_trips_through_a_session(tiny_engine):
     s = engine.new_session()
     s.prefill(ids_for(engine, 6, seed=2))
     bare = dataclasses.replace(s.snapshot(), tokens=())
-    r = engine.restore(pf.pack_from_bytes(pf.pack_to_bytes(bare)))
-    again = pf.pack_from_bytes(pf.pack_to_bytes(r.snapshot()))     # unknown ids travel as -1
+    r = engine.restore(pr.pack_from_bytes(pf.pack_to_bytes(bare)))
+    again = pr.pack_from_bytes(pf.pack_to_bytes(r.snapshot()))     # unknown ids travel as -1
     assert again.equal(bare) and set(again.tokens) <= {-1}

@@ -16,6 +16,7 @@ from muser.errors import (EncodingMismatch, PackAuthError, PackEncodingMismatch,
                           PackIntegrityError, PackModelMismatch, PackShapeError, PackVersionError,
                           SnapshotShapeError)
 from muser.pack import format as pf
+from muser.pack import reader as pr
 from muser.env import read as read_env
 from muser.pack.manifest import check_model, load_key
 
@@ -49,7 +50,7 @@ def test_round_trip_is_bitwise_before_at_and_after_wraps(family, dtype, tmp_path
         snap = cut.take(live, position, enc, tokens=tuple(range(position)), model=FINGERPRINT)
         path = tmp_path / f"p{position}.pack"
         pf.save_pack(snap, path)
-        for loaded in (pf.load_pack(path), pf.pack_from_bytes(pf.pack_to_bytes(snap))):
+        for loaded in (pr.load_pack(path), pr.pack_from_bytes(pf.pack_to_bytes(snap))):
             assert loaded.equal(snap) and loaded.tokens == snap.tokens and loaded.model == FINGERPRINT
             restored = make_planes(family, dtype=dtype)
             cut.install(loaded, restored, enc)
@@ -69,14 +70,14 @@ def test_growing_plane_installs_into_storage_of_another_capacity():
     bigger = make_planes("oracle", max_context=512)
     for p in bigger:
         p.reserve(300)                                   # a different allocation, too
-    cut.install(pf.pack_from_bytes(data), bigger, snap.encoding)
+    cut.install(pr.pack_from_bytes(data), bigger, snap.encoding)
     for a, b in zip(bigger, live):
         assert a.allocated != b.allocated and a.capacity != b.capacity
         assert torch.equal(a.keys[:, :37], b.keys[:, :37]) and torch.equal(a.values[:, :37], b.values[:, :37])
     fill(bigger, 50)
     fill(live, 50)
     assert all(torch.equal(a.keys[:, :50], b.keys[:, :50]) for a, b in zip(bigger, live))
-    assert pf.pack_from_bytes(data).equal(snap)
+    assert pr.pack_from_bytes(data).equal(snap)
 
 
 def test_byte_layout_is_what_the_docstring_says(snap):
@@ -107,7 +108,7 @@ def test_minor_version_with_optional_fields_loads(snap):
         m["version"] = "1.7"
         m["compression"] = None
         m["planes"][0]["note"] = {"future": True}
-    loaded = pf.pack_from_bytes(reseal(pf.pack_to_bytes(snap), newer))
+    loaded = pr.pack_from_bytes(reseal(pf.pack_to_bytes(snap), newer))
     assert loaded.equal(snap)
 
 
@@ -115,23 +116,23 @@ def test_minor_version_with_optional_fields_loads(snap):
 def test_unknown_major_version_is_refused_naming_both(snap, version):
     data = reseal(pf.pack_to_bytes(snap), lambda m: m.update(version=version))
     with pytest.raises(PackVersionError) as e:
-        pf.pack_from_bytes(data)
+        pr.pack_from_bytes(data)
     assert version in str(e.value) and "1.x" in str(e.value)
 
 
 def test_keys_sign_verify_and_refuse(snap, tmp_path):
     path = tmp_path / "s.pack"
     pf.save_pack(snap, path, key=b"secret")
-    loaded, state = pf.verify(path, key=b"secret")
+    loaded, state = pr.verify(path, key=b"secret")
     assert loaded.equal(snap) and state.startswith("authenticated")
-    _, state = pf.verify(path)                                     # no key: integrity only, and says so
+    _, state = pr.verify(path)                                     # no key: integrity only, and says so
     assert "NOT verified" in state
     with pytest.raises(PackAuthError, match="another key"):
-        pf.load_pack(path, key=b"wrong")
+        pr.load_pack(path, key=b"wrong")
     pf.save_pack(snap, tmp_path / "u.pack")
     with pytest.raises(PackAuthError, match="unsigned"):
-        pf.load_pack(tmp_path / "u.pack", key=b"secret")
-    assert "unsigned: integrity only" == pf.verify(tmp_path / "u.pack")[1]
+        pr.load_pack(tmp_path / "u.pack", key=b"secret")
+    assert "unsigned: integrity only" == pr.verify(tmp_path / "u.pack")[1]
     with pytest.raises(PackAuthError):
         pf.pack_to_bytes(snap, key=b"")
 
@@ -141,10 +142,10 @@ def test_forgery_without_the_key_is_refused_by_a_key_holder(snap):
     signed = pf.pack_to_bytes(snap, key=b"k1")
     forged = reseal(signed, lambda m: m.update(position=m["position"]))   # re-sealed, unsigned
     with pytest.raises(PackAuthError):
-        pf.pack_from_bytes(forged, key=b"k1")
+        pr.pack_from_bytes(forged, key=b"k1")
     forged = reseal(signed, lambda m: m["tokens"].__setitem__(0, 7), key=b"k2")
     with pytest.raises(PackAuthError):
-        pf.pack_from_bytes(forged, key=b"k1")
+        pr.pack_from_bytes(forged, key=b"k1")
 
 
 def test_load_key_sources(tmp_path):
@@ -179,18 +180,18 @@ def test_check_model_names_the_field():
 
 def test_load_gates_model_and_encoding(snap):
     data = pf.pack_to_bytes(snap)
-    assert pf.pack_from_bytes(data, expect_model=FINGERPRINT, expect_encoding=snap.encoding).equal(snap)
+    assert pr.pack_from_bytes(data, expect_model=FINGERPRINT, expect_encoding=snap.encoding).equal(snap)
     with pytest.raises(PackModelMismatch, match="rope of layer 2 expected False, got True"):
-        pf.pack_from_bytes(data, expect_model=dict(FINGERPRINT, layers=[["sliding", 4, True],
+        pr.pack_from_bytes(data, expect_model=dict(FINGERPRINT, layers=[["sliding", 4, True],
                                                                         ["sliding", 4, True], ["full", None, False]]))
     with pytest.raises(PackEncodingMismatch) as e:
-        pf.pack_from_bytes(data, expect_encoding=Encoding("oracle", "float32"))
+        pr.pack_from_bytes(data, expect_encoding=Encoding("oracle", "float32"))
     assert isinstance(e.value, EncodingMismatch) and "oracle/float32" in str(e.value)
 
 
 def test_shape_gate_refuses_another_window_and_another_encoding():
     snap, _ = synthetic_snapshot(position=9, model={})
-    loaded = pf.pack_from_bytes(pf.pack_to_bytes(snap))
+    loaded = pr.pack_from_bytes(pf.pack_to_bytes(snap))
     target = make_planes("ring", window=8)
     before = plane_state(target)
     with pytest.raises(SnapshotShapeError, match="window"):
@@ -215,8 +216,8 @@ def test_save_refuses_an_inconsistent_snapshot(snap):
 def test_read_manifest_is_header_only(snap):
     data = bytearray(pf.pack_to_bytes(snap))
     data[-1] ^= 1                                    # a data byte: read_manifest does not hash data
-    info = pf.read_manifest(bytes(data))
+    info = pr.read_manifest(bytes(data))
     assert info["manifest"]["position"] == 11 and info["file_bytes"] == len(data)
     with pytest.raises(PackIntegrityError, match="sha256"):
-        pf.pack_from_bytes(bytes(data))
+        pr.pack_from_bytes(bytes(data))
     assert struct.unpack("<Q", bytes(data[:8]))[0] == info["header_bytes"]

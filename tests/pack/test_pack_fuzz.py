@@ -10,6 +10,7 @@ from packutil import make_planes, plane_state, same_state, split, synthetic_snap
 from muser.cache import snapshot as cut
 from muser.errors import PackError
 from muser.pack import format as pf
+from muser.pack import reader as pr
 
 KEY = b"fuzz-key"
 
@@ -97,7 +98,7 @@ def refuse_all(cases, key):
     for label, blob in cases:
         count += 1
         try:
-            snap = pf.pack_from_bytes(blob, key=key)
+            snap = pr.pack_from_bytes(blob, key=key)
         except PackError:
             continue
         except Exception as e:                            # untyped: a bug
@@ -112,7 +113,7 @@ def refuse_all(cases, key):
 @pytest.mark.parametrize("signed", [False, True])
 def test_every_mutation_in_every_region_is_refused(signed):
     snap, data = base(signed)
-    assert pf.pack_from_bytes(data, key=KEY if signed else None).equal(snap)
+    assert pr.pack_from_bytes(data, key=KEY if signed else None).equal(snap)
     assert len(regions(data)) >= 11
     count, wrong = refuse_all(mutations(data, seed=int(signed)), KEY if signed else None)
     assert count >= 300 and not wrong, f"{len(wrong)} of {count} mutations not refused:\n" + "\n".join(wrong[:20])
@@ -156,4 +157,4 @@ def test_random_multi_edit_mutations_are_refused(data):
         return
     for key in (KEY, None):
         with pytest.raises(PackError):
-            pf.pack_from_bytes(bytes(blob), key=key)
+            pr.pack_from_bytes(bytes(blob), key=key)

@@ -305,7 +305,7 @@ def test_a_prompt_too_long_by_its_size_alone_is_refused_before_tokenizing(tiny, 
 
 # ----------------------------------------------------------------------------- packs
 def test_a_saved_slot_is_one_private_pack_with_its_lineage_sealed_inside(tiny, tmp_path):
-    from muser.pack.format import read_manifest
+    from muser.pack.reader import read_manifest
     with serve(tiny, model_id="tiny", slots=2, session_dir=str(tmp_path / "s"), pack_key=b"k" * 32,
                max_context=160, output_reserve=24) as srv:
         from test_server_shift import conversation

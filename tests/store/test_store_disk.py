@@ -7,7 +7,7 @@ import os
 import pytest
 
 import muser
-from muser.pack.format import verify
+from muser.pack.reader import verify
 from muser.store import CutStore
 
 from store_ids import BLOCK, ids
