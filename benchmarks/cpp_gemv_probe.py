@@ -1,11 +1,11 @@
 """Can a CUDA C++ decode projection keep dot_rows' bits and beat its time?  (issue 17, item 6:
 "CUDA C++ through torch's extension loader where Triton does not reach the bandwidth").
 
-`benchmarks/cuda/gemv_mma.cu` sums each output as dot_rows' decode tile does (k16 MMA steps
-in order, mma.sync's own fragment layout) and ends it as dot_rows does -- rounded (qkv, o, the
-head, an unsplit down), gelu(gate) * up (gate|up, in the PTX Triton emits for it) or the split-K
-pieces' float32 sums (the 1B's down, which the add+norm after it sums) -- but asks for a CTA's
-whole weight slab at once by bulk copies.  For each decode projection of the Gemma-3 shapes:
+`muser/backends/cuda/csrc/gemv_mma.cu` (MUSER_DOT_CPP's kernel) sums each output as dot_rows'
+decode tile does (k16 MMA steps in order, mma.sync's own fragment layout) and ends it as
+dot_rows does -- rounded (qkv, o, the head, an unsplit down), gelu(gate) * up (gate|up, in the
+PTX Triton emits for it) or the split-K pieces' float32 sums (the 1B's down, which the add+norm
+after it sums) -- but asks for a CTA's whole weight slab at once by bulk copies.  For each decode projection of the Gemma-3 shapes:
 
     shape | PDL | Triton decode tile us | C++ us per (warps, n8 tiles a warp) | HBM floor us | bits
 
@@ -20,7 +20,6 @@ and 16, where shared memory fits.  Builds the .cu with the machine's nvcc (sm_90
 import argparse
 import ctypes
 import itertools
-import os
 import subprocess
 
 import torch
@@ -97,8 +96,8 @@ def main():
                     help="warps a CTA and n8 tiles a warp, as two digits")
     ap.add_argument("--so", default="/tmp/gemv_mma.so")
     args = ap.parse_args()
-    here = os.path.dirname(os.path.abspath(__file__))
-    lib = build(os.path.join(here, "cuda", "gemv_mma.cu"), args.so)
+    from muser.backends.cuda.cpp_dot import SRC
+    lib = build(str(SRC), args.so)
     variants = [(int(v[0]), int(v[1])) for v in args.variants.split(",")]
     g = torch.Generator(device="cuda").manual_seed(5)
     head = " | ".join(f"C++ {w}w x {nt}" for w, nt in variants)

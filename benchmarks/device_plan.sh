@@ -69,7 +69,8 @@
 #                against bf16 and all-int8
 #   magic        the Q8_0 head tile's int8 -> float32 by the exponent trick (lost, reverted)
 #   head_sweep   the heads' picking tiles, Q8_0 blocks over 24 tiles (int8_dot_probe --sweep)
-#   cpp_gemv     a CUDA C++ decode projection against dot_rows' decode tile: bits, us (HBM)
+#   cpp_gemv     the CUDA C++ decode projections against dot_rows' decode tiles: bits, us (HBM)
+#   cpp_step     MUSER_DOT_CPP=on in the engine: the invariance rows, then the decode A/B
 #   gguf_part    one part of the embedded GGUF (.gg/pNN, carried a call each to a warm machine)
 #   gguf_row     the parts assembled, then the embedded 270M's int8-head row
 #   fence        the Q8_0 head tile behind the layout fence: the head-sized row before / after,
@@ -1093,11 +1094,23 @@ stage_int8_fence() {  # carry .whl, .prev (git archive 4f277c3 muser: int8 rows 
     --decode-only --quant int8 --rounds 1 --variants "BF:QUANT=none"
 }
 
-stage_cpp_gemv() {  # carry .whl: CUDA C++ decode projections (benchmarks/cuda/gemv_mma.cu, built
+stage_cpp_gemv() {  # carry .whl: CUDA C++ decode projections (muser/backends/cuda/csrc/gemv_mma.cu, built
   # there by nvcc: plain, gelu(gate) * up, split-K pieces) against dot_rows' decode tiles --
   # bits (torch.equal at B = 1, 5, 16) and us a launch in a graph with the weights from HBM,
   # PDL off / on (issue 17 item 6: does CUDA C++ reach further?)
   bench 400 . benchmarks/cpp_gemv_probe.py
+  tests 240 tests/cuda/test_cpp_dot.py
+}
+
+stage_cpp_step() {  # carry .whl: MUSER_DOT_CPP=on in the engine -- the invariance rows (decode
+  # == verify == batch == prefill rows, bitwise) under it, then the decode A/B against the
+  # Triton tiles (270M, 1B, 4B; one round, 2k)
+  if [ -z "${DRY:-}" ]; then export MUSER_DOT_CPP=on; fi
+  echo "MUSER_DOT_CPP=on" | tee -a "$OUT/plan.log"
+  tests 300 tests/engine/test_invariance.py tests/cuda/test_cuda_engine.py -k "not cpu"
+  unset MUSER_DOT_CPP
+  bench 300 . benchmarks/exact_ab.py --models 270m,1b,4b --trees exact --decode-only --rounds 1 \
+    --variants "CP:MUSER_DOT_CPP=on"
 }
 
 stage_gguf_part() {  # carry .gg/pNN (the embedded GGUF split in six: 64 MiB a call, .whl too): kept in

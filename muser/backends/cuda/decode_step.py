@@ -39,8 +39,9 @@ from ...model import transformer as tf
 from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention, merge_groups
 from .step_weights import fuse_weights, head_picks, via_dot
 from .step_ffn import ffn, mlp, norm_all
-from .triton_dot import dot_rows
-from .triton_dot_tiles import tma_pays
+from .cpp_dot import SPLIT, load as load_cpp
+from .triton_dot import Pieces, dot_rows
+from .triton_dot_tiles import dot_config, tma_pays
 from .l2_prefetch import step_plans
 from .triton_gemv import gemv
 from .weights_int8 import RowInt8
@@ -102,6 +103,10 @@ class DecodeStep:
                     and torch.cuda.get_device_capability(dev)[0] >= 9)
         # MUSER_ATTN_EARLY: `early` of the attention launch
         self.attn_early = self.pdl and env.attn_early == "on"
+        # MUSER_DOT_CPP: bf16 projections of <= 16 rows through the CUDA C++ kernel (the same
+        # bits); None: off, or it could not be built / loaded here (load warned)
+        self.cpp = (load_cpp(env.dot_cpp, env.native_dir, dev)
+                    if env.dot_cpp != "off" and self.gemv is dot_rows else None)
         # a chunk through this step's layer loop has a decode step's bits only with the default
         # kernels: dot_rows for every row count, and the fused attention launch (whose first
         # half prepares a chunk's q/k/v); the experiment switches give that up
@@ -136,6 +141,14 @@ class DecodeStep:
         if isinstance(w, RowInt8):
             return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, flatten=self.flatten,
                             defer=defer, widen=widen, **kw)
+        if self.cpp is not None and not (widen or kw.get("pick") or kw.get("bias") is not None):
+            glu = kw.get("glu", False)
+            n, k = (w.shape[0] // 2 if glu else w.shape[0]), w.shape[1]
+            piece = dot_config(n, k, glu)[4]
+            plan = self.cpp.plan(x, w, glu, kw.get("gelu", False), piece, defer)
+            if plan is not None:
+                y = self.cpp(x, w, n, plan, self.pdl)
+                return Pieces(y, None) if plan[0] == SPLIT else y
         if self.gemv is dot_rows:
             rows = x.shape[0]
             tma = self.tma == "on" or (self.tma == "auto" and
