@@ -118,6 +118,8 @@ def test_the_cuda_attention_layout_follows_the_env(growing, env, want):
     (Env(growing_group=8), False),
     (Env(gemv="fast"), False),
     (Env(pipeline="on"), True),                # the same steps, launched earlier
+    (Env(dot_cpp="off"), True),
+    (Env(dot_cpp="on"), False),                # same bits claimed, not yet checked on a GPU
 ])
 def test_the_cuda_cut_encoding_names_the_arithmetic(env, same):
     """A CUDA engine's cuts carry "+cuda-<digest>": knobs that move a row's bits change it,

@@ -38,7 +38,10 @@ def arithmetic_tag(env) -> str:
     lays = [[layout(growing, d, env)[k] for k in BITS_FIELDS]
             for growing in (False, True) for d in (64, 256)]
     pieces = table_pieces()
-    blob = json.dumps([ARITHMETIC, lays, pieces, env.gemv, env.attn])
+    # MUSER_DOT_CPP claims dot_rows' bits but no GPU has checked it yet: its cuts get a tag of
+    # their own until one has (fail closed; off -- the default -- leaves the tag as it was)
+    cpp = [env.dot_cpp] if env.dot_cpp != "off" else []
+    blob = json.dumps([ARITHMETIC, lays, pieces, env.gemv, env.attn] + cpp)
     return "+cuda-" + hashlib.sha256(blob.encode()).hexdigest()[:6]
 
 
