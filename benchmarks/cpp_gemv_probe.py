@@ -23,6 +23,8 @@ import itertools
 import subprocess
 
 import torch
+from decode_attn_probe import graph_us as attn_graph_us
+from int8_dot_probe import rotating
 
 BYTES = 256 << 20
 HBM = 4.3e12                       # bytes/s: the H200's measured copy rate (reads + writes)
@@ -59,24 +61,9 @@ def cpp(lib, x, w, y, n, ks, mode, warps, nt, pdl=False) -> None:
         raise RuntimeError(f"gemv_mma_launch: {rc}")
 
 
-def graph_us(fns, replays=10) -> float:
-    """us per launch: one graph over `fns` (each on its own weights), replayed."""
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    g.replay()
-    torch.cuda.synchronize()
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-    ev[0].record()
-    for _ in range(replays):
-        g.replay()
-    ev[1].record()
-    torch.cuda.synchronize()
-    return ev[0].elapsed_time(ev[1]) * 1e3 / replays / len(fns)
+def graph_us(fns) -> float:
+    """us per launch: one graph over `fns` (each on its own weights), replayed ten times."""
+    return attn_graph_us(rotating(lambda i: fns[i](), len(fns)), reps=len(fns), replays=10)
 
 
 def triton_call(x, w, out, glu: bool, split: bool, pdl: bool = False):
