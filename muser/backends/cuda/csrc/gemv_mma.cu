@@ -79,15 +79,15 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
       : "memory");
 }
 
-__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
-  return v;
+// A shared-memory word by an ordinary load: the compiler may schedule it ahead (the next step's
+// fragments while this step's MMA runs) but not above mbar_wait, whose "memory" clobber orders it.
+__device__ __forceinline__ uint32_t lds32(const unsigned char* smem, uint32_t off) {
+  return *reinterpret_cast<const uint32_t*>(smem + off);
 }
 
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(   // registers only, no side effect: not volatile, so the compiler may interleave steps
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -137,8 +137,8 @@ __global__ void __launch_bounds__(WARPS * 32)
   extern __shared__ __align__(128) unsigned char smem[];
   const int stride = 2 * KS + 16;                   // bytes a shared row
   const uint32_t bars = smem_u32(smem);             // CHUNKS + 1 mbarriers, 8 bytes each
-  const uint32_t wsm = bars + 64;                   // HALVES * R weight rows
-  const uint32_t xsm = wsm + HALVES * R * stride;   // B rows of x
+  const uint32_t wsm = 64;                          // byte offsets: HALVES * R weight rows,
+  const uint32_t xsm = wsm + HALVES * R * stride;   // then B rows of x
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int n0 = blockIdx.x * R, piece = blockIdx.y;
@@ -158,14 +158,15 @@ __global__ void __launch_bounds__(WARPS * 32)
     const int r = i % (HALVES * R), c = i / (HALVES * R);
     const int half = r / R, rr = r % R;
     if (rr < rows)
-      bulk_copy(wsm + r * stride + c * kc * 2,
+      bulk_copy(bars + wsm + r * stride + c * kc * 2,
                 w + (size_t)(half * N + n0 + rr) * K + k0 + c * kc, kc * 2, bars + 8 * c);
   }
   if (PDL) {   // x is the kernel before's output: wait for it, then let the next one launch
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   }
-  if (tid < B) bulk_copy(xsm + tid * stride, x + (size_t)tid * K + k0, klen * 2, bars + 8 * CHUNKS);
+  if (tid < B)
+    bulk_copy(bars + xsm + tid * stride, x + (size_t)tid * K + k0, klen * 2, bars + 8 * CHUNKS);
 
   float acc[HALVES][NT][4];
 #pragma unroll
@@ -182,14 +183,15 @@ __global__ void __launch_bounds__(WARPS * 32)
 #pragma unroll 4
     for (int s = c * kc / 16; s < s1; ++s) {
       const uint32_t o = 32 * s;                    // bytes: 16 keys a step
-      const uint32_t a0 = ra ? lds32(xa + o) : 0u, a1 = rb ? lds32(xb + o) : 0u;
-      const uint32_t a2 = ra ? lds32(xa + o + 16) : 0u, a3 = rb ? lds32(xb + o + 16) : 0u;
+      const uint32_t a0 = ra ? lds32(smem, xa + o) : 0u, a1 = rb ? lds32(smem, xb + o) : 0u;
+      const uint32_t a2 = ra ? lds32(smem, xa + o + 16) : 0u;
+      const uint32_t a3 = rb ? lds32(smem, xb + o + 16) : 0u;
 #pragma unroll
       for (int h = 0; h < HALVES; ++h)
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           const uint32_t p = wr + (h * R + j * 8) * stride + o;
-          mma16816(acc[h][j], a0, a1, a2, a3, lds32(p), lds32(p + 16));
+          mma16816(acc[h][j], a0, a1, a2, a3, lds32(smem, p), lds32(smem, p + 16));
         }
     }
   }
