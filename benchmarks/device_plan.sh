@@ -268,7 +268,7 @@ stage_full() {     # every CUDA test on the defaults (373 tests, ~8 minutes: two
 }
 
 ENGINE_GROUP="tests/cuda/test_cuda_engine.py tests/cuda/test_cuda_families.py tests/engine/test_invariance.py -k not_cpu"
-SERVE_GROUP="tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_server.py tests/cuda/test_cuda_prefill.py tests/cuda/test_cuda_greedy.py tests/cuda/test_int8_step.py tests/cuda/test_pdl.py tests/cuda/test_fuse_sum.py tests/cuda/test_prefetch.py"
+SERVE_GROUP="tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_server.py tests/cuda/test_cuda_prefill.py tests/cuda/test_cuda_greedy.py tests/cuda/test_int8_step.py tests/cuda/test_pdl.py tests/cuda/test_fuse_sum.py tests/cuda/test_prefetch.py tests/cuda/test_cpp_dot.py"
 
 par_groups() {     # par_groups GROUP...: one pytest process a group (a space-separated file list,
   # "not_cpu" last -> -k "not cpu"), all at once on the one GPU, each its own log, printed at the end
