@@ -57,9 +57,13 @@ __device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
       : "memory");
 }
 
+// Waits for the barrier's phase `phase` to complete.  Bounded: a copy that never lands (a bug
+// in the byte counts) traps -- a launch error the caller sees -- instead of hanging the GPU;
+// 2^26 polls of try_wait (each suspends a while) is seconds, far past any real copy.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t phase) {
   uint32_t done = 0;
-  do {
+  for (uint32_t polls = 0; !done; ++polls) {
+    if (polls == (1u << 26)) __trap();
     asm volatile(
         "{\n\t.reg .pred p;\n\t"
         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
@@ -67,7 +71,7 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t phase) {
         : "=r"(done)
         : "r"(bar), "r"(phase)
         : "memory");
-  } while (!done);
+  }
 }
 
 __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes,
