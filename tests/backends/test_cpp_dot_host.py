@@ -67,3 +67,15 @@ def test_nvcc_builds_it_once_and_its_entry_point_refuses_bad_shapes(tmp_path):
            (1, 64, 64, 64, 7, 2, 1), (1, 64, 64, 64, PLAIN, 3, 3)]
     for B, N, K, ks, mode, warps, nt in bad:
         assert fn(None, None, None, B, N, K, ks, mode, warps, nt, 0, None) == -1
+
+
+def test_plan_leaves_other_dtypes_and_unaligned_views_to_the_triton_tiles():
+    kern = cpp_dot.CppDot.__new__(cpp_dot.CppDot)          # no library: plan() reads none
+    kern.variant = "on"
+    w = torch.zeros(128, 64, dtype=torch.bfloat16)
+    x = torch.zeros(2, 64, dtype=torch.bfloat16)
+    assert kern.plan(x, w, False, False, 0, False) == (PLAIN, 64, 2, 1)
+    assert kern.plan(x.float(), w, False, False, 0, False) is None
+    assert kern.plan(x, w.t().contiguous().t(), False, False, 0, False) is None   # not contiguous
+    odd = torch.zeros(2 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 64)          # 2 bytes off
+    assert kern.plan(odd, w, False, False, 0, False) is None

@@ -101,9 +101,11 @@ class CppDot:
 
     def plan(self, x: torch.Tensor, w: torch.Tensor, glu: bool, gelu: bool, piece: int,
              defer: bool) -> tuple[int, int, int, int] | None:
-        """`route` for these operands: bf16 x [rows, K] and w [(2)n, K], both contiguous."""
+        """`route` for these operands: bf16 x [rows, K] and w [(2)n, K], both contiguous and
+        16-byte aligned (the bulk copies' rule; a view that is not goes to the Triton tiles)."""
         if (x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or x.dim() != 2
-                or not (x.is_contiguous() and w.is_contiguous())):
+                or not (x.is_contiguous() and w.is_contiguous())
+                or x.data_ptr() % 16 or w.data_ptr() % 16):
             return None
         n = w.shape[0] // 2 if glu else w.shape[0]
         return route(n, w.shape[1], x.shape[0], glu, gelu, piece, defer, self.variant)
