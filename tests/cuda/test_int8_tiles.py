@@ -46,8 +46,10 @@ def test_a_row_sums_alike_in_the_decode_tile_and_the_chunk_tiles_at_a_layers_siz
     """One arithmetic per token for every weight kind at a real projection's size (the 1B's
     qkv is 1,536 x 1,152; here 8,192 x 1,152: ~10^5 outputs a comparison): 16 rows through the
     decode tile (mma.sync) == the same rows inside a 64-row and a 2,048-row chunk (wgmma
-    tiles).  Without the layout fence an int8 decode tile sums k permuted and parts from the
-    chunk tiles about once in 10^4 (quant="int8": a row decoded != the row prefilled)."""
+    tiles).  The int8 decode tiles sit behind the layout fence so that their MMA layout is the
+    bf16 tile's (test_mma_layouts.py pins that without a GPU); on the H200 the unfenced int8-row
+    tile happened to pass this row too (thirty-eighth session), so the layout rule, not this
+    row, is what fails if the fence goes -- this row pins decode == chunk for each kind."""
     from muser.backends.cuda.triton_dot import dot_rows
     from muser.backends.cuda.weights_int8 import quantize_blocks, quantize_rows
     n, k = 8192, 1152
