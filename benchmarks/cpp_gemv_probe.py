@@ -5,7 +5,8 @@
 decode tile does (k16 MMA steps in order, mma.sync's own fragment layout) and ends it as
 dot_rows does -- rounded (qkv, o, the head, an unsplit down), gelu(gate) * up (gate|up, in the
 PTX Triton emits for it) or the split-K pieces' float32 sums (the 1B's down, which the add+norm
-after it sums) -- but asks for a CTA's whole weight slab at once by bulk copies.  For each decode projection of the Gemma-3 shapes:
+after it sums) -- but asks for a CTA's whole weight slab at once by bulk copies.  For each
+decode projection of the Gemma-3 shapes:
 
     shape | PDL | Triton decode tile us | C++ us per (warps, n8 tiles a warp) | HBM floor us | bits
 
@@ -13,14 +14,14 @@ timed as dot_tiles_graph.py times tiles: one CUDA graph of launches over rotatin
 (>= 256 MB, so the weights come from HBM), without PDL and with it (the step's way: then the
 C++ launch asks for its weights before it waits for the launch before).  Bits: the C++ output
 against dot_rows(..., rows=16) (glu / defer as the step calls it) with torch.equal at B = 1, 5
-and 16, where shared memory fits.  Builds the .cu with the machine's nvcc (sm_90a) into /tmp.
+and 16, where shared memory fits.  Builds the .cu as the engine does (cpp_dot.build, sm_90a).
 
     PYTHONPATH=. python3 benchmarks/cpp_gemv_probe.py [--shapes 1b] [--variants 11,21,41,12,22]
 """
 import argparse
 import ctypes
 import itertools
-import subprocess
+from pathlib import Path
 
 import torch
 from decode_attn_probe import graph_us as attn_graph_us
@@ -37,28 +38,6 @@ SHAPES = {   # name -> (projection, n, k, glu): dot_rows' decode shapes (triton_
            ("down", 2560, 10240, False)],
 }
 PLAIN, GLU, SPLIT = 0, 1, 2
-
-
-def build(src: str, out: str) -> ctypes.CDLL:
-    cmd = ["nvcc", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler",
-           "-fPIC", "-Xptxas", "-v", "-o", out, src]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode:
-        raise SystemExit(f"nvcc failed:\n{r.stderr}")
-    regs = [ln.strip() for ln in r.stderr.splitlines() if "registers" in ln or "spill" in ln]
-    print("\n".join(regs[:4]), flush=True)
-    lib = ctypes.CDLL(out)
-    lib.gemv_mma_launch.restype = ctypes.c_int
-    lib.gemv_mma_launch.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 8 + [ctypes.c_void_p]
-    return lib
-
-
-def cpp(lib, x, w, y, n, ks, mode, warps, nt, pdl=False) -> None:
-    rc = lib.gemv_mma_launch(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], n,
-                             w.shape[1], ks, mode, warps, nt, int(pdl),
-                             torch.cuda.current_stream().cuda_stream)
-    if rc:
-        raise RuntimeError(f"gemv_mma_launch: {rc}")
 
 
 def graph_us(fns) -> float:
@@ -81,10 +60,11 @@ def main():
     ap.add_argument("--shapes", default="270m,1b,4b")
     ap.add_argument("--variants", default="11,21,41,12,22",
                     help="warps a CTA and n8 tiles a warp, as two digits")
-    ap.add_argument("--so", default="/tmp/gemv_mma.so")
+    ap.add_argument("--build-dir", default="/tmp/muser-native",
+                    help="where cpp_dot.build puts the kernel")
     args = ap.parse_args()
-    from muser.backends.cuda.cpp_dot import SRC
-    lib = build(str(SRC), args.so)
+    from muser.backends.cuda.cpp_dot import CppDot, build
+    kern = CppDot(ctypes.CDLL(str(build(Path(args.build_dir)))), "on")
     variants = [(int(v[0]), int(v[1])) for v in args.variants.split(",")]
     g = torch.Generator(device="cuda").manual_seed(5)
     head = " | ".join(f"C++ {w}w x {nt}" for w, nt in variants)
@@ -107,7 +87,7 @@ def main():
                     y = torch.full_like(want, float("nan"))
                     tag = f"{B}:{wv}{nt}{'p' if pdl else ''}"
                     try:
-                        cpp(lib, x, ws[0], y, n, ks, mode, wv, nt, pdl)
+                        kern(x, ws[0], n, (mode, ks, wv, nt), pdl, out=y)
                     except RuntimeError as e:
                         bits.append(f"{tag} {e}")
                         continue
@@ -127,8 +107,7 @@ def main():
                                 for w, o in zip(ws, outs)])
                 cols = []
                 for wv, nt in variants:
-                    calls = [lambda w=w, o=o, wv=wv, nt=nt: cpp(lib, x, w, o, n, ks, mode, wv, nt,
-                                                                pdl)
+                    calls = [lambda w=w, o=o, cta=(mode, ks, wv, nt): kern(x, w, n, cta, pdl, out=o)
                              for w, o in zip(ws, ys)]
                     try:
                         cols.append(f"{graph_us(calls):.2f}")

@@ -74,8 +74,9 @@ def test_plan_leaves_other_dtypes_and_unaligned_views_to_the_triton_tiles():
     kern.variant = "on"
     w = torch.zeros(128, 64, dtype=torch.bfloat16)
     x = torch.zeros(2, 64, dtype=torch.bfloat16)
-    assert kern.plan(x, w, False, False, 0, False) == (PLAIN, 64, 2, 1)
-    assert kern.plan(x.float(), w, False, False, 0, False) is None
-    assert kern.plan(x, w.t().contiguous().t(), False, False, 0, False) is None   # not contiguous
+    assert kern.plan(x, w, 128, False, False, 0, False) == (PLAIN, 64, 2, 1)
+    assert kern.plan(x.float(), w, 128, False, False, 0, False) is None
+    strided = w.t().contiguous().t()                                              # not contiguous
+    assert kern.plan(x, strided, 128, False, False, 0, False) is None
     odd = torch.zeros(2 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 64)          # 2 bytes off
-    assert kern.plan(odd, w, False, False, 0, False) is None
+    assert kern.plan(odd, w, 128, False, False, 0, False) is None

@@ -40,7 +40,7 @@ def test_the_cpp_projection_is_dot_rows_bit_for_bit(cpp, n, k, glu, piece, varia
     w = (torch.randn(2 * n if glu else n, k, device="cuda", generator=g) / k ** 0.5).bfloat16()
     for rows in (1, 5, 16):
         x = torch.randn(rows, k, device="cuda", generator=g).bfloat16()
-        plan = kern.plan(x, w, glu, glu, piece, defer=True)
+        plan = kern.plan(x, w, n, glu, glu, piece, defer=True)
         assert plan is not None, (n, k, glu, rows, variant)
         for pdl in (False, True):
             got = kern(x, w, n, plan, pdl)

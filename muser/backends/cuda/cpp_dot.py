@@ -99,25 +99,27 @@ class CppDot:
                                         [ctypes.c_void_p])
         self.lib, self.variant, self.calls = lib, variant, 0
 
-    def plan(self, x: torch.Tensor, w: torch.Tensor, glu: bool, gelu: bool, piece: int,
+    def plan(self, x: torch.Tensor, w: torch.Tensor, n: int, glu: bool, gelu: bool, piece: int,
              defer: bool) -> tuple[int, int, int, int] | None:
-        """`route` for these operands: bf16 x [rows, K] and w [(2)n, K], both contiguous and
-        16-byte aligned (the bulk copies' rule; a view that is not goes to the Triton tiles)."""
+        """`route` for these operands: bf16 x [rows, K] and w [n (GLU: 2n), K], both contiguous
+        and 16-byte aligned (the bulk copies' rule; a view that is not goes to the Triton
+        tiles)."""
         if (x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or x.dim() != 2
                 or not (x.is_contiguous() and w.is_contiguous())
                 or x.data_ptr() % 16 or w.data_ptr() % 16):
             return None
-        n = w.shape[0] // 2 if glu else w.shape[0]
         return route(n, w.shape[1], x.shape[0], glu, gelu, piece, defer, self.variant)
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, n: int,
-                 plan: tuple[int, int, int, int], pdl: bool) -> torch.Tensor:
-        """bf16 [rows, n] (PLAIN, GLU) or float32 pieces [pieces, rows, n] (SPLIT)."""
+                 plan: tuple[int, int, int, int], pdl: bool,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+        """bf16 [rows, n] (PLAIN, GLU) or float32 pieces [pieces, rows, n] (SPLIT), into `out`
+        when given (contiguous, that shape and dtype)."""
         mode, ks, warps, nt = plan
         rows, k = x.shape
-        if mode == SPLIT:
+        if out is None and mode == SPLIT:
             out = torch.empty(-(-k // ks), rows, n, dtype=torch.float32, device=x.device)
-        else:
+        elif out is None:
             out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
         rc = self.lib.gemv_mma_launch(x.data_ptr(), w.data_ptr(), out.data_ptr(), rows, n, k,
                                       ks, mode, warps, nt, int(pdl),

@@ -145,7 +145,7 @@ class DecodeStep:
             glu = kw.get("glu", False)
             n, k = (w.shape[0] // 2 if glu else w.shape[0]), w.shape[1]
             piece = dot_config(n, k, glu)[4]
-            plan = self.cpp.plan(x, w, glu, kw.get("gelu", False), piece, defer)
+            plan = self.cpp.plan(x, w, n, glu, kw.get("gelu", False), piece, defer)
             if plan is not None:
                 y = self.cpp(x, w, n, plan, self.pdl)
                 return Pieces(y, None) if plan[0] == SPLIT else y
