@@ -67,12 +67,8 @@ def test_the_old_cache_variable_is_refused_not_ignored():
         env.read({"MUSER_CACHE": "/tmp/x"})
 
 
-@pytest.mark.parametrize("name, old", [("MUSER_MEGA", "off"), ("MUSER_NORM_IN", "off"),
-                                       ("MUSER_DOT_EARLY", "off"), ("MUSER_ATTN_O", "off"),
-                                       ("MUSER_PREFETCH_QKV", "off"), ("MUSER_PREFETCH_MLP", "off"),
-                                       ("MUSER_PREFETCH_HINT", "normal"),
-                                       ("MUSER_PREFETCH_PROGRAMS", "32"),
-                                       ("MUSER_PREFETCH_AT", "wait")])
+@pytest.mark.parametrize("name, old", [(n, knobs.REMOVED_DEFAULT.get(n, "off"))
+                                       for n in knobs.REMOVED])
 def test_a_removed_switch_is_refused_unless_off_or_its_old_default(name, old):
     for on in ("on", "early", "last", "128", "16"):
         with pytest.raises(EnvError, match=rf"{name} expected nothing \(removed: measured slower"):
