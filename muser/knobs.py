@@ -125,7 +125,7 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                       "prefill's dot_rows 47.2 -> 46.3 ms); chunk = the chunk attention's "
                       "splits on growing planes (fixed tile bounds, the group merge as selects; "
                       "slower: 36 -> 51 ms); on = both"),
-    "MUSER_DOT_CPP": ("off|on|11|21|41|12|22", "off", "backends/cuda (decode step, cpp_dot.py)",
+    "MUSER_DOT_CPP": ("off|on|norm|11|21|41|12|22", "off", "backends/cuda (decode step, cpp_dot.py)",
                       "an experiment, not yet measured: the decode step's bf16 projections of up "
                       "to 16 rows (qkv, o, gate|up with GELU, down as deferred pieces; not the "
                       "head) through the CUDA C++ kernel csrc/gemv_mma.cu, built by nvcc for "
@@ -133,8 +133,11 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                       "tile's arithmetic, so the same bits (tests/cuda/test_cpp_dot.py), with "
                       "the weights asked for by bulk copies before the PDL wait; on = 2 warps x "
                       "1 n8 tile a CTA (1 x 1 where shared memory is short), two digits = warps "
-                      "and n8 tiles a warp; without nvcc or an sm_90 GPU a warning and the "
-                      "Triton tiles"),
+                      "and n8 tiles a warp; norm = on, and the add+norm before qkv and gate|up "
+                      "made inside them (every CTA norms the row in add_norm's own reduction "
+                      "tree while its weights land, one stores h': Gemma 3's sandwich layers, "
+                      "step_norm.py); without nvcc or an sm_90 GPU a warning and the Triton "
+                      "tiles"),
     "MUSER_DOT_TMA": ("off|auto|on", "auto", "backends/cuda (dot_rows)",
                       "on: a prefill chunk's 128-row dot_rows tiles (16-bit weights) load by TMA "
                       "(tensor descriptors, triton_dot_tma.py) -- the same pieces, dots and "

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from muser.backends.cuda import cpp_dot
-from muser.backends.cuda.cpp_dot import GLU, PLAIN, SPLIT, build, load, route, smem_bytes
+from muser.backends.cuda.cpp_dot import (GLU, PLAIN, SPLIT, build, load, norm_bytes, norm_route,
+                                         norm_shape, route, smem_bytes)
 
 ROUTES = [  # (n, k, rows, glu, gelu, piece, defer, variant) -> (mode, ks, warps, nt) | None
     ((1536, 1152, 1, False, False, 0, False, "on"), (PLAIN, 1152, 2, 1)),
@@ -32,8 +33,41 @@ def test_route_takes_only_what_the_kernel_ends_as_dot_rows_does(args, want):
 
 
 def test_shared_memory_counts_both_halves_of_gate_up():
-    assert smem_bytes(GLU, 2, 1, 1, 1152) == 64 + (32 + 1) * (2 * 1152 + 16)
-    assert smem_bytes(PLAIN, 2, 1, 1, 1152) == 64 + (16 + 1) * (2 * 1152 + 16)
+    assert smem_bytes(GLU, 2, 1, 1, 1152) == 128 + (32 + 1) * (2 * 1152 + 16)
+    assert smem_bytes(PLAIN, 2, 1, 1, 1152) == 128 + (16 + 1) * (2 * 1152 + 16)
+
+
+@pytest.mark.parametrize("k", [640, 1000, 1152, 2048, 2560, 4096])
+def test_norm_shape_is_add_norms_block_and_warps(k):
+    from muser.backends.cuda.triton_ops import _row_shape
+    want = _row_shape(k)
+    assert norm_shape(k) == (want["num_warps"], want["BLOCK"])
+
+
+NORM_ROUTES = [  # (n, k, rows, glu, gelu, piece, pieces, variant, layernorm) -> plan | None
+    ((1536, 1152, 1, False, False, 0, 7, "norm", False), (PLAIN, 1152, 2, 1)),  # 1B qkv
+    ((6912, 1152, 16, True, True, 0, 0, "norm", False), (GLU, 1152, 2, 1)),     # 1B gate|up
+    ((1536, 640, 1, False, False, 0, 0, "norm", False), (PLAIN, 640, 2, 1)),    # 270M qkv
+    ((10240, 2560, 16, True, True, 0, 0, "norm", False), None),  # 4B gate|up x 16: no room
+    ((10240, 2560, 1, True, True, 0, 0, "norm", False), (GLU, 2560, 2, 1)),
+    ((1536, 1152, 16, False, False, 0, 7, "norm", False), None),  # 7 pieces x 16 rows: 516 KB
+    ((1536, 1152, 1, False, False, 0, 0, "norm", True), None),    # LayerNorm: another tree
+    ((1536, 1152, 1, False, False, 256, 0, "norm", False), None),  # a split tile sums pieces
+    ((1024, 512, 1, False, False, 0, 0, "norm", False), None),    # BLOCK 512: < 8 keys a thread
+    ((1536, 1152, 17, False, False, 0, 0, "norm", False), None),  # more than 16 rows
+]
+
+
+def test_norm_route_counts_the_staged_inputs_in_shared_memory():
+    assert norm_bytes(1, 1152, 7) == 8 * 1152 + 2 * 1152 + 4 * 7 * 1152
+    assert norm_bytes(16, 1152, 0) == 8 * 1152 + 2 * 2 * 16 * 1152
+    mode, ks, warps, nt = norm_route(6912, 1152, 16, True, True, 0, 0, "norm", False)
+    assert smem_bytes(mode, warps, nt, 16, ks) + norm_bytes(16, 1152, 0) <= cpp_dot.SMEM
+
+
+@pytest.mark.parametrize("args,want", NORM_ROUTES)
+def test_norm_route_takes_only_whole_projections_of_add_norms_layout(args, want):
+    assert norm_route(*args) == want
 
 
 def test_without_nvcc_the_build_says_so(tmp_path):
@@ -52,6 +86,18 @@ def test_load_warns_and_leaves_the_triton_tiles(tmp_path, variant, device, why):
 
 def test_the_kernel_source_ships_with_the_package():
     assert cpp_dot.SRC.is_file() and "gemv_mma_launch" in cpp_dot.SRC.read_text()
+    for header in ("sm90.cuh", "triton_math.cuh"):          # included, and in the digest
+        assert f'#include "{header}"' in cpp_dot.SRC.read_text()
+        assert (cpp_dot.CSRC / header).is_file()
+
+
+def test_an_edit_to_a_header_changes_the_digest(tmp_path, monkeypatch):
+    for f in cpp_dot.CSRC.glob("*.cu*"):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    monkeypatch.setattr(cpp_dot, "CSRC", tmp_path)
+    before = cpp_dot.digest()
+    (tmp_path / "triton_math.cuh").write_text((tmp_path / "triton_math.cuh").read_text() + "\n")
+    assert cpp_dot.digest() != before
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -62,21 +108,22 @@ def test_nvcc_builds_it_once_and_its_entry_point_refuses_bad_shapes(tmp_path):
     fn = ctypes.CDLL(str(so)).gemv_mma_launch
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 8 + [ctypes.c_void_p]
-    # refused before any CUDA call: K not a multiple of 64, 17 rows, an unknown mode / shape
+    # refused before any CUDA call: K not a multiple of 64, 17 rows, an unknown mode / shape,
+    # pieces that a rounded or GLU ending would leave unsummed
     bad = [(1, 64, 100, 100, PLAIN, 2, 1), (17, 64, 64, 64, PLAIN, 2, 1),
-           (1, 64, 64, 64, 7, 2, 1), (1, 64, 64, 64, PLAIN, 3, 3)]
+           (1, 64, 64, 64, 7, 2, 1), (1, 64, 64, 64, PLAIN, 3, 3),
+           (1, 64, 128, 64, PLAIN, 2, 1), (1, 64, 128, 64, GLU, 2, 1)]
     for B, N, K, ks, mode, warps, nt in bad:
         assert fn(None, None, None, B, N, K, ks, mode, warps, nt, 0, None) == -1
-
-
-def test_plan_leaves_other_dtypes_and_unaligned_views_to_the_triton_tiles():
-    kern = cpp_dot.CppDot.__new__(cpp_dot.CppDot)          # no library: plan() reads none
-    kern.variant = "on"
-    w = torch.zeros(128, 64, dtype=torch.bfloat16)
-    x = torch.zeros(2, 64, dtype=torch.bfloat16)
-    assert kern.plan(x, w, 128, False, False, 0, False) == (PLAIN, 64, 2, 1)
-    assert kern.plan(x.float(), w, 128, False, False, 0, False) is None
-    strided = w.t().contiguous().t()                                              # not contiguous
-    assert kern.plan(x, strided, 128, False, False, 0, False) is None
-    odd = torch.zeros(2 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 64)          # 2 bytes off
-    assert kern.plan(odd, w, 128, False, False, 0, False) is None
+    norm = ctypes.CDLL(str(so)).gemv_norm_launch
+    norm.restype = ctypes.c_int
+    norm.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 3 +
+                     [ctypes.c_float] + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 +
+                     [ctypes.c_int] * 7 + [ctypes.c_void_p])
+    # (tw, block, K, mode): pieces out; a tree add_norm does not have -- 3 warps, BLOCK not a
+    # power of two, BLOCK < K, fewer than 8 keys a Triton thread
+    for tw, block, K, mode in [(4, 2048, 1152, SPLIT), (3, 2048, 1152, PLAIN),
+                               (4, 1536, 1152, PLAIN), (4, 1024, 1152, PLAIN),
+                               (4, 512, 512, PLAIN), (8, 1024, 1024, PLAIN)]:
+        assert norm(None, None, 0, None, None, None, 1e-6, tw, block, None, None, 1, 64, K, mode,
+                    2, 1, 0, None) == -1

@@ -1,7 +1,9 @@
 """MUSER_DOT_CPP (backends/cuda/cpp_dot.py, csrc/gemv_mma.cu): the CUDA C++ projections give
 dot_rows' decode-tile bits -- each ending (rounded, gelu(gate) * up, split-K pieces) at 1, 5 and
-16 rows -- and an engine with them decodes, prefills and batches bit for bit as without.
-Needs an sm_90 GPU and nvcc (the kernel is built on first use); skipped elsewhere."""
+16 rows -- and an engine with them decodes, prefills and batches bit for bit as without; with
+the add+norm made inside the projection (MUSER_DOT_CPP=norm), h' and the projection are
+add_norm's then dot_rows' bits.  Needs an sm_90 GPU and nvcc (the kernel is built on first
+use); skipped elsewhere."""
 import shutil
 
 import pytest
@@ -68,3 +70,61 @@ def test_an_engine_with_the_cpp_projections_gives_the_same_bits():
         s.prefill([7 + i, 3, 99, 41, 5][: 3 + i])
     assert torch.equal(eng.decode_batch(ss, [5, 17, 250]), plain_b)
     assert step.cpp.calls > 0            # the route was taken, not only built
+
+
+# (n, k, glu, pieces): the add+norm before a qkv or gate|up -- the 270M's (k 640), the 1B's
+# (1,152; its qkv after the down projection's 7 deferred pieces) and the 4B's (2,560: 8 warps)
+NORM_SHAPES = [(1024, 640, False, 0), (2048, 640, True, 0), (1536, 1152, False, 7),
+               (6912, 1152, True, 0), (4096, 2560, False, 0), (10240, 2560, True, 0)]
+
+
+@needs_sm90_nvcc
+@pytest.mark.parametrize("variant", ["norm", "11", "41"])
+@pytest.mark.parametrize("n,k,glu,pieces", NORM_SHAPES)
+def test_the_norm_in_projection_is_add_norm_then_dot_rows_bit_for_bit(cpp, n, k, glu, pieces,
+                                                                      variant):
+    from muser.backends.cuda.cpp_dot import CppDot, norm_route
+    from muser.backends.cuda.triton_dot import Pieces, dot_rows
+    from muser.backends.cuda.triton_ops import add_norm
+    kern = CppDot(cpp.lib, variant)
+    g = torch.Generator(device="cuda").manual_seed(n + k + pieces)
+    w = (torch.randn(2 * n if glu else n, k, device="cuda", generator=g) / k ** 0.5).bfloat16()
+    w_post, w_next = (1 + torch.rand(2, k, device="cuda", generator=g)).unbind(0)
+    for rows in (1, 5, 16):
+        h = (8 * torch.randn(rows, k, device="cuda", generator=g)).bfloat16()
+        d1 = (Pieces(torch.randn(pieces, rows, k, device="cuda", generator=g), None) if pieces
+              else torch.randn(rows, k, device="cuda", generator=g).bfloat16())
+        plan = kern.norm_plan(h, d1, w_post, w_next, w, n, glu, glu, 0, False)
+        assert plan == norm_route(n, k, rows, glu, glu, 0, pieces, variant, False)
+        if plan is None:                  # shared memory: add_norm + the projection instead
+            assert rows > 1 or variant != "norm"
+            continue
+        h_want, x = add_norm(h, w_next, 1e-6, False, d1=d1, w_post=w_post)
+        want = dot_rows(x, w, glu=glu, gelu=glu, rows=16)
+        for pdl in (False, True):
+            h_got, got = kern.norm(h, d1, w_post, w_next, 1e-6, w, n, plan, pdl)
+            torch.cuda.synchronize()
+            assert torch.equal(h_got, h_want), (rows, pdl, int((h_got != h_want).sum()))
+            assert torch.equal(got, want), (rows, pdl, int((got != want).sum()))
+
+
+@needs_sm90_nvcc
+def test_an_engine_that_norms_inside_the_projections_gives_the_same_bits():
+    # hidden 1,024: add_norm's BLOCK gives each thread 8 keys (cpp_dot.norm_route)
+    eng = tiny_model("gemma3", device="cuda", dtype="bfloat16", window=4, tokenizer=False,
+                     layers=3, hidden=1024, heads=4, kv_heads=2, head_dim=64)
+    eng.backend.reset_runner(Env(dot_cpp="off"))
+    plain = run(eng, extend=[9, 8, 7])
+    ss = [eng.new_session() for _ in range(3)]
+    for i, s in enumerate(ss):
+        s.prefill([7 + i, 3, 99, 41, 5][: 3 + i])
+    plain_b = eng.decode_batch(ss, [5, 17, 250])
+    eng.backend.reset_runner(Env(dot_cpp="norm"))
+    step = eng.backend.runner(eng).step
+    assert step.norm_later
+    assert torch.equal(run(eng, extend=[9, 8, 7]), plain)
+    ss = [eng.new_session() for _ in range(3)]
+    for i, s in enumerate(ss):
+        s.prefill([7 + i, 3, 99, 41, 5][: 3 + i])
+    assert torch.equal(eng.decode_batch(ss, [5, 17, 250]), plain_b)
+    assert step.cpp.calls > 0

@@ -39,6 +39,7 @@ from ...model import transformer as tf
 from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention, merge_groups
 from .step_weights import fuse_weights, head_picks, via_dot
 from .step_ffn import ffn, mlp, norm_all
+from .step_norm import Pending, fused, norm_later, ready
 from .cpp_dot import SPLIT, load as load_cpp
 from .triton_dot import Pieces, dot_rows
 from .triton_dot_tiles import dot_config, tma_pays
@@ -107,6 +108,8 @@ class DecodeStep:
         # bits); None: off, or it could not be built / loaded here (load warned)
         self.cpp = (load_cpp(env.dot_cpp, env.native_dir, dev)
                     if env.dot_cpp != "off" and self.gemv is dot_rows else None)
+        # MUSER_DOT_CPP=norm: the add+norms before qkv and gate|up made inside them (step_norm)
+        self.norm_later = norm_later(spec, self.w, self.cpp, env.dot_cpp)
         # a chunk through this step's layer loop has a decode step's bits only with the default
         # kernels: dot_rows for every row count, and the fused attention launch (whose first
         # half prepares a chunk's q/k/v); the experiment switches give that up
@@ -137,7 +140,13 @@ class DecodeStep:
         """dot_rows (with PDL when on; int8 rows with their scales) or, in MUSER_GEMV=fast, the
         older gemv.  `defer`: dot_rows may return its split-K pieces unsummed (Pieces) for the
         add_norm that consumes them (MUSER_FUSE_SUM); gemv sums its own.  `widen`: the result
-        as float32 (the activation-dtype values: `.float()`'s bits, in dot_rows' own store)."""
+        as float32 (the activation-dtype values: `.float()`'s bits, in dot_rows' own store).
+        x may be a step_norm.Pending: the C++ kernel makes it, else the add_norm launch."""
+        if isinstance(x, Pending):
+            y = fused(self, x, w, dict(kw, widen=widen))
+            if y is not None:
+                return y
+            x = ready(self, x)
         if isinstance(w, RowInt8):
             return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, flatten=self.flatten,
                             defer=defer, widen=widen, **kw)
@@ -162,7 +171,7 @@ class DecodeStep:
         """x @ w.T (+ b); `defer` as `_dot`'s."""
         if via_dot(w, what, self.gemv_for, self.batch1_only, x.shape[0]):
             return self._dot(x, w, bias=b, defer=defer)
-        return F.linear(x, w, b)
+        return F.linear(ready(self, x), w, b)
 
     def run(self, packed: torch.Tensor, tables: torch.Tensor, ws: DecodeWorkspace,
             ids: torch.Tensor | None = None, pick: torch.Tensor | None = None) -> torch.Tensor:
@@ -227,8 +236,7 @@ class DecodeStep:
                 continue
             post = spec.sandwich_norm or not spec.pre_norm     # transformer.layer_forward's rule
             post_attn = lw.post_attn_norm if post else None
-            h, x = add_norm(h, lw.pre_ffn_norm if spec.pre_norm else None, eps, self.layernorm,
-                            d1=o, w_post=post_attn, pdl=self.pdl)
+            h, x = self._add_norm(h, lw.pre_ffn_norm if spec.pre_norm else None, o, post_attn)
             # MUSER_FUSE_SUM: the down projection's split-K pieces summed by the add_norm below
             m = ffn(self, lw, fz, h, h if x is None else x,
                           defer=self.fuse_sum and lw.layer_scale is None)
@@ -237,13 +245,21 @@ class DecodeStep:
                 # not the final norm: each of the head's 4,096 programs would load the rows
                 # (the 1B: 7 pieces, ~130 MB a step) and store the same h' and x lines, 4,096
                 # stores a line, to save one launch
-                h, x = add_norm(h, nxt, eps, self.layernorm, d1=m, w_post=post_ffn,
-                                pdl=self.pdl)
+                h, x = self._add_norm(h, nxt, m, post_ffn, later=i + 1 < len(layers))
                 x = h if x is None else x                  # post-norm: the next layer reads h
             else:                                  # Gemma 4: scale the layer's output, then norm
                 h = add_norm(h, None, eps, self.layernorm, d1=m, w_post=post_ffn)[0] * lw.layer_scale
                 x = add_norm(h, nxt, eps, self.layernorm)[1]
         return x
+
+    def _add_norm(self, h, w_next, d1, w_post, later: bool = True):
+        """add_norm(h, w_next, d1=d1, w_post=w_post) -> (h', x); with `norm_later` x is a
+        step_norm.Pending the projection after it makes (never the head's: `later` False)."""
+        if self.norm_later and later and w_next is not None and w_post is not None:
+            h_out = torch.empty_like(h)
+            return h_out, Pending(h, d1, w_post, w_next, h_out)
+        return add_norm(h, w_next, self.spec.norm_eps, self.layernorm, d1=d1, w_post=w_post,
+                        pdl=self.pdl)
 
     def head_pick(self, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
         """Final-normed rows -> res [2, B] int64: `pick_rows(self.head(x))`'s tokens and ok

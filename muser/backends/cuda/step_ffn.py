@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .step_norm import ready
 from .step_weights import via_dot
 from .triton_moe import experts_rows, route_rows
 from .triton_ops import add_norm
@@ -53,7 +54,7 @@ def mlp(step, lw, fz, x, defer: bool = False):
     if via_dot(wgu, "gu", step.gemv_for, step.batch1_only, x.shape[0]):
         a = step._dot(x, wgu, glu=True, gelu=step.gelu)               # act*mul fused in
     else:
-        gu = F.linear(x, wgu)                           # [B, 2I]: gate | up
+        gu = F.linear(ready(step, x), wgu)              # [B, 2I]: gate | up
         half = gu.shape[1] // 2
         a = act_mul(gu[:, :half], gu[:, half:], step.gelu)
     return step._linear("down", a, lw.w_down, defer=defer)

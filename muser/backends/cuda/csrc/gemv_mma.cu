@@ -36,112 +36,39 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "sm90.cuh"
+#include "triton_math.cuh"
+
 namespace {
 
 constexpr int CHUNKS = 4;
 enum Mode { PLAIN = 0, GLU = 1, SPLIT = 2 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+// Bytes of shared memory NORM stages its inputs in, after the x rows: w_post and w_next
+// (float32 [K] each), h (bf16 [B, K]), d1 (bf16 [B, K], or float32 pieces [pieces, B, K]).
+__host__ __device__ inline size_t norm_bytes(int B, int K, int pieces) {
+  return (size_t)8 * K + (size_t)2 * B * K + (pieces ? (size_t)4 * pieces * B * K : 2u * B * K);
 }
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
-  asm volatile(
-      "{\n\t.reg .b64 st;\n\t"
-      "mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n\t}" ::"r"(bar),
-      "r"(bytes)
-      : "memory");
-}
-
-// Waits for the barrier's phase `phase` to complete.  Bounded: a copy that never lands (a bug
-// in the byte counts) traps -- a launch error the caller sees -- instead of hanging the GPU;
-// 2^26 polls of try_wait (each suspends a while) is seconds, far past any real copy.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t phase) {
-  uint32_t done = 0;
-  for (uint32_t polls = 0; !done; ++polls) {
-    if (polls == (1u << 26)) __trap();
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(bar), "r"(phase)
-        : "memory");
-  }
-}
-
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes,
-                                          uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-}
-
-// A shared-memory word by an ordinary load: the compiler may schedule it ahead (the next step's
-// fragments while this step's MMA runs) but not above mbar_wait, whose "memory" clobber orders it.
-__device__ __forceinline__ uint32_t lds32(const unsigned char* smem, uint32_t off) {
-  return *reinterpret_cast<const uint32_t*>(smem + off);
-}
-
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm(   // registers only, no side effect: not volatile, so the compiler may interleave steps
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ float ex2_approx(float x) {
-  float y;
-  asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ float div_full(float a, float b) {
-  float y;
-  asm("div.full.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b));
-  return y;
-}
-
-__device__ __forceinline__ float bf16_round(float v) {
-  return __bfloat162float(__float2bfloat16_rn(v));
-}
-
-// _act_up(g, u, bf16, GELU=True) as Triton 3.6 compiles it for sm_90 (the PTX of
-// sm90_ptx.py's "dot_rows gate|up 16-row decode tile"), instruction for instruction:
-//   gf = bf16(g); t = (gf * 0.044715 * gf) fma gf, * 0.7978846; h = gf * 0.5
-//   s = 1 / (ex2((-2 t) * log2 e) + 1)            (tl.sigmoid(2 t): div.full)
-//   a = h * ((s fma 2, -1) + 1);   out = bf16(bf16(a) * bf16(u))   (mul.bf16x2)
-__device__ __forceinline__ __nv_bfloat16 gelu_up(float g, float u) {
-  const float gf = bf16_round(g);
-  const float p = __fmul_rn(__fmul_rn(gf, 0.044714998453855515f), gf);
-  const float t = __fmul_rn(__fmaf_rn(p, gf, gf), 0.79788458347320557f);
-  const float h = __fmul_rn(gf, 0.5f);
-  const float m = __fmaf_rn(t, -2.0f, 0.0f);
-  const float e = ex2_approx(__fmul_rn(m, 1.4426950216293335f));
-  const float sg = div_full(1.0f, __fadd_rn(e, 1.0f));
-  const float a = __fmul_rn(h, __fadd_rn(__fmaf_rn(sg, 2.0f, -1.0f), 1.0f));
-  return __hmul(__float2bfloat16_rn(a), __float2bfloat16_rn(u));
-}
-
-template <int WARPS, int NT, bool PDL, int MODE>
+// NORM: x is not read but made -- add_norm's row (triton_math.cuh norm_row) from h and the
+// delta before it, by every CTA into its own shared x rows (CTA 0 also stores h'), while the
+// weights land.  Its inputs arrive by bulk copies on the x barrier: the norm weights before
+// the PDL wait (weights), h and d1 after it (the kernels before made them) -- one L2 round
+// trip, then three passes over shared memory.  The add_norm launch before the projection
+// goes, and its reduction leaves the weight stream's path (the eighteenth session's Triton
+// prologue had it in front: it lost).
+template <int WARPS, int NT, bool PDL, int MODE, bool NORM>
 __global__ void __launch_bounds__(WARPS * 32)
     gemv_mma(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
-             void* __restrict__ out, int B, int N, int K, int KS) {
+             void* __restrict__ out, int B, int N, int K, int KS, NormArgs na) {
   constexpr int R = 8 * NT * WARPS;                 // output columns a CTA
   constexpr int HALVES = MODE == GLU ? 2 : 1;       // GLU: gate rows, then up rows
   constexpr int THREADS = 32 * WARPS;
   extern __shared__ __align__(128) unsigned char smem[];
   const int stride = 2 * KS + 16;                   // bytes a shared row
-  const uint32_t bars = smem_u32(smem);             // CHUNKS + 1 mbarriers, 8 bytes each
-  const uint32_t wsm = 64;                          // byte offsets: HALVES * R weight rows,
+  const uint32_t bars = smem_u32(smem);             // CHUNKS + 1 mbarriers, 8 bytes each;
+  float* scratch = reinterpret_cast<float*>(smem + 64);   // NORM's 9 floats at 64
+  const uint32_t wsm = 128;                         // byte offsets: HALVES * R weight rows,
   const uint32_t xsm = wsm + HALVES * R * stride;   // then B rows of x
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -154,7 +81,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     for (int c = 0; c <= CHUNKS; ++c) mbar_init(bars + 8 * c, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     for (int c = 0; c < CHUNKS; ++c) mbar_expect(bars + 8 * c, HALVES * rows * kc * 2);
-    mbar_expect(bars + 8 * CHUNKS, B * klen * 2);
+    mbar_expect(bars + 8 * CHUNKS, NORM ? norm_bytes(B, K, na.pieces) : B * klen * 2);
   }
   __syncthreads();
   // HALVES * R rows x CHUNKS quarters, quarter-major: quarter 0 of every row first
@@ -165,12 +92,35 @@ __global__ void __launch_bounds__(WARPS * 32)
       bulk_copy(bars + wsm + r * stride + c * kc * 2,
                 w + (size_t)(half * N + n0 + rr) * K + k0 + c * kc, kc * 2, bars + 8 * c);
   }
+  // NORM's staging: [w_post | w_next | h | d1] after the x rows (16-byte aligned: K % 64 == 0)
+  const uint32_t nsm = xsm + B * stride;
+  const uint32_t hsm = nsm + 8 * K, dsm = hsm + 2 * B * K;
+  if (NORM && tid == 0) {
+    bulk_copy(bars + nsm, na.w_post, 4 * K, bars + 8 * CHUNKS);
+    bulk_copy(bars + nsm + 4 * K, na.w_next, 4 * K, bars + 8 * CHUNKS);
+  }
   if (PDL) {   // x is the kernel before's output: wait for it, then let the next one launch
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   }
-  if (tid < B)
+  if (NORM) {         // K == KS == the norm's width: the whole row
+    if (tid == 0) bulk_copy(bars + hsm, na.h, 2 * B * K, bars + 8 * CHUNKS);
+    if (tid == THREADS - 1)
+      bulk_copy(bars + dsm, na.d1, norm_bytes(B, K, na.pieces) - 8 * K - 2 * B * K,
+                bars + 8 * CHUNKS);
+    NormArgs sa = na;                               // the same operands, from shared memory
+    sa.w_post = reinterpret_cast<const float*>(smem + nsm);
+    sa.w_next = reinterpret_cast<const float*>(smem + nsm + 4 * K);
+    sa.h = reinterpret_cast<const __nv_bfloat16*>(smem + hsm);
+    sa.d1 = smem + dsm;
+    mbar_wait(bars + 8 * CHUNKS, 0);
+    for (int b = 0; b < B; ++b)
+      norm_row<THREADS>(sa, b, B, K, reinterpret_cast<__nv_bfloat16*>(smem + xsm + b * stride),
+                        scratch, blockIdx.x == 0);
+    __syncthreads();   // x rows made (norm_row's last pass is any thread's)
+  } else if (tid < B) {
     bulk_copy(bars + xsm + tid * stride, x + (size_t)tid * K + k0, klen * 2, bars + 8 * CHUNKS);
+  }
 
   float acc[HALVES][NT][4];
 #pragma unroll
@@ -180,7 +130,7 @@ __global__ void __launch_bounds__(WARPS * 32)
   const bool ra = g < B, rb = g + 8 < B;
   const uint32_t xa = xsm + g * stride + 4 * t, xb = xa + 8 * stride;
   const uint32_t wr = wsm + (warp * 8 * NT + g) * stride + 4 * t;
-  mbar_wait(bars + 8 * CHUNKS, 0);
+  if (!NORM) mbar_wait(bars + 8 * CHUNKS, 0);
   for (int c = 0; c < CHUNKS; ++c) {
     mbar_wait(bars + 8 * c, 0);
     const int s1 = (c + 1) * kc / 16;
@@ -228,16 +178,17 @@ __global__ void __launch_bounds__(WARPS * 32)
   }
 }
 
-template <int WARPS, int NT, bool PDL, int MODE>
+template <int WARPS, int NT, bool PDL, int MODE, bool NORM>
 int launch(const void* x, const void* w, void* y, int B, int N, int K, int KS,
-           cudaStream_t stream) {
+           const NormArgs& na, cudaStream_t stream) {
   constexpr int R = 8 * NT * WARPS;
   constexpr int HALVES = MODE == GLU ? 2 : 1;
-  const size_t smem = 64 + (size_t)(HALVES * R + B) * (2 * KS + 16);
+  const size_t smem = 128 + (size_t)(HALVES * R + B) * (2 * KS + 16) +
+                      (NORM ? norm_bytes(B, K, na.pieces) : 0);
   if (smem > 227 * 1024) return -2;
   static size_t raised = 0;                         // the attribute, once per size
   if (smem > raised) {
-    cudaError_t e = cudaFuncSetAttribute(gemv_mma<WARPS, NT, PDL, MODE>,
+    cudaError_t e = cudaFuncSetAttribute(gemv_mma<WARPS, NT, PDL, MODE, NORM>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return (int)e;
     raised = smem;
@@ -252,28 +203,34 @@ int launch(const void* x, const void* w, void* y, int B, int N, int K, int KS,
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = PDL ? 1 : 0;
-  return (int)cudaLaunchKernelEx(&cfg, gemv_mma<WARPS, NT, PDL, MODE>, (const __nv_bfloat16*)x,
-                                 (const __nv_bfloat16*)w, y, B, N, K, KS);
+  return (int)cudaLaunchKernelEx(&cfg, gemv_mma<WARPS, NT, PDL, MODE, NORM>,
+                                 (const __nv_bfloat16*)x, (const __nv_bfloat16*)w, y, B, N, K, KS,
+                                 na);
 }
 
-template <int WARPS, int NT, int MODE>
-int launch_pdl(const void* x, const void* w, void* y, int B, int N, int K, int KS, int pdl,
-               cudaStream_t s) {
-  return pdl ? launch<WARPS, NT, true, MODE>(x, w, y, B, N, K, KS, s)
-             : launch<WARPS, NT, false, MODE>(x, w, y, B, N, K, KS, s);
-}
-
-template <int MODE>
-int launch_mode(const void* x, const void* w, void* y, int B, int N, int K, int KS, int warps,
-                int nt, int pdl, cudaStream_t s) {
+template <int MODE, bool NORM>
+int launch_shape(const void* x, const void* w, void* y, int B, int N, int K, int KS,
+                 const NormArgs& na, int warps, int nt, int pdl, cudaStream_t s) {
+#define MUSER_CASE(W, T)                                                              \
+  case W * 10 + T:                                                                   \
+    return pdl ? launch<W, T, true, MODE, NORM>(x, w, y, B, N, K, KS, na, s)          \
+               : launch<W, T, false, MODE, NORM>(x, w, y, B, N, K, KS, na, s);
   switch (warps * 10 + nt) {
-    case 11: return launch_pdl<1, 1, MODE>(x, w, y, B, N, K, KS, pdl, s);
-    case 21: return launch_pdl<2, 1, MODE>(x, w, y, B, N, K, KS, pdl, s);
-    case 41: return launch_pdl<4, 1, MODE>(x, w, y, B, N, K, KS, pdl, s);
-    case 12: return launch_pdl<1, 2, MODE>(x, w, y, B, N, K, KS, pdl, s);
-    case 22: return launch_pdl<2, 2, MODE>(x, w, y, B, N, K, KS, pdl, s);
+    MUSER_CASE(1, 1)
+    MUSER_CASE(2, 1)
+    MUSER_CASE(4, 1)
+    MUSER_CASE(1, 2)
+    MUSER_CASE(2, 2)
     default: return -1;
   }
+#undef MUSER_CASE
+}
+
+// The shape rules both entry points share; 0 when the kernel takes it.
+int refuse(int B, int N, int K, int ks, int mode) {
+  if (ks <= 0 || ks > K || ks % 64 || (K % ks) % 64 || N % 8 || B < 1 || B > 16) return -1;
+  if (mode != SPLIT && ks != K) return -1;   // pieces only as pieces: PLAIN / GLU end whole sums
+  return 0;
 }
 
 }  // namespace
@@ -283,12 +240,32 @@ int launch_mode(const void* x, const void* w, void* y, int B, int N, int K, int 
 // take, -2 too much shared memory, else a cudaError_t.
 extern "C" int gemv_mma_launch(const void* x, const void* w, void* y, int B, int N, int K,
                                int ks, int mode, int warps, int nt, int pdl, void* stream) {
-  if (ks <= 0 || ks > K || ks % 64 || (K % ks) % 64 || N % 8 || B < 1 || B > 16) return -1;
+  if (refuse(B, N, K, ks, mode)) return -1;
   cudaStream_t s = (cudaStream_t)stream;
+  const NormArgs none = {};
   switch (mode) {
-    case PLAIN: return launch_mode<PLAIN>(x, w, y, B, N, K, ks, warps, nt, pdl, s);
-    case GLU: return launch_mode<GLU>(x, w, y, B, N, K, ks, warps, nt, pdl, s);
-    case SPLIT: return launch_mode<SPLIT>(x, w, y, B, N, K, ks, warps, nt, pdl, s);
+    case PLAIN: return launch_shape<PLAIN, false>(x, w, y, B, N, K, ks, none, warps, nt, pdl, s);
+    case GLU: return launch_shape<GLU, false>(x, w, y, B, N, K, ks, none, warps, nt, pdl, s);
+    case SPLIT: return launch_shape<SPLIT, false>(x, w, y, B, N, K, ks, none, warps, nt, pdl, s);
     default: return -1;
   }
+}
+
+// The same projection (PLAIN or GLU, whole K) of x = add_norm's row, made in the launch:
+// h_out = h + norm(d1, w_post), x = norm(h_out, w_next) (NormArgs; RMS).  tw, block: add_norm's
+// warps and BLOCK for N = K (its reduction tree).  Return codes as gemv_mma_launch's.
+extern "C" int gemv_norm_launch(const void* h, const void* d1, int pieces, const void* w_post,
+                                const void* w_next, void* h_out, float eps, int tw, int block,
+                                const void* w, void* y, int B, int N, int K, int mode, int warps,
+                                int nt, int pdl, void* stream) {
+  if (refuse(B, N, K, K, mode) || mode == SPLIT || pieces < 0 || (tw != 4 && tw != 8) ||
+      block < K || block & (block - 1) || block < 8 * 32 * tw || warps > tw ||
+      ((uintptr_t)h | (uintptr_t)d1 | (uintptr_t)w_post | (uintptr_t)w_next) & 15)
+    return -1;   // the bulk copies take 16-byte aligned sources
+  const NormArgs na = {(const __nv_bfloat16*)h, d1, (const float*)w_post, (const float*)w_next,
+                       (__nv_bfloat16*)h_out, eps, pieces, tw, block};
+  cudaStream_t s = (cudaStream_t)stream;
+  return mode == PLAIN
+             ? launch_shape<PLAIN, true>(nullptr, w, y, B, N, K, K, na, warps, nt, pdl, s)
+             : launch_shape<GLU, true>(nullptr, w, y, B, N, K, K, na, warps, nt, pdl, s);
 }
