@@ -52,25 +52,32 @@ def test_the_cpp_projection_is_dot_rows_bit_for_bit(cpp, n, k, glu, piece, varia
             assert torch.equal(got, want), (rows, pdl, int((got != want).sum()))
 
 
-@needs_sm90_nvcc
-def test_an_engine_with_the_cpp_projections_gives_the_same_bits():
-    eng = tiny_model("gemma3", device="cuda", dtype="bfloat16", window=4, tokenizer=False)
-    eng.backend.reset_runner(Env(dot_cpp="off"))
-    plain = run(eng, extend=[9, 8, 7])
+def engine_rows(eng):
+    """An engine's logits through prefill / decode / extend, and a 3-session decode batch."""
+    one = run(eng, extend=[9, 8, 7])
     ss = [eng.new_session() for _ in range(3)]
     for i, s in enumerate(ss):
         s.prefill([7 + i, 3, 99, 41, 5][: 3 + i])
-    plain_b = eng.decode_batch(ss, [5, 17, 250])
-    eng.backend.reset_runner(Env(dot_cpp="on"))
+    return one, eng.decode_batch(ss, [5, 17, 250])
+
+
+def same_bits_with(eng, variant: str):
+    """The engine's rows under MUSER_DOT_CPP=variant == without it; the step, for its checks."""
+    eng.backend.reset_runner(Env(dot_cpp="off"))
+    plain = engine_rows(eng)
+    eng.backend.reset_runner(Env(dot_cpp=variant))
     step = eng.backend.runner(eng).step
     assert step.cpp is not None
-    assert torch.equal(run(eng, extend=[9, 8, 7]), plain)
-    ss = [eng.new_session() for _ in range(3)]
-    for i, s in enumerate(ss):
-        s.prefill([7 + i, 3, 99, 41, 5][: 3 + i])
-    assert torch.equal(eng.decode_batch(ss, [5, 17, 250]), plain_b)
+    for got, want in zip(engine_rows(eng), plain):
+        assert torch.equal(got, want)
     assert step.cpp.calls > 0            # the route was taken, not only built
+    return step
 
+
+@needs_sm90_nvcc
+def test_an_engine_with_the_cpp_projections_gives_the_same_bits():
+    same_bits_with(tiny_model("gemma3", device="cuda", dtype="bfloat16", window=4,
+                              tokenizer=False), "on")
 
 # (n, k, glu, pieces): the add+norm before a qkv or gate|up -- the 270M's (k 640), the 1B's
 # (1,152; its qkv after the down projection's 7 deferred pieces) and the 4B's (2,560: 8 warps)
@@ -113,18 +120,5 @@ def test_an_engine_that_norms_inside_the_projections_gives_the_same_bits():
     # hidden 1,024: add_norm's BLOCK gives each thread 8 keys (cpp_dot.norm_route)
     eng = tiny_model("gemma3", device="cuda", dtype="bfloat16", window=4, tokenizer=False,
                      layers=3, hidden=1024, heads=4, kv_heads=2, head_dim=64)
-    eng.backend.reset_runner(Env(dot_cpp="off"))
-    plain = run(eng, extend=[9, 8, 7])
-    ss = [eng.new_session() for _ in range(3)]
-    for i, s in enumerate(ss):
-        s.prefill([7 + i, 3, 99, 41, 5][: 3 + i])
-    plain_b = eng.decode_batch(ss, [5, 17, 250])
-    eng.backend.reset_runner(Env(dot_cpp="norm"))
-    step = eng.backend.runner(eng).step
-    assert step.norm_later
-    assert torch.equal(run(eng, extend=[9, 8, 7]), plain)
-    ss = [eng.new_session() for _ in range(3)]
-    for i, s in enumerate(ss):
-        s.prefill([7 + i, 3, 99, 41, 5][: 3 + i])
-    assert torch.equal(eng.decode_batch(ss, [5, 17, 250]), plain_b)
-    assert step.cpp.calls > 0
+    step = same_bits_with(eng, "norm")
+    assert step.norm_later and step.cpp.norm_calls > 0

@@ -137,7 +137,8 @@ def build(cache_dir: Path, nvcc: str | None = None) -> Path:
 
 class CppDot:
     """The built kernel: `cpp(x, w, out, n, plan, pdl)` on the current CUDA stream (captured
-    into a graph like any launch).  `calls` counts launches (tests check the route was taken)."""
+    into a graph like any launch).  `calls` counts launches, `norm_calls` the norm-in ones (tests
+    check the route was taken)."""
 
     def __init__(self, lib: ctypes.CDLL, variant: str):
         lib.gemv_mma_launch.restype = ctypes.c_int
@@ -148,7 +149,7 @@ class CppDot:
                                          [ctypes.c_void_p] * 3 + [ctypes.c_float] +
                                          [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 +
                                          [ctypes.c_int] * 7 + [ctypes.c_void_p])
-        self.lib, self.variant, self.calls = lib, variant, 0
+        self.lib, self.variant, self.calls, self.norm_calls = lib, variant, 0, 0
 
     def plan(self, x: torch.Tensor, w: torch.Tensor, n: int, glu: bool, gelu: bool, piece: int,
              defer: bool) -> tuple[int, int, int, int] | None:
@@ -225,6 +226,7 @@ class CppDot:
             raise RuntimeError(f"gemv_norm_launch({rows} x {k} -> {n}, mode {mode}, {warps} "
                                f"warps x {nt}): {rc} (-1 shape, -2 shared memory, else CUDA)")
         self.calls += 1
+        self.norm_calls += 1
         return h_out, y
 
 
