@@ -15,8 +15,11 @@ timed as dot_tiles_graph.py times tiles: one CUDA graph of launches over rotatin
 C++ launch asks for its weights before it waits for the launch before).  Bits: the C++ output
 against dot_rows(..., rows=16) (glu / defer as the step calls it) with torch.equal at B = 1, 5
 and 16, where shared memory fits.  Builds the .cu as the engine does (cpp_dot.build, sm_90a).
+`--quant int8`: the same with int8 rows (quant="int8": half the bytes, the row scales on the
+finished sums) against dot_rows' fenced int8 tile; the floor column counts their bytes.
 
     PYTHONPATH=. python3 benchmarks/cpp_gemv_probe.py [--shapes 1b] [--variants 11,21,41,12,22]
+                                                      [--quant int8]
 """
 import argparse
 import ctypes
@@ -47,11 +50,13 @@ def graph_us(fns) -> float:
 
 def triton_call(x, w, out, glu: bool, split: bool, pdl: bool = False):
     """dot_rows as the decode step calls it: the result (bf16 [B, n], or the pieces' float32
-    sums [pieces, B, n] where the table splits K)."""
+    sums [pieces, B, n] where the table splits K); w a bf16 matrix or int8 rows (RowInt8)."""
     from muser.backends.cuda.triton_dot import dot_rows
+    from muser.backends.cuda.weights_int8 import RowInt8
+    q, scale = (w.q, w.scale) if isinstance(w, RowInt8) else (w, None)
     if split:
-        return dot_rows(x, w, rows=16, defer=True, pdl=pdl).part
-    return dot_rows(x, w, out=out, glu=glu, gelu=glu, rows=16, pdl=pdl)
+        return dot_rows(x, q, scale=scale, rows=16, defer=True, pdl=pdl).part
+    return dot_rows(x, q, scale=scale, out=out, glu=glu, gelu=glu, rows=16, pdl=pdl)
 
 
 def main():
@@ -62,7 +67,10 @@ def main():
                     help="warps a CTA and n8 tiles a warp, as two digits")
     ap.add_argument("--build-dir", default="/tmp/muser-native",
                     help="where cpp_dot.build puts the kernel")
+    ap.add_argument("--quant", choices=("none", "int8"), default="none")
     args = ap.parse_args()
+    from muser.backends.cuda.weights_int8 import quantize_rows
+    wbytes = 1 if args.quant == "int8" else 2
     from muser.backends.cuda.cpp_dot import CppDot, build
     kern = CppDot(ctypes.CDLL(str(build(Path(args.build_dir)))), "on")
     variants = [(int(v[0]), int(v[1])) for v in args.variants.split(",")]
@@ -76,9 +84,11 @@ def main():
             split = bool(piece) and not glu
             mode, ks = (GLU if glu else SPLIT if split else PLAIN), piece or k
             rows = 2 * n if glu else n
-            copies = max(4, -(-BYTES // (rows * k * 2)))
+            copies = max(4, -(-BYTES // (rows * k * wbytes)))
             ws = [(torch.randn(rows, k, device="cuda", generator=g) / k ** 0.5)
                   .to(torch.bfloat16) for _ in range(copies)]
+            if wbytes == 1:
+                ws = [quantize_rows(w) for w in ws]
             bits = []
             for B in (1, 5, 16):
                 x = torch.randn(B, k, device="cuda", generator=g).to(torch.bfloat16)
@@ -101,7 +111,7 @@ def main():
             outs = [torch.empty(1, n, device="cuda", dtype=torch.bfloat16) for _ in ws]
             parts = [torch.empty(-(-k // ks), 1, n, device="cuda") for _ in ws]
             ys = parts if split else outs
-            floor = rows * k * 2 / HBM * 1e6
+            floor = rows * k * wbytes / HBM * 1e6
             for pdl in (False, True):
                 tri = graph_us([lambda w=w, o=o: triton_call(x, w, o, glu, split, pdl)
                                 for w, o in zip(ws, outs)])
@@ -113,8 +123,8 @@ def main():
                         cols.append(f"{graph_us(calls):.2f}")
                     except RuntimeError:
                         cols.append("-")
-                what = f"{name} {n} x {k}" + (" (glu)" if glu else f" ({ks}-key pieces)"
-                                              if split else "")
+                what = (f"{name} {n} x {k}" + (" (glu)" if glu else f" ({ks}-key pieces)"
+                                               if split else "") + (" int8" if wbytes == 1 else ""))
                 print(f"| {model} | {what} | {'on' if pdl else 'off'} | {tri:.2f} | "
                       f"{' | '.join(cols)} | {floor:.2f} | "
                       f"{'equal' if not bits else '; '.join(bits[:6])} |", flush=True)

@@ -72,7 +72,8 @@
 #   cpp_gemv     the CUDA C++ decode projections against dot_rows' decode tiles: bits, us (HBM)
 #   cpp_step     MUSER_DOT_CPP=on in the engine: the invariance rows, then the decode A/B
 #   cpp_norm     MUSER_DOT_CPP=norm: the add+norm made inside qkv / gate|up -- bits and us a pair
-#                (cpp_norm_probe.py), its GPU rows, the invariance rows, the decode A/B
+#                (cpp_norm_probe.py), its GPU rows, the invariance rows, the decode A/B (bf16;
+#                then quant="int8", whose rows the C++ kernel now takes too)
 #   gguf_part    one part of the embedded GGUF (.gg/pNN, carried a call each to a warm machine)
 #   gguf_row     the parts assembled, then the embedded 270M's int8-head row
 #   fence        the Q8_0 head tile behind the layout fence: the head-sized row before / after,
@@ -1097,11 +1098,13 @@ stage_int8_fence() {  # carry .whl, .prev (git archive 4f277c3 muser: int8 rows 
 }
 
 stage_cpp_gemv() {  # carry .whl: CUDA C++ decode projections (muser/backends/cuda/csrc/gemv_mma.cu, built
-  # there by nvcc: plain, gelu(gate) * up, split-K pieces) against dot_rows' decode tiles --
+  # there by nvcc: plain, gelu(gate) * up, split-K pieces; bf16 weights, then int8 rows) against
+  # dot_rows' decode tiles --
   # bits (torch.equal at B = 1, 5, 16) and us a launch in a graph with the weights from HBM,
   # PDL off / on (issue 17 item 6: does CUDA C++ reach further?)
   bench 400 . benchmarks/cpp_gemv_probe.py
-  tests 240 tests/cuda/test_cpp_dot.py
+  bench 200 . benchmarks/cpp_gemv_probe.py --quant int8 --variants 21,11
+  tests 240 tests/cuda/test_cpp_dot.py -k "not norm"
 }
 
 stage_cpp_step() {  # carry .whl: MUSER_DOT_CPP=on in the engine -- the invariance rows (decode
@@ -1126,6 +1129,8 @@ stage_cpp_norm() {  # carry .whl: MUSER_DOT_CPP=norm -- the add+norm before qkv 
   unset MUSER_DOT_CPP
   bench 300 . benchmarks/exact_ab.py --models 270m,1b,4b --trees exact --decode-only --rounds 1 \
     --variants "CP:MUSER_DOT_CPP=on;CN:MUSER_DOT_CPP=norm"
+  bench 200 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 1 \
+    --quant int8 --variants "CN:MUSER_DOT_CPP=norm"
 }
 
 stage_gguf_part() {  # carry .gg/pNN (the embedded GGUF split in six: 64 MiB a call, .whl too): kept in

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from muser.backends.cuda import cpp_dot
+from muser.backends.cuda.weights_int8 import RowInt8
 from muser.backends.cuda.cpp_dot import (GLU, PLAIN, SPLIT, build, load, norm_bytes, norm_route,
                                          norm_shape, route, smem_bytes)
 
@@ -35,6 +36,13 @@ def test_route_takes_only_what_the_kernel_ends_as_dot_rows_does(args, want):
 def test_shared_memory_counts_both_halves_of_gate_up():
     assert smem_bytes(GLU, 2, 1, 1, 1152) == 128 + (32 + 1) * (2 * 1152 + 16)
     assert smem_bytes(PLAIN, 2, 1, 1, 1152) == 128 + (16 + 1) * (2 * 1152 + 16)
+    # int8 rows: a byte a weight; x stays bf16
+    assert smem_bytes(GLU, 2, 1, 1, 1152, 1) == 128 + 32 * (1152 + 16) + (2 * 1152 + 16)
+
+
+def test_int8_rows_fit_where_bf16_rows_do_not():
+    assert route(2560, 10240, 5, False, False, 0, False, "on") is None
+    assert route(2560, 10240, 5, False, False, 0, False, "on", 1) == (PLAIN, 10240, 1, 1)
 
 
 @pytest.mark.parametrize("k", [640, 1000, 1152, 2048, 2560, 4096])
@@ -86,9 +94,10 @@ def test_load_warns_and_leaves_the_triton_tiles(tmp_path, variant, device, why):
 
 def test_the_kernel_source_ships_with_the_package():
     assert cpp_dot.SRC.is_file() and "gemv_mma_launch" in cpp_dot.SRC.read_text()
-    for header in ("sm90.cuh", "triton_math.cuh"):          # included, and in the digest
-        assert f'#include "{header}"' in cpp_dot.SRC.read_text()
-        assert (cpp_dot.CSRC / header).is_file()
+    included = [cpp_dot.SRC.read_text()]
+    for header in ("gemv_kernel.cuh", "sm90.cuh", "triton_math.cuh"):   # and in the digest
+        assert any(f'#include "{header}"' in text for text in included)
+        included.append((cpp_dot.CSRC / header).read_text())
 
 
 def test_an_edit_to_a_header_changes_the_digest(tmp_path, monkeypatch):
@@ -107,23 +116,40 @@ def test_nvcc_builds_it_once_and_its_entry_point_refuses_bad_shapes(tmp_path):
     assert build(tmp_path) == so and so.stat().st_mtime_ns == stamp     # cached by digest
     fn = ctypes.CDLL(str(so)).gemv_mma_launch
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 8 + [ctypes.c_void_p]
+    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 8 + [ctypes.c_void_p]
     # refused before any CUDA call: K not a multiple of 64, 17 rows, an unknown mode / shape,
     # pieces that a rounded or GLU ending would leave unsummed
     bad = [(1, 64, 100, 100, PLAIN, 2, 1), (17, 64, 64, 64, PLAIN, 2, 1),
            (1, 64, 64, 64, 7, 2, 1), (1, 64, 64, 64, PLAIN, 3, 3),
            (1, 64, 128, 64, PLAIN, 2, 1), (1, 64, 128, 64, GLU, 2, 1)]
     for B, N, K, ks, mode, warps, nt in bad:
-        assert fn(None, None, None, B, N, K, ks, mode, warps, nt, 0, None) == -1
+        assert fn(None, None, None, None, B, N, K, ks, mode, warps, nt, 0, None) == -1
     norm = ctypes.CDLL(str(so)).gemv_norm_launch
     norm.restype = ctypes.c_int
     norm.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 3 +
-                     [ctypes.c_float] + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 +
+                     [ctypes.c_float] + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3 +
                      [ctypes.c_int] * 7 + [ctypes.c_void_p])
     # (tw, block, K, mode): pieces out; a tree add_norm does not have -- 3 warps, BLOCK not a
     # power of two, BLOCK < K, fewer than 8 keys a Triton thread
     for tw, block, K, mode in [(4, 2048, 1152, SPLIT), (3, 2048, 1152, PLAIN),
                                (4, 1536, 1152, PLAIN), (4, 1024, 1152, PLAIN),
                                (4, 512, 512, PLAIN), (8, 1024, 1024, PLAIN)]:
-        assert norm(None, None, 0, None, None, None, 1e-6, tw, block, None, None, 1, 64, K, mode,
-                    2, 1, 0, None) == -1
+        assert norm(None, None, 0, None, None, None, 1e-6, tw, block, None, None, None, 1, 64, K,
+                    mode, 2, 1, 0, None) == -1
+
+
+def test_plan_leaves_other_dtypes_and_unaligned_views_to_the_triton_tiles():
+    kern = cpp_dot.CppDot.__new__(cpp_dot.CppDot)          # no library: plan() reads none
+    kern.variant = "on"
+    w = torch.zeros(128, 64, dtype=torch.bfloat16)
+    x = torch.zeros(2, 64, dtype=torch.bfloat16)
+    assert kern.plan(x, w, 128, False, False, 0, False) == (PLAIN, 64, 2, 1)
+    assert kern.plan(x.float(), w, 128, False, False, 0, False) is None
+    strided = w.t().contiguous().t()                                              # not contiguous
+    assert kern.plan(x, strided, 128, False, False, 0, False) is None
+    odd = torch.zeros(2 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 64)          # 2 bytes off
+    assert kern.plan(odd, w, 128, False, False, 0, False) is None
+    rows = RowInt8(torch.zeros(128, 64, dtype=torch.int8), torch.ones(128))       # quant="int8"
+    assert kern.plan(x, rows, 128, False, False, 0, False) == (PLAIN, 64, 2, 1)
+    assert kern.plan(x, RowInt8(rows.q, rows.scale.half()), 128, False, False, 0, False) is None
+    assert kern.plan(x, w.half(), 128, False, False, 0, False) is None

@@ -1,9 +1,9 @@
 """MUSER_DOT_CPP (backends/cuda/cpp_dot.py, csrc/gemv_mma.cu): the CUDA C++ projections give
 dot_rows' decode-tile bits -- each ending (rounded, gelu(gate) * up, split-K pieces) at 1, 5 and
-16 rows -- and an engine with them decodes, prefills and batches bit for bit as without; with
-the add+norm made inside the projection (MUSER_DOT_CPP=norm), h' and the projection are
-add_norm's then dot_rows' bits.  Needs an sm_90 GPU and nvcc (the kernel is built on first
-use); skipped elsewhere."""
+16 rows, bf16 weights and int8 rows (quant="int8") -- and an engine with them decodes, prefills
+and batches bit for bit as without; with the add+norm made inside the projection
+(MUSER_DOT_CPP=norm), h' and the projection are add_norm's then dot_rows' bits.  Needs an sm_90
+GPU and nvcc (the kernel is built on first use); skipped elsewhere."""
 import shutil
 
 import pytest
@@ -48,6 +48,33 @@ def test_the_cpp_projection_is_dot_rows_bit_for_bit(cpp, n, k, glu, piece, varia
             got = kern(x, w, n, plan, pdl)
             want = (dot_rows(x, w, rows=16, defer=True).part if piece
                     else dot_rows(x, w, glu=glu, gelu=glu, rows=16))
+            torch.cuda.synchronize()
+            assert torch.equal(got, want), (rows, pdl, int((got != want).sum()))
+
+
+@needs_sm90_nvcc
+@pytest.mark.parametrize("variant", ["on", "41"])
+@pytest.mark.parametrize("n,k,glu,piece", SHAPES)
+def test_int8_rows_through_the_cpp_projection_are_dot_rows_bit_for_bit(cpp, n, k, glu, piece,
+                                                                        variant):
+    """quant="int8": the weights copied as int8 (half the bytes), each k pair converted to bf16
+    in the B fragment, the row scale on the finished sum (the unfused GELU epilogue for
+    gate|up); split pieces unscaled, as dot_rows' deferred int8 pieces are."""
+    from muser.backends.cuda.cpp_dot import CppDot
+    from muser.backends.cuda.triton_dot import dot_rows
+    from muser.backends.cuda.weights_int8 import quantize_rows
+    kern = CppDot(cpp.lib, variant)
+    g = torch.Generator(device="cuda").manual_seed(n + k + 8)
+    w = quantize_rows((torch.randn(2 * n if glu else n, k, device="cuda", generator=g)
+                       / k ** 0.5).bfloat16())
+    for rows in (1, 5, 16):
+        x = torch.randn(rows, k, device="cuda", generator=g).bfloat16()
+        plan = kern.plan(x, w, n, glu, glu, piece, defer=True)
+        assert plan is not None, (n, k, glu, rows, variant)
+        for pdl in (False, True):
+            got = kern(x, w, n, plan, pdl)
+            want = (dot_rows(x, w.q, scale=w.scale, rows=16, defer=True).part if piece
+                    else dot_rows(x, w.q, scale=w.scale, glu=glu, gelu=glu, rows=16))
             torch.cuda.synchronize()
             assert torch.equal(got, want), (rows, pdl, int((got != want).sum()))
 
@@ -113,6 +140,12 @@ def test_the_norm_in_projection_is_add_norm_then_dot_rows_bit_for_bit(cpp, n, k,
             torch.cuda.synchronize()
             assert torch.equal(h_got, h_want), (rows, pdl, int((h_got != h_want).sum()))
             assert torch.equal(got, want), (rows, pdl, int((got != want).sum()))
+
+
+@needs_sm90_nvcc
+def test_an_int8_engine_with_the_cpp_projections_gives_the_same_bits():
+    same_bits_with(tiny_model("gemma3", device="cuda", dtype="bfloat16", window=4,
+                              tokenizer=False, quant="int8"), "norm")
 
 
 @needs_sm90_nvcc

@@ -1,20 +1,22 @@
 """The decode step's projections in CUDA C++ (MUSER_DOT_CPP; off by default: an experiment until
-the H200 has measured it -- benchmarks/NOTES.md, thirty-eighth session).
+the H200 has measured it -- benchmarks/NOTES.md, thirty-eighth and thirty-ninth sessions).
 
 Owns: building `csrc/gemv_mma.cu` (with its headers) with nvcc for sm_90a into
-MUSER_CACHE_DIR/native/cuda (once per source digest; ~10 s), loading it (`load`, which warns and returns None where it cannot:
-no nvcc, no sm_90 GPU, a failed build -- the Triton tiles then run, with the same bits),
-`route` (which of a step's projections the kernel takes: the same ending dot_rows gives them)
-and `CppDot`, the call.  The kernel keeps dot_rows' decode-tile arithmetic -- each output the
-k16 MMA steps in order in mma.sync's own fragment layout, the same three endings -- so a row's
-bits are the Triton tile's, hence the chunk tiles' (tests/cuda/test_cpp_dot.py pins both);
-it changes only how bytes arrive (bulk copies of a CTA's whole weight slab, asked for before
-the PDL wait).  MUSER_DOT_CPP=norm also takes the add+norm before qkv and gate|up into the
-projection (`norm_plan`, `CppDot.norm`): every CTA makes x from h and the delta in add_norm's
-own reduction tree (csrc/triton_math.cuh) while its weights land, one CTA stores h'.  Plain ctypes over a C entry point: no torch headers to compile against, so the
+MUSER_CACHE_DIR/native/cuda (once per source digest; ~20 s), loading it (`load`, which warns
+and returns None where it cannot: no nvcc, no sm_90 GPU, a failed build -- the Triton tiles
+then run, with the same bits), `route` (which of a step's projections the kernel takes: the
+same ending dot_rows gives them) and `CppDot`, the call.  The kernel keeps dot_rows'
+decode-tile arithmetic -- each output the k16 MMA steps in order in mma.sync's own fragment
+layout, the same three endings -- so a row's bits are the Triton tile's, hence the chunk
+tiles' (tests/cuda/test_cpp_dot.py pins both); it changes only how bytes arrive (bulk copies
+of a CTA's whole weight slab, asked for before the PDL wait), for bf16 weights and int8 rows
+(quant="int8": half the bytes).  MUSER_DOT_CPP=norm also takes the add+norm before qkv and
+gate|up into the projection (`norm_plan`, `CppDot.norm`): every CTA makes x from h and the
+delta in add_norm's own reduction tree (csrc/triton_math.cuh) while its weights land, one CTA
+stores h'.  Plain ctypes over a C entry point: no torch headers to compile against, so the
 build is seconds and this module needs no compiler to import.  Does not own: when the step
-asks (decode_step.DecodeStep._dot), the Triton tiles (triton_dot.py), the tile table's split-K
-pieces (triton_dot_tiles.dot_config: the arithmetic both follow).
+asks (decode_step.DecodeStep._dot, step_norm.py), the Triton tiles (triton_dot.py), the tile
+table's split-K pieces (triton_dot_tiles.dot_config: the arithmetic both follow).
 """
 from __future__ import annotations
 
@@ -28,8 +30,10 @@ from pathlib import Path
 
 import torch
 
+from .weights_int8 import RowInt8
+
 CSRC = Path(__file__).with_name("csrc")
-SRC = CSRC / "gemv_mma.cu"           # includes sm90.cuh and triton_math.cuh
+SRC = CSRC / "gemv_mma.cu"           # includes gemv_kernel.cuh, sm90.cuh, triton_math.cuh
 PLAIN, GLU, SPLIT = 0, 1, 2          # the kernel's three endings (gemv_mma.cu `Mode`)
 MAX_ROWS = 16                        # one m16 tile of rows: a decode step's batch, a verify block
 SMEM = 227 * 1024                    # an sm_90 CTA's shared memory
@@ -43,21 +47,22 @@ def norm_bytes(rows: int, k: int, pieces: int) -> int:
     return 8 * k + 2 * rows * k + (4 * pieces * rows * k if pieces else 2 * rows * k)
 
 
-def smem_bytes(mode: int, warps: int, nt: int, rows: int, ks: int) -> int:
-    """A CTA's shared memory: 128 bytes of mbarriers and the norm's scratch, then 8 * nt * warps weight rows (twice, gate
-    and up, for GLU) and the x rows, each 2 * ks + 16 bytes (the skew that spreads the banks)."""
+def smem_bytes(mode: int, warps: int, nt: int, rows: int, ks: int, wbytes: int = 2) -> int:
+    """A CTA's shared memory: 128 bytes of mbarriers and the norm's scratch, then 8 * nt * warps
+    weight rows (twice, gate and up, for GLU) of wbytes * ks + 16 bytes (int8 rows: 1 byte a
+    weight) and the x rows of 2 * ks + 16 (the 16: the skew that spreads the banks)."""
     halves = 2 if mode == GLU else 1
-    return 128 + (halves * 8 * nt * warps + rows) * (2 * ks + 16)
+    return 128 + halves * 8 * nt * warps * (wbytes * ks + 16) + rows * (2 * ks + 16)
 
 
 def route(n: int, k: int, rows: int, glu: bool, gelu: bool, piece: int, defer: bool,
-          variant: str) -> tuple[int, int, int, int] | None:
+          variant: str, wbytes: int = 2) -> tuple[int, int, int, int] | None:
     """(mode, keys a piece, warps, n8 tiles a warp) for a projection the kernel can take with
     dot_rows' bits, else None.  n: output columns (GLU: of each half); piece: the tile table's
     split-K piece (0: none) -- a split projection only as unsummed pieces (`defer`, the add+norm
     after it sums them: MUSER_FUSE_SUM), gate|up only with GELU (the one act the .cu carries).
     variant "on" / "norm": 2 warps x 1 n8 tile, else 1 x 1, whichever fits shared memory
-    first."""
+    first; wbytes: 1 for int8 rows."""
     if rows < 1 or rows > MAX_ROWS or n % 8 or k % 64:
         return None
     if glu:
@@ -73,7 +78,7 @@ def route(n: int, k: int, rows: int, glu: bool, gelu: bool, piece: int, defer: b
     shapes = ("21", "11") if variant in NAMED else (variant,)
     for v in shapes:
         warps, nt = int(v[0]), int(v[1])
-        if smem_bytes(mode, warps, nt, rows, ks) <= SMEM:
+        if smem_bytes(mode, warps, nt, rows, ks, wbytes) <= SMEM:
             return mode, ks, warps, nt
     return None
 
@@ -86,7 +91,7 @@ def norm_shape(k: int) -> tuple[int, int]:
 
 
 def norm_route(n: int, k: int, rows: int, glu: bool, gelu: bool, piece: int, pieces: int,
-               variant: str, layernorm: bool) -> tuple[int, int, int, int] | None:
+               variant: str, layernorm: bool, wbytes: int = 2) -> tuple[int, int, int, int] | None:
     """`route` for a projection that makes its own x (MUSER_DOT_CPP=norm): a whole-K one (qkv,
     gate|up; `piece`: the tile table's split, which must be none), an RMS norm whose BLOCK
     gives a Triton thread at least 8 keys (the layout csrc/triton_math.cuh replays: BLOCK >=
@@ -98,10 +103,10 @@ def norm_route(n: int, k: int, rows: int, glu: bool, gelu: bool, piece: int, pie
     glu_mode = GLU if glu else PLAIN
     shapes = ("21", "11") if variant in NAMED else (variant,)
     for v in shapes:
-        plan = route(n, k, rows, glu, gelu, 0, False, v)
+        plan = route(n, k, rows, glu, gelu, 0, False, v, wbytes)
         if (plan is not None and plan[2] <= tw and plan[0] == glu_mode and
-                smem_bytes(glu_mode, plan[2], plan[3], rows, k) + norm_bytes(rows, k, pieces)
-                <= SMEM):
+                smem_bytes(glu_mode, plan[2], plan[3], rows, k, wbytes) +
+                norm_bytes(rows, k, pieces) <= SMEM):
             return plan
     return None
 
@@ -135,46 +140,61 @@ def build(cache_dir: Path, nvcc: str | None = None) -> Path:
     return out
 
 
+def weight_parts(w) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
+    """(rows, scales or None, bytes a weight) of a projection's weight the kernel reads: a bf16
+    matrix, or int8 rows with float32 scales (weights_int8.RowInt8); None for any other."""
+    if isinstance(w, RowInt8):
+        q, scale = w.q, w.scale
+        ok = (q.dtype == torch.int8 and scale.dtype == torch.float32 and scale.dim() == 1
+              and scale.shape[0] == q.shape[0] and scale.is_contiguous())
+        return (q, scale, 1) if ok else None
+    return (w, None, 2) if w.dtype == torch.bfloat16 else None
+
+
 class CppDot:
-    """The built kernel: `cpp(x, w, out, n, plan, pdl)` on the current CUDA stream (captured
+    """The built kernel: `cpp(x, w, n, plan, pdl)` on the current CUDA stream (captured
     into a graph like any launch).  `calls` counts launches, `norm_calls` the norm-in ones (tests
     check the route was taken)."""
 
     def __init__(self, lib: ctypes.CDLL, variant: str):
         lib.gemv_mma_launch.restype = ctypes.c_int
-        lib.gemv_mma_launch.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int] * 8 +
+        lib.gemv_mma_launch.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int] * 8 +
                                         [ctypes.c_void_p])
         lib.gemv_norm_launch.restype = ctypes.c_int
         lib.gemv_norm_launch.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] +
                                          [ctypes.c_void_p] * 3 + [ctypes.c_float] +
-                                         [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 +
+                                         [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3 +
                                          [ctypes.c_int] * 7 + [ctypes.c_void_p])
         self.lib, self.variant, self.calls, self.norm_calls = lib, variant, 0, 0
 
-    def plan(self, x: torch.Tensor, w: torch.Tensor, n: int, glu: bool, gelu: bool, piece: int,
+    def plan(self, x: torch.Tensor, w, n: int, glu: bool, gelu: bool, piece: int,
              defer: bool) -> tuple[int, int, int, int] | None:
-        """`route` for these operands: bf16 x [rows, K] and w [n (GLU: 2n), K], both contiguous
-        and 16-byte aligned (the bulk copies' rule; a view that is not goes to the Triton
-        tiles)."""
-        if (x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or x.dim() != 2
-                or not (x.is_contiguous() and w.is_contiguous())
-                or x.data_ptr() % 16 or w.data_ptr() % 16):
+        """`route` for these operands: bf16 x [rows, K] and w [n (GLU: 2n), K] -- bf16, or int8
+        rows (RowInt8) -- both contiguous and 16-byte aligned (the bulk copies' rule; a view
+        that is not goes to the Triton tiles)."""
+        parts = weight_parts(w)
+        if (parts is None or x.dtype != torch.bfloat16 or x.dim() != 2
+                or not (x.is_contiguous() and parts[0].is_contiguous())
+                or x.data_ptr() % 16 or parts[0].data_ptr() % 16):
             return None
-        return route(n, w.shape[1], x.shape[0], glu, gelu, piece, defer, self.variant)
+        return route(n, parts[0].shape[1], x.shape[0], glu, gelu, piece, defer, self.variant,
+                     parts[2])
 
-    def __call__(self, x: torch.Tensor, w: torch.Tensor, n: int,
-                 plan: tuple[int, int, int, int], pdl: bool,
+    def __call__(self, x: torch.Tensor, w, n: int, plan: tuple[int, int, int, int], pdl: bool,
                  out: torch.Tensor | None = None) -> torch.Tensor:
-        """bf16 [rows, n] (PLAIN, GLU) or float32 pieces [pieces, rows, n] (SPLIT), into `out`
-        when given (contiguous, that shape and dtype)."""
+        """bf16 [rows, n] (PLAIN, GLU) or float32 pieces [pieces, rows, n] (SPLIT; int8 rows'
+        pieces unscaled, as dot_rows' deferred pieces are), into `out` when given (contiguous,
+        that shape and dtype)."""
         mode, ks, warps, nt = plan
+        q, scale, _ = weight_parts(w)
         rows, k = x.shape
         if out is None and mode == SPLIT:
             out = torch.empty(-(-k // ks), rows, n, dtype=torch.float32, device=x.device)
         elif out is None:
             out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-        rc = self.lib.gemv_mma_launch(x.data_ptr(), w.data_ptr(), out.data_ptr(), rows, n, k,
-                                      ks, mode, warps, nt, int(pdl),
+        rc = self.lib.gemv_mma_launch(x.data_ptr(), q.data_ptr(),
+                                      None if scale is None else scale.data_ptr(),
+                                      out.data_ptr(), rows, n, k, ks, mode, warps, nt, int(pdl),
                                       torch.cuda.current_stream(x.device).cuda_stream)
         if rc:
             raise RuntimeError(f"gemv_mma_launch({rows} x {k} -> {n}, mode {mode}, {warps} "
@@ -183,35 +203,40 @@ class CppDot:
         return out
 
     def norm_plan(self, h: torch.Tensor, d1, w_post: torch.Tensor | None,
-                  w_next: torch.Tensor | None, w: torch.Tensor, n: int, glu: bool, gelu: bool,
+                  w_next: torch.Tensor | None, w, n: int, glu: bool, gelu: bool,
                   piece: int, layernorm: bool) -> tuple[int, int, int, int] | None:
         """`norm_route` for add_norm(h, w_next, d1=d1, w_post=w_post) followed by this
         projection: bf16 h [rows, K]; d1 bf16 [rows, K] or unscaled pieces (triton_dot.Pieces
-        of bf16 weights: float32 [P, rows, K]); float32 norm weights [K]; bf16 w [n (GLU: 2n),
-        K] -- all contiguous and 16-byte aligned (bulk copies).  None: add_norm runs as
-        before."""
-        if w_post is None or w_next is None:
+        of bf16 weights: float32 [P, rows, K] -- int8 rows' scaled pieces are summed by an
+        add_norm compiled without FMA contraction, another tree); float32 norm weights [K];
+        w [n (GLU: 2n), K] bf16 or int8 rows -- all contiguous and 16-byte aligned (bulk
+        copies).  None: add_norm runs as before."""
+        parts = weight_parts(w)
+        if w_post is None or w_next is None or parts is None:
             return None
+        w, _, wbytes = parts
         rows, k = h.shape
         part = d1.part if isinstance(d1, tuple) and d1.scale is None else d1
         if isinstance(part, tuple) or part is None:
             return None
         want = (torch.float32, 3) if part is not d1 else (torch.bfloat16, 2)
         if ((part.dtype, part.dim()) != want or tuple(part.shape[-2:]) != (rows, k)
-                or h.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or w.shape[1] != k
+                or h.dtype != torch.bfloat16 or w.shape[1] != k
                 or any(t.dtype != torch.float32 or t.shape != (k,) for t in (w_post, w_next))
                 or not all(t.is_contiguous() and t.data_ptr() % 16 == 0
                            for t in (h, part, w_post, w_next, w))):
             return None
         pieces = part.shape[0] if part.dim() == 3 else 0
-        return norm_route(n, k, rows, glu, gelu, piece, pieces, self.variant, layernorm)
+        return norm_route(n, k, rows, glu, gelu, piece, pieces, self.variant, layernorm,
+                          wbytes)
 
     def norm(self, h: torch.Tensor, d1, w_post: torch.Tensor, w_next: torch.Tensor, eps: float,
-             w: torch.Tensor, n: int, plan: tuple[int, int, int, int], pdl: bool,
+             w, n: int, plan: tuple[int, int, int, int], pdl: bool,
              h_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(h', y): add_norm's h' and the projection of its x, in one launch (`norm_plan`'s
         operands; h' into `h_out` when given)."""
         mode, _, warps, nt = plan
+        q, scale, _ = weight_parts(w)
         rows, k = h.shape
         part = d1.part if isinstance(d1, tuple) else d1
         pieces = part.shape[0] if part.dim() == 3 else 0
@@ -220,7 +245,8 @@ class CppDot:
         tw, block = norm_shape(k)
         rc = self.lib.gemv_norm_launch(h.data_ptr(), part.data_ptr(), pieces, w_post.data_ptr(),
                                        w_next.data_ptr(), h_out.data_ptr(), float(eps), tw, block,
-                                       w.data_ptr(), y.data_ptr(), rows, n, k, mode, warps, nt,
+                                       q.data_ptr(), None if scale is None else scale.data_ptr(),
+                                       y.data_ptr(), rows, n, k, mode, warps, nt,
                                        int(pdl), torch.cuda.current_stream(h.device).cuda_stream)
         if rc:
             raise RuntimeError(f"gemv_norm_launch({rows} x {k} -> {n}, mode {mode}, {warps} "

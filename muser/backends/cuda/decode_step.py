@@ -147,17 +147,18 @@ class DecodeStep:
             if y is not None:
                 return y
             x = ready(self, x)
-        if isinstance(w, RowInt8):
-            return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, flatten=self.flatten,
-                            defer=defer, widen=widen, **kw)
         if self.cpp is not None and not (widen or kw.get("pick") or kw.get("bias") is not None):
             glu = kw.get("glu", False)
             n, k = (w.shape[0] // 2 if glu else w.shape[0]), w.shape[1]
             piece = dot_config(n, k, glu)[4]
             plan = self.cpp.plan(x, w, n, glu, kw.get("gelu", False), piece, defer)
-            if plan is not None:
+            if plan is not None:            # int8 rows' pieces leave with their scales
                 y = self.cpp(x, w, n, plan, self.pdl)
-                return Pieces(y, None) if plan[0] == SPLIT else y
+                return (Pieces(y, w.scale if isinstance(w, RowInt8) else None)
+                        if plan[0] == SPLIT else y)
+        if isinstance(w, RowInt8):
+            return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, flatten=self.flatten,
+                            defer=defer, widen=widen, **kw)
         if self.gemv is dot_rows:
             rows = x.shape[0]
             tma = self.tma == "on" or (self.tma == "auto" and

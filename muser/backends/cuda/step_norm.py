@@ -22,7 +22,6 @@ import torch
 
 from .triton_dot_tiles import dot_config
 from .triton_ops import add_norm
-from .weights_int8 import RowInt8
 
 
 @dataclass(frozen=True)
@@ -50,11 +49,11 @@ def ready(step, x):
 
 
 def fused(step, x: Pending, w, kw: dict) -> torch.Tensor | None:
-    """The projection of a Pending's x by the C++ kernel that makes x (`_dot`'s keywords), or
-    None where it does not take it (int8 rows, a bias, a widened or picking head, more than 16
-    rows, a split-K tile, a layout add_norm's tree does not have)."""
-    if (step.cpp is None or isinstance(w, RowInt8) or kw.get("bias") is not None
-            or kw.get("pick") or kw.get("widen")):
+    """The projection of a Pending's x by the C++ kernel that makes x (`_dot`'s keywords; bf16
+    or int8 rows), or None where it does not take it (a bias, a widened or picking head, more
+    than 16 rows, a split-K tile, int8 rows' scaled pieces before it, a layout add_norm's tree
+    does not have)."""
+    if step.cpp is None or kw.get("bias") is not None or kw.get("pick") or kw.get("widen"):
         return None
     glu = kw.get("glu", False)
     n, k = (w.shape[0] // 2 if glu else w.shape[0]), w.shape[1]

@@ -56,6 +56,11 @@ __device__ __forceinline__ uint32_t lds32(const unsigned char* smem, uint32_t of
   return *reinterpret_cast<const uint32_t*>(smem + off);
 }
 
+// A shared-memory half-word (two int8 weights), likewise an ordinary load.
+__device__ __forceinline__ uint32_t lds16(const unsigned char* smem, uint32_t off) {
+  return *reinterpret_cast<const uint16_t*>(smem + off);
+}
+
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1) {
   asm(   // registers only, no side effect: not volatile, so the compiler may interleave steps

@@ -44,6 +44,21 @@ __device__ __forceinline__ __nv_bfloat16 gelu_up(float g, float u) {
   return __hmul(__float2bfloat16_rn(a), __float2bfloat16_rn(u));
 }
 
+// The same _act_up compiled without FMA contraction -- dot_rows turns it off for int8 weights
+// (the PTX of its int8-row gate|up decode tile): gf^3 as ((gf * c) * gf) * gf, 2t as t + t,
+// -2t as 0 - 2t, 2s - 1 + 1 as adds.  g and u arrive with their rows' scales applied.
+__device__ __forceinline__ __nv_bfloat16 gelu_up_unfused(float g, float u) {
+  const float gf = bf16_round(g);
+  const float p = __fmul_rn(__fmul_rn(__fmul_rn(gf, 0.044714998453855515f), gf), gf);
+  const float t = __fmul_rn(__fadd_rn(p, gf), 0.79788458347320557f);
+  const float h = __fmul_rn(gf, 0.5f);
+  const float m = __fsub_rn(0.0f, __fadd_rn(t, t));
+  const float e = ex2_approx(__fmul_rn(m, 1.4426950216293335f));
+  const float sg = div_full(1.0f, __fadd_rn(e, 1.0f));
+  const float a = __fmul_rn(h, __fadd_rn(__fadd_rn(__fadd_rn(sg, sg), -1.0f), 1.0f));
+  return __hmul(__float2bfloat16_rn(a), __float2bfloat16_rn(u));
+}
+
 __device__ __forceinline__ float rsqrt_approx(float x) {
   float y;
   asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
