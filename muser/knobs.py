@@ -128,7 +128,8 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_DOT_CPP": ("off|on|norm|11|21|41|12|22", "off", "backends/cuda (decode step, cpp_dot.py)",
                       "an experiment, not yet measured: the decode step's bf16 projections of up "
                       "to 16 rows (qkv, o, gate|up with GELU, down as deferred pieces; not the "
-                      "head) through the CUDA C++ kernel csrc/gemv_mma.cu, built by nvcc for "
+                      "head; bf16 weights or quant=int8 rows) through the CUDA C++ kernel "
+                      "csrc/gemv_mma.cu, built by nvcc for "
                       "sm_90a into $MUSER_CACHE_DIR/native/cuda on first use -- dot_rows' decode "
                       "tile's arithmetic, so the same bits (tests/cuda/test_cpp_dot.py), with "
                       "the weights asked for by bulk copies before the PDL wait; on = 2 warps x "
