@@ -3,16 +3,17 @@
 Owns: `Pending` -- add_norm(h, w_next, d1=d1, w_post=w_post) not run yet, its h' buffer already
 allocated -- and the two ways it ends: `fused` (the CUDA C++ projection makes x itself, in
 add_norm's own reduction tree, and stores h': cpp_dot.CppDot.norm) or `ready` (the add_norm
-launch, into the same h' buffer: what every other consumer gets).  Either way h' and x carry
-add_norm's bits, so a layer's output does not depend on which one ran.
+launch, into the same h' buffer: what every other consumer gets); and `norm_later`, which
+models may defer at all (Gemma 3's sandwich layers: an RMS post-norm and a next norm, no MoE,
+no layer scale).  Either way h' and x carry add_norm's bits, so a layer's output does not
+depend on which one ran.
 
     layer i:  ... o ──┐                      gate|up
                       add_norm(h, pre_ffn) ──► x ──►      (two launches)
                       └────── Pending ────────────►  gate|up with x made in it   (one)
 
-Does not own: which models may defer (`DecodeStep.norm_later`: Gemma 3's sandwich layers --
-an RMS post-norm and a next norm, no MoE, no layer scale), the kernels (triton_ops.add_norm,
-csrc/gemv_mma.cu), the layer loop (decode_step.py).
+Does not own: where the step defers (`DecodeStep._add_norm`: not before the head), the kernels
+(triton_ops.add_norm, csrc/gemv_mma.cu), the layer loop (decode_step.py).
 """
 from __future__ import annotations
 
