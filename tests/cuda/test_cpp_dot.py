@@ -32,49 +32,29 @@ SHAPES = [(1536, 1152, False, 0), (1152, 1024, False, 0), (6912, 1152, True, 0),
 
 
 @needs_sm90_nvcc
-@pytest.mark.parametrize("variant", ["on", "11", "41", "12"])
+@pytest.mark.parametrize("quant,variant", [("bf16", "on"), ("bf16", "11"), ("bf16", "41"),
+                                           ("bf16", "12"), ("int8", "on"), ("int8", "41")])
 @pytest.mark.parametrize("n,k,glu,piece", SHAPES)
-def test_the_cpp_projection_is_dot_rows_bit_for_bit(cpp, n, k, glu, piece, variant):
-    from muser.backends.cuda.cpp_dot import CppDot
-    from muser.backends.cuda.triton_dot import dot_rows
-    kern = CppDot(cpp.lib, variant)
-    g = torch.Generator(device="cuda").manual_seed(n + k)
-    w = (torch.randn(2 * n if glu else n, k, device="cuda", generator=g) / k ** 0.5).bfloat16()
-    for rows in (1, 5, 16):
-        x = torch.randn(rows, k, device="cuda", generator=g).bfloat16()
-        plan = kern.plan(x, w, n, glu, glu, piece, defer=True)
-        assert plan is not None, (n, k, glu, rows, variant)
-        for pdl in (False, True):
-            got = kern(x, w, n, plan, pdl)
-            want = (dot_rows(x, w, rows=16, defer=True).part if piece
-                    else dot_rows(x, w, glu=glu, gelu=glu, rows=16))
-            torch.cuda.synchronize()
-            assert torch.equal(got, want), (rows, pdl, int((got != want).sum()))
-
-
-@needs_sm90_nvcc
-@pytest.mark.parametrize("variant", ["on", "41"])
-@pytest.mark.parametrize("n,k,glu,piece", SHAPES)
-def test_int8_rows_through_the_cpp_projection_are_dot_rows_bit_for_bit(cpp, n, k, glu, piece,
-                                                                        variant):
-    """quant="int8": the weights copied as int8 (half the bytes), each k pair converted to bf16
-    in the B fragment, the row scale on the finished sum (the unfused GELU epilogue for
-    gate|up); split pieces unscaled, as dot_rows' deferred int8 pieces are."""
+def test_the_cpp_projection_is_dot_rows_bit_for_bit(cpp, n, k, glu, piece, quant, variant):
+    """bf16 weights, and int8 rows (quant="int8": copied as int8, each k pair converted to bf16
+    in the B fragment, the row scale on the finished sum, the unfused GELU epilogue; split
+    pieces unscaled, as dot_rows' deferred int8 pieces are)."""
     from muser.backends.cuda.cpp_dot import CppDot
     from muser.backends.cuda.triton_dot import dot_rows
     from muser.backends.cuda.weights_int8 import quantize_rows
     kern = CppDot(cpp.lib, variant)
-    g = torch.Generator(device="cuda").manual_seed(n + k + 8)
-    w = quantize_rows((torch.randn(2 * n if glu else n, k, device="cuda", generator=g)
-                       / k ** 0.5).bfloat16())
+    g = torch.Generator(device="cuda").manual_seed(n + k)
+    w = (torch.randn(2 * n if glu else n, k, device="cuda", generator=g) / k ** 0.5).bfloat16()
+    w = quantize_rows(w) if quant == "int8" else w
+    q, scale = (w.q, w.scale) if quant == "int8" else (w, None)
     for rows in (1, 5, 16):
         x = torch.randn(rows, k, device="cuda", generator=g).bfloat16()
         plan = kern.plan(x, w, n, glu, glu, piece, defer=True)
         assert plan is not None, (n, k, glu, rows, variant)
         for pdl in (False, True):
             got = kern(x, w, n, plan, pdl)
-            want = (dot_rows(x, w.q, scale=w.scale, rows=16, defer=True).part if piece
-                    else dot_rows(x, w.q, scale=w.scale, glu=glu, gelu=glu, rows=16))
+            want = (dot_rows(x, q, scale=scale, rows=16, defer=True).part if piece
+                    else dot_rows(x, q, scale=scale, glu=glu, gelu=glu, rows=16))
             torch.cuda.synchronize()
             assert torch.equal(got, want), (rows, pdl, int((got != want).sum()))
 
