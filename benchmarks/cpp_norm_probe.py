@@ -8,9 +8,11 @@ graph over rotating weight copies (>= 256 MB: weights from HBM), PDL on as in th
 
     model | projection (delta before it) | add_norm + dot_rows | add_norm + C++ | C++ norm-in | bits
 
-bits: h' and the projection of the norm-in launch against add_norm then dot_rows, torch.equal,
-at B = 1, 5 and 16.  The delta: the o projection's bf16 output before gate|up; before qkv the
-down projection's -- its float32 split-K pieces where the tile table splits it (the 1B: 7).
+bits: h', x and the projection of the norm-in launch against add_norm then dot_rows,
+torch.equal, at B = 1, 5 and 16 (the first to differ says where: h' the first tree or the bf16
+add, x the second tree, y the projection).  The delta: the o projection's bf16 output before
+gate|up; before qkv the down projection's -- its float32 split-K pieces where the tile table
+splits it (the 1B: 7).
 
     PYTHONPATH=. python3 benchmarks/cpp_norm_probe.py [--shapes 270m,1b,4b]
 """
@@ -65,9 +67,11 @@ def main():
                     continue
                 h_want, x = add_norm(h, w_next, EPS, False, d1=d1, w_post=w_post)
                 want = dot_rows(x, ws[0], glu=glu, gelu=glu, rows=16)
-                h_got, got = kern.norm(h, d1, w_post, w_next, EPS, ws[0], n, plan, True)
+                x_got = torch.full_like(x, float("nan"))
+                h_got, got = kern.norm(h, d1, w_post, w_next, EPS, ws[0], n, plan, True,
+                                       x_out=x_got)
                 torch.cuda.synchronize()
-                for what, a, b in (("h'", h_got, h_want), ("y", got, want)):
+                for what, a, b in (("h'", h_got, h_want), ("x", x_got, x), ("y", got, want)):
                     if not torch.equal(a, b):
                         bits.append(f"{B}: {what} {int((a != b).sum())} of {b.numel()} differ")
             h, d1 = operands(1, k, pieces)

@@ -126,7 +126,7 @@ def test_nvcc_builds_it_once_and_its_entry_point_refuses_bad_shapes(tmp_path):
         assert fn(None, None, None, None, B, N, K, ks, mode, warps, nt, 0, None) == -1
     norm = ctypes.CDLL(str(so)).gemv_norm_launch
     norm.restype = ctypes.c_int
-    norm.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 3 +
+    norm.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 4 +
                      [ctypes.c_float] + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3 +
                      [ctypes.c_int] * 7 + [ctypes.c_void_p])
     # (tw, block, K, mode): pieces out; a tree add_norm does not have -- 3 warps, BLOCK not a
@@ -134,8 +134,8 @@ def test_nvcc_builds_it_once_and_its_entry_point_refuses_bad_shapes(tmp_path):
     for tw, block, K, mode in [(4, 2048, 1152, SPLIT), (3, 2048, 1152, PLAIN),
                                (4, 1536, 1152, PLAIN), (4, 1024, 1152, PLAIN),
                                (4, 512, 512, PLAIN), (8, 1024, 1024, PLAIN)]:
-        assert norm(None, None, 0, None, None, None, 1e-6, tw, block, None, None, None, 1, 64, K,
-                    mode, 2, 1, 0, None) == -1
+        assert norm(None, None, 0, None, None, None, None, 1e-6, tw, block, None, None, None, 1,
+                    64, K, mode, 2, 1, 0, None) == -1
 
 
 def test_plan_leaves_other_dtypes_and_unaligned_views_to_the_triton_tiles():

@@ -116,10 +116,12 @@ def test_the_norm_in_projection_is_add_norm_then_dot_rows_bit_for_bit(cpp, n, k,
         h_want, x = add_norm(h, w_next, 1e-6, False, d1=d1, w_post=w_post)
         want = dot_rows(x, w, glu=glu, gelu=glu, rows=16)
         for pdl in (False, True):
-            h_got, got = kern.norm(h, d1, w_post, w_next, 1e-6, w, n, plan, pdl)
+            x_got = torch.full_like(x, float("nan"))
+            h_got, got = kern.norm(h, d1, w_post, w_next, 1e-6, w, n, plan, pdl, x_out=x_got)
             torch.cuda.synchronize()
-            assert torch.equal(h_got, h_want), (rows, pdl, int((h_got != h_want).sum()))
-            assert torch.equal(got, want), (rows, pdl, int((got != want).sum()))
+            # in the order they are made: h' (the first tree), x (the second), the projection
+            for what, a, b in (("h'", h_got, h_want), ("x", x_got, x), ("y", got, want)):
+                assert torch.equal(a, b), (what, rows, pdl, int((a != b).sum()))
 
 
 @needs_sm90_nvcc

@@ -162,7 +162,7 @@ class CppDot:
                                         [ctypes.c_void_p])
         lib.gemv_norm_launch.restype = ctypes.c_int
         lib.gemv_norm_launch.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] +
-                                         [ctypes.c_void_p] * 3 + [ctypes.c_float] +
+                                         [ctypes.c_void_p] * 4 + [ctypes.c_float] +
                                          [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3 +
                                          [ctypes.c_int] * 7 + [ctypes.c_void_p])
         self.lib, self.variant, self.calls, self.norm_calls = lib, variant, 0, 0
@@ -232,9 +232,11 @@ class CppDot:
 
     def norm(self, h: torch.Tensor, d1, w_post: torch.Tensor, w_next: torch.Tensor, eps: float,
              w, n: int, plan: tuple[int, int, int, int], pdl: bool,
-             h_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             h_out: torch.Tensor | None = None,
+             x_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(h', y): add_norm's h' and the projection of its x, in one launch (`norm_plan`'s
-        operands; h' into `h_out` when given)."""
+        operands; h' into `h_out` when given; x also into `x_out` when given -- tests and
+        probes, to see which norm parted from add_norm's)."""
         mode, _, warps, nt = plan
         q, scale, _ = weight_parts(w)
         rows, k = h.shape
@@ -243,11 +245,11 @@ class CppDot:
         h_out = torch.empty_like(h) if h_out is None else h_out
         y = torch.empty(rows, n, dtype=h.dtype, device=h.device)
         tw, block = norm_shape(k)
-        rc = self.lib.gemv_norm_launch(h.data_ptr(), part.data_ptr(), pieces, w_post.data_ptr(),
-                                       w_next.data_ptr(), h_out.data_ptr(), float(eps), tw, block,
-                                       q.data_ptr(), None if scale is None else scale.data_ptr(),
-                                       y.data_ptr(), rows, n, k, mode, warps, nt,
-                                       int(pdl), torch.cuda.current_stream(h.device).cuda_stream)
+        ptr = lambda t: None if t is None else t.data_ptr()                       # noqa: E731
+        rc = self.lib.gemv_norm_launch(ptr(h), ptr(part), pieces, ptr(w_post), ptr(w_next),
+                                       ptr(h_out), ptr(x_out), float(eps), tw, block, ptr(q),
+                                       ptr(scale), ptr(y), rows, n, k, mode, warps, nt, int(pdl),
+                                       torch.cuda.current_stream(h.device).cuda_stream)
         if rc:
             raise RuntimeError(f"gemv_norm_launch({rows} x {k} -> {n}, mode {mode}, {warps} "
                                f"warps x {nt}): {rc} (-1 shape, -2 shared memory, else CUDA)")

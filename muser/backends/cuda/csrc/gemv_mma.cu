@@ -130,10 +130,12 @@ extern "C" int gemv_mma_launch(const void* x, const void* w, const void* scale, 
 }
 
 // The same projection (PLAIN or GLU, whole K) of x = add_norm's row, made in the launch:
-// h_out = h + norm(d1, w_post), x = norm(h_out, w_next) (NormArgs; RMS).  tw, block: add_norm's
-// warps and BLOCK for N = K (its reduction tree).  Return codes as gemv_mma_launch's.
+// h_out = h + norm(d1, w_post), x = norm(h_out, w_next) (NormArgs; RMS; x also into x_out
+// unless null).  tw, block: add_norm's warps and BLOCK for N = K (its reduction tree).  Return
+// codes as gemv_mma_launch's.
 extern "C" int gemv_norm_launch(const void* h, const void* d1, int pieces, const void* w_post,
-                                const void* w_next, void* h_out, float eps, int tw, int block,
+                                const void* w_next, void* h_out, void* x_out, float eps, int tw,
+                                int block,
                                 const void* w, const void* scale, void* y, int B, int N, int K,
                                 int mode, int warps, int nt, int pdl, void* stream) {
   if (refuse(B, N, K, K, mode) || mode == SPLIT || pieces < 0 || (tw != 4 && tw != 8) ||
@@ -141,7 +143,7 @@ extern "C" int gemv_norm_launch(const void* h, const void* d1, int pieces, const
       ((uintptr_t)h | (uintptr_t)d1 | (uintptr_t)w_post | (uintptr_t)w_next) & 15)
     return -1;   // the bulk copies take 16-byte aligned sources
   const NormArgs na = {(const __nv_bfloat16*)h, d1, (const float*)w_post, (const float*)w_next,
-                       (__nv_bfloat16*)h_out, eps, pieces, tw, block};
+                       (__nv_bfloat16*)h_out, (__nv_bfloat16*)x_out, eps, pieces, tw, block};
   const Operands o = {nullptr, w, (const float*)scale, y, B, N, K, K, na};
   cudaStream_t s = (cudaStream_t)stream;
   return mode == PLAIN ? launch_shape<PLAIN, true>(o, warps, nt, pdl, s)

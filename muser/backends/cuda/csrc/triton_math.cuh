@@ -82,6 +82,8 @@ struct NormArgs {
   const float* w_post;      // [N] d1's post-norm, effective weight (float32, as the engine keeps)
   const float* w_next;      // [N] the next norm's: x's
   __nv_bfloat16* h_out;     // [B, N] h' = h + norm(d1) -- one CTA stores it (norm_row's writer)
+  __nv_bfloat16* x_out;     // [B, N] x, stored by that CTA too, or null (tests and probes: a
+                            // difference then says which norm parted from add_norm's)
   float eps;
   int pieces;               // 0: d1 is bf16
   int tw;                   // add_norm's warps (triton_ops._row_shape: 4; 8 from N = 2,048)
@@ -139,6 +141,7 @@ __device__ float norm_scale(const NormArgs& a, int n, float* scratch, F f) {
 //        split_sum's bits
 //   h' = h[b] + bf16((r1 * d) * w_post)     (bf16 add)     -> h_out[b] when `writer`
 //   x  = bf16((r2 * h') * w_next)                          -> xrow, the MMA's A rows
+//                                                             (and x_out[b], when given)
 // d, then h', wait in xrow between passes (each key rewritten by the thread that wrote it).
 template <int THREADS>
 __device__ void norm_row(const NormArgs& a, int b, int B, int n, __nv_bfloat16* xrow,
@@ -164,8 +167,10 @@ __device__ void norm_row(const NormArgs& a, int b, int B, int n, __nv_bfloat16* 
     if (writer) a.h_out[row + k] = hp;
     return __bfloat162float(hp);
   });
-  for (int k = threadIdx.x; k < n; k += THREADS)    // after norm_scale's barrier: any thread
+  for (int k = threadIdx.x; k < n; k += THREADS) {  // after norm_scale's barrier: any thread
     xrow[k] = __float2bfloat16_rn(__fmul_rn(__fmul_rn(r2, __bfloat162float(xrow[k])),
                                             a.w_next[k]));
+    if (writer && a.x_out) a.x_out[row + k] = xrow[k];
+  }
 }
 }  // namespace
