@@ -42,7 +42,7 @@ def selected(args: list[str]) -> tuple[int, str]:
 def main() -> int:
     sys.path.insert(0, str(Path.cwd()))     # as `python3 -m pytest` from the repository root
     lines = Path(sys.argv[1]).read_text().splitlines()
-    for line in lines:
+    for line in dict.fromkeys(lines):       # a command several stages share: checked once
         kind, *args = line.split("\x1f")
         print(f"+ {kind} {' '.join(args)}")
         if kind == "bench":
