@@ -72,8 +72,9 @@
 #   cpp_gemv     the CUDA C++ decode projections against dot_rows' decode tiles: bits, us (HBM)
 #   cpp_step     MUSER_DOT_CPP=on in the engine: the invariance rows, then the decode A/B
 #   cpp_norm     MUSER_DOT_CPP=norm: the add+norm made inside qkv / gate|up -- bits and us a pair
-#                (cpp_norm_probe.py), its GPU rows, the invariance rows, the decode A/B (bf16;
-#                then quant="int8", whose rows the C++ kernel now takes too)
+#                (cpp_norm_probe.py), its GPU rows, the decode A/B (bf16)
+#   cpp_rows     the invariance and engine rows under MUSER_DOT_CPP=norm, then the int8 mode's
+#                decode A/B (quant="int8", whose rows the C++ kernel now takes too)
 #   gguf_part    one part of the embedded GGUF (.gg/pNN, carried a call each to a warm machine)
 #   gguf_row     the parts assembled, then the embedded 270M's int8-head row
 #   fence        the Q8_0 head tile behind the layout fence: the head-sized row before / after,
@@ -1120,15 +1121,20 @@ stage_cpp_step() {  # carry .whl: MUSER_DOT_CPP=on in the engine -- the invarian
 
 stage_cpp_norm() {  # carry .whl: MUSER_DOT_CPP=norm -- the add+norm before qkv and gate|up made
   # inside the C++ projection (add_norm's reduction tree replayed: csrc/triton_math.cuh) -- its
-  # bits and us a pair against add_norm + dot_rows, the GPU rows, then the engine under it
+  # bits and us a pair against add_norm + dot_rows, the GPU rows, then the decode A/B (bf16)
   bench 240 . benchmarks/cpp_norm_probe.py
   tests 240 tests/cuda/test_cpp_dot.py -k "norm"
+  bench 300 . benchmarks/exact_ab.py --models 270m,1b,4b --trees exact --decode-only --rounds 1 \
+    --variants "CP:MUSER_DOT_CPP=on;CN:MUSER_DOT_CPP=norm"
+}
+
+stage_cpp_rows() {  # carry .whl: the engine under MUSER_DOT_CPP=norm -- the invariance rows
+  # (decode == verify == batch == prefill rows, bitwise) and the CUDA engine rows -- then the
+  # int8 mode's decode A/B with the C++ projections (one call after cpp_norm: 10 minutes a call)
   if [ -z "${DRY:-}" ]; then export MUSER_DOT_CPP=norm; fi
   echo "MUSER_DOT_CPP=norm" | tee -a "$OUT/plan.log"
   tests 300 tests/engine/test_invariance.py tests/cuda/test_cuda_engine.py -k "not cpu"
   unset MUSER_DOT_CPP
-  bench 300 . benchmarks/exact_ab.py --models 270m,1b,4b --trees exact --decode-only --rounds 1 \
-    --variants "CP:MUSER_DOT_CPP=on;CN:MUSER_DOT_CPP=norm"
   bench 200 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 1 \
     --quant int8 --variants "CN:MUSER_DOT_CPP=norm"
 }
