@@ -1139,6 +1139,16 @@ stage_cpp_rows() {  # carry .whl: the engine under MUSER_DOT_CPP=norm -- the inv
     --quant int8 --variants "CN:MUSER_DOT_CPP=norm"
 }
 
+stage_cpp_on_rows() {  # carry .whl: the engine under MUSER_DOT_CPP=on (the C++ projections alone)
+  # -- the invariance and engine rows -- then the int8 mode's decode A/B with them
+  if [ -z "${DRY:-}" ]; then export MUSER_DOT_CPP=on; fi
+  echo "MUSER_DOT_CPP=on" | tee -a "$OUT/plan.log"
+  tests 300 tests/engine/test_invariance.py tests/cuda/test_cuda_engine.py -k "not cpu"
+  unset MUSER_DOT_CPP
+  bench 200 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 1 \
+    --quant int8 --variants "CP:MUSER_DOT_CPP=on"
+}
+
 stage_gguf_part() {  # carry .gg/pNN (the embedded GGUF split in six: 64 MiB a call, .whl too): kept in
   # /tmp/gg on the warm machine until `gguf_row` assembles them
   [ -n "${DRY:-}" ] && return

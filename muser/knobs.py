@@ -126,7 +126,9 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                       "splits on growing planes (fixed tile bounds, the group merge as selects; "
                       "slower: 36 -> 51 ms); on = both"),
     "MUSER_DOT_CPP": ("off|on|norm|11|21|41|12|22", "off", "backends/cuda (decode step, cpp_dot.py)",
-                      "an experiment, not yet measured: the decode step's bf16 projections of up "
+                      "an experiment, measured slower (H100, thirty-ninth session: the same bits, "
+                      "the step +34 us on the 270M, +85 on the 1B; norm more): the decode step's "
+                      "projections of up "
                       "to 16 rows (qkv, o, gate|up with GELU, down as deferred pieces; not the "
                       "head; bf16 weights or quant=int8 rows) through the CUDA C++ kernel "
                       "csrc/gemv_mma.cu, built by nvcc for "

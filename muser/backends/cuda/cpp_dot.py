@@ -1,5 +1,6 @@
-"""The decode step's projections in CUDA C++ (MUSER_DOT_CPP; off by default: an experiment until
-the H200 has measured it -- benchmarks/NOTES.md, thirty-eighth and thirty-ninth sessions).
+"""The decode step's projections in CUDA C++ (MUSER_DOT_CPP; off by default: an experiment that
+keeps dot_rows' bits and loses the step -- measured on an H100, benchmarks/NOTES.md and
+RESULTS.md, thirty-ninth session).
 
 Owns: building `csrc/gemv_mma.cu` (with its headers) with nvcc for sm_90a into
 MUSER_CACHE_DIR/native/cuda (once per source digest; ~20 s), loading it (`load`, which warns
