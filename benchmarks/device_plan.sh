@@ -1108,13 +1108,18 @@ stage_cpp_gemv() {  # carry .whl: CUDA C++ decode projections (muser/backends/cu
   tests 240 tests/cuda/test_cpp_dot.py -k "not norm"
 }
 
+cpp_engine_rows() {  # cpp_engine_rows VALUE: the invariance rows (decode == verify == batch ==
+  # prefill rows, bitwise) and the CUDA engine rows under MUSER_DOT_CPP=VALUE
+  if [ -z "${DRY:-}" ]; then export MUSER_DOT_CPP=$1; fi
+  echo "MUSER_DOT_CPP=$1" | tee -a "$OUT/plan.log"
+  tests 300 tests/engine/test_invariance.py tests/cuda/test_cuda_engine.py -k "not cpu"
+  unset MUSER_DOT_CPP
+}
+
 stage_cpp_step() {  # carry .whl: MUSER_DOT_CPP=on in the engine -- the invariance rows (decode
   # == verify == batch == prefill rows, bitwise) under it, then the decode A/B against the
   # Triton tiles (270M, 1B, 4B; one round, 2k)
-  if [ -z "${DRY:-}" ]; then export MUSER_DOT_CPP=on; fi
-  echo "MUSER_DOT_CPP=on" | tee -a "$OUT/plan.log"
-  tests 300 tests/engine/test_invariance.py tests/cuda/test_cuda_engine.py -k "not cpu"
-  unset MUSER_DOT_CPP
+  cpp_engine_rows on
   bench 300 . benchmarks/exact_ab.py --models 270m,1b,4b --trees exact --decode-only --rounds 1 \
     --variants "CP:MUSER_DOT_CPP=on"
 }
@@ -1131,20 +1136,14 @@ stage_cpp_norm() {  # carry .whl: MUSER_DOT_CPP=norm -- the add+norm before qkv 
 stage_cpp_rows() {  # carry .whl: the engine under MUSER_DOT_CPP=norm -- the invariance rows
   # (decode == verify == batch == prefill rows, bitwise) and the CUDA engine rows -- then the
   # int8 mode's decode A/B with the C++ projections (one call after cpp_norm: 10 minutes a call)
-  if [ -z "${DRY:-}" ]; then export MUSER_DOT_CPP=norm; fi
-  echo "MUSER_DOT_CPP=norm" | tee -a "$OUT/plan.log"
-  tests 300 tests/engine/test_invariance.py tests/cuda/test_cuda_engine.py -k "not cpu"
-  unset MUSER_DOT_CPP
+  cpp_engine_rows norm
   bench 200 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 1 \
     --quant int8 --variants "CN:MUSER_DOT_CPP=norm"
 }
 
 stage_cpp_on_rows() {  # carry .whl: the engine under MUSER_DOT_CPP=on (the C++ projections alone)
   # -- the invariance and engine rows -- then the int8 mode's decode A/B with them
-  if [ -z "${DRY:-}" ]; then export MUSER_DOT_CPP=on; fi
-  echo "MUSER_DOT_CPP=on" | tee -a "$OUT/plan.log"
-  tests 300 tests/engine/test_invariance.py tests/cuda/test_cuda_engine.py -k "not cpu"
-  unset MUSER_DOT_CPP
+  cpp_engine_rows on
   bench 200 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 1 \
     --quant int8 --variants "CP:MUSER_DOT_CPP=on"
 }

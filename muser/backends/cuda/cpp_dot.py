@@ -42,6 +42,12 @@ VARIANTS = ("11", "21", "41", "12", "22")    # warps a CTA, n8 tiles a warp (the
 NAMED = ("on", "norm")                       # 2 x 1, else 1 x 1; norm: with the add+norm in
 
 
+def cta_shapes(variant: str) -> tuple[str, ...]:
+    """The CTA shapes (warps, n8 tiles a warp) a variant tries, in order: on / norm 2 x 1 then
+    1 x 1 (shared memory may be short), else the one it names."""
+    return ("21", "11") if variant in NAMED else (variant,)
+
+
 def norm_bytes(rows: int, k: int, pieces: int) -> int:
     """Shared memory a norm-in launch stages its inputs in (gemv_mma.cu `norm_bytes`): w_post
     and w_next float32 [k], h bf16 [rows, k], d1 bf16 [rows, k] or float32 [pieces, rows, k]."""
@@ -76,8 +82,7 @@ def route(n: int, k: int, rows: int, glu: bool, gelu: bool, piece: int, defer: b
         mode, ks = SPLIT, piece
     else:
         mode, ks = PLAIN, k
-    shapes = ("21", "11") if variant in NAMED else (variant,)
-    for v in shapes:
+    for v in cta_shapes(variant):
         warps, nt = int(v[0]), int(v[1])
         if smem_bytes(mode, warps, nt, rows, ks, wbytes) <= SMEM:
             return mode, ks, warps, nt
@@ -102,8 +107,7 @@ def norm_route(n: int, k: int, rows: int, glu: bool, gelu: bool, piece: int, pie
     if layernorm or block < 8 * 32 * tw or piece:
         return None
     glu_mode = GLU if glu else PLAIN
-    shapes = ("21", "11") if variant in NAMED else (variant,)
-    for v in shapes:
+    for v in cta_shapes(variant):
         plan = route(n, k, rows, glu, gelu, 0, False, v, wbytes)
         if (plan is not None and plan[2] <= tw and plan[0] == glu_mode and
                 smem_bytes(glu_mode, plan[2], plan[3], rows, k, wbytes) +
