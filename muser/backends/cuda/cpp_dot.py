@@ -6,12 +6,13 @@ Owns: building `csrc/gemv_mma.cu` (with its headers) with nvcc for sm_90a into
 MUSER_CACHE_DIR/native/cuda (once per source digest; ~20 s), loading it (`load`, which warns
 and returns None where it cannot: no nvcc, no sm_90 GPU, a failed build -- the Triton tiles
 then run, with the same bits), `route` (which of a step's projections the kernel takes: the
-same ending dot_rows gives them) and `CppDot`, the call.  The kernel keeps dot_rows'
+same ending dot_rows gives them: cpp_route.py) and `CppDot`, the call.  The kernel keeps dot_rows'
 decode-tile arithmetic -- each output the k16 MMA steps in order in mma.sync's own fragment
 layout, the same three endings -- so a row's bits are the Triton tile's, hence the chunk
 tiles' (tests/cuda/test_cpp_dot.py pins both); it changes only how bytes arrive (bulk copies
-of a CTA's whole weight slab, asked for before the PDL wait), for bf16 weights and int8 rows
-(quant="int8": half the bytes).  MUSER_DOT_CPP=norm also takes the add+norm before qkv and
+of a CTA's whole weight slab, asked for before the PDL wait; or, MUSER_DOT_CPP=ring, streamed
+through a ring of slots by CTAs small enough that several share an SM: csrc/gemv_ring.cuh), for
+bf16 weights and int8 rows (quant="int8": half the bytes).  MUSER_DOT_CPP=norm also takes the add+norm before qkv and
 gate|up into the projection (`norm_plan`, `CppDot.norm`): every CTA makes x from h and the
 delta in add_norm's own reduction tree (csrc/triton_math.cuh) while its weights land, one CTA
 stores h'.  Plain ctypes over a C entry point: no torch headers to compile against, so the
@@ -31,91 +32,13 @@ from pathlib import Path
 
 import torch
 
+from .cpp_route import (GLU, MAX_ROWS, NAMED, PLAIN, SMEM, SPLIT, VARIANTS, cta_shapes,  # noqa: F401
+                        norm_bytes, norm_route, norm_shape, ring_bytes, ring_plan, ring_shape, route,
+                        smem_bytes)
 from .weights_int8 import RowInt8
 
 CSRC = Path(__file__).with_name("csrc")
-SRC = CSRC / "gemv_mma.cu"           # includes gemv_kernel.cuh, sm90.cuh, triton_math.cuh
-PLAIN, GLU, SPLIT = 0, 1, 2          # the kernel's three endings (gemv_mma.cu `Mode`)
-MAX_ROWS = 16                        # one m16 tile of rows: a decode step's batch, a verify block
-SMEM = 227 * 1024                    # an sm_90 CTA's shared memory
-VARIANTS = ("11", "21", "41", "12", "22")    # warps a CTA, n8 tiles a warp (the .cu's cases)
-NAMED = ("on", "norm")                       # 2 x 1, else 1 x 1; norm: with the add+norm in
-
-
-def cta_shapes(variant: str) -> tuple[str, ...]:
-    """The CTA shapes (warps, n8 tiles a warp) a variant tries, in order: on / norm 2 x 1 then
-    1 x 1 (shared memory may be short), else the one it names."""
-    return ("21", "11") if variant in NAMED else (variant,)
-
-
-def norm_bytes(rows: int, k: int, pieces: int) -> int:
-    """Shared memory a norm-in launch stages its inputs in (gemv_mma.cu `norm_bytes`): w_post
-    and w_next float32 [k], h bf16 [rows, k], d1 bf16 [rows, k] or float32 [pieces, rows, k]."""
-    return 8 * k + 2 * rows * k + (4 * pieces * rows * k if pieces else 2 * rows * k)
-
-
-def smem_bytes(mode: int, warps: int, nt: int, rows: int, ks: int, wbytes: int = 2) -> int:
-    """A CTA's shared memory: 128 bytes of mbarriers and the norm's scratch, then 8 * nt * warps
-    weight rows (twice, gate and up, for GLU) of wbytes * ks + 16 bytes (int8 rows: 1 byte a
-    weight) and the x rows of 2 * ks + 16 (the 16: the skew that spreads the banks)."""
-    halves = 2 if mode == GLU else 1
-    return 128 + halves * 8 * nt * warps * (wbytes * ks + 16) + rows * (2 * ks + 16)
-
-
-def route(n: int, k: int, rows: int, glu: bool, gelu: bool, piece: int, defer: bool,
-          variant: str, wbytes: int = 2) -> tuple[int, int, int, int] | None:
-    """(mode, keys a piece, warps, n8 tiles a warp) for a projection the kernel can take with
-    dot_rows' bits, else None.  n: output columns (GLU: of each half); piece: the tile table's
-    split-K piece (0: none) -- a split projection only as unsummed pieces (`defer`, the add+norm
-    after it sums them: MUSER_FUSE_SUM), gate|up only with GELU (the one act the .cu carries).
-    variant "on" / "norm": 2 warps x 1 n8 tile, else 1 x 1, whichever fits shared memory
-    first; wbytes: 1 for int8 rows."""
-    if rows < 1 or rows > MAX_ROWS or n % 8 or k % 64:
-        return None
-    if glu:
-        if not gelu or piece:
-            return None
-        mode, ks = GLU, k
-    elif piece:
-        if not defer or piece % 64 or (k % piece) % 64:
-            return None
-        mode, ks = SPLIT, piece
-    else:
-        mode, ks = PLAIN, k
-    for v in cta_shapes(variant):
-        warps, nt = int(v[0]), int(v[1])
-        if smem_bytes(mode, warps, nt, rows, ks, wbytes) <= SMEM:
-            return mode, ks, warps, nt
-    return None
-
-
-def norm_shape(k: int) -> tuple[int, int]:
-    """(warps, BLOCK) of add_norm over rows of k keys (triton_ops._row_shape: they fix its
-    reduction tree, which the kernel replays)."""
-    block = 1 << max(k - 1, 0).bit_length()
-    return (8 if k >= 2048 else 4), block
-
-
-def norm_route(n: int, k: int, rows: int, glu: bool, gelu: bool, piece: int, pieces: int,
-               variant: str, layernorm: bool, wbytes: int = 2) -> tuple[int, int, int, int] | None:
-    """`route` for a projection that makes its own x (MUSER_DOT_CPP=norm): a whole-K one (qkv,
-    gate|up; `piece`: the tile table's split, which must be none), an RMS norm whose BLOCK
-    gives a Triton thread at least 8 keys (the layout csrc/triton_math.cuh replays: BLOCK >=
-    8 x 32 x warps, so k > 512), and shared memory for the staged inputs too
-    (`pieces`: the delta's split-K pieces, 0 for a bf16 delta), else None."""
-    tw, block = norm_shape(k)
-    if layernorm or block < 8 * 32 * tw or piece:
-        return None
-    glu_mode = GLU if glu else PLAIN
-    for v in cta_shapes(variant):
-        plan = route(n, k, rows, glu, gelu, 0, False, v, wbytes)
-        if (plan is not None and plan[2] <= tw and plan[0] == glu_mode and
-                smem_bytes(glu_mode, plan[2], plan[3], rows, k, wbytes) +
-                norm_bytes(rows, k, pieces) <= SMEM):
-            return plan
-    return None
-
-
+SRC = CSRC / "gemv_mma.cu"     # includes gemv_kernel.cuh, gemv_ring.cuh, sm90.cuh, triton_math.cuh
 def digest() -> str:
     """The sources' digest: the .cu and every header beside it."""
     h = hashlib.sha256()
@@ -165,6 +88,9 @@ class CppDot:
         lib.gemv_mma_launch.restype = ctypes.c_int
         lib.gemv_mma_launch.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int] * 8 +
                                         [ctypes.c_void_p])
+        lib.gemv_ring_launch.restype = ctypes.c_int
+        lib.gemv_ring_launch.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int] * 11 +
+                                         [ctypes.c_void_p])
         lib.gemv_norm_launch.restype = ctypes.c_int
         lib.gemv_norm_launch.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] +
                                          [ctypes.c_void_p] * 4 + [ctypes.c_float] +
@@ -185,25 +111,29 @@ class CppDot:
         return route(n, parts[0].shape[1], x.shape[0], glu, gelu, piece, defer, self.variant,
                      parts[2])
 
-    def __call__(self, x: torch.Tensor, w, n: int, plan: tuple[int, int, int, int], pdl: bool,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, w, n: int, plan: tuple[int, ...], pdl: bool,
+                 out: torch.Tensor | None = None, grid: int = 0) -> torch.Tensor:
         """bf16 [rows, n] (PLAIN, GLU) or float32 pieces [pieces, rows, n] (SPLIT; int8 rows'
         pieces unscaled, as dot_rows' deferred pieces are), into `out` when given (contiguous,
-        that shape and dtype)."""
-        mode, ks, warps, nt = plan
+        that shape and dtype).  A six-number plan runs the ring kernel (at most `grid` CTAs,
+        0: as many as are resident at once), four the slab kernel."""
+        mode, ks, warps, nt = plan[:4]
         q, scale, _ = weight_parts(w)
         rows, k = x.shape
         if out is None and mode == SPLIT:
             out = torch.empty(-(-k // ks), rows, n, dtype=torch.float32, device=x.device)
         elif out is None:
             out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-        rc = self.lib.gemv_mma_launch(x.data_ptr(), q.data_ptr(),
-                                      None if scale is None else scale.data_ptr(),
-                                      out.data_ptr(), rows, n, k, ks, mode, warps, nt, int(pdl),
-                                      torch.cuda.current_stream(x.device).cuda_stream)
+        args = (x.data_ptr(), q.data_ptr(), None if scale is None else scale.data_ptr(),
+                out.data_ptr(), rows, n, k, ks, mode, warps, nt, int(pdl))
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        if len(plan) == 6:
+            name, rc = "gemv_ring_launch", self.lib.gemv_ring_launch(*args, *plan[4:], grid, stream)
+        else:
+            name, rc = "gemv_mma_launch", self.lib.gemv_mma_launch(*args, stream)
         if rc:
-            raise RuntimeError(f"gemv_mma_launch({rows} x {k} -> {n}, mode {mode}, {warps} "
-                               f"warps x {nt}): {rc} (-1 shape, -2 shared memory, else CUDA)")
+            raise RuntimeError(f"{name}({rows} x {k} -> {n}, plan {plan}): {rc} (-1 shape, -2 "
+                               f"shared memory, else CUDA)")
         self.calls += 1
         return out
 
@@ -268,8 +198,13 @@ def load(variant: str, cache_dir: Path, device: torch.device,
     """The kernel for MUSER_DOT_CPP=`variant` on `device`, or None with a RuntimeWarning that
     says why (the Triton tiles run instead, with the same bits)."""
     try:
-        if variant not in NAMED and variant not in VARIANTS:
-            raise RuntimeError(f"no CTA shape {variant!r} (on, norm or one of "
+        if variant.startswith("ring:"):
+            try:
+                ring_shape(variant, 1, 2)
+            except ValueError as e:
+                raise RuntimeError(str(e)) from None
+        elif variant not in NAMED and variant not in VARIANTS:
+            raise RuntimeError(f"no CTA shape {variant!r} (on, norm, ring or one of "
                                f"{', '.join(VARIANTS)})")
         if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
             raise RuntimeError(f"the kernel is built for sm_90 and the device is {device}")

@@ -32,13 +32,15 @@
 //   (t = lane % 4) -- mma.m16n8k16.row.col's B fragment; A: x rows g and g + 8, same k.
 //
 // Also: int8 rows (quant="int8", gemv_kernel.cuh's Q8), and x made in the launch from the
-// add+norm before it (NORM, gemv_norm_launch).  This file: the launches and their C entry
+// add+norm before it (NORM, gemv_norm_launch), and the ring kernel (gemv_ring.cuh,
+// gemv_ring_launch): the same sums with the weights streamed through a ring of slots.  This file: the launches and their C entry
 // points; the kernel: gemv_kernel.cuh.  Not product code: no bias, no widened or picking head.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "gemv_kernel.cuh"
+#include "gemv_ring.cuh"
 
 namespace {
 
@@ -80,6 +82,74 @@ int launch(const Operands& o, cudaStream_t stream) {
   cfg.numAttrs = PDL ? 1 : 0;
   return (int)cudaLaunchKernelEx(&cfg, kern, (const __nv_bfloat16*)o.x, o.w, o.scale, o.y, o.B,
                                  o.N, o.K, o.KS, o.na);
+}
+
+// The ring kernel's launch: S slots of KC keys; the grid the CTAs resident at once (the
+// occupancy at this shared memory, asked once per size), or grid_max when smaller (> 0).
+template <int WARPS, int NT, bool PDL, int MODE, bool Q8>
+int launch_ring(const Operands& o, int kc, int slots, int grid_max, cudaStream_t stream) {
+  constexpr int R = 8 * NT * WARPS;
+  constexpr int HALVES = MODE == GLU ? 2 : 1;
+  if (kc < 16 || kc % 16 || slots < 2 || slots > RING_SLOTS) return -1;
+  const size_t smem = 128 + (size_t)slots * (HALVES * R * ((Q8 ? 1 : 2) * kc + 16) +
+                                             (size_t)o.B * (2 * kc + 16));
+  if (smem > 227 * 1024) return -2;
+  auto* kern = gemv_ring<WARPS, NT, PDL, MODE, Q8>;
+  static size_t raised = 0, asked = 0;              // the attribute once per size; the
+  static int resident = 0;                          // occupancy once per size
+  if (smem > raised) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    if (e != cudaSuccess) return (int)e;
+    raised = smem;
+  }
+  if (smem != asked) {
+    int dev = 0, sms = 0, occ = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess)
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, 32 * WARPS, smem);
+    if (e != cudaSuccess) return (int)e;
+    if (occ < 1) return -2;
+    resident = occ * sms;
+    asked = smem;
+  }
+  const int items = (o.N + R - 1) / R * ((o.K + o.KS - 1) / o.KS);
+  int grid = items < resident ? items : resident;
+  if (grid_max > 0 && grid_max < grid) grid = grid_max;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(32 * WARPS);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = PDL ? 1 : 0;
+  return (int)cudaLaunchKernelEx(&cfg, kern, (const __nv_bfloat16*)o.x, o.w, o.scale, o.y, o.B,
+                                 o.N, o.K, o.KS, kc, slots);
+}
+
+template <int MODE>
+int ring_shape(const Operands& o, int warps, int nt, int pdl, int kc, int slots, int grid_max,
+               cudaStream_t s) {
+  const bool q8 = o.scale != nullptr;
+#define MUSER_CASE(W, T)                                                                  \
+  case W * 10 + T:                                                                       \
+    return pdl ? (q8 ? launch_ring<W, T, true, MODE, true>(o, kc, slots, grid_max, s)     \
+                     : launch_ring<W, T, true, MODE, false>(o, kc, slots, grid_max, s))   \
+               : (q8 ? launch_ring<W, T, false, MODE, true>(o, kc, slots, grid_max, s)    \
+                     : launch_ring<W, T, false, MODE, false>(o, kc, slots, grid_max, s));
+  switch (warps * 10 + nt) {
+    MUSER_CASE(1, 1)
+    MUSER_CASE(2, 1)
+    MUSER_CASE(4, 1)
+    MUSER_CASE(1, 2)
+    MUSER_CASE(2, 2)
+    default: return -1;
+  }
+#undef MUSER_CASE
 }
 
 template <int MODE, bool NORM>
@@ -148,4 +218,20 @@ extern "C" int gemv_norm_launch(const void* h, const void* d1, int pieces, const
   cudaStream_t s = (cudaStream_t)stream;
   return mode == PLAIN ? launch_shape<PLAIN, true>(o, warps, nt, pdl, s)
                        : launch_shape<GLU, true>(o, warps, nt, pdl, s);
+}
+
+// The same projection by the ring kernel (gemv_ring.cuh): kc keys a slot, `slots` slots, at
+// most grid_max CTAs (0: as many as are resident at once).  Return codes as gemv_mma_launch's.
+extern "C" int gemv_ring_launch(const void* x, const void* w, const void* scale, void* y, int B,
+                                int N, int K, int ks, int mode, int warps, int nt, int pdl,
+                                int kc, int slots, int grid_max, void* stream) {
+  if (refuse(B, N, K, ks, mode)) return -1;
+  cudaStream_t s = (cudaStream_t)stream;
+  const Operands o = {x, w, (const float*)scale, y, B, N, K, ks, NormArgs{}};
+  switch (mode) {
+    case PLAIN: return ring_shape<PLAIN>(o, warps, nt, pdl, kc, slots, grid_max, s);
+    case GLU: return ring_shape<GLU>(o, warps, nt, pdl, kc, slots, grid_max, s);
+    case SPLIT: return ring_shape<SPLIT>(o, warps, nt, pdl, kc, slots, grid_max, s);
+    default: return -1;
+  }
 }
