@@ -1153,7 +1153,7 @@ stage_cpp_on_rows() {  # carry .whl: the engine under MUSER_DOT_CPP=on (the C++ 
 stage_cpp_ring() {  # carry .whl: the ring kernel (csrc/gemv_ring.cuh, MUSER_DOT_CPP=ring) -- its
   # bits (the GPU rows: every ending, 1 / 5 / 16 rows, 3 CTAs walking many items, the engines),
   # us a launch against the Triton tile and the slab kernel (1 row, 16 rows), the decode A/B
-  tests 300 tests/cuda/test_cpp_dot.py -k "ring"
+  tests 300 tests/cuda/test_cpp_dot.py -k "not norm"    # the ring rows, and the slab rows (shared steps)
   bench 300 . benchmarks/cpp_ring_probe.py
   bench 150 . benchmarks/cpp_ring_probe.py --rows 16 --shapes 1b --configs 41:256:4,21:256:4,41:128:6
 }
