@@ -76,7 +76,8 @@
 #   cpp_rows     the invariance and engine rows under MUSER_DOT_CPP=norm, then the int8 mode's
 #                decode A/B (quant="int8", whose rows the C++ kernel now takes too)
 #   cpp_ring     the ring kernel (weights streamed through slots, several CTAs an SM): bits,
-#                us a launch against Triton and the slab kernel (cpp_ring_ab: the decode A/B)
+#                us a launch against Triton and the slab kernel (cpp_ring_ab: the decode A/B;
+#                cpp_ring_rows: the invariance and engine rows under it)
 #   gguf_part    one part of the embedded GGUF (.gg/pNN, carried a call each to a warm machine)
 #   gguf_row     the parts assembled, then the embedded 270M's int8-head row
 #   fence        the Q8_0 head tile behind the layout fence: the head-sized row before / after,
@@ -1156,6 +1157,11 @@ stage_cpp_ring() {  # carry .whl: the ring kernel (csrc/gemv_ring.cuh, MUSER_DOT
   tests 300 tests/cuda/test_cpp_dot.py -k "not norm"    # the ring rows, and the slab rows (shared steps)
   bench 300 . benchmarks/cpp_ring_probe.py
   bench 150 . benchmarks/cpp_ring_probe.py --rows 16 --shapes 1b --configs 41:256:4,21:256:4,41:128:6
+  bench 150 . benchmarks/cpp_ring_probe.py --quant int8 --shapes 1b,4b --configs 11:512:4,21:512:4
+}
+
+stage_cpp_ring_rows() {  # carry .whl: the invariance and CUDA engine rows under MUSER_DOT_CPP=ring
+  cpp_engine_rows ring
 }
 
 stage_cpp_ring_ab() {  # carry .whl: the decode step with the ring kernel against the Triton
