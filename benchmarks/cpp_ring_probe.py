@@ -21,15 +21,12 @@ import ctypes
 from pathlib import Path
 
 import torch
-from cpp_gemv_probe import HBM, SHAPES, graph_us, triton_call
-
-BYTES = 256 << 20
+from cpp_gemv_probe import HBM, SHAPES, graph_us, triton_call, weight_copies
 
 
 def main():
     from muser.backends.cuda.cpp_dot import CppDot, build
     from muser.backends.cuda.triton_dot_tiles import dot_config
-    from muser.backends.cuda.weights_int8 import quantize_rows
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="270m,1b,4b")
     ap.add_argument("--rows", type=int, default=1)
@@ -53,11 +50,7 @@ def main():
             piece = dot_config(n, k, glu)[4]
             split = bool(piece) and not glu
             rows = 2 * n if glu else n
-            copies = max(4, -(-BYTES // (rows * k * wbytes)))
-            ws = [(torch.randn(rows, k, device="cuda", generator=g) / k ** 0.5)
-                  .to(torch.bfloat16) for _ in range(copies)]
-            if wbytes == 1:
-                ws = [quantize_rows(w) for w in ws]
+            ws = weight_copies(rows, k, wbytes, g)
             x = torch.randn(args.rows, k, device="cuda", generator=g).to(torch.bfloat16)
             want = triton_call(x, ws[0], None, glu, split)
             outs = [torch.empty_like(want) for _ in ws]

@@ -54,6 +54,36 @@ struct Operands {
   NormArgs na;
 };
 
+// Raises a kernel's dynamic shared memory limit to `smem` where it is lower (`raised`: the
+// kernel's own record of it, so the attribute is set once per size).
+template <typename... P>
+cudaError_t raise_smem(void (*kern)(P...), size_t& raised, size_t smem) {
+  if (smem <= raised) return cudaSuccess;
+  const cudaError_t e =
+      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e == cudaSuccess) raised = smem;
+  return e;
+}
+
+// Launches a kernel (its shared memory limit raised first) -- with programmatic stream
+// serialization when pdl.
+template <typename... P, typename... A>
+int launch_ex(void (*kern)(P...), size_t& raised, dim3 grid, int threads, size_t smem, bool pdl,
+              cudaStream_t stream, A... args) {
+  if (cudaError_t e = raise_smem(kern, raised, smem)) return (int)e;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return (int)cudaLaunchKernelEx(&cfg, kern, args...);
+}
+
 template <int WARPS, int NT, bool PDL, int MODE, bool NORM, bool Q8>
 int launch(const Operands& o, cudaStream_t stream) {
   constexpr int R = 8 * NT * WARPS;
@@ -62,26 +92,11 @@ int launch(const Operands& o, cudaStream_t stream) {
                       (size_t)o.B * (2 * o.KS + 16) +
                       (NORM ? norm_bytes(o.B, o.K, o.na.pieces) : 0);
   if (smem > 227 * 1024) return -2;
-  auto* kern = gemv_mma<WARPS, NT, PDL, MODE, NORM, Q8>;
   static size_t raised = 0;                         // the attribute, once per size
-  if (smem > raised) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem);
-    if (e != cudaSuccess) return (int)e;
-    raised = smem;
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((o.N + R - 1) / R, (o.K + o.KS - 1) / o.KS);
-  cfg.blockDim = dim3(32 * WARPS);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = PDL ? 1 : 0;
-  return (int)cudaLaunchKernelEx(&cfg, kern, (const __nv_bfloat16*)o.x, o.w, o.scale, o.y, o.B,
-                                 o.N, o.K, o.KS, o.na);
+  return launch_ex(gemv_mma<WARPS, NT, PDL, MODE, NORM, Q8>, raised,
+                   dim3((o.N + R - 1) / R, (o.K + o.KS - 1) / o.KS), 32 * WARPS, smem, PDL,
+                   stream, (const __nv_bfloat16*)o.x, o.w, o.scale, o.y, o.B, o.N, o.K, o.KS,
+                   o.na);
 }
 
 // The ring kernel's launch: S slots of KC keys; the grid the CTAs resident at once (the
@@ -97,15 +112,10 @@ int launch_ring(const Operands& o, int kc, int slots, int grid_max, cudaStream_t
   auto* kern = gemv_ring<WARPS, NT, PDL, MODE, Q8>;
   static size_t raised = 0, asked = 0;              // the attribute once per size; the
   static int resident = 0;                          // occupancy once per size
-  if (smem > raised) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem);
-    if (e != cudaSuccess) return (int)e;
-    raised = smem;
-  }
-  if (smem != asked) {
+  if (smem != asked) {   // the limit raised first: the occupancy query counts it
     int dev = 0, sms = 0, occ = 0;
-    cudaError_t e = cudaGetDevice(&dev);
+    cudaError_t e = raise_smem(kern, raised, smem);
+    if (e == cudaSuccess) e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (e == cudaSuccess)
       e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, 32 * WARPS, smem);
@@ -117,18 +127,8 @@ int launch_ring(const Operands& o, int kc, int slots, int grid_max, cudaStream_t
   const int items = (o.N + R - 1) / R * ((o.K + o.KS - 1) / o.KS);
   int grid = items < resident ? items : resident;
   if (grid_max > 0 && grid_max < grid) grid = grid_max;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(32 * WARPS);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = PDL ? 1 : 0;
-  return (int)cudaLaunchKernelEx(&cfg, kern, (const __nv_bfloat16*)o.x, o.w, o.scale, o.y, o.B,
-                                 o.N, o.K, o.KS, kc, slots);
+  return launch_ex(kern, raised, dim3(grid), 32 * WARPS, smem, PDL, stream,
+                   (const __nv_bfloat16*)o.x, o.w, o.scale, o.y, o.B, o.N, o.K, o.KS, kc, slots);
 }
 
 template <int MODE>
