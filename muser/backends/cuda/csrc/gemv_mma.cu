@@ -99,7 +99,7 @@ int launch(const Operands& o, cudaStream_t stream) {
                    o.na);
 }
 
-// The ring kernel's launch: S slots of KC keys; the grid the CTAs resident at once (the
+// The ring kernel's launch: S slots of KC keys; at most the CTAs resident at once (the
 // occupancy at this shared memory, asked once per size), or grid_max when smaller (> 0).
 template <int WARPS, int NT, bool PDL, int MODE, bool Q8>
 int launch_ring(const Operands& o, int kc, int slots, int grid_max, cudaStream_t stream) {
@@ -124,9 +124,12 @@ int launch_ring(const Operands& o, int kc, int slots, int grid_max, cudaStream_t
     resident = occ * sms;
     asked = smem;
   }
+  // as many CTAs as are resident, each walking the same number of items (+-1 at most): 864
+  // items on 792 resident CTAs are 432 CTAs of 2, not 72 CTAs finishing a second item alone
   const int items = (o.N + R - 1) / R * ((o.K + o.KS - 1) / o.KS);
-  int grid = items < resident ? items : resident;
-  if (grid_max > 0 && grid_max < grid) grid = grid_max;
+  const int most = grid_max > 0 && grid_max < resident ? grid_max : resident;
+  const int each = (items + most - 1) / most;
+  const int grid = (items + each - 1) / each;
   return launch_ex(kern, raised, dim3(grid), 32 * WARPS, smem, PDL, stream,
                    (const __nv_bfloat16*)o.x, o.w, o.scale, o.y, o.B, o.N, o.K, o.KS, kc, slots);
 }
