@@ -1155,8 +1155,8 @@ stage_cpp_ring() {  # carry .whl: the ring kernel (csrc/gemv_ring.cuh, MUSER_DOT
   # launch against the Triton tile and the slab kernel, each output checked against dot_rows'
   # (1 row), then the decode A/B (270M, 1B, 4B; one round, 2k) with the auto shape -- the
   # speed question first, in one short call (the device is scarce: ~7 minutes)
-  bench 200 . benchmarks/cpp_ring_probe.py
-  bench 300 . benchmarks/exact_ab.py --models 270m,1b,4b --trees exact --decode-only --rounds 1 \
+  bench 150 . benchmarks/cpp_ring_probe.py --configs 11:512:4,21:256:4
+  bench 280 . benchmarks/exact_ab.py --models 1b,270m,4b --trees exact --decode-only --rounds 1 \
     --variants "CR:MUSER_DOT_CPP=ring"
 }
 
