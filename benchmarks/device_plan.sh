@@ -75,9 +75,9 @@
 #                (cpp_norm_probe.py), its GPU rows, the decode A/B (bf16)
 #   cpp_rows     the invariance and engine rows under MUSER_DOT_CPP=norm, then the int8 mode's
 #                decode A/B (quant="int8", whose rows the C++ kernel now takes too)
-#   cpp_ring     the ring kernel (weights streamed through slots, several CTAs an SM): us a
-#                launch against Triton and the slab kernel, then the decode A/B (cpp_ring_bits:
-#                its GPU rows, 16 rows, int8; cpp_ring_rows: the invariance and engine rows)
+#   (cpp_ring, fortieth session: the C++ projection's weights streamed through a ring of slots
+#    by small CTAs -- the same bits, the step 1B 1.220 -> 1.485 ms on an H100; the code is
+#    gone, commit ac72dfd has it)
 #   gguf_part    one part of the embedded GGUF (.gg/pNN, carried a call each to a warm machine)
 #   gguf_row     the parts assembled, then the embedded 270M's int8-head row
 #   fence        the Q8_0 head tile behind the layout fence: the head-sized row before / after,
@@ -1149,27 +1149,6 @@ stage_cpp_on_rows() {  # carry .whl: the engine under MUSER_DOT_CPP=on (the C++ 
   cpp_engine_rows on
   bench 200 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 1 \
     --quant int8 --variants "CP:MUSER_DOT_CPP=on"
-}
-
-stage_cpp_ring() {  # carry .whl: the ring kernel (csrc/gemv_ring.cuh, MUSER_DOT_CPP=ring) -- us a
-  # launch against the Triton tile and the slab kernel, each output checked against dot_rows'
-  # (1 row), then the decode A/B (270M, 1B, 4B; one round, 2k) with the auto shape -- the
-  # speed question first, in one short call (the device is scarce: ~7 minutes)
-  bench 150 . benchmarks/cpp_ring_probe.py --configs 11:512:4,21:256:4
-  bench 280 . benchmarks/exact_ab.py --models 1b,270m,4b --trees exact --decode-only --rounds 1 \
-    --variants "CR:MUSER_DOT_CPP=ring"
-}
-
-stage_cpp_ring_bits() {  # carry .whl: the ring kernel's GPU rows (every ending, 1 / 5 / 16 rows,
-  # 3 CTAs walking many items, the engines) with the slab rows (they share mma_steps /
-  # store_tile now), then us a launch at 16 rows and with int8 rows
-  tests 300 tests/cuda/test_cpp_dot.py -k "not norm"
-  bench 150 . benchmarks/cpp_ring_probe.py --rows 16 --shapes 1b --configs 41:256:4,21:256:4,41:128:6
-  bench 150 . benchmarks/cpp_ring_probe.py --quant int8 --shapes 1b,4b --configs 11:512:4,21:512:4
-}
-
-stage_cpp_ring_rows() {  # carry .whl: the invariance and CUDA engine rows under MUSER_DOT_CPP=ring
-  cpp_engine_rows ring
 }
 
 stage_gguf_part() {  # carry .gg/pNN (the embedded GGUF split in six: 64 MiB a call, .whl too): kept in

@@ -106,17 +106,6 @@ def _choice(name: str, v: str) -> str:
     return v
 
 
-def _dot_cpp(name: str, v: str) -> str:
-    """MUSER_DOT_CPP: one of its choices, or ring:WN:KC:S (warps and n8 tiles a warp as two
-    digits the kernel has, keys a slot a multiple of 16, 2 to 16 slots: cpp_route.ring_shape)."""
-    parts = v.split(":")
-    if len(parts) == 4 and parts[0] == "ring" and parts[1] in ("11", "21", "41", "12", "22"):
-        kc, slots = (int(p) if p.isdigit() else 0 for p in parts[2:])
-        if kc >= 16 and kc % 16 == 0 and 2 <= slots <= 16:
-            return v
-    return _choice(name, v)
-
-
 def _count(name: str, v: str) -> int:
     try:
         n = int(v)
@@ -173,14 +162,12 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_ATTN_REGS", "attn_regs"),
                         ("MUSER_PREFETCH", "prefetch"),
                         ("MUSER_ATTN_EARLY", "attn_early"),
-                        ("MUSER_DOT_TMA", "dot_tma"),
+                        ("MUSER_DOT_TMA", "dot_tma"), ("MUSER_DOT_CPP", "dot_cpp"),
                         ("MUSER_CHUNK_ALIGN", "chunk_align"), ("MUSER_CHUNK_ORDER", "chunk_order"),
                         ("MUSER_CHUNK_WIDE", "chunk_wide"), ("MUSER_CHUNK_FENCE", "chunk_fence"),
                         ("MUSER_CHUNK_WHOLE", "chunk_whole"), ("MUSER_CHUNK_BASE", "chunk_base")):
         if (v := get(name)) is not None:
             kw[field] = _choice(name, v)
-    if (v := get("MUSER_DOT_CPP")) is not None:
-        kw["dot_cpp"] = _dot_cpp("MUSER_DOT_CPP", v)
     for name, field in (("MUSER_RING_ROWS", "ring_rows"), ("MUSER_GROWING_ROWS", "growing_rows"),
                         ("MUSER_RING_GROUP", "ring_group"), ("MUSER_GROWING_GROUP", "growing_group")):
         if (v := get(name)) is not None:

@@ -39,8 +39,6 @@ def test_defaults_without_any_knob():
     ("MUSER_CHUNK_COLUMNS", "2", "chunk_columns", "2"),
     ("MUSER_GROWING_GROUP", "8", "growing_group", 8),
     ("MUSER_ATTN_RING", "64,8", "attn_ring", (64, 8)),
-    ("MUSER_DOT_CPP", "ring", "dot_cpp", "ring"),
-    ("MUSER_DOT_CPP", "ring:21:256:4", "dot_cpp", "ring:21:256:4"),
     ("MUSER_ATTN_GROWING", "16,4", "attn_growing", (16, 4)),
     ("MUSER_TEST_REF_DIR", "/tmp/ref", "test_ref_dir", Path("/tmp/ref")),
     ("MUSER_TEST_REFRESH", "1", "test_refresh", True),
@@ -57,8 +55,7 @@ def test_each_knob_is_typed(name, value, field, want):
     ("MUSER_NATIVE", "maybe"), ("MUSER_ROWS", "fast"), ("MUSER_GEMV", "all"), ("MUSER_ATTN", "x"),
     ("MUSER_RING_ROWS", "0"), ("MUSER_RING_ROWS", "3.5"), ("MUSER_GROWING_ROWS", "-1"), ("MUSER_CHUNKS", "quick"),
     ("MUSER_ATTN_RING", "64"), ("MUSER_ATTN_GROWING", "a,b"), ("MUSER_ATTN_RING", "0,4"),
-    ("MUSER_TEST_REFRESH", "2"), ("MUSER_DOT_CPP", "ring:31:256:4"), ("MUSER_DOT_CPP", "ring:21:100:4"),
-    ("MUSER_DOT_CPP", "ring:21:256:1"), ("MUSER_DOT_CPP", "ring:21:256"), ("MUSER_DOT_CPP", "fast"),
+    ("MUSER_TEST_REFRESH", "2"),
 ])
 def test_a_bad_value_is_refused_naming_the_variable(name, value):
     with pytest.raises(EnvError, match=rf"{name} expected .*, got {re.escape(repr(value))}"):

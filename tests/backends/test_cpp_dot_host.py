@@ -11,9 +11,9 @@ import torch
 from muser.backends.cuda import cpp_dot
 from muser.backends.cuda.weights_int8 import RowInt8
 from muser.backends.cuda.cpp_dot import (GLU, PLAIN, SPLIT, build, load, norm_bytes, norm_route,
-                                         norm_shape, ring_bytes, ring_shape, route, smem_bytes)
+                                         norm_shape, route, smem_bytes)
 
-ROUTES = [  # (n, k, rows, glu, gelu, piece, defer, variant[, wbytes]) -> plan | None
+ROUTES = [  # (n, k, rows, glu, gelu, piece, defer, variant) -> (mode, ks, warps, nt) | None
     ((1536, 1152, 1, False, False, 0, False, "on"), (PLAIN, 1152, 2, 1)),
     ((1536, 1152, 16, False, False, 0, True, "41"), (PLAIN, 1152, 4, 1)),
     ((1536, 1152, 17, False, False, 0, False, "on"), None),          # more than one m16 tile
@@ -25,33 +25,12 @@ ROUTES = [  # (n, k, rows, glu, gelu, piece, defer, variant[, wbytes]) -> plan |
     ((2560, 10240, 5, False, False, 0, False, "on"), None),          # nothing fits
     ((1536, 1100, 1, False, False, 0, False, "on"), None),           # K not a multiple of 64
     ((1532, 1152, 1, False, False, 0, False, "on"), None),           # n not a multiple of 8
-    # the ring kernel (six numbers: + keys a slot, slots): "ring" picks 1 x 1 up to 4 rows
-    ((6912, 1152, 1, True, True, 0, False, "ring"), (GLU, 1152, 1, 1, 256, 4)),
-    ((1536, 1152, 16, False, False, 0, False, "ring"), (PLAIN, 1152, 4, 1, 256, 4)),
-    ((2560, 10240, 16, False, False, 0, False, "ring"), (PLAIN, 10240, 4, 1, 256, 4)),  # fits
-    ((1152, 6912, 1, False, False, 1024, True, "ring:21:2048:3"), (SPLIT, 1024, 2, 1, 1024, 3)),
-    ((1152, 6912, 1, False, False, 1024, False, "ring"), None),      # pieces summed: Triton's
-    ((6912, 1152, 16, True, True, 0, False, "ring:22:1024:16"), None),   # 16 slots: too big
-    ((1536, 640, 1, False, False, 0, False, "ring", 1), (PLAIN, 640, 1, 1, 512, 4)),   # int8
 ]
 
 
 @pytest.mark.parametrize("args,want", ROUTES)
 def test_route_takes_only_what_the_kernel_ends_as_dot_rows_does(args, want):
     assert route(*args) == want
-
-
-def test_a_ring_slot_holds_the_ctas_rows_and_the_x_rows():
-    # 1 warp x 1: 8 columns, GLU's 16 weight rows of 256 keys, 1 x row; 4 slots
-    assert ring_bytes(GLU, 1, 1, 1, 256, 4) == 128 + 4 * (16 * (512 + 16) + (512 + 16))
-    assert ring_bytes(PLAIN, 4, 1, 16, 256, 4, 1) == 128 + 4 * (32 * (256 + 16) + 16 * 528)
-
-
-@pytest.mark.parametrize("variant", ["ring:31:256:4", "ring:21:100:4", "ring:21:256:1",
-                                     "ring:21:256:17", "ring:21:256", "ring:2x:256:4"])
-def test_a_malformed_ring_shape_is_refused_naming_it(variant):
-    with pytest.raises(ValueError, match="no ring shape"):
-        ring_shape(variant, 1, 2)
 
 
 def test_shared_memory_counts_both_halves_of_gate_up():
@@ -106,7 +85,6 @@ def test_without_nvcc_the_build_says_so(tmp_path):
 
 @pytest.mark.parametrize("variant,device,why", [
     ("33", "cpu", "no CTA shape '33'"),
-    ("ring:21:100:4", "cpu", "no ring shape"),
     ("on", "cpu", "built for sm_90 and the device is cpu"),
 ])
 def test_load_warns_and_leaves_the_triton_tiles(tmp_path, variant, device, why):

@@ -121,7 +121,6 @@ def test_the_cuda_attention_layout_follows_the_env(growing, env, want):
     (Env(dot_cpp="off"), True),
     (Env(dot_cpp="on"), False),                # same bits claimed, not yet checked on a GPU
     (Env(dot_cpp="norm"), False),              # add_norm's tree replayed in C++: not yet checked
-    (Env(dot_cpp="ring"), False),              # the ring kernel: not yet checked on a GPU
 ])
 def test_the_cuda_cut_encoding_names_the_arithmetic(env, same):
     """A CUDA engine's cuts carry "+cuda-<digest>": knobs that move a row's bits change it,

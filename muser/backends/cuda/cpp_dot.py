@@ -5,14 +5,13 @@ RESULTS.md, thirty-ninth session).
 Owns: building `csrc/gemv_mma.cu` (with its headers) with nvcc for sm_90a into
 MUSER_CACHE_DIR/native/cuda (once per source digest; ~20 s), loading it (`load`, which warns
 and returns None where it cannot: no nvcc, no sm_90 GPU, a failed build -- the Triton tiles
-then run, with the same bits), `route` (which of a step's projections the kernel takes: the
-same ending dot_rows gives them: cpp_route.py) and `CppDot`, the call.  The kernel keeps dot_rows'
+then run, with the same bits) and `CppDot`, the call (which of a step's projections the
+kernel takes, with the ending dot_rows gives them: cpp_route.py).  The kernel keeps dot_rows'
 decode-tile arithmetic -- each output the k16 MMA steps in order in mma.sync's own fragment
 layout, the same three endings -- so a row's bits are the Triton tile's, hence the chunk
 tiles' (tests/cuda/test_cpp_dot.py pins both); it changes only how bytes arrive (bulk copies
-of a CTA's whole weight slab, asked for before the PDL wait; or, MUSER_DOT_CPP=ring, streamed
-through a ring of slots by CTAs small enough that several share an SM: csrc/gemv_ring.cuh), for
-bf16 weights and int8 rows (quant="int8": half the bytes).  MUSER_DOT_CPP=norm also takes the add+norm before qkv and
+of a CTA's whole weight slab, asked for before the PDL wait), for bf16 weights and int8 rows
+(quant="int8": half the bytes).  MUSER_DOT_CPP=norm also takes the add+norm before qkv and
 gate|up into the projection (`norm_plan`, `CppDot.norm`): every CTA makes x from h and the
 delta in add_norm's own reduction tree (csrc/triton_math.cuh) while its weights land, one CTA
 stores h'.  Plain ctypes over a C entry point: no torch headers to compile against, so the
@@ -32,13 +31,13 @@ from pathlib import Path
 
 import torch
 
-from .cpp_route import (GLU, MAX_ROWS, NAMED, PLAIN, SMEM, SPLIT, VARIANTS, cta_shapes,  # noqa: F401
-                        norm_bytes, norm_route, norm_shape, ring_bytes, ring_plan, ring_shape, route,
+from .cpp_route import (GLU, MAX_ROWS, NAMED, PLAIN, SMEM, SPLIT,  # noqa: F401 (re-exported)
+                        VARIANTS, cta_shapes, norm_bytes, norm_route, norm_shape, route,
                         smem_bytes)
 from .weights_int8 import RowInt8
 
 CSRC = Path(__file__).with_name("csrc")
-SRC = CSRC / "gemv_mma.cu"     # includes gemv_kernel.cuh, gemv_ring.cuh, sm90.cuh, triton_math.cuh
+SRC = CSRC / "gemv_mma.cu"           # includes gemv_kernel.cuh, sm90.cuh, triton_math.cuh
 def digest() -> str:
     """The sources' digest: the .cu and every header beside it."""
     h = hashlib.sha256()
@@ -88,9 +87,6 @@ class CppDot:
         lib.gemv_mma_launch.restype = ctypes.c_int
         lib.gemv_mma_launch.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int] * 8 +
                                         [ctypes.c_void_p])
-        lib.gemv_ring_launch.restype = ctypes.c_int
-        lib.gemv_ring_launch.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int] * 11 +
-                                         [ctypes.c_void_p])
         lib.gemv_norm_launch.restype = ctypes.c_int
         lib.gemv_norm_launch.argtypes = ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] +
                                          [ctypes.c_void_p] * 4 + [ctypes.c_float] +
@@ -111,29 +107,25 @@ class CppDot:
         return route(n, parts[0].shape[1], x.shape[0], glu, gelu, piece, defer, self.variant,
                      parts[2])
 
-    def __call__(self, x: torch.Tensor, w, n: int, plan: tuple[int, ...], pdl: bool,
-                 out: torch.Tensor | None = None, grid: int = 0) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, w, n: int, plan: tuple[int, int, int, int], pdl: bool,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
         """bf16 [rows, n] (PLAIN, GLU) or float32 pieces [pieces, rows, n] (SPLIT; int8 rows'
         pieces unscaled, as dot_rows' deferred pieces are), into `out` when given (contiguous,
-        that shape and dtype).  A six-number plan runs the ring kernel (at most `grid` CTAs,
-        0: as many as are resident at once), four the slab kernel."""
-        mode, ks, warps, nt = plan[:4]
+        that shape and dtype)."""
+        mode, ks, warps, nt = plan
         q, scale, _ = weight_parts(w)
         rows, k = x.shape
         if out is None and mode == SPLIT:
             out = torch.empty(-(-k // ks), rows, n, dtype=torch.float32, device=x.device)
         elif out is None:
             out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-        args = (x.data_ptr(), q.data_ptr(), None if scale is None else scale.data_ptr(),
-                out.data_ptr(), rows, n, k, ks, mode, warps, nt, int(pdl))
-        stream = torch.cuda.current_stream(x.device).cuda_stream
-        if len(plan) == 6:
-            name, rc = "gemv_ring_launch", self.lib.gemv_ring_launch(*args, *plan[4:], grid, stream)
-        else:
-            name, rc = "gemv_mma_launch", self.lib.gemv_mma_launch(*args, stream)
+        rc = self.lib.gemv_mma_launch(x.data_ptr(), q.data_ptr(),
+                                      None if scale is None else scale.data_ptr(),
+                                      out.data_ptr(), rows, n, k, ks, mode, warps, nt, int(pdl),
+                                      torch.cuda.current_stream(x.device).cuda_stream)
         if rc:
-            raise RuntimeError(f"{name}({rows} x {k} -> {n}, plan {plan}): {rc} (-1 shape, -2 "
-                               f"shared memory, else CUDA)")
+            raise RuntimeError(f"gemv_mma_launch({rows} x {k} -> {n}, mode {mode}, {warps} "
+                               f"warps x {nt}): {rc} (-1 shape, -2 shared memory, else CUDA)")
         self.calls += 1
         return out
 
@@ -198,13 +190,8 @@ def load(variant: str, cache_dir: Path, device: torch.device,
     """The kernel for MUSER_DOT_CPP=`variant` on `device`, or None with a RuntimeWarning that
     says why (the Triton tiles run instead, with the same bits)."""
     try:
-        if variant.startswith("ring:"):
-            try:
-                ring_shape(variant, 1, 2)
-            except ValueError as e:
-                raise RuntimeError(str(e)) from None
-        elif variant not in NAMED and variant not in VARIANTS:
-            raise RuntimeError(f"no CTA shape {variant!r} (on, norm, ring or one of "
+        if variant not in NAMED and variant not in VARIANTS:
+            raise RuntimeError(f"no CTA shape {variant!r} (on, norm or one of "
                                f"{', '.join(VARIANTS)})")
         if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
             raise RuntimeError(f"the kernel is built for sm_90 and the device is {device}")

@@ -1,16 +1,14 @@
 """Which decode projections the CUDA C++ kernels take, and in what CTA shape (MUSER_DOT_CPP):
 pure arithmetic on shapes, no torch, no GPU -- so the host tests pin it.  Owns the shape rules
-the .cu files enforce again (gemv_mma.cu `refuse`), the shared-memory each kernel asks (the
-slab kernel's `smem_bytes`, the ring kernel's `ring_bytes`, norm-in's `norm_bytes`), the
-variants' CTA shapes, and add_norm's (warps, BLOCK) the norm-in kernel replays.  Does not own:
-building, loading or calling the kernels (cpp_dot.py), the tile table's split-K pieces
-(triton_dot_tiles.dot_config: the arithmetic every kernel follows).
+the .cu files enforce again (gemv_mma.cu `refuse`), the shared memory each kernel asks (the
+slab kernel's `smem_bytes`, norm-in's `norm_bytes`), the variants' CTA shapes, and add_norm's
+(warps, BLOCK) the norm-in kernel replays.  Does not own: building, loading or calling the
+kernels (cpp_dot.py), the tile table's split-K pieces (triton_dot_tiles.dot_config: the
+arithmetic every kernel follows).
 
     variant       kernel  CTA shape
     on / norm     slab    2 warps x 1 n8 tile, else 1 x 1 (shared memory), whole slab at once
     11 21 41 ..   slab    warps x n8 tiles a warp, as two digits
-    ring          ring    1 x 1 up to 4 rows, else 4 x 1; 256 keys a slot (int8: 512), 4 slots
-    ring:WN:KC:S  ring    W warps x N tiles, KC keys a slot, S slots (the probes' and A/Bs')
 """
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ PLAIN, GLU, SPLIT = 0, 1, 2          # the kernel's three endings (gemv_mma.cu `
 MAX_ROWS = 16                        # one m16 tile of rows: a decode step's batch, a verify block
 SMEM = 227 * 1024                    # an sm_90 CTA's shared memory
 VARIANTS = ("11", "21", "41", "12", "22")    # warps a CTA, n8 tiles a warp (the .cu's cases)
-NAMED = ("on", "norm", "ring")               # 2 x 1, else 1 x 1; norm: with the add+norm in
-RING_SLOTS = 16                              # gemv_ring.cuh's mbarriers: 2 to 16 slots
+NAMED = ("on", "norm")                       # 2 x 1, else 1 x 1; norm: with the add+norm in
 
 
 def cta_shapes(variant: str) -> tuple[str, ...]:
@@ -49,8 +46,7 @@ def route(n: int, k: int, rows: int, glu: bool, gelu: bool, piece: int, defer: b
     split-K piece (0: none) -- a split projection only as unsummed pieces (`defer`, the add+norm
     after it sums them: MUSER_FUSE_SUM), gate|up only with GELU (the one act the .cu carries).
     variant "on" / "norm": 2 warps x 1 n8 tile, else 1 x 1, whichever fits shared memory
-    first; "ring...": the ring kernel's six-number plan (`ring_plan`); wbytes: 1 for int8
-    rows."""
+    first; wbytes: 1 for int8 rows."""
     if rows < 1 or rows > MAX_ROWS or n % 8 or k % 64:
         return None
     if glu:
@@ -63,50 +59,11 @@ def route(n: int, k: int, rows: int, glu: bool, gelu: bool, piece: int, defer: b
         mode, ks = SPLIT, piece
     else:
         mode, ks = PLAIN, k
-    if variant.startswith("ring"):
-        return ring_plan(mode, ks, rows, variant, wbytes)
     for v in cta_shapes(variant):
         warps, nt = int(v[0]), int(v[1])
         if smem_bytes(mode, warps, nt, rows, ks, wbytes) <= SMEM:
             return mode, ks, warps, nt
     return None
-
-
-def ring_bytes(mode: int, warps: int, nt: int, rows: int, kc: int, slots: int,
-               wbytes: int = 2) -> int:
-    """The ring kernel's shared memory: 128 bytes of mbarriers, then `slots` slots, each the
-    CTA's 8 * nt * warps weight rows (GLU: twice) of kc keys and the x rows' kc keys, every row
-    16 bytes longer (gemv_ring.cuh)."""
-    halves = 2 if mode == GLU else 1
-    return 128 + slots * (halves * 8 * nt * warps * (wbytes * kc + 16) + rows * (2 * kc + 16))
-
-
-def ring_shape(variant: str, rows: int, wbytes: int) -> tuple[int, int, int, int]:
-    """(warps, n8 tiles a warp, keys a slot, slots) a ring variant names: "ring" picks (see
-    the module's table), "ring:WN:KC:S" says.  ValueError for a malformed one."""
-    if variant == "ring":
-        return (1 if rows <= 4 else 4), 1, (256 if wbytes == 2 else 512), 4
-    try:
-        _, wn, kc, slots = variant.split(":")
-        shape = int(wn[0]), int(wn[1]), int(kc), int(slots)
-    except ValueError:
-        raise ValueError(f"no ring shape {variant!r} (ring or ring:WN:KC:S)") from None
-    if len(wn) != 2 or wn not in VARIANTS or shape[2] < 16 or shape[2] % 16 or not (
-            2 <= shape[3] <= RING_SLOTS):
-        raise ValueError(f"no ring shape {variant!r}: WN one of {', '.join(VARIANTS)}, KC a "
-                         f"multiple of 16, 2 <= S <= {RING_SLOTS}")
-    return shape
-
-
-def ring_plan(mode: int, ks: int, rows: int, variant: str,
-              wbytes: int = 2) -> tuple[int, int, int, int, int, int] | None:
-    """(mode, keys a piece, warps, n8 tiles, keys a slot, slots) for the ring kernel, the slot
-    no longer than the piece; None where shared memory is short."""
-    warps, nt, kc, slots = ring_shape(variant, rows, wbytes)
-    kc = min(kc, ks)
-    if ring_bytes(mode, warps, nt, rows, kc, slots, wbytes) > SMEM:
-        return None
-    return mode, ks, warps, nt, kc, slots
 
 
 def norm_shape(k: int) -> tuple[int, int]:
@@ -124,7 +81,7 @@ def norm_route(n: int, k: int, rows: int, glu: bool, gelu: bool, piece: int, pie
     8 x 32 x warps, so k > 512), and shared memory for the staged inputs too
     (`pieces`: the delta's split-K pieces, 0 for a bf16 delta), else None."""
     tw, block = norm_shape(k)
-    if layernorm or block < 8 * 32 * tw or piece or variant.startswith("ring"):
+    if layernorm or block < 8 * 32 * tw or piece:
         return None
     glu_mode = GLU if glu else PLAIN
     for v in cta_shapes(variant):

@@ -32,15 +32,13 @@
 //   (t = lane % 4) -- mma.m16n8k16.row.col's B fragment; A: x rows g and g + 8, same k.
 //
 // Also: int8 rows (quant="int8", gemv_kernel.cuh's Q8), and x made in the launch from the
-// add+norm before it (NORM, gemv_norm_launch), and the ring kernel (gemv_ring.cuh,
-// gemv_ring_launch): the same sums with the weights streamed through a ring of slots.  This file: the launches and their C entry
+// add+norm before it (NORM, gemv_norm_launch).  This file: the launches and their C entry
 // points; the kernel: gemv_kernel.cuh.  Not product code: no bias, no widened or picking head.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "gemv_kernel.cuh"
-#include "gemv_ring.cuh"
 
 namespace {
 
@@ -54,36 +52,6 @@ struct Operands {
   NormArgs na;
 };
 
-// Raises a kernel's dynamic shared memory limit to `smem` where it is lower (`raised`: the
-// kernel's own record of it, so the attribute is set once per size).
-template <typename... P>
-cudaError_t raise_smem(void (*kern)(P...), size_t& raised, size_t smem) {
-  if (smem <= raised) return cudaSuccess;
-  const cudaError_t e =
-      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (e == cudaSuccess) raised = smem;
-  return e;
-}
-
-// Launches a kernel (its shared memory limit raised first) -- with programmatic stream
-// serialization when pdl.
-template <typename... P, typename... A>
-int launch_ex(void (*kern)(P...), size_t& raised, dim3 grid, int threads, size_t smem, bool pdl,
-              cudaStream_t stream, A... args) {
-  if (cudaError_t e = raise_smem(kern, raised, smem)) return (int)e;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return (int)cudaLaunchKernelEx(&cfg, kern, args...);
-}
-
 template <int WARPS, int NT, bool PDL, int MODE, bool NORM, bool Q8>
 int launch(const Operands& o, cudaStream_t stream) {
   constexpr int R = 8 * NT * WARPS;
@@ -92,67 +60,26 @@ int launch(const Operands& o, cudaStream_t stream) {
                       (size_t)o.B * (2 * o.KS + 16) +
                       (NORM ? norm_bytes(o.B, o.K, o.na.pieces) : 0);
   if (smem > 227 * 1024) return -2;
+  auto* kern = gemv_mma<WARPS, NT, PDL, MODE, NORM, Q8>;
   static size_t raised = 0;                         // the attribute, once per size
-  return launch_ex(gemv_mma<WARPS, NT, PDL, MODE, NORM, Q8>, raised,
-                   dim3((o.N + R - 1) / R, (o.K + o.KS - 1) / o.KS), 32 * WARPS, smem, PDL,
-                   stream, (const __nv_bfloat16*)o.x, o.w, o.scale, o.y, o.B, o.N, o.K, o.KS,
-                   o.na);
-}
-
-// The ring kernel's launch: S slots of KC keys; at most the CTAs resident at once (the
-// occupancy at this shared memory, asked once per size), or grid_max when smaller (> 0).
-template <int WARPS, int NT, bool PDL, int MODE, bool Q8>
-int launch_ring(const Operands& o, int kc, int slots, int grid_max, cudaStream_t stream) {
-  constexpr int R = 8 * NT * WARPS;
-  constexpr int HALVES = MODE == GLU ? 2 : 1;
-  if (kc < 16 || kc % 16 || slots < 2 || slots > RING_SLOTS) return -1;
-  const size_t smem = 128 + (size_t)slots * (HALVES * R * ((Q8 ? 1 : 2) * kc + 16) +
-                                             (size_t)o.B * (2 * kc + 16));
-  if (smem > 227 * 1024) return -2;
-  auto* kern = gemv_ring<WARPS, NT, PDL, MODE, Q8>;
-  static size_t raised = 0, asked = 0;              // the attribute once per size; the
-  static int resident = 0;                          // occupancy once per size
-  if (smem != asked) {   // the limit raised first: the occupancy query counts it
-    int dev = 0, sms = 0, occ = 0;
-    cudaError_t e = raise_smem(kern, raised, smem);
-    if (e == cudaSuccess) e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess)
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, 32 * WARPS, smem);
+  if (smem > raised) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
     if (e != cudaSuccess) return (int)e;
-    if (occ < 1) return -2;
-    resident = occ * sms;
-    asked = smem;
+    raised = smem;
   }
-  // as many CTAs as are resident, each walking the same number of items (+-1 at most): 864
-  // items on 792 resident CTAs are 432 CTAs of 2, not 72 CTAs finishing a second item alone
-  const int items = (o.N + R - 1) / R * ((o.K + o.KS - 1) / o.KS);
-  const int most = grid_max > 0 && grid_max < resident ? grid_max : resident;
-  const int each = (items + most - 1) / most;
-  const int grid = (items + each - 1) / each;
-  return launch_ex(kern, raised, dim3(grid), 32 * WARPS, smem, PDL, stream,
-                   (const __nv_bfloat16*)o.x, o.w, o.scale, o.y, o.B, o.N, o.K, o.KS, kc, slots);
-}
-
-template <int MODE>
-int ring_shape(const Operands& o, int warps, int nt, int pdl, int kc, int slots, int grid_max,
-               cudaStream_t s) {
-  const bool q8 = o.scale != nullptr;
-#define MUSER_CASE(W, T)                                                                  \
-  case W * 10 + T:                                                                       \
-    return pdl ? (q8 ? launch_ring<W, T, true, MODE, true>(o, kc, slots, grid_max, s)     \
-                     : launch_ring<W, T, true, MODE, false>(o, kc, slots, grid_max, s))   \
-               : (q8 ? launch_ring<W, T, false, MODE, true>(o, kc, slots, grid_max, s)    \
-                     : launch_ring<W, T, false, MODE, false>(o, kc, slots, grid_max, s));
-  switch (warps * 10 + nt) {
-    MUSER_CASE(1, 1)
-    MUSER_CASE(2, 1)
-    MUSER_CASE(4, 1)
-    MUSER_CASE(1, 2)
-    MUSER_CASE(2, 2)
-    default: return -1;
-  }
-#undef MUSER_CASE
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((o.N + R - 1) / R, (o.K + o.KS - 1) / o.KS);
+  cfg.blockDim = dim3(32 * WARPS);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = PDL ? 1 : 0;
+  return (int)cudaLaunchKernelEx(&cfg, kern, (const __nv_bfloat16*)o.x, o.w, o.scale, o.y, o.B,
+                                 o.N, o.K, o.KS, o.na);
 }
 
 template <int MODE, bool NORM>
@@ -221,20 +148,4 @@ extern "C" int gemv_norm_launch(const void* h, const void* d1, int pieces, const
   cudaStream_t s = (cudaStream_t)stream;
   return mode == PLAIN ? launch_shape<PLAIN, true>(o, warps, nt, pdl, s)
                        : launch_shape<GLU, true>(o, warps, nt, pdl, s);
-}
-
-// The same projection by the ring kernel (gemv_ring.cuh): kc keys a slot, `slots` slots, at
-// most grid_max CTAs (0: as many as are resident at once).  Return codes as gemv_mma_launch's.
-extern "C" int gemv_ring_launch(const void* x, const void* w, const void* scale, void* y, int B,
-                                int N, int K, int ks, int mode, int warps, int nt, int pdl,
-                                int kc, int slots, int grid_max, void* stream) {
-  if (refuse(B, N, K, ks, mode)) return -1;
-  cudaStream_t s = (cudaStream_t)stream;
-  const Operands o = {x, w, (const float*)scale, y, B, N, K, ks, NormArgs{}};
-  switch (mode) {
-    case PLAIN: return ring_shape<PLAIN>(o, warps, nt, pdl, kc, slots, grid_max, s);
-    case GLU: return ring_shape<GLU>(o, warps, nt, pdl, kc, slots, grid_max, s);
-    case SPLIT: return ring_shape<SPLIT>(o, warps, nt, pdl, kc, slots, grid_max, s);
-    default: return -1;
-  }
 }
