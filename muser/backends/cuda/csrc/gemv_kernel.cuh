@@ -36,77 +36,6 @@ __device__ __forceinline__ uint32_t i8x2_bf16x2(uint32_t v) {
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// The k16 MMA steps s0 .. s1 - 1 of a warp's NT n8 tiles (HALVES: gate's, then up's R rows
-// further on), in order: the arithmetic every kernel here shares with dot_rows' decode tile.
-// xa / xb: lane (g, t)'s x rows g and g + 8 (their bytes 4t..), wr: its weight row g (k pair
-// 2t); ra / rb: whether those x rows exist (the MMA's rows past B are zeros).
-template <int HALVES, int NT, bool Q8, int R>
-__device__ __forceinline__ void mma_steps(float (&acc)[HALVES][NT][4], const unsigned char* smem,
-                                          uint32_t xa, uint32_t xb, uint32_t wr, int wstride,
-                                          int s0, int s1, bool ra, bool rb) {
-  constexpr int WB = Q8 ? 1 : 2;
-#pragma unroll 4
-  for (int s = s0; s < s1; ++s) {
-    const uint32_t o = 32 * s;                      // x bytes: 16 keys a step
-    const uint32_t a0 = ra ? lds32(smem, xa + o) : 0u, a1 = rb ? lds32(smem, xb + o) : 0u;
-    const uint32_t a2 = ra ? lds32(smem, xa + o + 16) : 0u;
-    const uint32_t a3 = rb ? lds32(smem, xb + o + 16) : 0u;
-#pragma unroll
-    for (int h = 0; h < HALVES; ++h)
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const uint32_t p = wr + (h * R + j * 8) * wstride + 16 * WB * s;
-        const uint32_t b0 = Q8 ? i8x2_bf16x2(lds16(smem, p)) : lds32(smem, p);
-        const uint32_t b1 = Q8 ? i8x2_bf16x2(lds16(smem, p + 8)) : lds32(smem, p + 16);
-        mma16816(acc[h][j], a0, a1, a2, a3, b0, b1);
-      }
-  }
-}
-
-// A warp's finished sums out, dot_rows' endings: its NT n8 tiles from output column c0 (the
-// D fragment: d0, d1 row g, columns 2t, 2t + 1 of an n8 tile; d2, d3 row g + 8).
-template <int HALVES, int NT, int MODE, bool Q8>
-__device__ __forceinline__ void store_tile(const float (&acc)[HALVES][NT][4], void* out,
-                                           const float* scale, int B, int N, int c0, int piece,
-                                           int g, int t) {
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int col = c0 + j * 8 + 2 * t;
-    if (col >= N) continue;
-    // Q8: the rows' scales (gate's, then up's for GLU); SPLIT leaves them to the add+norm
-    const bool scaled = Q8 && MODE != SPLIT;
-    const float sg0 = scaled ? scale[col] : 1.f, sg1 = scaled ? scale[col + 1] : 1.f;
-    const float su0 = scaled && MODE == GLU ? scale[N + col] : 1.f;
-    const float su1 = scaled && MODE == GLU ? scale[N + col + 1] : 1.f;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = g + 8 * half;
-      if (row >= B) continue;
-      float v0 = acc[0][j][2 * half], v1 = acc[0][j][2 * half + 1];
-      if (MODE == SPLIT) {
-        float2* p = reinterpret_cast<float2*>(
-            static_cast<float*>(out) + ((size_t)piece * B + row) * N + col);
-        *p = make_float2(v0, v1);
-        continue;
-      }
-      if (scaled) {
-        v0 = __fmul_rn(v0, sg0);
-        v1 = __fmul_rn(v1, sg1);
-      }
-      __nv_bfloat162 r;
-      if (MODE == GLU) {
-        const float u0 = acc[HALVES - 1][j][2 * half], u1 = acc[HALVES - 1][j][2 * half + 1];
-        r.x = Q8 ? gelu_up_unfused(v0, __fmul_rn(u0, su0)) : gelu_up(v0, u0);
-        r.y = Q8 ? gelu_up_unfused(v1, __fmul_rn(u1, su1)) : gelu_up(v1, u1);
-      } else {
-        r = __floats2bfloat162_rn(v0, v1);
-      }
-      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(out) + (size_t)row * N +
-                                         col) = r;
-    }
-  }
-}
-
 // NORM: x is not read but made -- add_norm's row (triton_math.cuh norm_row) from h and the
 // delta before it, by every CTA into its own shared x rows (CTA 0 also stores h'), while the
 // weights land.  Its inputs arrive by bulk copies on the x barrier: the norm weights before
@@ -196,10 +125,61 @@ __global__ void __launch_bounds__(WARPS * 32)
   if (!NORM) mbar_wait(bars + 8 * CHUNKS, 0);
   for (int c = 0; c < CHUNKS; ++c) {
     mbar_wait(bars + 8 * c, 0);
-    mma_steps<HALVES, NT, Q8, R>(acc, smem, xa, xb, wr, wstride, c * kc / 16, (c + 1) * kc / 16,
-                                 ra, rb);
+    const int s1 = (c + 1) * kc / 16;
+#pragma unroll 4
+    for (int s = c * kc / 16; s < s1; ++s) {
+      const uint32_t o = 32 * s;                    // x bytes: 16 keys a step
+      const uint32_t a0 = ra ? lds32(smem, xa + o) : 0u, a1 = rb ? lds32(smem, xb + o) : 0u;
+      const uint32_t a2 = ra ? lds32(smem, xa + o + 16) : 0u;
+      const uint32_t a3 = rb ? lds32(smem, xb + o + 16) : 0u;
+#pragma unroll
+      for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const uint32_t p = wr + (h * R + j * 8) * wstride + 16 * WB * s;
+          const uint32_t b0 = Q8 ? i8x2_bf16x2(lds16(smem, p)) : lds32(smem, p);
+          const uint32_t b1 = Q8 ? i8x2_bf16x2(lds16(smem, p + 8)) : lds32(smem, p + 16);
+          mma16816(acc[h][j], a0, a1, a2, a3, b0, b1);
+        }
+    }
   }
-  store_tile<HALVES, NT, MODE, Q8>(acc, out, scale, B, N, n0 + warp * 8 * NT, piece, g, t);
+  // D fragment: d0, d1 row g, columns 2t, 2t + 1 of the n8 tile; d2, d3 row g + 8
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int col = n0 + warp * 8 * NT + j * 8 + 2 * t;
+    if (col >= N) continue;
+    // Q8: the rows' scales (gate's, then up's for GLU); SPLIT leaves them to the add+norm
+    const bool scaled = Q8 && MODE != SPLIT;
+    const float sg0 = scaled ? scale[col] : 1.f, sg1 = scaled ? scale[col + 1] : 1.f;
+    const float su0 = scaled && MODE == GLU ? scale[N + col] : 1.f;
+    const float su1 = scaled && MODE == GLU ? scale[N + col + 1] : 1.f;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = g + 8 * half;
+      if (row >= B) continue;
+      float v0 = acc[0][j][2 * half], v1 = acc[0][j][2 * half + 1];
+      if (MODE == SPLIT) {
+        float2* p = reinterpret_cast<float2*>(
+            static_cast<float*>(out) + ((size_t)piece * B + row) * N + col);
+        *p = make_float2(v0, v1);
+        continue;
+      }
+      if (scaled) {
+        v0 = __fmul_rn(v0, sg0);
+        v1 = __fmul_rn(v1, sg1);
+      }
+      __nv_bfloat162 r;
+      if (MODE == GLU) {
+        const float u0 = acc[HALVES - 1][j][2 * half], u1 = acc[HALVES - 1][j][2 * half + 1];
+        r.x = Q8 ? gelu_up_unfused(v0, __fmul_rn(u0, su0)) : gelu_up(v0, u0);
+        r.y = Q8 ? gelu_up_unfused(v1, __fmul_rn(u1, su1)) : gelu_up(v1, u1);
+      } else {
+        r = __floats2bfloat162_rn(v0, v1);
+      }
+      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(out) + (size_t)row * N +
+                                         col) = r;
+    }
+  }
 }
 
 }  // namespace
