@@ -48,16 +48,6 @@ def graph_us(fns) -> float:
     return attn_graph_us(rotating(lambda i: fns[i](), len(fns)), reps=len(fns), replays=10)
 
 
-def weight_copies(rows: int, k: int, wbytes: int, g: torch.Generator) -> list:
-    """Enough copies of a random [rows, k] weight (>= 4, >= BYTES in all) that a graph cycling
-    through them reads each from HBM: bf16 matrices, or int8 rows (RowInt8) when wbytes is 1."""
-    from muser.backends.cuda.weights_int8 import quantize_rows
-    copies = max(4, -(-BYTES // (rows * k * wbytes)))
-    ws = [(torch.randn(rows, k, device="cuda", generator=g) / k ** 0.5).to(torch.bfloat16)
-          for _ in range(copies)]
-    return [quantize_rows(w) for w in ws] if wbytes == 1 else ws
-
-
 def triton_call(x, w, out, glu: bool, split: bool, pdl: bool = False):
     """dot_rows as the decode step calls it: the result (bf16 [B, n], or the pieces' float32
     sums [pieces, B, n] where the table splits K); w a bf16 matrix or int8 rows (RowInt8)."""
@@ -79,6 +69,7 @@ def main():
                     help="where cpp_dot.build puts the kernel")
     ap.add_argument("--quant", choices=("none", "int8"), default="none")
     args = ap.parse_args()
+    from muser.backends.cuda.weights_int8 import quantize_rows
     wbytes = 1 if args.quant == "int8" else 2
     from muser.backends.cuda.cpp_dot import CppDot, build
     kern = CppDot(ctypes.CDLL(str(build(Path(args.build_dir)))), "on")
@@ -93,7 +84,11 @@ def main():
             split = bool(piece) and not glu
             mode, ks = (GLU if glu else SPLIT if split else PLAIN), piece or k
             rows = 2 * n if glu else n
-            ws = weight_copies(rows, k, wbytes, g)
+            copies = max(4, -(-BYTES // (rows * k * wbytes)))
+            ws = [(torch.randn(rows, k, device="cuda", generator=g) / k ** 0.5)
+                  .to(torch.bfloat16) for _ in range(copies)]
+            if wbytes == 1:
+                ws = [quantize_rows(w) for w in ws]
             bits = []
             for B in (1, 5, 16):
                 x = torch.randn(B, k, device="cuda", generator=g).to(torch.bfloat16)
