@@ -1,7 +1,7 @@
-"""MUSER_DOT_CPP's host side, without a GPU (backends/cuda/cpp_dot.py): which projections the
-C++ kernel takes (`route`: dot_rows' endings only, shared memory that fits), the build's cache
-and failures, and the fallback -- a warning naming why, then the Triton tiles.  The kernel's
-bits are tests/cuda/test_cpp_dot.py's (an sm_90 GPU)."""
+"""MUSER_DOT_CPP's host side, without a GPU (backends/cuda/cpp_dot.py, cpp_route.py): which
+projections the C++ kernel takes (`route`: dot_rows' endings only, shared memory that fits), the
+build's cache and failures, and the fallback -- a warning naming why, then the Triton tiles.
+The kernel's bits are tests/cuda/test_cpp_dot.py's (an sm_90 GPU)."""
 import ctypes
 import shutil
 
@@ -10,8 +10,9 @@ import torch
 
 from muser.backends.cuda import cpp_dot
 from muser.backends.cuda.weights_int8 import RowInt8
-from muser.backends.cuda.cpp_dot import (GLU, PLAIN, SPLIT, build, load, norm_bytes, norm_route,
-                                         norm_shape, route, smem_bytes)
+from muser.backends.cuda.cpp_dot import build, load
+from muser.backends.cuda.cpp_route import (GLU, PLAIN, SMEM, SPLIT, norm_bytes, norm_route,
+                                           norm_shape, route, smem_bytes)
 
 ROUTES = [  # (n, k, rows, glu, gelu, piece, defer, variant) -> (mode, ks, warps, nt) | None
     ((1536, 1152, 1, False, False, 0, False, "on"), (PLAIN, 1152, 2, 1)),
@@ -70,7 +71,7 @@ def test_norm_route_counts_the_staged_inputs_in_shared_memory():
     assert norm_bytes(1, 1152, 7) == 8 * 1152 + 2 * 1152 + 4 * 7 * 1152
     assert norm_bytes(16, 1152, 0) == 8 * 1152 + 2 * 2 * 16 * 1152
     mode, ks, warps, nt = norm_route(6912, 1152, 16, True, True, 0, 0, "norm", False)
-    assert smem_bytes(mode, warps, nt, 16, ks) + norm_bytes(16, 1152, 0) <= cpp_dot.SMEM
+    assert smem_bytes(mode, warps, nt, 16, ks) + norm_bytes(16, 1152, 0) <= SMEM
 
 
 @pytest.mark.parametrize("args,want", NORM_ROUTES)

@@ -97,7 +97,8 @@ NORM_SHAPES = [(1024, 640, False, 0), (2048, 640, True, 0), (1536, 1152, False, 
 @pytest.mark.parametrize("n,k,glu,pieces", NORM_SHAPES)
 def test_the_norm_in_projection_is_add_norm_then_dot_rows_bit_for_bit(cpp, n, k, glu, pieces,
                                                                       variant):
-    from muser.backends.cuda.cpp_dot import CppDot, norm_route
+    from muser.backends.cuda.cpp_dot import CppDot
+    from muser.backends.cuda.cpp_route import norm_route
     from muser.backends.cuda.triton_dot import Pieces, dot_rows
     from muser.backends.cuda.triton_ops import add_norm
     kern = CppDot(cpp.lib, variant)
@@ -132,7 +133,7 @@ def test_an_int8_engine_with_the_cpp_projections_gives_the_same_bits():
 
 @needs_sm90_nvcc
 def test_an_engine_that_norms_inside_the_projections_gives_the_same_bits():
-    # hidden 1,024: add_norm's BLOCK gives each thread 8 keys (cpp_dot.norm_route)
+    # hidden 1,024: add_norm's BLOCK gives each thread 8 keys (cpp_route.norm_route)
     eng = tiny_model("gemma3", device="cuda", dtype="bfloat16", window=4, tokenizer=False,
                      layers=3, hidden=1024, heads=4, kv_heads=2, head_dim=64)
     step = same_bits_with(eng, "norm")

@@ -31,9 +31,7 @@ from pathlib import Path
 
 import torch
 
-from .cpp_route import (GLU, MAX_ROWS, NAMED, PLAIN, SMEM, SPLIT,  # noqa: F401 (re-exported)
-                        VARIANTS, cta_shapes, norm_bytes, norm_route, norm_shape, route,
-                        smem_bytes)
+from .cpp_route import GLU, NAMED, PLAIN, SPLIT, VARIANTS, norm_route, norm_shape, route
 from .weights_int8 import RowInt8
 
 CSRC = Path(__file__).with_name("csrc")

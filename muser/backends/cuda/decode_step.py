@@ -40,7 +40,8 @@ from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_atten
 from .step_weights import fuse_weights, head_picks, via_dot
 from .step_ffn import ffn, mlp, norm_all
 from .step_norm import Pending, fused, norm_later, ready
-from .cpp_dot import SPLIT, load as load_cpp
+from .cpp_dot import load as load_cpp
+from .cpp_route import SPLIT
 from .triton_dot import Pieces, dot_rows
 from .triton_dot_tiles import dot_config, tma_pays
 from .l2_prefetch import step_plans
