@@ -75,6 +75,12 @@
 #                (cpp_norm_probe.py), its GPU rows, the decode A/B (bf16)
 #   cpp_rows     the invariance and engine rows under MUSER_DOT_CPP=norm, then the int8 mode's
 #                decode A/B (quant="int8", whose rows the C++ kernel now takes too)
+#   cpp_mlp      MUSER_DOT_CPP=mlp: the MLP's gate|up and down as ONE persistent launch (both
+#                slabs in shared memory before the input arrives, a grid barrier between) --
+#                bits and us against add_norm + two dot_rows launches, its GPU rows, the
+#                decode A/B (270M: taken; 1B: its split down is not -- a control)
+#   cpp_mlp_rows the invariance and engine rows under MUSER_DOT_CPP=mlp, then the slab kernel's
+#                rows again (slab.cuh now holds the pieces both kernels share)
 #   (cpp_ring, fortieth session: the C++ projection's weights streamed through a ring of slots
 #    by small CTAs -- the same bits, the step 1B 1.220 -> 1.485 ms on an H100; the code is
 #    gone, commit ac72dfd has it)
@@ -1149,6 +1155,21 @@ stage_cpp_on_rows() {  # carry .whl: the engine under MUSER_DOT_CPP=on (the C++ 
   cpp_engine_rows on
   bench 200 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 1 \
     --quant int8 --variants "CP:MUSER_DOT_CPP=on"
+}
+
+stage_cpp_mlp() {  # carry .whl: MUSER_DOT_CPP=mlp -- gate|up then down in one persistent
+  # launch (csrc/mlp_chain.cu): bits and us a pair (with the add_norm before it), the chain's GPU
+  # rows, then the decode A/B (270M, and the 1B as a control: its split down is not taken)
+  bench 180 . benchmarks/mlp_chain_probe.py --shapes 270m,tiny
+  tests 150 tests/cuda/test_cpp_dot.py -k "chain or one_launch"
+  bench 240 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 1 \
+    --variants "CM:MUSER_DOT_CPP=mlp"
+}
+
+stage_cpp_mlp_rows() {  # carry .whl: the engine under MUSER_DOT_CPP=mlp -- the invariance and
+  # engine rows -- then the slab kernel's own rows (its pieces moved to slab.cuh: other SASS)
+  cpp_engine_rows mlp
+  tests 240 tests/cuda/test_cpp_dot.py -k "not chain and not one_launch"
 }
 
 stage_gguf_part() {  # carry .gg/pNN (the embedded GGUF split in six: 64 MiB a call, .whl too): kept in

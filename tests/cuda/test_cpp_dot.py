@@ -2,8 +2,9 @@
 dot_rows' decode-tile bits -- each ending (rounded, gelu(gate) * up, split-K pieces) at 1, 5 and
 16 rows, bf16 weights and int8 rows (quant="int8") -- and an engine with them decodes, prefills
 and batches bit for bit as without; with the add+norm made inside the projection
-(MUSER_DOT_CPP=norm), h' and the projection are add_norm's then dot_rows' bits.  Needs an sm_90
-GPU and nvcc (the kernel is built on first use); skipped elsewhere."""
+(MUSER_DOT_CPP=norm), h' and the projection are add_norm's then dot_rows' bits; the MLP as one
+persistent launch (MUSER_DOT_CPP=mlp) is the two dot_rows launches' bits.  Needs an sm_90 GPU
+and nvcc (the kernel is built on first use); skipped elsewhere."""
 import shutil
 
 import pytest
@@ -77,7 +78,7 @@ def same_bits_with(eng, variant: str):
     assert step.cpp is not None
     for got, want in zip(engine_rows(eng), plain):
         assert torch.equal(got, want)
-    assert step.cpp.calls > 0            # the route was taken, not only built
+    assert step.cpp.calls + step.cpp.chain_calls > 0      # the route was taken, not only built
     return step
 
 
@@ -138,3 +139,42 @@ def test_an_engine_that_norms_inside_the_projections_gives_the_same_bits():
                      layers=3, hidden=1024, heads=4, kv_heads=2, head_dim=64)
     step = same_bits_with(eng, "norm")
     assert step.norm_later and step.cpp.norm_calls > 0
+
+
+# (k, i, h): the 270M's MLP (more gate|up CTAs than down ones), and one with more down CTAs
+CHAIN_SHAPES = [(640, 2048, 640), (256, 512, 1024)]
+
+
+@needs_sm90_nvcc
+@pytest.mark.parametrize("k,i,h", CHAIN_SHAPES)
+def test_the_mlp_chain_is_two_dot_rows_launches_bit_for_bit(cpp, k, i, h):
+    """gate|up and down in one launch, a grid barrier between (csrc/mlp_chain.cu), at every
+    CTA size that fits, 1 / 5 / 16 rows, PDL off / on, several launches sharing the counter."""
+    from muser.backends.cuda.cpp_dot import CppDot
+    from muser.backends.cuda.cpp_route import mlp_route
+    from muser.backends.cuda.triton_dot import dot_rows
+    kern = CppDot(cpp.lib, "mlp", torch.device("cuda"))
+    g = torch.Generator(device="cuda").manual_seed(k + i + h)
+    wgu = (torch.randn(2 * i, k, device="cuda", generator=g) / k ** 0.5).bfloat16()
+    wd = (torch.randn(h, i, device="cuda", generator=g) / i ** 0.5).bfloat16()
+    for rows in (1, 5, 16):
+        x = torch.randn(rows, k, device="cuda", generator=g).bfloat16()
+        want = dot_rows(dot_rows(x, wgu, glu=True, gelu=True, rows=16), wd, rows=16)
+        taken = 0
+        for warps in mlp_route(rows, k, i, h, 0, 0, True):
+            for pdl in (False, True, True):
+                got = kern.mlp(x, wgu, wd, pdl, warps=warps)
+                torch.cuda.synchronize()
+                if got is None:               # its grid is not resident at once on this GPU
+                    continue
+                taken += 1
+                assert torch.equal(got, want), (rows, warps, pdl, int((got != want).sum()))
+        assert taken, rows
+    assert kern.counter.item() > 0
+
+
+@needs_sm90_nvcc
+def test_an_engine_whose_mlp_is_one_launch_gives_the_same_bits():
+    step = same_bits_with(tiny_model("gemma3", device="cuda", dtype="bfloat16", window=4,
+                                     tokenizer=False), "mlp")
+    assert step.cpp.chain_calls > 0 and step.cpp.calls == 0

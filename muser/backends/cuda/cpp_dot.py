@@ -31,11 +31,15 @@ from pathlib import Path
 
 import torch
 
-from .cpp_route import GLU, NAMED, PLAIN, SPLIT, VARIANTS, norm_route, norm_shape, route
+from .cpp_route import (GLU, NAMED, PLAIN, SPLIT, VARIANTS, mlp_route, norm_route, norm_shape,
+                        route)
+from .triton_dot_tiles import dot_config
 from .weights_int8 import RowInt8
 
 CSRC = Path(__file__).with_name("csrc")
-SRC = CSRC / "gemv_mma.cu"           # includes gemv_kernel.cuh, sm90.cuh, triton_math.cuh
+SRCS = (CSRC / "gemv_mma.cu", CSRC / "mlp_chain.cu")    # + the headers beside them (slab.cuh ...)
+
+
 def digest() -> str:
     """The sources' digest: the .cu and every header beside it."""
     h = hashlib.sha256()
@@ -45,7 +49,7 @@ def digest() -> str:
 
 
 def build(cache_dir: Path, nvcc: str | None = None) -> Path:
-    """csrc/gemv_mma.cu -> cache_dir/cuda/gemv_mma-<digest>.so (built once per source; the
+    """csrc/*.cu -> cache_dir/cuda/gemv_mma-<digest>.so (built once per source; the
     digest names the sources, so an edit rebuilds).  Raises RuntimeError naming what failed."""
     out = Path(cache_dir) / "cuda" / f"gemv_mma-{digest()}.so"
     if out.exists():
@@ -57,7 +61,7 @@ def build(cache_dir: Path, nvcc: str | None = None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
     cmd = [nvcc, "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC",
-           "-o", str(tmp), str(SRC)]
+           "-o", str(tmp), *map(str, SRCS)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"nvcc failed ({r.returncode}): {r.stderr.strip()[-400:]}")
@@ -81,7 +85,7 @@ class CppDot:
     into a graph like any launch).  `calls` counts launches, `norm_calls` the norm-in ones (tests
     check the route was taken)."""
 
-    def __init__(self, lib: ctypes.CDLL, variant: str):
+    def __init__(self, lib: ctypes.CDLL, variant: str, device: torch.device | None = None):
         lib.gemv_mma_launch.restype = ctypes.c_int
         lib.gemv_mma_launch.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int] * 8 +
                                         [ctypes.c_void_p])
@@ -90,7 +94,14 @@ class CppDot:
                                          [ctypes.c_void_p] * 4 + [ctypes.c_float] +
                                          [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3 +
                                          [ctypes.c_int] * 7 + [ctypes.c_void_p])
+        lib.mlp_chain_launch.restype = ctypes.c_int
+        lib.mlp_chain_launch.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_void_p]
         self.lib, self.variant, self.calls, self.norm_calls = lib, variant, 0, 0
+        # the chain's grid barrier: one uint64 a device, only ever added to (mlp_chain.cu);
+        # made here, outside any graph capture (a capture would own its memory)
+        self.counter = (torch.zeros(1, dtype=torch.int64, device=device)
+                        if device is not None and device.type == "cuda" else None)
+        self.chain_calls, self.chain_warps = 0, {}   # (rows, k, i, h) -> the size that ran
 
     def plan(self, x: torch.Tensor, w, n: int, glu: bool, gelu: bool, piece: int,
              defer: bool) -> tuple[int, int, int, int] | None:
@@ -126,6 +137,45 @@ class CppDot:
                                f"warps x {nt}): {rc} (-1 shape, -2 shared memory, else CUDA)")
         self.calls += 1
         return out
+
+    def mlp(self, x: torch.Tensor, wgu, wd, pdl: bool,
+            warps: int | None = None) -> torch.Tensor | None:
+        """dot_rows(dot_rows(x, wgu, glu=True, gelu=True), wd)'s bits in one persistent launch
+        (MUSER_DOT_CPP=mlp, csrc/mlp_chain.cu): bf16 x [rows, K], wgu [2I, K], wd [H, I], all
+        contiguous and 16-byte aligned, both projections whole-K in the tile table.  None where
+        it does not take them (the two Triton launches then run): another dtype or view, a
+        shape `mlp_route` refuses, no counter, or no CTA size whose grid is resident at once.
+        `warps`: that CTA size only (probes)."""
+        if (self.counter is None or x.dtype != torch.bfloat16 or x.dim() != 2
+                or any(not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16
+                       or not t.is_contiguous() or t.data_ptr() % 16 for t in (x, wgu, wd))):
+            return None
+        rows, k = x.shape
+        i, h = wgu.shape[0] // 2, wd.shape[0]
+        if wgu.shape != (2 * i, k) or wd.shape != (h, i):
+            return None
+        key = (rows, k, i, h)
+        sizes = mlp_route(rows, k, i, h, dot_config(i, k, True)[4], dot_config(h, i, False)[4],
+                          True)
+        sizes = ((warps,) if warps in sizes else ()) if warps else sizes
+        sizes = (self.chain_warps[key],) if key in self.chain_warps and not warps else sizes
+        act = torch.empty(rows, i, dtype=x.dtype, device=x.device)
+        y = torch.empty(rows, h, dtype=x.dtype, device=x.device)
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        for warps in sizes:
+            rc = self.lib.mlp_chain_launch(x.data_ptr(), wgu.data_ptr(), wd.data_ptr(),
+                                           act.data_ptr(), y.data_ptr(),
+                                           self.counter.data_ptr(), rows, k, i, h, warps,
+                                           int(pdl), stream)
+            if rc == -3:                  # not resident at once on this GPU: the next size
+                continue
+            if rc:
+                raise RuntimeError(f"mlp_chain_launch({rows} x {k} -> {i} -> {h}, {warps} "
+                                   f"warps): {rc} (-1 shape, -2 shared memory, else CUDA)")
+            self.chain_warps[key] = warps
+            self.chain_calls += 1
+            return y
+        return None
 
     def norm_plan(self, h: torch.Tensor, d1, w_post: torch.Tensor | None,
                   w_next: torch.Tensor | None, w, n: int, glu: bool, gelu: bool,
@@ -193,7 +243,7 @@ def load(variant: str, cache_dir: Path, device: torch.device,
                                f"{', '.join(VARIANTS)})")
         if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
             raise RuntimeError(f"the kernel is built for sm_90 and the device is {device}")
-        return CppDot(ctypes.CDLL(str(build(cache_dir, nvcc))), variant)
+        return CppDot(ctypes.CDLL(str(build(cache_dir, nvcc))), variant, device)
     except (RuntimeError, OSError) as e:
         warnings.warn(f"MUSER_DOT_CPP={variant}: {e}; the Triton tiles run instead",
                       RuntimeWarning, stacklevel=2)

@@ -9,6 +9,8 @@ arithmetic every kernel follows).
     variant       kernel  CTA shape
     on / norm     slab    2 warps x 1 n8 tile, else 1 x 1 (shared memory), whole slab at once
     11 21 41 ..   slab    warps x n8 tiles a warp, as two digits
+    mlp           chain   gate|up then down in one persistent launch (`mlp_route`); every
+                          other projection stays on the Triton tiles
 """
 from __future__ import annotations
 
@@ -16,12 +18,15 @@ PLAIN, GLU, SPLIT = 0, 1, 2          # the kernel's three endings (gemv_mma.cu `
 MAX_ROWS = 16                        # one m16 tile of rows: a decode step's batch, a verify block
 SMEM = 227 * 1024                    # an sm_90 CTA's shared memory
 VARIANTS = ("11", "21", "41", "12", "22")    # warps a CTA, n8 tiles a warp (the .cu's cases)
-NAMED = ("on", "norm")                       # 2 x 1, else 1 x 1; norm: with the add+norm in
+NAMED = ("on", "norm", "mlp")    # on / norm: 2 x 1, else 1 x 1 (norm: add+norm in); mlp: chain
 
 
 def cta_shapes(variant: str) -> tuple[str, ...]:
     """The CTA shapes (warps, n8 tiles a warp) a variant tries, in order: on / norm 2 x 1 then
-    1 x 1 (shared memory may be short), else the one it names."""
+    1 x 1 (shared memory may be short), mlp none (its one kernel is the chain), else the one
+    it names."""
+    if variant == "mlp":
+        return ()
     return ("21", "11") if variant in NAMED else (variant,)
 
 
@@ -93,3 +98,27 @@ def norm_route(n: int, k: int, rows: int, glu: bool, gelu: bool, piece: int, pie
     return None
 
 
+
+
+CHAIN_WARPS = (1, 2, 4)     # the chain kernel's CTA sizes (mlp_chain.cu's cases), tried in order
+
+
+def chain_smem(warps: int, rows: int, k: int, i: int) -> int:
+    """The chain kernel's shared memory (mlp_chain.cu `chain_smem`): 128 bytes of mbarriers,
+    the gate|up slab (2R rows of 2k + 16 bytes, R = 8 x warps), the down slab (R rows of
+    2i + 16), the x rows (of 2k + 16) and the act rows (of 2i + 16)."""
+    r = 8 * warps
+    return 128 + (2 * r + rows) * (2 * k + 16) + (r + rows) * (2 * i + 16)
+
+
+def mlp_route(rows: int, k: int, i: int, h: int, up_piece: int, down_piece: int,
+              gelu: bool) -> tuple[int, ...]:
+    """The CTA sizes (warps) the chain kernel may run an MLP in, in the order to try them: x
+    [rows, k] -> gate|up [2i, k] with GELU -> down [h, i], both whole-K in the tile table
+    (`*_piece` 0: the chain ends whole sums only), up to 16 rows, shared memory permitting.
+    Empty: the two Triton launches.  Whether the grid can be resident at once (the chain's
+    barrier needs it) only the GPU says: the kernel refuses (-3) and the next size is tried."""
+    if (not gelu or up_piece or down_piece or rows < 1 or rows > MAX_ROWS or k % 64 or i % 64
+            or h % 8 or min(k, i, h) <= 0):
+        return ()
+    return tuple(w for w in CHAIN_WARPS if chain_smem(w, rows, k, i) <= SMEM)
