@@ -76,9 +76,9 @@
 #   cpp_rows     the invariance and engine rows under MUSER_DOT_CPP=norm, then the int8 mode's
 #                decode A/B (quant="int8", whose rows the C++ kernel now takes too)
 #   cpp_mlp      MUSER_DOT_CPP=mlp: the MLP's gate|up and down as ONE persistent launch (both
-#                slabs in shared memory before the input arrives, a grid barrier between) --
-#                bits and us against add_norm + two dot_rows launches, its GPU rows, the
-#                decode A/B (270M: taken; 1B: its split down is not -- a control)
+#                slabs in shared memory before the input arrives, a grid barrier between), and
+#                =omlp: o + add_norm + the MLP as one -- bits and us against their launches,
+#                the GPU rows, the decode A/B (270M: taken; 1B: not -- a control)
 #   cpp_mlp_rows the invariance and engine rows under MUSER_DOT_CPP=mlp, then the slab kernel's
 #                rows again (slab.cuh now holds the pieces both kernels share)
 #   (cpp_ring, fortieth session: the C++ projection's weights streamed through a ring of slots
@@ -1163,7 +1163,7 @@ stage_cpp_mlp() {  # carry .whl: MUSER_DOT_CPP=mlp -- gate|up then down in one p
   bench 180 . benchmarks/mlp_chain_probe.py --shapes 270m,tiny
   tests 150 tests/cuda/test_cpp_dot.py -k "chain or one_launch"
   bench 240 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 1 \
-    --variants "CM:MUSER_DOT_CPP=mlp"
+    --variants "CM:MUSER_DOT_CPP=mlp;CO:MUSER_DOT_CPP=omlp"
 }
 
 stage_cpp_mlp_rows() {  # carry .whl: the engine under MUSER_DOT_CPP=mlp -- the invariance and

@@ -43,6 +43,14 @@ CHAIN_ROUTES = [  # (rows, k, i, h, up_piece, down_piece, gelu) -> CTA sizes to 
     ((17, 640, 2048, 640, 0, 0, True), ()),                 # more than one m16 tile
     ((1, 640, 2000, 640, 0, 0, True), ()),                  # i not a multiple of 64
     ((1, 2560, 10240, 2560, 0, 0, True), ()),               # the 4B: no slab pair fits
+    ((1, 640, 2048, 1024, 0, 0, True), ()),                 # k != h: not an MLP's shapes
+    ((1, 640, 2048, 640, 0, 0, True, 1024), (1, 2)),        # o in front: the 270M's layer
+    ((16, 640, 2048, 640, 0, 0, True, 1024), ()),           # 16 rows: nothing fits
+    ((1, 512, 2048, 512, 0, 0, True, 1024), ()),            # BLOCK 512: < 8 keys a thread
+    ((1, 1152, 6912, 1152, 0, 0, True, 1024), (1,)),        # the 1B fits a CTA, but its 864
+                                                            # CTAs are never resident at once:
+                                                            # the GPU refuses (-3)
+    ((1, 640, 2048, 640, 0, 0, True, 1024, 512), ()),       # o split into pieces
 ]
 
 
@@ -55,10 +63,13 @@ def test_the_chain_counts_both_slabs_and_both_row_sets():
     r = 8
     assert chain_smem(1, 1, 640, 2048) == 128 + (2 * r + 1) * 1296 + (r + 1) * 4112
     assert chain_smem(4, 16, 640, 2048) > SMEM >= chain_smem(2, 16, 640, 2048)
+    # o in front: its slab and the attention rows, the norm's weights, h and o rows
+    assert chain_smem(1, 1, 640, 2048, 1024) == (chain_smem(1, 1, 640, 2048) + (r + 1) * 2064
+                                                 + 8 * 640 + 4 * 640)
 
 
-def test_the_mlp_variant_sends_no_single_projection_to_the_slab_kernel():
-    assert cta_shapes("mlp") == ()
+def test_the_mlp_variants_send_no_single_projection_to_the_slab_kernel():
+    assert cta_shapes("mlp") == () and cta_shapes("omlp") == ()
     assert route(1536, 640, 1, False, False, 0, False, "mlp") is None
 
 
@@ -179,11 +190,22 @@ def test_nvcc_builds_it_once_and_its_entry_point_refuses_bad_shapes(tmp_path):
                     64, K, mode, 2, 1, 0, None) == -1
     chain = ctypes.CDLL(str(so)).mlp_chain_launch
     chain.restype = ctypes.c_int
-    chain.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_void_p]
-    # (B, K, I, H, warps): no rows, 17 rows, K or I not a multiple of 64, H not of 8, 3 warps
-    for B, K, I, H, warps in [(0, 64, 64, 64, 1), (17, 64, 64, 64, 1), (1, 100, 64, 64, 1),
-                              (1, 64, 96, 64, 1), (1, 64, 64, 60, 1), (1, 64, 64, 64, 3)]:
-        assert chain(None, None, None, None, None, None, B, K, I, H, warps, 0, None) == -1
+    chain.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 5 + [ctypes.c_void_p]
+    # (B, H, I, warps): no rows, 17 rows, H or I not a multiple of 64, 3 warps
+    for B, H, I, warps in [(0, 64, 64, 1), (17, 64, 64, 1), (1, 100, 64, 1), (1, 64, 96, 1),
+                           (1, 64, 64, 3)]:
+        assert chain(None, None, None, None, None, None, B, H, I, warps, 0, None) == -1
+    o_chain = ctypes.CDLL(str(so)).o_mlp_chain_launch
+    o_chain.restype = ctypes.c_int
+    o_chain.argtypes = ([ctypes.c_void_p] * 7 + [ctypes.c_float] + [ctypes.c_int] * 2 +
+                        [ctypes.c_void_p] * 5 + [ctypes.c_int] * 6 + [ctypes.c_void_p])
+    # (KO, H, tw, block, warps): KO not a multiple of 64; a tree add_norm does not have (3
+    # warps, BLOCK < H, fewer than 8 keys a Triton thread); more warps than add_norm's
+    for KO, H, tw, block, warps in [(100, 640, 4, 1024, 1), (1024, 640, 3, 1024, 1),
+                                    (1024, 1152, 4, 1024, 1), (1024, 512, 4, 512, 1),
+                                    (1024, 640, 4, 1024, 8)]:
+        assert o_chain(*[None] * 7, 1e-6, tw, block, *[None] * 5, 1, KO, H, 2048, warps, 0,
+                       None) == -1
 
 
 def test_plan_leaves_other_dtypes_and_unaligned_views_to_the_triton_tiles():

@@ -95,11 +95,15 @@ class CppDot:
                                          [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3 +
                                          [ctypes.c_int] * 7 + [ctypes.c_void_p])
         lib.mlp_chain_launch.restype = ctypes.c_int
-        lib.mlp_chain_launch.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_void_p]
+        lib.mlp_chain_launch.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 5 + [ctypes.c_void_p]
+        lib.o_mlp_chain_launch.restype = ctypes.c_int
+        lib.o_mlp_chain_launch.argtypes = ([ctypes.c_void_p] * 7 + [ctypes.c_float] +
+                                           [ctypes.c_int] * 2 + [ctypes.c_void_p] * 5 +
+                                           [ctypes.c_int] * 6 + [ctypes.c_void_p])
         self.lib, self.variant, self.calls, self.norm_calls = lib, variant, 0, 0
-        # the chain's grid barrier: one uint64 a device, only ever added to (mlp_chain.cu);
-        # made here, outside any graph capture (a capture would own its memory)
-        self.counter = (torch.zeros(1, dtype=torch.int64, device=device)
+        # the chain's grid barriers: a uint64 each, only ever added to (mlp_chain.cu); made
+        # here, outside any graph capture (a capture would own its memory)
+        self.counter = (torch.zeros(2, dtype=torch.int64, device=device)
                         if device is not None and device.type == "cuda" else None)
         self.chain_calls, self.chain_warps = 0, {}   # (rows, k, i, h) -> the size that ran
 
@@ -141,41 +145,82 @@ class CppDot:
     def mlp(self, x: torch.Tensor, wgu, wd, pdl: bool,
             warps: int | None = None) -> torch.Tensor | None:
         """dot_rows(dot_rows(x, wgu, glu=True, gelu=True), wd)'s bits in one persistent launch
-        (MUSER_DOT_CPP=mlp, csrc/mlp_chain.cu): bf16 x [rows, K], wgu [2I, K], wd [H, I], all
+        (MUSER_DOT_CPP=mlp, csrc/mlp_chain.cu): bf16 x [rows, H], wgu [2I, H], wd [H, I], all
         contiguous and 16-byte aligned, both projections whole-K in the tile table.  None where
         it does not take them (the two Triton launches then run): another dtype or view, a
         shape `mlp_route` refuses, no counter, or no CTA size whose grid is resident at once.
         `warps`: that CTA size only (probes)."""
-        if (self.counter is None or x.dtype != torch.bfloat16 or x.dim() != 2
-                or any(not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16
-                       or not t.is_contiguous() or t.data_ptr() % 16 for t in (x, wgu, wd))):
+        if not self._chain_ok(x, wgu, wd):
             return None
-        rows, k = x.shape
-        i, h = wgu.shape[0] // 2, wd.shape[0]
-        if wgu.shape != (2 * i, k) or wd.shape != (h, i):
+        rows, hid = x.shape
+        i = wgu.shape[0] // 2
+        if wgu.shape != (2 * i, hid) or wd.shape != (hid, i):
             return None
-        key = (rows, k, i, h)
-        sizes = mlp_route(rows, k, i, h, dot_config(i, k, True)[4], dot_config(h, i, False)[4],
-                          True)
-        sizes = ((warps,) if warps in sizes else ()) if warps else sizes
-        sizes = (self.chain_warps[key],) if key in self.chain_warps and not warps else sizes
+        y = torch.empty(rows, hid, dtype=x.dtype, device=x.device)
         act = torch.empty(rows, i, dtype=x.dtype, device=x.device)
-        y = torch.empty(rows, h, dtype=x.dtype, device=x.device)
-        stream = torch.cuda.current_stream(x.device).cuda_stream
-        for warps in sizes:
-            rc = self.lib.mlp_chain_launch(x.data_ptr(), wgu.data_ptr(), wd.data_ptr(),
-                                           act.data_ptr(), y.data_ptr(),
-                                           self.counter.data_ptr(), rows, k, i, h, warps,
-                                           int(pdl), stream)
+        return y if self._chain(
+            (rows, hid, i, 0), warps, lambda w, stream: self.lib.mlp_chain_launch(
+                x.data_ptr(), wgu.data_ptr(), wd.data_ptr(), act.data_ptr(), y.data_ptr(),
+                self.counter.data_ptr(), rows, hid, i, w, int(pdl), stream), x.device) else None
+
+    def o_mlp(self, a: torch.Tensor, wo, h: torch.Tensor, w_post: torch.Tensor,
+              w_next: torch.Tensor, eps: float, wgu, wd, pdl: bool,
+              warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(h', y) in one launch (MUSER_DOT_CPP=omlp): o = dot_rows(a, wo); h', x = add_norm(h,
+        w_next, d1=o, w_post=w_post) (RMS); y = the MLP of x as `mlp` -- their bits.  a bf16
+        [rows, KO] (the attention's rows), wo [H, KO], h bf16 [rows, H], the norm weights
+        float32 [H]; the rest as `mlp`'s.  None where it does not take them."""
+        if (not self._chain_ok(h, wgu, wd) or not self._chain_ok(a, wo)
+                or a.shape[0] != h.shape[0] or wo.shape != (h.shape[1], a.shape[1])
+                or any(t.dtype != torch.float32 or t.shape != (h.shape[1],)
+                       or not t.is_contiguous() or t.data_ptr() % 16 for t in (w_post, w_next))):
+            return None
+        rows, hid = h.shape
+        i, ko = wgu.shape[0] // 2, a.shape[1]
+        if wgu.shape != (2 * i, hid) or wd.shape != (hid, i):
+            return None
+        tw, block = norm_shape(hid)
+        h_out, y = torch.empty_like(h), torch.empty_like(h)
+        o = torch.empty_like(h)
+        act = torch.empty(rows, i, dtype=h.dtype, device=h.device)
+        ptr = [t.data_ptr() for t in (a, wo, o, h, w_post, w_next, h_out)]
+        return (h_out, y) if self._chain(
+            (rows, hid, i, ko), warps, lambda w, stream: self.lib.o_mlp_chain_launch(
+                *ptr, float(eps), tw, block, wgu.data_ptr(), wd.data_ptr(), act.data_ptr(),
+                y.data_ptr(), self.counter.data_ptr(), rows, ko, hid, i, w, int(pdl), stream),
+            h.device) else None
+
+    def _chain_ok(self, x, *ws) -> bool:
+        """The chain's operand rules: a counter, bf16 rows [rows, K] and bf16 weights, all
+        contiguous and 16-byte aligned (bulk copies), each weight's K its input's width."""
+        return (self.counter is not None and x.dim() == 2
+                and all(isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16
+                        and t.dim() == 2 and t.is_contiguous() and t.data_ptr() % 16 == 0
+                        for t in (x, *ws)))
+
+    def _chain(self, key, warps, call, device) -> bool:
+        """Launch the chain at the first CTA size `mlp_route` allows whose grid is resident at
+        once (the one that ran before for this shape, or `warps` alone); False: none."""
+        rows, hid, i, ko = key
+        sizes = mlp_route(rows, hid, i, hid, dot_config(i, hid, True)[4],
+                          dot_config(hid, i, False)[4], True, ko,
+                          dot_config(hid, ko, False)[4] if ko else 0)
+        if warps:
+            sizes = (warps,) if warps in sizes else ()
+        elif key in self.chain_warps:
+            sizes = (self.chain_warps[key],)
+        stream = torch.cuda.current_stream(device).cuda_stream
+        for w in sizes:
+            rc = call(w, stream)
             if rc == -3:                  # not resident at once on this GPU: the next size
                 continue
             if rc:
-                raise RuntimeError(f"mlp_chain_launch({rows} x {k} -> {i} -> {h}, {warps} "
-                                   f"warps): {rc} (-1 shape, -2 shared memory, else CUDA)")
-            self.chain_warps[key] = warps
+                raise RuntimeError(f"chain launch {key} ({w} warps): {rc} (-1 shape, -2 shared "
+                                   f"memory, else CUDA)")
+            self.chain_warps[key] = w
             self.chain_calls += 1
-            return y
-        return None
+            return True
+        return False
 
     def norm_plan(self, h: torch.Tensor, d1, w_post: torch.Tensor | None,
                   w_next: torch.Tensor | None, w, n: int, glu: bool, gelu: bool,

@@ -1,27 +1,36 @@
 // A decode step's MLP -- gate|up with gelu(gate) * up, then down -- as ONE persistent launch
-// (MUSER_DOT_CPP=mlp), for one question: do weights that are already in shared memory when a
-// stage's input arrives beat a launch boundary?  (The fourteenth session's Triton MLP half
-// waited on a counter *and then* streamed its weights: it lost.)
+// (MUSER_DOT_CPP=mlp), and with the attention's o projection and the add+norm between them in
+// front (MUSER_DOT_CPP=omlp: four launches a layer become one), for one question: do weights
+// that are already in shared memory when a stage's input arrives beat launch boundaries?  (The
+// fourteenth session's Triton MLP half waited on a counter *and then* streamed its weights: it
+// lost.)
 //
-//   CTA c (grid G = max(gate|up items, down items), all resident at once -- the host checks):
+//   CTA c (grid G = the most items of any stage, all resident at once -- the host checks):
 //
-//     copy_slab(gate|up item c) ─┐ copy_slab(down item c) ─┐        (before the PDL wait:
-//     griddepcontrol.wait        │                         │         no input needed)
-//     x ──► sums ──► act[:, c R..) ──► arrive ──► launch_dependents
-//                                      wait until all G arrived ──► act rows ──► sums ──► y
+//     copy_slab(o item c) copy_slab(gate|up item c) copy_slab(down item c)   (before the PDL
+//     [O] norm weights                                                       wait: no input)
+//     griddepcontrol.wait
+//     [O] attention rows ──► sums ──► o[:, cR..) ──► arrive 1
+//     [O] wait 1 ──► h, o rows ──► add_norm's row (CTA 0 stores h') ─┐
+//         x rows ◄───────────────────────────────────────────────────┘  (or x from global)
+//     x ──► sums ──► act[:, cR..) ──► arrive 2 ──► launch_dependents
+//     wait 2 ──► act rows ──► sums ──► y
 //
-// Each stage is gemv_mma.cu's slab kernel for that projection (slab.cuh: the same copies,
-// MMA steps and endings), so act is dot_rows(x, wgu, glu, gelu)'s bits and y is
-// dot_rows(act, wd)'s.  Whole-K projections only (no split-K pieces), bf16 weights.
+// Each stage is gemv_mma.cu's slab kernel for that projection (slab.cuh: the same copies, MMA
+// steps and endings) and the norm is its norm-in row (triton_math.cuh norm_row, add_norm's
+// tree), so o, h', act and y are dot_rows' and add_norm's bits.  Whole-K projections only
+// (no split-K pieces), bf16 weights.
 //
-// The grid barrier: a 64-bit counter in global memory, never reset -- every launch adds G, and
-// a CTA that drew `old` waits for (old / G + 1) * G (launches on one stream never overlap
-// past their arrivals: the next one waits in griddepcontrol.wait for the launches before it).
-// launch_dependents only after a CTA has arrived: when the next kernel starts, every CTA of
-// this one has been resident, so none of them can be kept off an SM by a kernel that spins
-// waiting for this one (no deadlock).  The writes of act are published cooperative-groups
-// style (__syncthreads, __threadfence, atomicAdd; the reader: spin, __threadfence,
-// __syncthreads) and read past the L1 (ld.global.cg).
+// The grid barriers: a 64-bit counter each in global memory (S: 1, or 2 with O), never reset --
+// every CTA adds 1, so a launch adds G, and a CTA that drew `old` waits for (old / G + 1) G
+// (launches on one stream never overlap past their arrivals: the next one waits in
+// griddepcontrol.wait for the launches before it).  One counter a barrier: a CTA with no item
+// before barrier 2 reaches it while others are still on their way to barrier 1.
+// launch_dependents only after a CTA's last arrival: when the next kernel starts, every CTA of
+// this one has been resident, so none can be kept off an SM by a kernel that spins waiting
+// for this one (no deadlock).  Writes are published cooperative-groups style (__syncthreads,
+// __threadfence, atomicAdd; the reader: spin, __threadfence, __syncthreads) and read back past
+// the L1 (ld.global.cg).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -30,84 +39,155 @@
 
 namespace {
 
-// shared memory: [0, 128) mbarriers: 4 gate|up quarters, x, 4 down quarters | gate|up slab
-// (2R rows of 2K + 16 bytes) | down slab (R rows of 2I + 16) | x rows (B of 2K + 16) | act
-// rows (B of 2I + 16)
-__host__ __device__ inline size_t chain_smem(int R, int B, int K, int I) {
-  return 128 + (size_t)(2 * R + B) * (2 * K + 16) + (size_t)(R + B) * (2 * I + 16);
+struct Chain {
+  const __nv_bfloat16* x;     // [B, KO] the attention's rows (O), else [B, H] gate|up's x
+  const __nv_bfloat16* wo;    // [H, KO] (O)
+  __nv_bfloat16* o;           // [B, H] o's output (O), a scratch the launch fills
+  NormArgs na;                // (O) h, w_post, w_next, h_out, eps, tw, block; d1 = o
+  const __nv_bfloat16* wgu;   // [2I, H] gate rows, then up rows
+  const __nv_bfloat16* wd;    // [H, I]
+  __nv_bfloat16* act;         // [B, I] gate|up's output, a scratch the launch fills
+  __nv_bfloat16* y;           // [B, H]
+  unsigned long long* counter;   // [S]
+  int B, KO, H, I;
+};
+
+// shared memory: [0, 128) mbarriers | gate|up slab (2R rows of 2H + 16 bytes) | down slab (R
+// rows of 2I + 16) | x rows (B of 2H + 16) | act rows (B of 2I + 16) | O: o slab (R rows of
+// 2KO + 16) | attention rows (B of 2KO + 16) | w_post, w_next (float32 [H]) | h, o (bf16 [B, H])
+__host__ __device__ inline size_t chain_smem(int R, int B, int KO, int H, int I, bool O) {
+  const size_t mlp = 128 + (size_t)(2 * R + B) * (2 * H + 16) + (size_t)(R + B) * (2 * I + 16);
+  return O ? mlp + (size_t)(R + B) * (2 * KO + 16) + 8 * H + 4 * (size_t)B * H : mlp;
 }
 
-template <int WARPS, bool PDL>
-__global__ void __launch_bounds__(WARPS * 32)
-    mlp_chain(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ wgu,
-              const __nv_bfloat16* __restrict__ wd, __nv_bfloat16* act,
-              __nv_bfloat16* __restrict__ y, unsigned long long* counter, int B, int K, int I,
-              int H) {
-  constexpr int R = 8 * WARPS, THREADS = 32 * WARPS;   // one n8 tile a warp
-  extern __shared__ __align__(128) unsigned char smem[];
-  const int ws1 = 2 * K + 16, ws2 = 2 * I + 16;        // bytes a shared row, as gemv_kernel's
-  const uint32_t bars = smem_u32(smem), xbar = bars + 8 * CHUNKS, dbar = xbar + 8;
-  const uint32_t gsm = 128, dsm = gsm + 2 * R * ws1, xsm = dsm + R * ws2, asm_ = xsm + B * ws1;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int n0 = blockIdx.x * R;
-  const bool up = n0 < I, down = n0 < H;                // this CTA's items
-  const int rows1 = up ? min(R, I - n0) : 0, rows2 = down ? min(R, H - n0) : 0;
-  const int kc1 = K / CHUNKS, kc2 = I / CHUNKS;
-  unsigned long long target = 0;                       // thread 0's: the barrier's count
-
-  if (tid == 0) {
-    for (int c = 0; c < 2 * CHUNKS + 1; ++c) mbar_init(bars + 8 * c, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    for (int c = 0; c < CHUNKS; ++c) {
-      if (up) mbar_expect(bars + 8 * c, 2 * rows1 * kc1 * 2);
-      if (down) mbar_expect(dbar + 8 * c, rows2 * kc2 * 2);
-    }
-    if (up) mbar_expect(xbar, B * K * 2);
-  }
-  __syncthreads();
-  if (up) copy_slab<2, R, 2, THREADS>(bars + gsm, bars, ws1, wgu, I, K, n0, rows1, 0, kc1);
-  if (down) copy_slab<1, R, 2, THREADS>(bars + dsm, dbar, ws2, wd, H, I, n0, rows2, 0, kc2);
-  if (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");   // x: the kernel before's
-  if (up) {
-    if (tid < B) bulk_copy(bars + xsm + tid * ws1, x + (size_t)tid * K, K * 2, xbar);
-    mbar_wait(xbar, 0);
-    float acc[2][1][4];
-    slab_sums<2, 1, false, R>(acc, smem, bars, xsm, ws1, gsm, ws1, B, kc1);
-    store_tile<2, 1, GLU, false>(acc, act, nullptr, B, I, n0 + warp * 8, 0, g, t);
-  }
-  __syncthreads();                                      // this CTA's act columns stored
-  if (tid == 0) {
+// Arrive at a barrier (its own counter): thread 0 learns the count to wait for.
+__device__ __forceinline__ unsigned long long arrive(unsigned long long* counter) {
+  __syncthreads();                                      // this CTA's stores done
+  unsigned long long target = 0;
+  if (threadIdx.x == 0) {
     __threadfence();
     const unsigned long long old = atomicAdd(counter, 1ull);
     target = (old / gridDim.x + 1) * gridDim.x;
   }
-  if (PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (!down) return;
-  if (tid == 0) {
+  return target;
+}
+
+__device__ __forceinline__ void wait_for(const unsigned long long* counter,
+                                         unsigned long long target) {
+  if (threadIdx.x == 0) {
     const volatile unsigned long long* c = counter;
     for (uint32_t polls = 0; *c < target; ++polls)
       if (polls == (1u << 30)) __trap();               // seconds: a bug, not a wait
     __threadfence();
   }
-  __syncthreads();                                      // every CTA's act stored and visible
-  for (int i = tid; i < B * (I / 8); i += THREADS) {    // act rows: 16 bytes a thread, past L1
-    const int b = i / (I / 8), j = i % (I / 8);
-    const uint4 v = __ldcg(reinterpret_cast<const uint4*>(act + (size_t)b * I) + j);
-    *reinterpret_cast<uint4*>(smem + asm_ + b * ws2 + 16 * j) = v;
-  }
-  __syncthreads();
-  float acc[1][1][4];
-  slab_sums<1, 1, false, R>(acc, smem, dbar, asm_, ws2, dsm, ws2, B, kc2);
-  store_tile<1, 1, PLAIN, false>(acc, y, nullptr, B, H, n0 + warp * 8, 0, g, t);
+  __syncthreads();                                      // every CTA's stores visible
 }
 
-template <int WARPS, bool PDL>
-int launch(const void* x, const void* wgu, const void* wd, void* act, void* y, void* counter,
-           int B, int K, int I, int H, cudaStream_t stream) {
+// B rows of n bf16 from global (written in this launch by other CTAs) into shared rows
+// `stride` bytes apart: 16 bytes a thread, past the L1.
+template <int THREADS>
+__device__ __forceinline__ void rows_in(unsigned char* smem, uint32_t dst, int stride,
+                                        const __nv_bfloat16* src, int B, int n) {
+  for (int i = threadIdx.x; i < B * (n / 8); i += THREADS) {
+    const int b = i / (n / 8), j = i % (n / 8);
+    const uint4 v = __ldcg(reinterpret_cast<const uint4*>(src + (size_t)b * n) + j);
+    *reinterpret_cast<uint4*>(smem + dst + b * stride + 16 * j) = v;
+  }
+}
+
+template <int WARPS, bool PDL, bool O>
+__global__ void __launch_bounds__(WARPS * 32) mlp_chain(const Chain a) {
+  constexpr int R = 8 * WARPS, THREADS = 32 * WARPS;   // one n8 tile a warp
+  constexpr int S = O ? 2 : 1;                          // grid barriers a launch
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ float scratch[9];                          // norm_row's
+  const int B = a.B, H = a.H, I = a.I, KO = a.KO;
+  const int ws1 = 2 * H + 16, ws2 = 2 * I + 16, wso = 2 * KO + 16;   // bytes a shared row
+  // barriers: gate|up quarters 0-3, x 4, down quarters 5-8, o quarters 9-12, O's inputs 13
+  const uint32_t bars = smem_u32(smem), xbar = bars + 32, dbar = bars + 40, obar = bars + 72;
+  const uint32_t nbar = bars + 104;
+  const uint32_t gsm = 128, dsm = gsm + 2 * R * ws1, xsm = dsm + R * ws2, asm_ = xsm + B * ws1;
+  const uint32_t osm = asm_ + B * ws2, qsm = osm + R * wso, wsm_ = qsm + B * wso;
+  const uint32_t hsm = wsm_ + 8 * H, ysm = hsm + 2 * B * H;   // (O) h rows, o rows
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * R;
+  const bool has_o = O && n0 < H, up = n0 < I, down = n0 < H;   // this CTA's items
+  const int rows_o = has_o ? min(R, H - n0) : 0, rows1 = up ? min(R, I - n0) : 0;
+  const int rows2 = down ? min(R, H - n0) : 0;
+
+  if (threadIdx.x == 0) {
+    for (int c = 0; c < 14; ++c) mbar_init(bars + 8 * c, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int c = 0; c < CHUNKS; ++c) {
+      if (up) mbar_expect(bars + 8 * c, 2 * rows1 * (H / CHUNKS) * 2);
+      if (down) mbar_expect(dbar + 8 * c, rows2 * (I / CHUNKS) * 2);
+      if (has_o) mbar_expect(obar + 8 * c, rows_o * (KO / CHUNKS) * 2);
+    }
+    if (has_o) mbar_expect(xbar, B * KO * 2);
+    else if (up && !O) mbar_expect(xbar, B * H * 2);
+    if (O && up) mbar_expect(nbar, 8 * H + 2 * B * H);   // w_post, w_next, h
+  }
+  __syncthreads();
+  if (has_o) copy_slab<1, R, 2, THREADS>(bars + osm, obar, wso, a.wo, H, KO, n0, rows_o, 0, KO / CHUNKS);
+  if (up) copy_slab<2, R, 2, THREADS>(bars + gsm, bars, ws1, a.wgu, I, H, n0, rows1, 0, H / CHUNKS);
+  if (down) copy_slab<1, R, 2, THREADS>(bars + dsm, dbar, ws2, a.wd, H, I, n0, rows2, 0, I / CHUNKS);
+  if (O && up && threadIdx.x == 0) {                    // the norm's weights: no input either
+    bulk_copy(bars + wsm_, a.na.w_post, 4 * H, nbar);
+    bulk_copy(bars + wsm_ + 4 * H, a.na.w_next, 4 * H, nbar);
+  }
+  if (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");   // x (and h): the kernels before's
+  unsigned long long target = 0;
+  if (O) {
+    if (up && threadIdx.x == 0) bulk_copy(bars + hsm, a.na.h, 2 * B * H, nbar);
+    if (has_o) {
+      if ((int)threadIdx.x < B) bulk_copy(bars + qsm + threadIdx.x * wso, a.x + (size_t)threadIdx.x * KO, KO * 2, xbar);
+      mbar_wait(xbar, 0);
+      float acc[1][1][4];
+      slab_sums<1, 1, false, R>(acc, smem, obar, qsm, wso, osm, wso, B, KO / CHUNKS);
+      store_tile<1, 1, PLAIN, false>(acc, a.o, nullptr, B, H, n0 + warp * 8, 0, g, t);
+    }
+    target = arrive(a.counter);
+    if (up) {
+      wait_for(a.counter, target);
+      rows_in<THREADS>(smem, ysm, 2 * H, a.o, B, H);
+      mbar_wait(nbar, 0);
+      __syncthreads();                                  // o rows in, h and weights landed
+      NormArgs sa = a.na;                               // its operands, from shared memory
+      sa.w_post = reinterpret_cast<const float*>(smem + wsm_);
+      sa.w_next = reinterpret_cast<const float*>(smem + wsm_ + 4 * H);
+      sa.h = reinterpret_cast<const __nv_bfloat16*>(smem + hsm);
+      sa.d1 = smem + ysm;
+      for (int b = 0; b < B; ++b)
+        norm_row<THREADS>(sa, b, B, H, reinterpret_cast<__nv_bfloat16*>(smem + xsm + b * ws1),
+                          scratch, blockIdx.x == 0);
+      __syncthreads();                                  // x rows made
+    }
+  } else if (up) {
+    if ((int)threadIdx.x < B) bulk_copy(bars + xsm + threadIdx.x * ws1, a.x + (size_t)threadIdx.x * H, H * 2, xbar);
+    mbar_wait(xbar, 0);
+  }
+  if (up) {
+    float acc[2][1][4];
+    slab_sums<2, 1, false, R>(acc, smem, bars, xsm, ws1, gsm, ws1, B, H / CHUNKS);
+    store_tile<2, 1, GLU, false>(acc, a.act, nullptr, B, I, n0 + warp * 8, 0, g, t);
+  }
+  target = arrive(a.counter + S - 1);
+  if (PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (!down) return;
+  wait_for(a.counter + S - 1, target);
+  rows_in<THREADS>(smem, asm_, ws2, a.act, B, I);
+  __syncthreads();
+  float acc[1][1][4];
+  slab_sums<1, 1, false, R>(acc, smem, dbar, asm_, ws2, dsm, ws2, B, I / CHUNKS);
+  store_tile<1, 1, PLAIN, false>(acc, a.y, nullptr, B, H, n0 + warp * 8, 0, g, t);
+}
+
+template <int WARPS, bool PDL, bool O>
+int launch(const Chain& a, cudaStream_t stream) {
   constexpr int R = 8 * WARPS;
-  const size_t smem = chain_smem(R, B, K, I);
-  if (smem > 227 * 1024) return -2;
-  auto* kern = mlp_chain<WARPS, PDL>;
+  const size_t smem = chain_smem(R, a.B, a.KO, a.H, a.I, O);
+  if (smem > 227 * 1024 - 64) return -2;               // (the static scratch: 36 bytes)
+  auto* kern = mlp_chain<WARPS, PDL, O>;
   static size_t raised = 0;                             // the attribute, once per size
   if (smem > raised) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -115,8 +195,8 @@ int launch(const void* x, const void* wgu, const void* wd, void* act, void* y, v
     if (e != cudaSuccess) return (int)e;
     raised = smem;
   }
-  const int grid = (max(I, H) + R - 1) / R;
-  int dev = 0, sms = 0, per_sm = 0;                     // the spin barrier needs every CTA
+  const int grid = (max(a.I, a.H) + R - 1) / R;
+  int dev = 0, sms = 0, per_sm = 0;                     // the spin barriers need every CTA
   cudaGetDevice(&dev);                                  // resident at once
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 32 * WARPS, smem);
@@ -132,34 +212,70 @@ int launch(const void* x, const void* wgu, const void* wd, void* act, void* y, v
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = PDL ? 1 : 0;
-  return (int)cudaLaunchKernelEx(&cfg, kern, (const __nv_bfloat16*)x,
-                                 (const __nv_bfloat16*)wgu, (const __nv_bfloat16*)wd,
-                                 (__nv_bfloat16*)act, (__nv_bfloat16*)y,
-                                 (unsigned long long*)counter, B, K, I, H);
+  return (int)cudaLaunchKernelEx(&cfg, kern, a);
+}
+
+template <bool O>
+int launch_size(const Chain& a, int warps, int pdl, cudaStream_t s) {
+  switch (warps) {
+    case 1: return pdl ? launch<1, true, O>(a, s) : launch<1, false, O>(a, s);
+    case 2: return pdl ? launch<2, true, O>(a, s) : launch<2, false, O>(a, s);
+    case 4: return pdl ? launch<4, true, O>(a, s) : launch<4, false, O>(a, s);
+    default: return -1;
+  }
+}
+
+bool bad_shape(int B, int H, int I) {
+  return B < 1 || B > 16 || H % 64 || I % 64 || H <= 0 || I <= 0;
 }
 
 }  // namespace
 
-// y = dot_rows(dot_rows(x, wgu, glu, gelu), wd): x bf16 [B, K], wgu bf16 [2I, K] (gate rows,
+// y = dot_rows(dot_rows(x, wgu, glu, gelu), wd): x bf16 [B, H], wgu bf16 [2I, H] (gate rows,
 // then up rows), wd bf16 [H, I]; act bf16 [B, I] (gate|up's output, a scratch the launch
-// fills), y bf16 [B, H]; counter: one uint64 in device memory (zero at first, then only this
-// kernel's: every launch on a stream may share it).  warps: 1, 2 or 4 (R = 8 warps columns a
+// fills), y bf16 [B, H]; counter: two uint64 in device memory (zero at first, then only these
+// kernels': every launch on a stream may share them).  warps: 1, 2 or 4 (R = 8 warps columns a
 // CTA).  0 on success; -1 a shape it does not take, -2 too much shared memory, -3 the grid
-// cannot be resident at once (the barrier would deadlock), else a cudaError_t.
+// cannot be resident at once (a barrier would deadlock), else a cudaError_t.
 extern "C" int mlp_chain_launch(const void* x, const void* wgu, const void* wd, void* act,
-                                void* y, void* counter, int B, int K, int I, int H, int warps,
-                                int pdl, void* stream) {
-  if (B < 1 || B > 16 || K % 64 || I % 64 || H % 8 || K <= 0 || I <= 0 || H <= 0) return -1;
-  cudaStream_t s = (cudaStream_t)stream;
-#define MUSER_CASE(W)                                                        \
-  case W:                                                                    \
-    return pdl ? launch<W, true>(x, wgu, wd, act, y, counter, B, K, I, H, s) \
-               : launch<W, false>(x, wgu, wd, act, y, counter, B, K, I, H, s);
-  switch (warps) {
-    MUSER_CASE(1)
-    MUSER_CASE(2)
-    MUSER_CASE(4)
-    default: return -1;
-  }
-#undef MUSER_CASE
+                                void* y, void* counter, int B, int H, int I, int warps, int pdl,
+                                void* stream) {
+  if (bad_shape(B, H, I)) return -1;
+  Chain a = {};
+  a.x = (const __nv_bfloat16*)x;
+  a.wgu = (const __nv_bfloat16*)wgu;
+  a.wd = (const __nv_bfloat16*)wd;
+  a.act = (__nv_bfloat16*)act;
+  a.y = (__nv_bfloat16*)y;
+  a.counter = (unsigned long long*)counter;
+  a.B = B, a.H = H, a.I = I, a.KO = 64;
+  return launch_size<false>(a, warps, pdl, (cudaStream_t)stream);
+}
+
+// The same after o and the add+norm: o = dot_rows(x, wo) (x the attention's rows [B, KO]),
+// h' = h + norm(o, w_post) into h_out, the MLP's x = norm(h', w_next) (add_norm's row: RMS,
+// eps; tw, block: add_norm's warps and BLOCK for H), then y as mlp_chain_launch's; o: a scratch
+// [B, H] the launch fills.  Return codes as mlp_chain_launch's.
+extern "C" int o_mlp_chain_launch(const void* x, const void* wo, void* o, const void* h,
+                                  const void* w_post, const void* w_next, void* h_out,
+                                  float eps, int tw, int block, const void* wgu, const void* wd,
+                                  void* act, void* y, void* counter, int B, int KO, int H, int I,
+                                  int warps, int pdl, void* stream) {
+  if (bad_shape(B, H, I) || KO % 64 || KO <= 0 || (tw != 4 && tw != 8) || block < H ||
+      block & (block - 1) || block < 8 * 32 * tw || warps > tw ||
+      ((uintptr_t)h | (uintptr_t)w_post | (uintptr_t)w_next) & 15)
+    return -1;   // add_norm's tree as norm_row replays it; 16-byte aligned bulk-copy sources
+  Chain a = {};
+  a.x = (const __nv_bfloat16*)x;
+  a.wo = (const __nv_bfloat16*)wo;
+  a.o = (__nv_bfloat16*)o;
+  a.na = NormArgs{(const __nv_bfloat16*)h, nullptr, (const float*)w_post, (const float*)w_next,
+                  (__nv_bfloat16*)h_out, nullptr, eps, 0, tw, block};
+  a.wgu = (const __nv_bfloat16*)wgu;
+  a.wd = (const __nv_bfloat16*)wd;
+  a.act = (__nv_bfloat16*)act;
+  a.y = (__nv_bfloat16*)y;
+  a.counter = (unsigned long long*)counter;
+  a.B = B, a.KO = KO, a.H = H, a.I = I;
+  return launch_size<true>(a, warps, pdl, (cudaStream_t)stream);
 }
