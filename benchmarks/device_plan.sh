@@ -79,6 +79,7 @@
 #                slabs in shared memory before the input arrives, a grid barrier between), and
 #                =omlp: o + add_norm + the MLP as one -- bits and us against their launches,
 #                the GPU rows, the decode A/B (270M: taken; 1B: not -- a control)
+#   cpp_mlp_fix  the chain's rows and probe again, its barriers reset by the last CTA out
 #   cpp_mlp_rows the invariance and engine rows under MUSER_DOT_CPP=mlp, then the slab kernel's
 #                rows again (slab.cuh now holds the pieces both kernels share)
 #   (cpp_ring, fortieth session: the C++ projection's weights streamed through a ring of slots
@@ -1164,6 +1165,12 @@ stage_cpp_mlp() {  # carry .whl: MUSER_DOT_CPP=mlp -- gate|up then down in one p
   tests 150 tests/cuda/test_cpp_dot.py -k "chain or one_launch"
   bench 240 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 1 \
     --variants "CM:MUSER_DOT_CPP=mlp;CO:MUSER_DOT_CPP=omlp"
+}
+
+stage_cpp_mlp_fix() {  # carry .whl: after the first run hung (counters never reset): the chain's
+  # GPU rows (launches of two grid sizes sharing the counters), then its us against the launches
+  tests 150 tests/cuda/test_cpp_dot.py -k "chain or one_launch"
+  bench 150 . benchmarks/mlp_chain_probe.py --shapes 270m --warps 1,2
 }
 
 stage_cpp_mlp_rows() {  # carry .whl: the engine under MUSER_DOT_CPP=mlp -- the invariance and

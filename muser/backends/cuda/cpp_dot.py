@@ -101,9 +101,9 @@ class CppDot:
                                            [ctypes.c_int] * 2 + [ctypes.c_void_p] * 5 +
                                            [ctypes.c_int] * 6 + [ctypes.c_void_p])
         self.lib, self.variant, self.calls, self.norm_calls = lib, variant, 0, 0
-        # the chain's grid barriers: a uint64 each, only ever added to (mlp_chain.cu); made
+        # the chain's grid barriers and exit count (mlp_chain.cu: zero between launches); made
         # here, outside any graph capture (a capture would own its memory)
-        self.counter = (torch.zeros(2, dtype=torch.int64, device=device)
+        self.counter = (torch.zeros(3, dtype=torch.int64, device=device)
                         if device is not None and device.type == "cuda" else None)
         self.chain_calls, self.chain_warps = 0, {}   # (rows, k, i, h) -> the size that ran
 

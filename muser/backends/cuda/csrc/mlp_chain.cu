@@ -21,11 +21,14 @@
 // tree), so o, h', act and y are dot_rows' and add_norm's bits.  Whole-K projections only
 // (no split-K pieces), bf16 weights.
 //
-// The grid barriers: a 64-bit counter each in global memory (S: 1, or 2 with O), never reset --
-// every CTA adds 1, so a launch adds G, and a CTA that drew `old` waits for (old / G + 1) G
-// (launches on one stream never overlap past their arrivals: the next one waits in
-// griddepcontrol.wait for the launches before it).  One counter a barrier: a CTA with no item
-// before barrier 2 reaches it while others are still on their way to barrier 1.
+// The grid barriers: a counter each in global memory (S: 1, or 2 with O), and an exit counter:
+// a barrier is passed when its counter reaches G; the last CTA to leave sets all of them back
+// to 0 (every other CTA has passed every wait by then), so a launch finds them at 0 whatever G
+// the launch before had (launches on one stream never overlap past their arrivals: the next
+// one waits in griddepcontrol.wait for the launches before it).  One counter a barrier: a CTA
+// with no item before barrier 2 reaches it while others are still on their way to barrier 1.
+// (A counter only ever added to, waited on at the next multiple of G, hung once launches of
+// two CTA sizes shared it -- the forty-first session's first GPU run.)
 // launch_dependents only after a CTA's last arrival: when the next kernel starts, every CTA of
 // this one has been resident, so none can be kept off an SM by a kernel that spins waiting
 // for this one (no deadlock).  Writes are published cooperative-groups style (__syncthreads,
@@ -48,7 +51,7 @@ struct Chain {
   const __nv_bfloat16* wd;    // [H, I]
   __nv_bfloat16* act;         // [B, I] gate|up's output, a scratch the launch fills
   __nv_bfloat16* y;           // [B, H]
-  unsigned long long* counter;   // [S]
+  unsigned long long* counter;   // [S + 1]: the barriers', then the exit count
   int B, KO, H, I;
 };
 
@@ -60,27 +63,33 @@ __host__ __device__ inline size_t chain_smem(int R, int B, int KO, int H, int I,
   return O ? mlp + (size_t)(R + B) * (2 * KO + 16) + 8 * H + 4 * (size_t)B * H : mlp;
 }
 
-// Arrive at a barrier (its own counter): thread 0 learns the count to wait for.
-__device__ __forceinline__ unsigned long long arrive(unsigned long long* counter) {
-  __syncthreads();                                      // this CTA's stores done
-  unsigned long long target = 0;
+// Arrive at a barrier: this CTA's stores done and published, then one more on its counter.
+__device__ __forceinline__ void arrive(unsigned long long* counter) {
+  __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    const unsigned long long old = atomicAdd(counter, 1ull);
-    target = (old / gridDim.x + 1) * gridDim.x;
+    atomicAdd(counter, 1ull);
   }
-  return target;
 }
 
-__device__ __forceinline__ void wait_for(const unsigned long long* counter,
-                                         unsigned long long target) {
+// Wait until every CTA of the grid has arrived at the barrier `counter` counts.
+__device__ __forceinline__ void wait_all(const unsigned long long* counter) {
   if (threadIdx.x == 0) {
     const volatile unsigned long long* c = counter;
-    for (uint32_t polls = 0; *c < target; ++polls)
+    for (uint32_t polls = 0; *c < gridDim.x; ++polls)
       if (polls == (1u << 30)) __trap();               // seconds: a bug, not a wait
     __threadfence();
   }
   __syncthreads();                                      // every CTA's stores visible
+}
+
+// Leave: the last CTA out sets counters[0 .. S] (S barriers, then the exit count) back to 0.
+__device__ __forceinline__ void leave(unsigned long long* counters, int S) {
+  __syncthreads();
+  if (threadIdx.x == 0 && atomicAdd(counters + S, 1ull) == gridDim.x - 1) {
+    for (int s = 0; s <= S; ++s) counters[s] = 0;
+    __threadfence();
+  }
 }
 
 // B rows of n bf16 from global (written in this launch by other CTAs) into shared rows
@@ -136,7 +145,6 @@ __global__ void __launch_bounds__(WARPS * 32) mlp_chain(const Chain a) {
     bulk_copy(bars + wsm_ + 4 * H, a.na.w_next, 4 * H, nbar);
   }
   if (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");   // x (and h): the kernels before's
-  unsigned long long target = 0;
   if (O) {
     if (up && threadIdx.x == 0) bulk_copy(bars + hsm, a.na.h, 2 * B * H, nbar);
     if (has_o) {
@@ -146,9 +154,9 @@ __global__ void __launch_bounds__(WARPS * 32) mlp_chain(const Chain a) {
       slab_sums<1, 1, false, R>(acc, smem, obar, qsm, wso, osm, wso, B, KO / CHUNKS);
       store_tile<1, 1, PLAIN, false>(acc, a.o, nullptr, B, H, n0 + warp * 8, 0, g, t);
     }
-    target = arrive(a.counter);
+    arrive(a.counter);
     if (up) {
-      wait_for(a.counter, target);
+      wait_all(a.counter);
       rows_in<THREADS>(smem, ysm, 2 * H, a.o, B, H);
       mbar_wait(nbar, 0);
       __syncthreads();                                  // o rows in, h and weights landed
@@ -171,15 +179,17 @@ __global__ void __launch_bounds__(WARPS * 32) mlp_chain(const Chain a) {
     slab_sums<2, 1, false, R>(acc, smem, bars, xsm, ws1, gsm, ws1, B, H / CHUNKS);
     store_tile<2, 1, GLU, false>(acc, a.act, nullptr, B, I, n0 + warp * 8, 0, g, t);
   }
-  target = arrive(a.counter + S - 1);
+  arrive(a.counter + S - 1);
   if (PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (!down) return;
-  wait_for(a.counter + S - 1, target);
-  rows_in<THREADS>(smem, asm_, ws2, a.act, B, I);
-  __syncthreads();
-  float acc[1][1][4];
-  slab_sums<1, 1, false, R>(acc, smem, dbar, asm_, ws2, dsm, ws2, B, I / CHUNKS);
-  store_tile<1, 1, PLAIN, false>(acc, a.y, nullptr, B, H, n0 + warp * 8, 0, g, t);
+  if (down) {
+    wait_all(a.counter + S - 1);
+    rows_in<THREADS>(smem, asm_, ws2, a.act, B, I);
+    __syncthreads();
+    float acc[1][1][4];
+    slab_sums<1, 1, false, R>(acc, smem, dbar, asm_, ws2, dsm, ws2, B, I / CHUNKS);
+    store_tile<1, 1, PLAIN, false>(acc, a.y, nullptr, B, H, n0 + warp * 8, 0, g, t);
+  }
+  leave(a.counter, S);
 }
 
 template <int WARPS, bool PDL, bool O>
@@ -233,8 +243,8 @@ bool bad_shape(int B, int H, int I) {
 
 // y = dot_rows(dot_rows(x, wgu, glu, gelu), wd): x bf16 [B, H], wgu bf16 [2I, H] (gate rows,
 // then up rows), wd bf16 [H, I]; act bf16 [B, I] (gate|up's output, a scratch the launch
-// fills), y bf16 [B, H]; counter: two uint64 in device memory (zero at first, then only these
-// kernels': every launch on a stream may share them).  warps: 1, 2 or 4 (R = 8 warps columns a
+// fills), y bf16 [B, H]; counter: three uint64 in device memory (zero at first, and zero again
+// when a launch ends: launches on one stream may share them).  warps: 1, 2 or 4 (R = 8 warps columns a
 // CTA).  0 on success; -1 a shape it does not take, -2 too much shared memory, -3 the grid
 // cannot be resident at once (a barrier would deadlock), else a cudaError_t.
 extern "C" int mlp_chain_launch(const void* x, const void* wgu, const void* wd, void* act,
