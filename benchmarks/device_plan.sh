@@ -75,13 +75,9 @@
 #                (cpp_norm_probe.py), its GPU rows, the decode A/B (bf16)
 #   cpp_rows     the invariance and engine rows under MUSER_DOT_CPP=norm, then the int8 mode's
 #                decode A/B (quant="int8", whose rows the C++ kernel now takes too)
-#   cpp_mlp      MUSER_DOT_CPP=mlp: the MLP's gate|up and down as ONE persistent launch (both
-#                slabs in shared memory before the input arrives, a grid barrier between), and
-#                =omlp: o + add_norm + the MLP as one -- bits and us against their launches,
-#                the GPU rows, the decode A/B (270M: taken; 1B: not -- a control)
-#   cpp_mlp_fix  the chain's rows and probe again, its barriers reset by the last CTA out
-#   cpp_mlp_rows the invariance and engine rows under MUSER_DOT_CPP=mlp, then the slab kernel's
-#                rows again (slab.cuh now holds the pieces both kernels share)
+#   (cpp_mlp, cpp_mlp_fix, cpp_mlp_rows, forty-first session: the MLP -- and o + add+norm + the
+#    MLP -- as one persistent launch with grid barriers, weights preloaded: exact rows, the
+#    270M's step 0.591 -> 0.655 / 0.772 ms on an H100; the code is gone, commit ddf686b has it)
 #   (cpp_ring, fortieth session: the C++ projection's weights streamed through a ring of slots
 #    by small CTAs -- the same bits, the step 1B 1.220 -> 1.485 ms on an H100; the code is
 #    gone, commit ac72dfd has it)
@@ -1156,27 +1152,6 @@ stage_cpp_on_rows() {  # carry .whl: the engine under MUSER_DOT_CPP=on (the C++ 
   cpp_engine_rows on
   bench 200 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 1 \
     --quant int8 --variants "CP:MUSER_DOT_CPP=on"
-}
-
-stage_cpp_mlp() {  # carry .whl: MUSER_DOT_CPP=mlp -- gate|up then down in one persistent
-  # launch (csrc/mlp_chain.cu): bits and us a pair (with the add_norm before it), the chain's GPU
-  # rows, then the decode A/B (270M, and the 1B as a control: its split down is not taken)
-  bench 180 . benchmarks/mlp_chain_probe.py --shapes 270m,tiny
-  tests 150 tests/cuda/test_cpp_dot.py -k "chain or one_launch"
-  bench 240 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 1 \
-    --variants "CM:MUSER_DOT_CPP=mlp;CO:MUSER_DOT_CPP=omlp"
-}
-
-stage_cpp_mlp_fix() {  # carry .whl: after the first run hung (counters never reset): the chain's
-  # GPU rows (launches of two grid sizes sharing the counters), then its us against the launches
-  tests 150 tests/cuda/test_cpp_dot.py -k "chain or one_launch"
-  bench 150 . benchmarks/mlp_chain_probe.py --shapes 270m --warps 1,2
-}
-
-stage_cpp_mlp_rows() {  # carry .whl: the engine under MUSER_DOT_CPP=mlp -- the invariance and
-  # engine rows -- then the slab kernel's own rows (its pieces moved to slab.cuh: other SASS)
-  cpp_engine_rows mlp
-  tests 240 tests/cuda/test_cpp_dot.py -k "not chain and not one_launch"
 }
 
 stage_gguf_part() {  # carry .gg/pNN (the embedded GGUF split in six: 64 MiB a call, .whl too): kept in

@@ -125,7 +125,7 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                       "prefill's dot_rows 47.2 -> 46.3 ms); chunk = the chunk attention's "
                       "splits on growing planes (fixed tile bounds, the group merge as selects; "
                       "slower: 36 -> 51 ms); on = both"),
-    "MUSER_DOT_CPP": ("off|on|norm|mlp|omlp|11|21|41|12|22", "off", "backends/cuda (decode step, cpp_dot.py)",
+    "MUSER_DOT_CPP": ("off|on|norm|11|21|41|12|22", "off", "backends/cuda (decode step, cpp_dot.py)",
                       "an experiment, measured slower (H100, thirty-ninth session: the same bits, "
                       "the step +34 us on the 270M, +85 on the 1B; norm more): the decode step's "
                       "projections of up "
@@ -139,12 +139,7 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                       "and n8 tiles a warp; norm = on, and the add+norm before qkv and gate|up "
                       "made inside them (every CTA norms the row in add_norm's own reduction "
                       "tree while its weights land, one stores h': Gemma 3's sandwich layers, "
-                      "step_norm.py); mlp = only the MLP's gate|up and down, as one persistent "
-                      "launch (csrc/mlp_chain.cu: both slabs in shared memory before the input "
-                      "arrives, a grid barrier between; whole-K shapes that fit, e.g. the "
-                      "270M's); omlp = the attention's o projection, the add+norm and the MLP "
-                      "as one such launch (Gemma 3's sandwich layers: four launches a layer "
-                      "become one); without nvcc or an sm_90 GPU a warning and the Triton "
+                      "step_norm.py); without nvcc or an sm_90 GPU a warning and the Triton "
                       "tiles"),
     "MUSER_DOT_TMA": ("off|auto|on", "auto", "backends/cuda (dot_rows)",
                       "on: a prefill chunk's 128-row dot_rows tiles (16-bit weights) load by TMA "

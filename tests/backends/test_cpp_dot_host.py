@@ -11,9 +11,8 @@ import torch
 from muser.backends.cuda import cpp_dot
 from muser.backends.cuda.weights_int8 import RowInt8
 from muser.backends.cuda.cpp_dot import build, load
-from muser.backends.cuda.cpp_route import (GLU, PLAIN, SMEM, SPLIT, chain_smem, cta_shapes,
-                                           mlp_route, norm_bytes, norm_route, norm_shape,
-                                           route, smem_bytes)
+from muser.backends.cuda.cpp_route import (GLU, PLAIN, SMEM, SPLIT, norm_bytes, norm_route,
+                                           norm_shape, route, smem_bytes)
 
 ROUTES = [  # (n, k, rows, glu, gelu, piece, defer, variant) -> (mode, ks, warps, nt) | None
     ((1536, 1152, 1, False, False, 0, False, "on"), (PLAIN, 1152, 2, 1)),
@@ -33,52 +32,6 @@ ROUTES = [  # (n, k, rows, glu, gelu, piece, defer, variant) -> (mode, ks, warps
 @pytest.mark.parametrize("args,want", ROUTES)
 def test_route_takes_only_what_the_kernel_ends_as_dot_rows_does(args, want):
     assert route(*args) == want
-
-
-CHAIN_ROUTES = [  # (rows, k, i, h, up_piece, down_piece, gelu) -> CTA sizes to try
-    ((1, 640, 2048, 640, 0, 0, True), (1, 2, 4)),           # the 270M's MLP
-    ((16, 640, 2048, 640, 0, 0, True), (1, 2)),             # 16 act rows: 4 warps too big
-    ((1, 1152, 6912, 1152, 0, 1024, True), ()),             # the 1B's down: split-K pieces
-    ((1, 640, 2048, 640, 0, 0, False), ()),                 # SiLU: not in the .cu
-    ((17, 640, 2048, 640, 0, 0, True), ()),                 # more than one m16 tile
-    ((1, 640, 2000, 640, 0, 0, True), ()),                  # i not a multiple of 64
-    ((1, 2560, 10240, 2560, 0, 0, True), ()),               # the 4B: no slab pair fits
-    ((1, 640, 2048, 1024, 0, 0, True), ()),                 # k != h: not an MLP's shapes
-    ((1, 640, 2048, 640, 0, 0, True, 1024), (1, 2)),        # o in front: the 270M's layer
-    ((16, 640, 2048, 640, 0, 0, True, 1024), ()),           # 16 rows: nothing fits
-    ((1, 512, 2048, 512, 0, 0, True, 1024), ()),            # BLOCK 512: < 8 keys a thread
-    ((1, 1152, 6912, 1152, 0, 0, True, 1024), (1,)),        # the 1B fits a CTA, but its 864
-                                                            # CTAs are never resident at once:
-                                                            # the GPU refuses (-3)
-    ((1, 640, 2048, 640, 0, 0, True, 1024, 512), ()),       # o split into pieces
-]
-
-
-@pytest.mark.parametrize("args,want", CHAIN_ROUTES)
-def test_the_chain_takes_whole_k_gelu_mlps_whose_slabs_fit(args, want):
-    assert mlp_route(*args) == want
-
-
-def test_the_chain_counts_both_slabs_and_both_row_sets():
-    r = 8
-    assert chain_smem(1, 1, 640, 2048) == 128 + (2 * r + 1) * 1296 + (r + 1) * 4112
-    assert chain_smem(4, 16, 640, 2048) > SMEM >= chain_smem(2, 16, 640, 2048)
-    # o in front: its slab and the attention rows, the norm's weights, h and o rows
-    assert chain_smem(1, 1, 640, 2048, 1024) == (chain_smem(1, 1, 640, 2048) + (r + 1) * 2064
-                                                 + 8 * 640 + 4 * 640)
-
-
-def test_the_mlp_variants_send_no_single_projection_to_the_slab_kernel():
-    assert cta_shapes("mlp") == () and cta_shapes("omlp") == ()
-    assert route(1536, 640, 1, False, False, 0, False, "mlp") is None
-
-
-def test_the_chain_is_not_taken_without_its_counter():
-    kern = cpp_dot.CppDot.__new__(cpp_dot.CppDot)          # no library, no device: no counter
-    kern.variant, kern.counter = "mlp", None
-    x = torch.zeros(1, 640, dtype=torch.bfloat16)
-    assert kern.mlp(x, torch.zeros(4096, 640, dtype=torch.bfloat16),
-                    torch.zeros(640, 2048, dtype=torch.bfloat16), False) is None
 
 
 def test_shared_memory_counts_both_halves_of_gate_up():
@@ -140,14 +93,10 @@ def test_load_warns_and_leaves_the_triton_tiles(tmp_path, variant, device, why):
         assert load(variant, tmp_path, torch.device(device)) is None
 
 
-def test_the_kernel_sources_ship_with_the_package():
-    entries = {"gemv_mma.cu": "gemv_mma_launch", "mlp_chain.cu": "mlp_chain_launch"}
-    assert {f.name for f in cpp_dot.SRCS} == set(entries)
-    included = []
-    for f in cpp_dot.SRCS:
-        assert f.is_file() and entries[f.name] in f.read_text()
-        included.append(f.read_text())
-    for header in ("gemv_kernel.cuh", "slab.cuh", "sm90.cuh", "triton_math.cuh"):  # in the digest
+def test_the_kernel_source_ships_with_the_package():
+    assert cpp_dot.SRC.is_file() and "gemv_mma_launch" in cpp_dot.SRC.read_text()
+    included = [cpp_dot.SRC.read_text()]
+    for header in ("gemv_kernel.cuh", "sm90.cuh", "triton_math.cuh"):   # and in the digest
         assert any(f'#include "{header}"' in text for text in included)
         included.append((cpp_dot.CSRC / header).read_text())
 
@@ -188,24 +137,6 @@ def test_nvcc_builds_it_once_and_its_entry_point_refuses_bad_shapes(tmp_path):
                                (4, 512, 512, PLAIN), (8, 1024, 1024, PLAIN)]:
         assert norm(None, None, 0, None, None, None, None, 1e-6, tw, block, None, None, None, 1,
                     64, K, mode, 2, 1, 0, None) == -1
-    chain = ctypes.CDLL(str(so)).mlp_chain_launch
-    chain.restype = ctypes.c_int
-    chain.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 5 + [ctypes.c_void_p]
-    # (B, H, I, warps): no rows, 17 rows, H or I not a multiple of 64, 3 warps
-    for B, H, I, warps in [(0, 64, 64, 1), (17, 64, 64, 1), (1, 100, 64, 1), (1, 64, 96, 1),
-                           (1, 64, 64, 3)]:
-        assert chain(None, None, None, None, None, None, B, H, I, warps, 0, None) == -1
-    o_chain = ctypes.CDLL(str(so)).o_mlp_chain_launch
-    o_chain.restype = ctypes.c_int
-    o_chain.argtypes = ([ctypes.c_void_p] * 7 + [ctypes.c_float] + [ctypes.c_int] * 2 +
-                        [ctypes.c_void_p] * 5 + [ctypes.c_int] * 6 + [ctypes.c_void_p])
-    # (KO, H, tw, block, warps): KO not a multiple of 64; a tree add_norm does not have (3
-    # warps, BLOCK < H, fewer than 8 keys a Triton thread); more warps than add_norm's
-    for KO, H, tw, block, warps in [(100, 640, 4, 1024, 1), (1024, 640, 3, 1024, 1),
-                                    (1024, 1152, 4, 1024, 1), (1024, 512, 4, 512, 1),
-                                    (1024, 640, 4, 1024, 8)]:
-        assert o_chain(*[None] * 7, 1e-6, tw, block, *[None] * 5, 1, KO, H, 2048, warps, 0,
-                       None) == -1
 
 
 def test_plan_leaves_other_dtypes_and_unaligned_views_to_the_triton_tiles():

@@ -31,15 +31,11 @@ from pathlib import Path
 
 import torch
 
-from .cpp_route import (GLU, NAMED, PLAIN, SPLIT, VARIANTS, mlp_route, norm_route, norm_shape,
-                        route)
-from .triton_dot_tiles import dot_config
+from .cpp_route import GLU, NAMED, PLAIN, SPLIT, VARIANTS, norm_route, norm_shape, route
 from .weights_int8 import RowInt8
 
 CSRC = Path(__file__).with_name("csrc")
-SRCS = (CSRC / "gemv_mma.cu", CSRC / "mlp_chain.cu")    # + the headers beside them (slab.cuh ...)
-
-
+SRC = CSRC / "gemv_mma.cu"           # includes gemv_kernel.cuh, sm90.cuh, triton_math.cuh
 def digest() -> str:
     """The sources' digest: the .cu and every header beside it."""
     h = hashlib.sha256()
@@ -49,7 +45,7 @@ def digest() -> str:
 
 
 def build(cache_dir: Path, nvcc: str | None = None) -> Path:
-    """csrc/*.cu -> cache_dir/cuda/gemv_mma-<digest>.so (built once per source; the
+    """csrc/gemv_mma.cu -> cache_dir/cuda/gemv_mma-<digest>.so (built once per source; the
     digest names the sources, so an edit rebuilds).  Raises RuntimeError naming what failed."""
     out = Path(cache_dir) / "cuda" / f"gemv_mma-{digest()}.so"
     if out.exists():
@@ -61,7 +57,7 @@ def build(cache_dir: Path, nvcc: str | None = None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
     cmd = [nvcc, "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC",
-           "-o", str(tmp), *map(str, SRCS)]
+           "-o", str(tmp), str(SRC)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"nvcc failed ({r.returncode}): {r.stderr.strip()[-400:]}")
@@ -85,7 +81,7 @@ class CppDot:
     into a graph like any launch).  `calls` counts launches, `norm_calls` the norm-in ones (tests
     check the route was taken)."""
 
-    def __init__(self, lib: ctypes.CDLL, variant: str, device: torch.device | None = None):
+    def __init__(self, lib: ctypes.CDLL, variant: str):
         lib.gemv_mma_launch.restype = ctypes.c_int
         lib.gemv_mma_launch.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int] * 8 +
                                         [ctypes.c_void_p])
@@ -94,18 +90,7 @@ class CppDot:
                                          [ctypes.c_void_p] * 4 + [ctypes.c_float] +
                                          [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3 +
                                          [ctypes.c_int] * 7 + [ctypes.c_void_p])
-        lib.mlp_chain_launch.restype = ctypes.c_int
-        lib.mlp_chain_launch.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 5 + [ctypes.c_void_p]
-        lib.o_mlp_chain_launch.restype = ctypes.c_int
-        lib.o_mlp_chain_launch.argtypes = ([ctypes.c_void_p] * 7 + [ctypes.c_float] +
-                                           [ctypes.c_int] * 2 + [ctypes.c_void_p] * 5 +
-                                           [ctypes.c_int] * 6 + [ctypes.c_void_p])
         self.lib, self.variant, self.calls, self.norm_calls = lib, variant, 0, 0
-        # the chain's grid barriers and exit count (mlp_chain.cu: zero between launches); made
-        # here, outside any graph capture (a capture would own its memory)
-        self.counter = (torch.zeros(3, dtype=torch.int64, device=device)
-                        if device is not None and device.type == "cuda" else None)
-        self.chain_calls, self.chain_warps = 0, {}   # (rows, k, i, h) -> the size that ran
 
     def plan(self, x: torch.Tensor, w, n: int, glu: bool, gelu: bool, piece: int,
              defer: bool) -> tuple[int, int, int, int] | None:
@@ -141,86 +126,6 @@ class CppDot:
                                f"warps x {nt}): {rc} (-1 shape, -2 shared memory, else CUDA)")
         self.calls += 1
         return out
-
-    def mlp(self, x: torch.Tensor, wgu, wd, pdl: bool,
-            warps: int | None = None) -> torch.Tensor | None:
-        """dot_rows(dot_rows(x, wgu, glu=True, gelu=True), wd)'s bits in one persistent launch
-        (MUSER_DOT_CPP=mlp, csrc/mlp_chain.cu): bf16 x [rows, H], wgu [2I, H], wd [H, I], all
-        contiguous and 16-byte aligned, both projections whole-K in the tile table.  None where
-        it does not take them (the two Triton launches then run): another dtype or view, a
-        shape `mlp_route` refuses, no counter, or no CTA size whose grid is resident at once.
-        `warps`: that CTA size only (probes)."""
-        if not self._chain_ok(x, wgu, wd):
-            return None
-        rows, hid = x.shape
-        i = wgu.shape[0] // 2
-        if wgu.shape != (2 * i, hid) or wd.shape != (hid, i):
-            return None
-        y = torch.empty(rows, hid, dtype=x.dtype, device=x.device)
-        act = torch.empty(rows, i, dtype=x.dtype, device=x.device)
-        return y if self._chain(
-            (rows, hid, i, 0), warps, lambda w, stream: self.lib.mlp_chain_launch(
-                x.data_ptr(), wgu.data_ptr(), wd.data_ptr(), act.data_ptr(), y.data_ptr(),
-                self.counter.data_ptr(), rows, hid, i, w, int(pdl), stream), x.device) else None
-
-    def o_mlp(self, a: torch.Tensor, wo, h: torch.Tensor, w_post: torch.Tensor,
-              w_next: torch.Tensor, eps: float, wgu, wd, pdl: bool,
-              warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(h', y) in one launch (MUSER_DOT_CPP=omlp): o = dot_rows(a, wo); h', x = add_norm(h,
-        w_next, d1=o, w_post=w_post) (RMS); y = the MLP of x as `mlp` -- their bits.  a bf16
-        [rows, KO] (the attention's rows), wo [H, KO], h bf16 [rows, H], the norm weights
-        float32 [H]; the rest as `mlp`'s.  None where it does not take them."""
-        if (not self._chain_ok(h, wgu, wd) or not self._chain_ok(a, wo)
-                or a.shape[0] != h.shape[0] or wo.shape != (h.shape[1], a.shape[1])
-                or any(t.dtype != torch.float32 or t.shape != (h.shape[1],)
-                       or not t.is_contiguous() or t.data_ptr() % 16 for t in (w_post, w_next))):
-            return None
-        rows, hid = h.shape
-        i, ko = wgu.shape[0] // 2, a.shape[1]
-        if wgu.shape != (2 * i, hid) or wd.shape != (hid, i):
-            return None
-        tw, block = norm_shape(hid)
-        h_out, y = torch.empty_like(h), torch.empty_like(h)
-        o = torch.empty_like(h)
-        act = torch.empty(rows, i, dtype=h.dtype, device=h.device)
-        ptr = [t.data_ptr() for t in (a, wo, o, h, w_post, w_next, h_out)]
-        return (h_out, y) if self._chain(
-            (rows, hid, i, ko), warps, lambda w, stream: self.lib.o_mlp_chain_launch(
-                *ptr, float(eps), tw, block, wgu.data_ptr(), wd.data_ptr(), act.data_ptr(),
-                y.data_ptr(), self.counter.data_ptr(), rows, ko, hid, i, w, int(pdl), stream),
-            h.device) else None
-
-    def _chain_ok(self, x, *ws) -> bool:
-        """The chain's operand rules: a counter, bf16 rows [rows, K] and bf16 weights, all
-        contiguous and 16-byte aligned (bulk copies), each weight's K its input's width."""
-        return (self.counter is not None and x.dim() == 2
-                and all(isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16
-                        and t.dim() == 2 and t.is_contiguous() and t.data_ptr() % 16 == 0
-                        for t in (x, *ws)))
-
-    def _chain(self, key, warps, call, device) -> bool:
-        """Launch the chain at the first CTA size `mlp_route` allows whose grid is resident at
-        once (the one that ran before for this shape, or `warps` alone); False: none."""
-        rows, hid, i, ko = key
-        sizes = mlp_route(rows, hid, i, hid, dot_config(i, hid, True)[4],
-                          dot_config(hid, i, False)[4], True, ko,
-                          dot_config(hid, ko, False)[4] if ko else 0)
-        if warps:
-            sizes = (warps,) if warps in sizes else ()
-        elif key in self.chain_warps:
-            sizes = (self.chain_warps[key],)
-        stream = torch.cuda.current_stream(device).cuda_stream
-        for w in sizes:
-            rc = call(w, stream)
-            if rc == -3:                  # not resident at once on this GPU: the next size
-                continue
-            if rc:
-                raise RuntimeError(f"chain launch {key} ({w} warps): {rc} (-1 shape, -2 shared "
-                                   f"memory, else CUDA)")
-            self.chain_warps[key] = w
-            self.chain_calls += 1
-            return True
-        return False
 
     def norm_plan(self, h: torch.Tensor, d1, w_post: torch.Tensor | None,
                   w_next: torch.Tensor | None, w, n: int, glu: bool, gelu: bool,
@@ -288,7 +193,7 @@ def load(variant: str, cache_dir: Path, device: torch.device,
                                f"{', '.join(VARIANTS)})")
         if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
             raise RuntimeError(f"the kernel is built for sm_90 and the device is {device}")
-        return CppDot(ctypes.CDLL(str(build(cache_dir, nvcc))), variant, device)
+        return CppDot(ctypes.CDLL(str(build(cache_dir, nvcc))), variant)
     except (RuntimeError, OSError) as e:
         warnings.warn(f"MUSER_DOT_CPP={variant}: {e}; the Triton tiles run instead",
                       RuntimeWarning, stacklevel=2)

@@ -9,9 +9,6 @@ arithmetic every kernel follows).
     variant       kernel  CTA shape
     on / norm     slab    2 warps x 1 n8 tile, else 1 x 1 (shared memory), whole slab at once
     11 21 41 ..   slab    warps x n8 tiles a warp, as two digits
-    mlp           chain   gate|up then down in one persistent launch (`mlp_route`); every
-                          other projection stays on the Triton tiles
-    omlp          chain   o, the add+norm, gate|up and down in one launch (`mlp_route`, ko)
 """
 from __future__ import annotations
 
@@ -19,15 +16,12 @@ PLAIN, GLU, SPLIT = 0, 1, 2          # the kernel's three endings (gemv_mma.cu `
 MAX_ROWS = 16                        # one m16 tile of rows: a decode step's batch, a verify block
 SMEM = 227 * 1024                    # an sm_90 CTA's shared memory
 VARIANTS = ("11", "21", "41", "12", "22")    # warps a CTA, n8 tiles a warp (the .cu's cases)
-NAMED = ("on", "norm", "mlp", "omlp")   # on / norm: 2 x 1, else 1 x 1; mlp / omlp: the chain
+NAMED = ("on", "norm")                       # 2 x 1, else 1 x 1; norm: with the add+norm in
 
 
 def cta_shapes(variant: str) -> tuple[str, ...]:
     """The CTA shapes (warps, n8 tiles a warp) a variant tries, in order: on / norm 2 x 1 then
-    1 x 1 (shared memory may be short), mlp / omlp none (their one kernel is the chain), else
-    the one it names."""
-    if variant in ("mlp", "omlp"):
-        return ()
+    1 x 1 (shared memory may be short), else the one it names."""
     return ("21", "11") if variant in NAMED else (variant,)
 
 
@@ -99,37 +93,3 @@ def norm_route(n: int, k: int, rows: int, glu: bool, gelu: bool, piece: int, pie
     return None
 
 
-
-
-CHAIN_WARPS = (1, 2, 4)     # the chain kernel's CTA sizes (mlp_chain.cu's cases), tried in order
-
-
-def chain_smem(warps: int, rows: int, h: int, i: int, ko: int = 0) -> int:
-    """The chain kernel's dynamic shared memory (mlp_chain.cu `chain_smem`): 128 bytes of
-    mbarriers, the gate|up slab (2R rows of 2h + 16 bytes, R = 8 x warps), the down slab (R rows
-    of 2i + 16), the x rows (of 2h + 16) and the act rows (of 2i + 16); with o in front (`ko`,
-    its keys: the attention's width), the o slab and the attention rows (R and rows of 2ko + 16)
-    and the norm's staged inputs (w_post, w_next float32 [h]; h and o bf16 [rows, h])."""
-    r = 8 * warps
-    mlp = 128 + (2 * r + rows) * (2 * h + 16) + (r + rows) * (2 * i + 16)
-    return mlp + (r + rows) * (2 * ko + 16) + 8 * h + 4 * rows * h if ko else mlp
-
-
-def mlp_route(rows: int, k: int, i: int, h: int, up_piece: int, down_piece: int,
-              gelu: bool, ko: int = 0, o_piece: int = 0) -> tuple[int, ...]:
-    """The CTA sizes (warps) the chain kernel may run an MLP in, in the order to try them: x
-    [rows, k] -> gate|up [2i, k] with GELU -> down [h, i] (k == h: the hidden width), every
-    projection whole-K in the tile table (`*_piece` 0: the chain ends whole sums only), up to 16
-    rows, shared memory permitting; `ko`: with o [h, ko] and add_norm's row in front
-    (MUSER_DOT_CPP=omlp) -- an RMS row whose BLOCK gives a Triton thread 8 keys or more, CTAs
-    of at most add_norm's warps (the tree norm_row replays).  Empty: the launches as before.
-    Whether the grid can be resident at once (the barriers need it) only the GPU says: the
-    kernel refuses (-3) and the next size is tried."""
-    if (not gelu or up_piece or down_piece or o_piece or k != h or rows < 1 or rows > MAX_ROWS
-            or h % 64 or i % 64 or ko % 64 or min(h, i) <= 0):
-        return ()
-    tw, block = norm_shape(h)
-    if ko and block < 8 * 32 * tw:
-        return ()
-    return tuple(w for w in CHAIN_WARPS if chain_smem(w, rows, h, i, ko) <= SMEM - 64
-                 and (not ko or w <= tw))

@@ -38,7 +38,7 @@ from ...model import ops
 from ...model import transformer as tf
 from .triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention, merge_groups
 from .step_weights import fuse_weights, head_picks, via_dot
-from .step_ffn import ffn, mlp, norm_all, o_chain
+from .step_ffn import ffn, mlp, norm_all
 from .step_norm import Pending, fused, norm_later, ready
 from .cpp_dot import load as load_cpp
 from .cpp_route import SPLIT
@@ -231,22 +231,17 @@ class DecodeStep:
                 qkv, qn, kn = norm_all(self, qkv, lw, H * D, KV * D), None, None
             a = attend(i, lw, ls, qkv, qn, kn)
             nxt = layers[i + 1].attn_norm if i + 1 < len(layers) else w.final_norm
-            post = spec.sandwich_norm or not spec.pre_norm     # transformer.layer_forward's rule
-            chained = o_chain(self, lw, fz, a.view(R, H * D), h)   # MUSER_DOT_CPP=omlp
-            if chained is not None:
-                h, m = chained
-            elif spec.parallel_block:
-                o = self._linear("o", a.view(R, H * D), lw.wo, lw.bo)
+            o = self._linear("o", a.view(R, H * D), lw.wo, lw.bo)
+            if spec.parallel_block:
                 h, x = add_norm(h, nxt, eps, self.layernorm, d1=o, d2=mlp(self, lw, fz, x),
                                 pdl=self.pdl)
                 continue
-            else:
-                o = self._linear("o", a.view(R, H * D), lw.wo, lw.bo)
-                post_attn = lw.post_attn_norm if post else None
-                h, x = self._add_norm(h, lw.pre_ffn_norm if spec.pre_norm else None, o, post_attn)
-                # MUSER_FUSE_SUM: the down projection's split-K pieces summed by the add_norm below
-                m = ffn(self, lw, fz, h, h if x is None else x,
-                        defer=self.fuse_sum and lw.layer_scale is None)
+            post = spec.sandwich_norm or not spec.pre_norm     # transformer.layer_forward's rule
+            post_attn = lw.post_attn_norm if post else None
+            h, x = self._add_norm(h, lw.pre_ffn_norm if spec.pre_norm else None, o, post_attn)
+            # MUSER_FUSE_SUM: the down projection's split-K pieces summed by the add_norm below
+            m = ffn(self, lw, fz, h, h if x is None else x,
+                          defer=self.fuse_sum and lw.layer_scale is None)
             post_ffn = lw.post_ffn_norm if post else None
             if lw.layer_scale is None:
                 # not the final norm: each of the head's 4,096 programs would load the rows

@@ -1,8 +1,7 @@
 """A decode step's feed-forward half and OLMo 3's all-head qk-norm, as functions of the step.
 
 Owns: `ffn(step, ...)` (transformer.feed_forward on the step's kernels: the MLP -- gate|up with
-act * up fused in, then down, or both in one launch: `chain`, MUSER_DOT_CPP=mlp -- and with o
-and the add+norm before them, `o_chain`, =omlp; gpt-oss: experts instead; Gemma 4: both, each with its own norms)
+act * up fused in, then down; gpt-oss: experts instead; Gemma 4: both, each with its own norms)
 and `norm_all(step, ...)`.  Does not own: the kernels (triton_dot.py, triton_moe.py,
 triton_ops.py), which projection goes where (`DecodeStep._linear` / `_dot`, step_weights.via_dot),
 the layer loop (decode_step.py).
@@ -12,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .step_norm import Pending, ready
+from .step_norm import ready
 from .step_weights import via_dot
 from .triton_moe import experts_rows, route_rows
 from .triton_ops import add_norm
@@ -49,46 +48,9 @@ def ffn(step, lw, fz, h, x, defer: bool = False):
     return dense + add_norm(routed, mw.post_moe_norm, eps, ln)[1]
 
 
-def chain(step, wgu, w_down, x):
-    """The MLP as one persistent launch (MUSER_DOT_CPP=mlp: cpp_dot.CppDot.mlp, the two
-    dot_rows launches' bits), or None where that is not what the step would otherwise run: a
-    GELU MLP whose gate|up and down both go to dot_rows (`via_dot`), x made already."""
-    cpp = step.cpp
-    if (cpp is None or cpp.variant != "mlp" or not step.gelu or isinstance(x, Pending)
-            or not _via_dot(step, x.shape[0], ("gu", wgu), ("down", w_down))):
-        return None
-    return cpp.mlp(x, wgu, w_down, step.pdl)
-
-
-def o_chain(step, lw, fz, a, h):
-    """(h', the MLP's output) of o, the add+norm and the MLP in one persistent launch
-    (MUSER_DOT_CPP=omlp: cpp_dot.CppDot.o_mlp -- dot_rows', add_norm's and dot_rows' bits), or
-    None where the step runs them as before: a Gemma-3 sandwich layer (RMS post- and pre-norms,
-    no bias on o, no MoE or layer scale: step_norm.norm_later's shape) with a GELU MLP, every
-    projection through dot_rows.  a: the attention's rows [R, heads x head_dim]."""
-    cpp, spec = step.cpp, step.spec
-    if (cpp is None or cpp.variant != "omlp" or not step.gelu or lw.bo is not None
-            or lw.moe is not None or lw.layer_scale is not None or spec.parallel_block
-            or not (spec.sandwich_norm and spec.pre_norm and spec.norm == "rms")
-            or not _via_dot(step, a.shape[0], ("o", lw.wo), ("gu", fz["wgu"]),
-                            ("down", lw.w_down))):
-        return None
-    return cpp.o_mlp(a, lw.wo, h, lw.post_attn_norm, lw.pre_ffn_norm, spec.norm_eps, fz["wgu"],
-                     lw.w_down, step.pdl)
-
-
-def _via_dot(step, rows: int, *named) -> bool:
-    """Whether every (what, weight) goes through the step's dot kernels (`via_dot`)."""
-    return all(via_dot(w, what, step.gemv_for, step.batch1_only, rows) for what, w in named)
-
-
 def mlp(step, lw, fz, x, defer: bool = False):
-    """gate|up (act * up fused into dot_rows where it takes the weight), then down -- or both
-    in one launch (`chain`)."""
+    """gate|up (act * up fused into dot_rows where it takes the weight), then down."""
     wgu = fz["wgu"]
-    y = chain(step, wgu, lw.w_down, x)
-    if y is not None:
-        return y
     if via_dot(wgu, "gu", step.gemv_for, step.batch1_only, x.shape[0]):
         a = step._dot(x, wgu, glu=True, gelu=step.gelu)               # act*mul fused in
     else:
