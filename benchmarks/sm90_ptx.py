@@ -309,7 +309,7 @@ def code_only(ptx: str) -> str:
 
 def kernel_table() -> dict:
     """Each configuration's `which` -> (its Triton kernel, the base constexprs)."""
-    from muser.backends.cuda.triton_chunk import _kernel
+    from muser.backends.cuda.triton_chunk_kernel import _kernel
     from muser.backends.cuda.triton_chunk_park import _fold_kernel
     from muser.backends.cuda.triton_decode_kernel import _kernel as _decode_kernel
     from muser.backends.cuda.triton_dot import _kernels as _dot_kernels
