@@ -10,18 +10,9 @@ the view holds and when the chunk's rows land), q/k/v preparation
 launch shape and loop a chunk takes (chunk_route.py), the kernel's code
 (triton_chunk_kernel.py).
 
-One program = one tile of BM query slots (BM // G query rows x the G heads of
-one KV head) and walks its rows' splits in order:
-
-    for each split a touching the tile's rows:      (m, l, acc) = empty
-        for each tile of keys in the split:          tile_step   (masked per row)
-        group  <- merge_one(group, split)
-        at a group's last split, or the tile's last:  total <- merge_one(total, group)
-
-A decode step folds the same partials in the same order (triton_decode.py), so
-each row gets the decode step's bits; splits and tiles a row does not reach
-fold as exact no-ops.  Keys are read by position: row (x - first) of an
-ordered view, or (rot + x - first) mod capacity of a ring read in place.
+The program's walk -- a tile of query slots over its rows' splits, folded in the
+decode step's order, keys read by position -- is triton_chunk_kernel.py's; here,
+the forms the call picks:
 With MUSER_CHUNK_FIRST=on a flat loop whose splits are one tile each (a ring's) starts every
 split with `tile_first` (triton_attn.py: no state to reset or rescale; the same bits).
 `chunk_loop="flat"` (MUSER_CHUNK_LOOP) runs the same sequence as one loop over
