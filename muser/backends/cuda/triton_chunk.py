@@ -12,7 +12,8 @@ launch shape and loop a chunk takes (chunk_route.py), the kernel's code
 
 The program's walk -- a tile of query slots over its rows' splits, folded in the
 decode step's order, keys read by position -- is triton_chunk_kernel.py's; here,
-the forms the call picks:
+the forms the call picks.
+
 With MUSER_CHUNK_FIRST=on a flat loop whose splits are one tile each (a ring's) starts every
 split with `tile_first` (triton_attn.py: no state to reset or rescale; the same bits).
 `chunk_loop="flat"` (MUSER_CHUNK_LOOP) runs the same sequence as one loop over
