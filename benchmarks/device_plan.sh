@@ -54,6 +54,7 @@
 #   ncu_decode   the decode attention launch alone: merge depths, MERGE_LOADS=1 in the step, ncu
 #   wrap_ab      a ring's decode wrap without the int64 remainder: bit rows, decode A/B (.prev)
 #   chunk_wrap   the same in the chunk kernel's in-place ring read: chunk rows, verify blocks
+#   sync_floor   sync_floor.py: us a dependent stage, launches (PDL) against a grid barrier
 #   ncu_step     Nsight Compute on the 1B's decode tiles at 1 row (instructions or memory?)
 #   prefetch     MUSER_PREFETCH: the attention launch asks the L2 for the layer's o / gate|up /
 #                down weights (l2_prefetch.py): bits, then budgets / programs / early, 1B + 270M
@@ -1199,6 +1200,11 @@ stage_ncu_step() {  # Nsight Compute on what else a decode step launches (the ri
   "$ncu" -i /tmp/dot.ncu-rep --page details --print-units base > "$OUT/details_dot.txt" 2>&1
   "$ncu" -i /tmp/dot.ncu-rep --page source --csv --print-source sass > "$OUT/source_dot.csv" 2>&1
   grep -E "dot_rows_kernel|Duration|Registers|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|Memory Throughput|DRAM Throughput" "$OUT/details_dot.txt" | head -48
+}
+
+stage_sync_floor() {  # a dependent stage's price: PDL launch boundary vs a grid barrier in one
+                      # persistent launch, without / with weights asked for before the wait
+  bench 240 . benchmarks/sync_floor.py --n 1024 2048 --programs 128 64
 }
 
 stage_step_profile() {  # where the 4B's and the 1B's decode steps go now

@@ -1,0 +1,194 @@
+"""What a dependent stage costs on this GPU apart from its work: a PDL launch boundary in a graph
+against a grid barrier inside one persistent kernel (CUDA; the measurement a megakernel's case
+rests on, issue 17).
+
+A *stage* is the decode step's dependency at one row: every program reads the whole vector the
+stage before wrote (x, [N] float32, from the L2) and writes its R entries of the next one, so no
+program can start before every program of the stage before has stored.  Two ways to wait:
+
+    launches  one graph of S launches, programmatic dependent launch (the step's form): the
+              wait is `griddepcontrol.wait` at a launch's top, the boundary is the hardware's
+    barrier   ONE launch of G programs (all resident: G <= SMs) walking S stages; between two
+              stages each program adds 1 to a counter (release, after a CTA barrier) and spins
+              on it (volatile loads) until it reads s x G, then one acquire read of it
+
+Each with or without a weight slice a stage (`--weights`: stage s reads its own [N, N] bf16
+matrix, R rows a program, y = w @ x -- S x N x N x 2 bytes in all, past the 50 MB L2 so they
+come from HBM) asked for AFTER the wait (`late`: what the step's launches do) or BEFORE it
+(`early`: what a persistent kernel is for -- the weights do not depend on x).  us a stage =
+graph replay time / S.  Every variant's last vector is checked against the first variant's
+(bitwise where the kernels share the arithmetic, else close: a race shows as a wrong vector).
+
+    PYTHONPATH=. python3 benchmarks/sync_floor.py [--n 1024 2048] [--stages 64] [--programs 128 32]
+"""
+import argparse
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _stage(src, dst, w, rows, N: tl.constexpr, WK: tl.constexpr):
+    """One stage's work for R rows: x = src[0:N] (past the L1: another SM wrote it), then
+    y = w @ x (WK) or sum(x) / N + row (no weights), stored to dst[rows]."""
+    cols = tl.arange(0, N)
+    x = tl.load(src + cols, cache_modifier=".cg")                      # [N] f32
+    if WK:
+        y = tl.sum(w.to(tl.float32) * x[None, :], axis=1)              # [R]
+    else:
+        y = tl.sum(x) * (1.0 / N) + rows.to(tl.float32) * 1e-3         # [R]
+    tl.store(dst + rows, y)
+
+
+@triton.jit
+def _load_acquire(p):
+    """ld.acquire.gpu of one int32: later reads see what the releases before it published."""
+    return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [p],
+                                     dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _spin_one(p, target):
+    """Thread 0 spins on ld.acquire.gpu until *p >= target; the others skip to the CTA barrier
+    after it (labels inside braces are local to the block: the asm may be inlined often)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred q; .reg .b32 t, c; mov.u32 t, %tid.x; setp.ne.u32 q, t, 0; @q bra done_w;"
+        " spin_w: ld.acquire.gpu.global.b32 c, [$1]; setp.lt.s32 q, c, $2; @q bra spin_w;"
+        " done_w: mov.b32 $0, 0; }", "=r,l,r", [p, target], dtype=tl.int32, is_pure=False,
+        pack=1)
+
+
+@triton.jit
+def _launch_kernel(X, Wt, s, N: tl.constexpr, R: tl.constexpr, WK: tl.constexpr,
+                   EARLY: tl.constexpr, PDL: tl.constexpr):
+    """Stage s as its own launch: x in X[s % 2], y to X[(s + 1) % 2]."""
+    pid = tl.program_id(0)
+    rows = pid * R + tl.arange(0, R)
+    cols = tl.arange(0, N)
+    w = rows                                    # replaced below where WK (unused otherwise)
+    if WK and EARLY:
+        w = tl.load(Wt + s * N * N + rows[:, None] * N + cols[None, :])
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    if WK and not EARLY:
+        w = tl.load(Wt + s * N * N + rows[:, None] * N + cols[None, :])
+    _stage(X + (s % 2) * N, X + ((s + 1) % 2) * N, w, rows, N, WK)
+
+
+@triton.jit
+def _persist_kernel(X, Wt, CTR, S, G, N: tl.constexpr, R: tl.constexpr, WK: tl.constexpr,
+                    EARLY: tl.constexpr, ONE: tl.constexpr):
+    """S stages in one launch of G resident programs, a counter barrier between stages; ONE:
+    thread 0 alone polls the counter (else every thread does)."""
+    pid = tl.program_id(0)
+    rows = pid * R + tl.arange(0, R)
+    cols = tl.arange(0, N)
+    for s in range(S):
+        w = rows
+        if WK and EARLY:                        # asked for before the wait: no dependency
+            w = tl.load(Wt + s * N * N + rows[:, None] * N + cols[None, :])
+        if s > 0:
+            target = s * G
+            if ONE:
+                _spin_one(CTR, target)
+            else:
+                c = _load_acquire(CTR)
+                while c < target:
+                    c = _load_acquire(CTR)
+            tl.debug_barrier()                  # the other threads read x after the acquire
+        if WK and not EARLY:
+            w = tl.load(Wt + s * N * N + rows[:, None] * N + cols[None, :])
+        _stage(X + (s % 2) * N, X + ((s + 1) % 2) * N, w, rows, N, WK)
+        tl.debug_barrier()                      # every thread's stores before the one release
+        tl.atomic_add(CTR, 1, sem="release", scope="gpu")
+
+
+def graph_us(fn, replays: int) -> float:
+    """fn() captured once and replayed: us a replay (after one warm replay)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    ev[0].record()
+    for _ in range(replays):
+        g.replay()
+    ev[1].record()
+    torch.cuda.synchronize()
+    return ev[0].elapsed_time(ev[1]) * 1e3 / replays
+
+
+def run(n: int, stages: int, warps: int, replays: int, g: int) -> list[tuple[str, float, str]]:
+    """The seven variants at width n with g programs (R = n / g rows a program)."""
+    dev = torch.device("cuda")
+    r = n // g
+    nw = warps or min(16, max(4, r * n // 4096))  # auto: <= 32 weights a thread
+    x0 = torch.randn(n, device=dev)
+    wt = (torch.randn(stages, n, n, device=dev) / n ** 0.5).to(torch.bfloat16)
+    ctr = torch.zeros(4, dtype=torch.int32, device=dev)
+    x = torch.empty(2, n, device=dev)
+    out, first = [], {}
+    for name, wk, early, mode in (("launches, no PDL", False, False, "nopdl"),
+                                  ("launches, PDL", False, False, "pdl"),
+                                  ("barrier, every thread polls", False, False, "persist"),
+                                  ("barrier, thread 0 polls", False, False, "one"),
+                                  ("launches, PDL, weights late", True, False, "pdl"),
+                                  ("launches, PDL, weights early", True, True, "pdl"),
+                                  ("barrier, weights late", True, False, "persist"),
+                                  ("barrier, weights early", True, True, "persist"),
+                                  ("barrier, thread 0 polls, weights early", True, True, "one")):
+        def step():
+            x[0].copy_(x0)
+            if mode in ("persist", "one"):
+                ctr.zero_()
+                _persist_kernel[(g,)](x, wt, ctr, stages, g, N=n, R=r, WK=wk, EARLY=early,
+                                      ONE=mode == "one", num_warps=nw)
+            else:
+                for s in range(stages):
+                    _launch_kernel[(g,)](x, wt, s, N=n, R=r, WK=wk, EARLY=early,
+                                         PDL=mode == "pdl", num_warps=nw,
+                                         launch_pdl=mode == "pdl")
+        us = graph_us(step, replays) / stages
+        step()
+        torch.cuda.synchronize()
+        last = x[stages % 2].clone()
+        ref = first.setdefault(wk, last)
+        if torch.equal(last, ref):
+            check = "equal"
+        else:
+            err = ((last - ref).abs().max() / ref.abs().max()).item()
+            check = f"rel err {err:.1e}" + (" (RACE?)" if err > 1e-3 else "")
+        out.append((name, us, check))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, nargs="+", default=[1024, 2048])
+    ap.add_argument("--stages", type=int, default=64)
+    ap.add_argument("--warps", type=int, default=0, help="0: 4 to 16, <= 32 weights a thread")
+    ap.add_argument("--replays", type=int, default=50)
+    ap.add_argument("--programs", type=int, nargs="+", default=[0],
+                    help="programs a stage (0: the largest power of two <= the SMs; all must be "
+                         "resident at once for the barrier)")
+    a = ap.parse_args()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"# {torch.cuda.get_device_name()} ({sms} SMs); {a.stages} stages")
+    for g in a.programs:
+        g = g or 1 << (sms.bit_length() - 1)
+        assert g <= sms, f"{g} programs: the barrier needs them all resident ({sms} SMs)"
+        for n in a.n:
+            mb = n * n * 2 / 2 ** 20
+            print(f"\n## N = {n}, {g} programs ({n // g} rows each; weights: {mb:.1f} MB a stage)\n")
+            print("| how a stage waits | us a stage | last vector |\n|---|---:|---|")
+            for name, us, check in run(n, a.stages, a.warps, a.replays, g):
+                print(f"| {name} | {us:.2f} | {check} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
