@@ -29,12 +29,18 @@ import triton.language as tl
 
 
 @triton.jit
-def _stage(src, dst, w, rows, N: tl.constexpr, WK: tl.constexpr):
+def _stage(src, dst, w, rows, N: tl.constexpr, WK: tl.constexpr):  # noqa: N803
     """One stage's work for R rows: x = src[0:N] (past the L1: another SM wrote it), then
-    y = w @ x (WK) or sum(x) / N + row (no weights), stored to dst[rows]."""
+    y = w @ x -- WK 1: a float32 tree over N (tl.sum), WK 2: on the tensor cores, x as row 0 of
+    16 (N / 16 dependent MMAs a column: dot_rows' chain) -- or, WK 0, sum(x) / N + row; y is
+    stored to dst[rows]."""
     cols = tl.arange(0, N)
     x = tl.load(src + cols, cache_modifier=".cg")                      # [N] f32
-    if WK:
+    if WK == 2:
+        first = tl.arange(0, 16)[:, None] == 0
+        xb = tl.where(first, x[None, :], 0.0).to(tl.bfloat16)         # [16, N]
+        y = tl.sum(tl.dot(xb, tl.trans(w)), axis=0)                    # [R]: row 0 + zeros
+    elif WK == 1:
         y = tl.sum(w.to(tl.float32) * x[None, :], axis=1)              # [R]
     else:
         y = tl.sum(x) * (1.0 / N) + rows.to(tl.float32) * 1e-3         # [R]
@@ -124,9 +130,10 @@ def graph_us(fn, replays: int) -> float:
 
 
 def run(n: int, stages: int, warps: int, replays: int, g: int) -> list[tuple[str, float, str]]:
-    """The seven variants at width n with g programs (R = n / g rows a program)."""
+    """The variants at width n with g programs (R = n / g rows a program; the MMA rows: 16 a
+    program, n / 16 programs, whatever g says -- an MMA's n is at least 16 -- and only to
+    n = 1,024: past it the operands spill)."""
     dev = torch.device("cuda")
-    r = n // g
     nw = warps or min(16, max(4, r * n // 4096))  # auto: <= 32 weights a thread
     x0 = torch.randn(n, device=dev)
     wt = (torch.randn(stages, n, n, device=dev) / n ** 0.5).to(torch.bfloat16)
@@ -141,23 +148,31 @@ def run(n: int, stages: int, warps: int, replays: int, g: int) -> list[tuple[str
                                   ("launches, PDL, weights early", True, True, "pdl"),
                                   ("barrier, weights late", True, False, "persist"),
                                   ("barrier, weights early", True, True, "persist"),
-                                  ("barrier, thread 0 polls, weights early", True, True, "one")):
+                                  ("barrier, thread 0 polls, weights early", True, True, "one"),
+                                  ("launches, PDL, weights late, MMA", 2, False, "pdl"),
+                                  ("launches, PDL, weights early, MMA", 2, True, "pdl"),
+                                  ("barrier, weights early, MMA", 2, True, "persist")):
+        if wk == 2 and n > 1024:                # x [16, N] and w [16, N] in registers spill
+            continue
+        gg, rr = (n // 16, 16) if wk == 2 else (g, r)
+        ww = warps or min(16, max(4, rr * n // 4096))
+
         def step():
             x[0].copy_(x0)
             if mode in ("persist", "one"):
                 ctr.zero_()
-                _persist_kernel[(g,)](x, wt, ctr, stages, g, N=n, R=r, WK=wk, EARLY=early,
-                                      ONE=mode == "one", num_warps=nw)
+                _persist_kernel[(gg,)](x, wt, ctr, stages, gg, N=n, R=rr, WK=int(wk),
+                                       EARLY=early, ONE=mode == "one", num_warps=ww)
             else:
                 for s in range(stages):
-                    _launch_kernel[(g,)](x, wt, s, N=n, R=r, WK=wk, EARLY=early,
-                                         PDL=mode == "pdl", num_warps=nw,
-                                         launch_pdl=mode == "pdl")
+                    _launch_kernel[(gg,)](x, wt, s, N=n, R=rr, WK=int(wk), EARLY=early,
+                                          PDL=mode == "pdl", num_warps=ww,
+                                          launch_pdl=mode == "pdl")
         us = graph_us(step, replays) / stages
         step()
         torch.cuda.synchronize()
         last = x[stages % 2].clone()
-        ref = first.setdefault(wk, last)
+        ref = first.setdefault(int(wk), last)
         if torch.equal(last, ref):
             check = "equal"
         else:
