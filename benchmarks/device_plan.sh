@@ -55,6 +55,7 @@
 #   wrap_ab      a ring's decode wrap without the int64 remainder: bit rows, decode A/B (.prev)
 #   chunk_wrap   the same in the chunk kernel's in-place ring read: chunk rows, verify blocks
 #   sync_floor   sync_floor.py: us a dependent stage, launches (PDL) against a grid barrier
+#   sync_step    sync_floor, then exact_ab --profile of the 270M / 1B decode (kernel sums)
 #   ncu_step     Nsight Compute on the 1B's decode tiles at 1 row (instructions or memory?)
 #   prefetch     MUSER_PREFETCH: the attention launch asks the L2 for the layer's o / gate|up /
 #                down weights (l2_prefetch.py): bits, then budgets / programs / early, 1B + 270M
@@ -1205,6 +1206,12 @@ stage_ncu_step() {  # Nsight Compute on what else a decode step launches (the ri
 stage_sync_floor() {  # a dependent stage's price: PDL launch boundary vs a grid barrier in one
                       # persistent launch, without / with weights asked for before the wait
   bench 240 . benchmarks/sync_floor.py --n 1024 2048 --programs 128 64
+}
+
+stage_sync_step() {  # sync_floor, then each decode kernel's time in the 270M's and 1B's step (eager,
+                     # torch.profiler) against the captured step: what the boundaries cost in it
+  stage_sync_floor
+  bench 420 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 1 --profile
 }
 
 stage_step_profile() {  # where the 4B's and the 1B's decode steps go now
