@@ -134,7 +134,7 @@ def run(n: int, stages: int, warps: int, replays: int, g: int) -> list[tuple[str
     program, n / 16 programs, whatever g says -- an MMA's n is at least 16 -- and only to
     n = 1,024: past it the operands spill)."""
     dev = torch.device("cuda")
-    nw = warps or min(16, max(4, r * n // 4096))  # auto: <= 32 weights a thread
+    r = n // g                                  # warps 0: 4 to 16, <= 32 weights a thread
     x0 = torch.randn(n, device=dev)
     wt = (torch.randn(stages, n, n, device=dev) / n ** 0.5).to(torch.bfloat16)
     ctr = torch.zeros(4, dtype=torch.int32, device=dev)
