@@ -56,6 +56,7 @@
 #   chunk_wrap   the same in the chunk kernel's in-place ring read: chunk rows, verify blocks
 #   sync_floor   sync_floor.py: us a dependent stage, launches (PDL) against a grid barrier
 #   sync_step    sync_floor, then exact_ab --profile of the 270M / 1B decode (kernel sums)
+#   sync_ids     sync_floor, then test_chunk_graph / test_cuda_engine (ids kept packed)
 #   ncu_step     Nsight Compute on the 1B's decode tiles at 1 row (instructions or memory?)
 #   prefetch     MUSER_PREFETCH: the attention launch asks the L2 for the layer's o / gate|up /
 #                down weights (l2_prefetch.py): bits, then budgets / programs / early, 1B + 270M
@@ -1212,6 +1213,11 @@ stage_sync_step() {  # sync_floor, then each decode kernel's time in the 270M's 
                      # torch.profiler) against the captured step: what the boundaries cost in it
   stage_sync_floor
   bench 420 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 1 --profile
+}
+
+stage_sync_ids() {  # sync_floor, then the CUDA chunk rows with validated ids kept packed (array)
+  stage_sync_floor
+  tests 300 -x tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_engine.py
 }
 
 stage_step_profile() {  # where the 4B's and the 1B's decode steps go now

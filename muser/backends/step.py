@@ -44,6 +44,8 @@ back with keep=0 and its lineage is untouched.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ..attention.reference import visibility_mask
@@ -53,7 +55,7 @@ from ..model import transformer as tf
 PAD_ROWS = 16   # chunk row counts are rounded up to this
 
 
-def forward(engine, sessions: list, chunks: list[list[int]], all_logits: bool, pad: bool,
+def forward(engine, sessions: list, chunks: list[Sequence[int]], all_logits: bool, pad: bool,
             logits: bool = True, pass_fn=None) -> torch.Tensor:
     """float32 logits: [sum of chunk lengths, vocab] with `all_logits`, else [B, vocab] (each
     session's last row); [0, vocab] without `logits` (a prefill chunk that is not the last one:

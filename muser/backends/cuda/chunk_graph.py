@@ -40,6 +40,7 @@ tests/cuda/test_chunk_graph.py holds the two passes equal.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 
 import torch
 
@@ -193,7 +194,7 @@ class ChunkGraphs:
         s = sessions[0]
         return len(set(s.plane_of)) == len(s.plane_of) and self.step.spec.moe is None
 
-    def run(self, engine, session, chunk: list[int], all_logits: bool,
+    def run(self, engine, session, chunk: Sequence[int], all_logits: bool,
             logits: bool) -> torch.Tensor | None:
         """The chunk through its bucket's pass, its rows stored, logits as chunk_step returns
         (None: the capture failed -- nothing was stored; the caller takes the eager pass)."""
