@@ -56,6 +56,7 @@
 #   chunk_wrap   the same in the chunk kernel's in-place ring read: chunk rows, verify blocks
 #   sync_floor   sync_floor.py: us a dependent stage, launches (PDL) against a grid barrier
 #   sync_step    sync_floor, then exact_ab --profile of the 270M / 1B decode (kernel sums)
+#   sync_after   sync_floor --after: the early ask right after real dot_rows launches
 #   sync_ids     sync_floor, then test_chunk_graph / test_cuda_engine (ids kept packed)
 #   ncu_step     Nsight Compute on the 1B's decode tiles at 1 row (instructions or memory?)
 #   prefetch     MUSER_PREFETCH: the attention launch asks the L2 for the layer's o / gate|up /
@@ -1209,14 +1210,20 @@ stage_sync_floor() {  # a dependent stage's price: PDL launch boundary vs a grid
   bench 240 . benchmarks/sync_floor.py --n 1024 2048 --programs 128 64
 }
 
+stage_sync_after() {  # a small stage's early ask right after real projections (dot_rows, PDL)
+  bench 240 . benchmarks/sync_floor.py --n --after 270m_gu 1b_qkv 1b_gu 4b_gu
+}
+
 stage_sync_step() {  # sync_floor, then each decode kernel's time in the 270M's and 1B's step (eager,
                      # torch.profiler) against the captured step: what the boundaries cost in it
   stage_sync_floor
   bench 420 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 1 --profile
 }
 
-stage_sync_ids() {  # sync_floor, then the CUDA chunk rows with validated ids kept packed (array)
+stage_sync_ids() {  # sync_floor (+ after real launches), then the CUDA chunk rows with the ids
+                    # kept packed (array)
   stage_sync_floor
+  stage_sync_after
   tests 300 -x tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_engine.py
 }
 

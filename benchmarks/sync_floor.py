@@ -18,8 +18,11 @@ come from HBM) asked for AFTER the wait (`late`: what the step's launches do) or
 (`early`: what a persistent kernel is for -- the weights do not depend on x).  us a stage =
 graph replay time / S.  Every variant's last vector is checked against the first variant's
 (bitwise where the kernels share the arithmetic, else close: a race shows as a wrong vector).
+`--after`: the early ask once more, right after a real projection as the step launches it
+(the step's early asks lost where this chain of identical launches says they pay).
 
     PYTHONPATH=. python3 benchmarks/sync_floor.py [--n 1024 2048] [--stages 64] [--programs 128 32]
+    PYTHONPATH=. python3 benchmarks/sync_floor.py --n --after 270m_gu 1b_gu   # after real launches
 """
 import argparse
 
@@ -182,12 +185,51 @@ def run(n: int, stages: int, warps: int, replays: int, g: int) -> list[tuple[str
     return out
 
 
+# real producers for --after: (n, k, glu) of a decode projection (dot_tiles_graph.SHAPES)
+PRODUCERS = {"270m_gu": (2048, 640, True), "1b_gu": (6912, 1152, True), "1b_qkv": (1536, 1152, False),
+             "4b_gu": (10240, 2560, True)}
+
+
+def run_after(name: str, n: int, stages: int, warps: int, replays: int, g: int):
+    """The open question of the probe against the step: does a small stage's early ask still
+    pay right after a real projection (dot_rows, as the step launches it: PDL on, its weights
+    from HBM) whose programs may fill the SMs?  Rows: the producer alone, then producer +
+    consumer (N = n, g programs) late and early; the consumer's cost = the pair less the
+    producer alone."""
+    from muser.backends.cuda.triton_dot import dot_rows
+    dev = torch.device("cuda")
+    pn, pk, glu = PRODUCERS[name]
+    per = pn * (2 if glu else 1) * pk * 2
+    copies = max(2, (256 << 20) // per)
+    pw = [torch.randn(pn * (2 if glu else 1), pk, device=dev, dtype=torch.bfloat16) * 0.02
+          for _ in range(copies)]
+    px = torch.randn(1, pk, device=dev, dtype=torch.bfloat16)
+    r = n // g
+    ww = warps or min(16, max(4, r * n // 4096))
+    wt = (torch.randn(stages, n, n, device=dev) / n ** 0.5).to(torch.bfloat16)
+    x = torch.randn(2, n, device=dev)
+    out = []
+    for label, consumer, early in (("producer alone", False, False),
+                                   ("producer + consumer, weights late", True, False),
+                                   ("producer + consumer, weights early", True, True)):
+        def step():
+            for s in range(stages):
+                dot_rows(px, pw[s % copies], glu=glu, gelu=glu, pdl=True)
+                if consumer:
+                    _launch_kernel[(g,)](x, wt, s, N=n, R=r, WK=1, EARLY=early, PDL=True,
+                                         num_warps=ww, launch_pdl=True)
+        out.append((label, graph_us(step, replays) / stages))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--n", type=int, nargs="+", default=[1024, 2048])
+    ap.add_argument("--n", type=int, nargs="*", default=[1024, 2048])
     ap.add_argument("--stages", type=int, default=64)
     ap.add_argument("--warps", type=int, default=0, help="0: 4 to 16, <= 32 weights a thread")
     ap.add_argument("--replays", type=int, default=50)
+    ap.add_argument("--after", nargs="*", default=[], choices=sorted(PRODUCERS),
+                    help="also: a consumer stage after each of these real projections")
     ap.add_argument("--programs", type=int, nargs="+", default=[0],
                     help="programs a stage (0: the largest power of two <= the SMs; all must be "
                          "resident at once for the barrier)")
@@ -203,6 +245,12 @@ def main():
             print("| how a stage waits | us a stage | last vector |\n|---|---:|---|")
             for name, us, check in run(n, a.stages, a.warps, a.replays, g):
                 print(f"| {name} | {us:.2f} | {check} |", flush=True)
+    g = 1 << (sms.bit_length() - 1)
+    for name in a.after:
+        print(f"\n## after {name} (dot_rows, PDL; consumer N = 1,024, {g} programs)\n")
+        print("| stage pair | us a pair |\n|---|---:|")
+        for label, us in run_after(name, 1024, a.stages, a.warps, a.replays, g):
+            print(f"| {label} | {us:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
