@@ -125,6 +125,13 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                       "prefill's dot_rows 47.2 -> 46.3 ms); chunk = the chunk attention's "
                       "splits on growing planes (fixed tile bounds, the group merge as selects; "
                       "slower: 36 -> 51 ms); on = both"),
+    "MUSER_DOT_AHEAD": ("off|on", "off", "backends/cuda (decode step, triton_dot_ahead.py)",
+                        "an experiment (not yet on a GPU): the decode step's small projections "
+                        "(a program's weight slab <= 20,480 weights: the 270M's qkv, o and "
+                        "gate|up, the 1B's qkv and o) load their weights before the PDL wait, "
+                        "x after it, then dot_rows' k16 MMA chain -- the same bits by "
+                        "construction; an early ask took a 2 MB stage 3.60 -> 2.35 us alone "
+                        "(H100, benchmarks/sync_floor.py)"),
     "MUSER_DOT_CPP": ("off|on|norm|11|21|41|12|22", "off", "backends/cuda (decode step, cpp_dot.py)",
                       "an experiment, measured slower (H100, thirty-ninth session: the same bits, "
                       "the step +34 us on the 270M, +85 on the 1B; norm more): the decode step's "
