@@ -13,8 +13,7 @@ import torch
 from dot_tiles_graph import BYTES, per_launch_us
 
 SHAPES = {"270m qkv": (1536, 640, False), "270m o": (640, 1024, False),
-          "270m gate|up": (2048, 640, True), "1b qkv": (1536, 1152, False),
-          "1b o": (1152, 1024, False)}
+          "1b qkv": (1536, 1152, False), "1b o": (1152, 1024, False)}
 
 
 def main():

@@ -168,7 +168,6 @@ CONFIGS = [
      4),
     # MUSER_DOT_AHEAD (triton_dot_ahead.py): the weight slab loaded before the PDL wait
     ("dot_ahead qkv, 270M", "ahead", {}, 4),
-    ("dot_ahead gate|up GELU, 270M", "ahead", dict(GLU=True, GELU=True), 4),
     ("dot_ahead qkv, 1B (9 parts)", "ahead", dict(K=1152, NC=9), 4),
 ]
 # 64-key tiles (MUSER_ATTN_RING / MUSER_ATTN_GROWING = 64,W with MUSER_RING_ROWS = 64): a
@@ -333,7 +332,7 @@ def kernel_table() -> dict:
             "place": (_graph_rows()[0], dict(KVD=256, D=256, BLOCK=256)),
             "shadow": (_graph_rows()[1], dict(KVD=256, D=256, BLOCK=256)),
             "ahead": (_ahead_kernel(), dict(K=640, KC=128, NC=5, BLOCK_N=32, GLU=False,
-                                            GELU=False, BM=16, PDL=True))}
+                                            GELU=False, BM=16, PDL=True, FENCE=True))}
 
 
 def mma_layouts() -> dict:

@@ -126,9 +126,9 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                       "splits on growing planes (fixed tile bounds, the group merge as selects; "
                       "slower: 36 -> 51 ms); on = both"),
     "MUSER_DOT_AHEAD": ("off|on", "off", "backends/cuda (decode step, triton_dot_ahead.py)",
-                        "an experiment (not yet on a GPU): the decode step's small projections "
-                        "(a program's weight slab <= 20,480 weights: the 270M's qkv, o and "
-                        "gate|up, the 1B's qkv and o) load their weights before the PDL wait, "
+                        "an experiment: the decode step's small projections (a program's "
+                        "weight slab <= 40,960 weights, no GLU: the 270M's and the 1B's qkv and "
+                        "o) load their weights before the PDL wait, "
                         "x after it, then dot_rows' k16 MMA chain -- the same bits by "
                         "construction; an early ask took a 2 MB stage 3.60 -> 2.35 us alone "
                         "(H100, benchmarks/sync_floor.py)"),

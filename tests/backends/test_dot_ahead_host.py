@@ -12,7 +12,7 @@ BF, F16 = torch.bfloat16, torch.float16
 TAKES = [  # (n, k, glu, rows, weight dtype, rows' dtype) -> taken
     ((1536, 640, False, 1, BF, BF), True),        # the 270M's qkv
     ((640, 1024, False, 16, BF, BF), True),       # its o, 16 sessions
-    ((2048, 640, True, 1, BF, BF), True),         # its gate|up: 2 x 32 x 640 weights a program
+    ((2048, 640, True, 1, BF, BF), False),        # its gate|up: both slabs spill
     ((1536, 1152, False, 1, BF, BF), True),       # the 1B's qkv (1,024 + 128 keys)
     ((640, 1024, False, 17, BF, BF), False),      # past one 16-row tile
     ((640, 2048, False, 1, BF, BF), False),       # the 270M's down: a slab of 65,536

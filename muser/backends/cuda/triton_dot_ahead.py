@@ -32,6 +32,7 @@ import functools
 import torch
 
 from .triton_dot_epilogue import act_pieces
+from . import triton_dot_loads
 from .triton_dot_tiles import dot_config
 from .triton_pieces import pdl_launch, pdl_pieces
 
@@ -45,7 +46,8 @@ def ahead_takes(n: int, k: int, glu: bool, rows: int, w: torch.Tensor, dtype: to
     """Whether dot_ahead computes this call with dot_rows' bits: a decode tile (<= 16 rows),
     16-bit weights of the activation dtype, no split-K pieces, the slab within SLAB, K in at
     most MAX_PARTS parts of KC keys."""
-    return (rows <= 16 and w.dtype == dtype and dtype in (torch.bfloat16, torch.float16)
+    # GLU: the gate and up slabs behind the fence spilled 3.4 KB a thread (sm_90): not taken
+    return (not glu and rows <= 16 and w.dtype == dtype and dtype in (torch.bfloat16, torch.float16)
             and dot_config(n, k, glu)[4] == 0 and BLOCK_N * k * (2 if glu else 1) <= SLAB
             and k % KC == 0 and k // KC <= MAX_PARTS)
 
@@ -58,6 +60,8 @@ def _kernel():
     globals()["tl"] = tl
     globals().update(act_pieces())
     globals().update(pdl_pieces())
+    triton_dot_loads.load_pieces()          # defines the fence in its module
+    globals().update(_layout_fence=triton_dot_loads._layout_fence)
 
     @triton.jit
     def part(W, cols, cmask, N, i: tl.constexpr, K: tl.constexpr, KC: tl.constexpr,
@@ -72,23 +76,32 @@ def _kernel():
         return w, u
 
     @triton.jit
-    def step(X, rm, rmask, w, u, acc, accu, i: tl.constexpr, K: tl.constexpr,
-             KC: tl.constexpr, GLU: tl.constexpr):
-        """The k16 MMA steps of keys [i KC, (i + 1) KC) chained onto the accumulators, x's
-        [BM, KC] read now (after the wait)."""
-        x = tl.load(X + rm[:, None].to(tl.int64) * K + i * KC + tl.arange(0, KC)[None, :],
-                    mask=rmask[:, None], other=0.0)
+    def xpart(X, rm, rmask, i: tl.constexpr, K: tl.constexpr, KC: tl.constexpr):
+        """x's keys [i KC, (i + 1) KC), [BM, KC] (after the wait)."""
+        return tl.load(X + rm[:, None].to(tl.int64) * K + i * KC + tl.arange(0, KC)[None, :],
+                       mask=rmask[:, None], other=0.0)
+
+    @triton.jit
+    def step(x, w, u, acc, accu, GLU: tl.constexpr, FENCE: tl.constexpr):
+        """One part's k16 MMA steps chained onto the accumulators.  FENCE (a GPU): the weights
+        pass `_layout_fence` here, after the wait -- else Triton moves each part's conversion
+        to the MMA layout (a shared-memory round trip and a CTA barrier) up to its load, and
+        the parts' loads run one after another before the wait (5 DRAM trips for 640 keys)."""
+        if FENCE:
+            w = _layout_fence(w)
+            if GLU:
+                u = _layout_fence(u)
         acc = tl.dot(x, tl.trans(w), acc)
         if GLU:
             accu = tl.dot(x, tl.trans(u), accu)
         return acc, accu
 
-    globals().update(_part=part, _step=step)
+    globals().update(_part=part, _xpart=xpart, _step=step)
 
     @triton.jit
     def dot_ahead_kernel(X, W, Y, B, N, K: tl.constexpr, KC: tl.constexpr, NC: tl.constexpr,
                          BLOCK_N: tl.constexpr, GLU: tl.constexpr, GELU: tl.constexpr,
-                         BM: tl.constexpr, PDL: tl.constexpr):
+                         BM: tl.constexpr, PDL: tl.constexpr, FENCE: tl.constexpr = False):
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < N
         rm = tl.program_id(1) * BM + tl.arange(0, BM)
@@ -113,25 +126,43 @@ def _kernel():
         if NC > 8:
             w8, u8 = _part(W, cols, cmask, N, 8, K, KC, GLU)
         _pdl_begin(PDL)                     # PDL: now wait for the kernel before
+        # every part of x asked for at once, then the parts' MMA steps in key order
+        x0 = _xpart(X, rm, rmask, 0, K, KC)
+        if NC > 1:
+            x1 = _xpart(X, rm, rmask, 1, K, KC)
+        if NC > 2:
+            x2 = _xpart(X, rm, rmask, 2, K, KC)
+        if NC > 3:
+            x3 = _xpart(X, rm, rmask, 3, K, KC)
+        if NC > 4:
+            x4 = _xpart(X, rm, rmask, 4, K, KC)
+        if NC > 5:
+            x5 = _xpart(X, rm, rmask, 5, K, KC)
+        if NC > 6:
+            x6 = _xpart(X, rm, rmask, 6, K, KC)
+        if NC > 7:
+            x7 = _xpart(X, rm, rmask, 7, K, KC)
+        if NC > 8:
+            x8 = _xpart(X, rm, rmask, 8, K, KC)
         acc = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
         accu = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
-        acc, accu = _step(X, rm, rmask, w0, u0, acc, accu, 0, K, KC, GLU)
+        acc, accu = _step(x0, w0, u0, acc, accu, GLU, FENCE)
         if NC > 1:
-            acc, accu = _step(X, rm, rmask, w1, u1, acc, accu, 1, K, KC, GLU)
+            acc, accu = _step(x1, w1, u1, acc, accu, GLU, FENCE)
         if NC > 2:
-            acc, accu = _step(X, rm, rmask, w2, u2, acc, accu, 2, K, KC, GLU)
+            acc, accu = _step(x2, w2, u2, acc, accu, GLU, FENCE)
         if NC > 3:
-            acc, accu = _step(X, rm, rmask, w3, u3, acc, accu, 3, K, KC, GLU)
+            acc, accu = _step(x3, w3, u3, acc, accu, GLU, FENCE)
         if NC > 4:
-            acc, accu = _step(X, rm, rmask, w4, u4, acc, accu, 4, K, KC, GLU)
+            acc, accu = _step(x4, w4, u4, acc, accu, GLU, FENCE)
         if NC > 5:
-            acc, accu = _step(X, rm, rmask, w5, u5, acc, accu, 5, K, KC, GLU)
+            acc, accu = _step(x5, w5, u5, acc, accu, GLU, FENCE)
         if NC > 6:
-            acc, accu = _step(X, rm, rmask, w6, u6, acc, accu, 6, K, KC, GLU)
+            acc, accu = _step(x6, w6, u6, acc, accu, GLU, FENCE)
         if NC > 7:
-            acc, accu = _step(X, rm, rmask, w7, u7, acc, accu, 7, K, KC, GLU)
+            acc, accu = _step(x7, w7, u7, acc, accu, GLU, FENCE)
         if NC > 8:
-            acc, accu = _step(X, rm, rmask, w8, u8, acc, accu, 8, K, KC, GLU)
+            acc, accu = _step(x8, w8, u8, acc, accu, GLU, FENCE)
         if not GLU:
             accu = acc                      # (no up half: a stand-in the epilogue never reads)
         y = _finish(acc, accu, 1.0, 1.0, 0.0, False, False, GLU, GELU, X.dtype.element_ty)
@@ -159,5 +190,6 @@ def dot_ahead(x: torch.Tensor, w: torch.Tensor, glu: bool = False, gelu: bool = 
     out = x.new_empty(B, n)
     _kernel()[(triton.cdiv(n, BLOCK_N), triton.cdiv(B, 16))](
         x, w, out, B, n, K=k, KC=KC, NC=k // KC, BLOCK_N=BLOCK_N, GLU=glu, GELU=gelu, BM=16,
+        FENCE=w.is_cuda,                    # inline asm: not under the interpreter
         num_warps=warps, num_stages=1, **pdl_launch(pdl))
     return out
