@@ -56,7 +56,9 @@
 #   chunk_wrap   the same in the chunk kernel's in-place ring read: chunk rows, verify blocks
 #   sync_floor   sync_floor.py: us a dependent stage, launches (PDL) against a grid barrier
 #   sync_step    sync_floor, then exact_ab --profile of the 270M / 1B decode (kernel sums)
-#   ahead        MUSER_DOT_AHEAD: test_dot_ahead, dot_ahead_probe, exact_ab AH (270M, 1B)
+#   (ahead, forty-second session: MUSER_DOT_AHEAD, the small projections' weight slab loaded
+#    before the PDL wait -- dot_rows' bits, per launch -0.3 to -0.7 us, the step 270M -6 us /
+#    1B +9 us on an H100; the code is gone, commit 0ac9fea has it)
 #   sync_after   sync_floor --after: the early ask right after real dot_rows launches
 #   sync_ids     sync_floor, then test_chunk_graph / test_cuda_engine (ids kept packed)
 #   ncu_step     Nsight Compute on the 1B's decode tiles at 1 row (instructions or memory?)
@@ -1226,13 +1228,6 @@ stage_sync_ids() {  # sync_floor (+ after real launches), then the CUDA chunk ro
   stage_sync_floor
   stage_sync_after
   tests 300 -x tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_engine.py
-}
-
-stage_ahead() {  # MUSER_DOT_AHEAD: bits (GPU rows, engine), us a launch, then the decode A/B
-  tests 200 -x tests/cuda/test_dot_ahead.py
-  bench 150 . benchmarks/dot_ahead_probe.py --rows 1 16
-  bench 300 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 1 \
-    --variants "AH:MUSER_DOT_AHEAD=on"
 }
 
 stage_step_profile() {  # where the 4B's and the 1B's decode steps go now

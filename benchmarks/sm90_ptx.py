@@ -166,9 +166,6 @@ CONFIGS = [
     ("fold growing captured", "fold", {}, 4),
     ("fold ring eager sinks", "fold", dict(SINKS=True, DEV=False, BM=16, ROWS=4, SPLIT=32, GS=4),
      4),
-    # MUSER_DOT_AHEAD (triton_dot_ahead.py): the weight slab loaded before the PDL wait
-    ("dot_ahead qkv, 270M", "ahead", {}, 4),
-    ("dot_ahead qkv, 1B (9 parts)", "ahead", dict(K=1152, NC=9), 4),
 ]
 # 64-key tiles (MUSER_ATTN_RING / MUSER_ATTN_GROWING = 64,W with MUSER_RING_ROWS = 64): a
 # ring split stays one tile, half as many splits; a growing split of 128 is two tiles
@@ -316,7 +313,6 @@ def kernel_table() -> dict:
     from muser.backends.cuda.triton_chunk_park import _fold_kernel
     from muser.backends.cuda.triton_decode_kernel import _kernel as _decode_kernel
     from muser.backends.cuda.triton_dot import _kernels as _dot_kernels
-    from muser.backends.cuda.triton_dot_ahead import _kernel as _ahead_kernel
     from muser.backends.cuda.triton_ops import _kernels as _ops_kernels
     from muser.backends.cuda.triton_pick import _kernel as _pick_kernel
     from muser.backends.cuda.triton_rows import _kernels as _rows_kernels
@@ -330,9 +326,7 @@ def kernel_table() -> dict:
             "qk_rope": (_ops_kernels()[1], QK_ROPE),
             "norm_rope": (_rows_kernels()[0], NORM_ROPE),
             "place": (_graph_rows()[0], dict(KVD=256, D=256, BLOCK=256)),
-            "shadow": (_graph_rows()[1], dict(KVD=256, D=256, BLOCK=256)),
-            "ahead": (_ahead_kernel(), dict(K=640, KC=128, NC=5, BLOCK_N=32, GLU=False,
-                                            GELU=False, BM=16, PDL=True, FENCE=True))}
+            "shadow": (_graph_rows()[1], dict(KVD=256, D=256, BLOCK=256))}
 
 
 def mma_layouts() -> dict:

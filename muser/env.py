@@ -57,7 +57,6 @@ class Env:
     flatten: str = "dot"
     dot_tma: str = "auto"
     dot_cpp: str = "off"
-    dot_ahead: str = "off"
     fuse_sum: str = "on"
     chunk_graphs: str = "on"
     chunk_graph_rows: int | None = None             # None: auto (chunk_graph.auto_limit)
@@ -164,7 +163,6 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_PREFETCH", "prefetch"),
                         ("MUSER_ATTN_EARLY", "attn_early"),
                         ("MUSER_DOT_TMA", "dot_tma"), ("MUSER_DOT_CPP", "dot_cpp"),
-                        ("MUSER_DOT_AHEAD", "dot_ahead"),
                         ("MUSER_CHUNK_ALIGN", "chunk_align"), ("MUSER_CHUNK_ORDER", "chunk_order"),
                         ("MUSER_CHUNK_WIDE", "chunk_wide"), ("MUSER_CHUNK_FENCE", "chunk_fence"),
                         ("MUSER_CHUNK_WHOLE", "chunk_whole"), ("MUSER_CHUNK_BASE", "chunk_base")):

@@ -125,13 +125,6 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                       "prefill's dot_rows 47.2 -> 46.3 ms); chunk = the chunk attention's "
                       "splits on growing planes (fixed tile bounds, the group merge as selects; "
                       "slower: 36 -> 51 ms); on = both"),
-    "MUSER_DOT_AHEAD": ("off|on", "off", "backends/cuda (decode step, triton_dot_ahead.py)",
-                        "an experiment: the decode step's small projections (a program's "
-                        "weight slab <= 40,960 weights, no GLU: the 270M's and the 1B's qkv and "
-                        "o) load their weights before the PDL wait, "
-                        "x after it, then dot_rows' k16 MMA chain -- the same bits by "
-                        "construction; an early ask took a 2 MB stage 3.60 -> 2.35 us alone "
-                        "(H100, benchmarks/sync_floor.py)"),
     "MUSER_DOT_CPP": ("off|on|norm|11|21|41|12|22", "off", "backends/cuda (decode step, cpp_dot.py)",
                       "an experiment, measured slower (H100, thirty-ninth session: the same bits, "
                       "the step +34 us on the 270M, +85 on the 1B; norm more): the decode step's "
@@ -241,6 +234,9 @@ REMOVED = {"MUSER_MEGA": "removed: measured slower, benchmarks/NOTES.md, fourtee
                               "benchmarks/NOTES.md, thirty-sixth session",
            "MUSER_ATTN_O": "removed: measured slower (H200, 1B decode +91 us a step, 270M +31 "
                            "us), benchmarks/NOTES.md, thirty-sixth session",
+           "MUSER_DOT_AHEAD": "removed: measured slower on the 1B (H100, decode +9 us a step; "
+                              "the 270M -6 us, one round), benchmarks/NOTES.md, forty-second "
+                              "session",
            "MUSER_PREFETCH_QKV": "removed: measured slower with MUSER_PREFETCH_MLP (H200, 1B "
                                  "decode +36 us a step; alone -2 us, noise), "
                                  "benchmarks/NOTES.md, thirty-fourth / thirty-sixth session",

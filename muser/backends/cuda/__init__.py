@@ -38,11 +38,9 @@ def arithmetic_tag(env) -> str:
     lays = [[layout(growing, d, env)[k] for k in BITS_FIELDS]
             for growing in (False, True) for d in (64, 256)]
     pieces = table_pieces()
-    # MUSER_DOT_CPP and MUSER_DOT_AHEAD claim dot_rows' bits, checked on an H100 only or not
-    # yet: their cuts get a tag of their own (fail closed; off -- the default -- leaves the tag
-    # as it was)
-    cpp = ([env.dot_cpp] if env.dot_cpp != "off" else []) + (["ahead"] if env.dot_ahead == "on"
-                                                             else [])
+    # MUSER_DOT_CPP claims dot_rows' bits but no GPU has checked it yet: its cuts get a tag of
+    # their own until one has (fail closed; off -- the default -- leaves the tag as it was)
+    cpp = [env.dot_cpp] if env.dot_cpp != "off" else []
     blob = json.dumps([ARITHMETIC, lays, pieces, env.gemv, env.attn] + cpp)
     return "+cuda-" + hashlib.sha256(blob.encode()).hexdigest()[:6]
 

@@ -43,7 +43,6 @@ from .step_norm import Pending, fused, norm_later, ready
 from .cpp_dot import load as load_cpp
 from .cpp_route import SPLIT
 from .triton_dot import Pieces, dot_rows
-from .triton_dot_ahead import ahead_takes, dot_ahead
 from .triton_dot_tiles import dot_config, tma_pays
 from .l2_prefetch import step_plans
 from .triton_gemv import gemv
@@ -110,10 +109,6 @@ class DecodeStep:
         # bits); None: off, or it could not be built / loaded here (load warned)
         self.cpp = (load_cpp(env.dot_cpp, env.native_dir, dev)
                     if env.dot_cpp != "off" and self.gemv is dot_rows else None)
-        # MUSER_DOT_AHEAD: the small projections' weights asked for before the PDL wait
-        # (triton_dot_ahead.py: dot_rows' bits); calls counts the launches made through it
-        self.ahead = env.dot_ahead == "on" and dev.type == "cuda" and self.gemv is dot_rows
-        self.ahead_calls = 0
         # MUSER_DOT_CPP=norm: the add+norms before qkv and gate|up made inside them (step_norm)
         self.norm_later = norm_later(spec, self.w, self.cpp, env.dot_cpp)
         # a chunk through this step's layer loop has a decode step's bits only with the default
@@ -162,13 +157,6 @@ class DecodeStep:
                 y = self.cpp(x, w, n, plan, self.pdl)
                 return (Pieces(y, w.scale if isinstance(w, RowInt8) else None)
                         if plan[0] == SPLIT else y)
-        if self.ahead and not (widen or kw.get("pick") or kw.get("bias") is not None
-                               or isinstance(w, RowInt8)):
-            glu = kw.get("glu", False)
-            if ahead_takes(w.shape[0] // 2 if glu else w.shape[0], w.shape[1], glu, x.shape[0],
-                           w, x.dtype):
-                self.ahead_calls += 1
-                return dot_ahead(x, w, glu, kw.get("gelu", False), self.pdl)
         if isinstance(w, RowInt8):
             return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, flatten=self.flatten,
                             defer=defer, widen=widen, **kw)
