@@ -91,6 +91,28 @@ def test_integer_likes_are_taken_as_their_values(engine):
         assert torch.equal(s.prefill(ids), ref) and s.tokens == [4, 7, 1]
 
 
+def test_validated_ids_reach_the_backend_packed_once(engine, monkeypatch):
+    """The checked ids go on as the int64 array they were checked in (a CUDA chunk copies its
+    buffer instead of packing a 16k list again, backends/cuda/chunk_step.py); the session's
+    lineage stays a list of ints."""
+    from array import array
+    seen = []
+    forward = engine.backend.forward
+
+    def spy(eng, sessions, chunks, *a, **kw):
+        seen.extend(chunks)
+        return forward(eng, sessions, chunks, *a, **kw)
+
+    monkeypatch.setattr(engine.backend, "forward", spy)
+    s = engine.new_session()
+    s.prefill([4, 7, 1, 9, 2], chunk_size=3)
+    s.extend([5, 6])
+    s.decode(8)
+    assert [(type(c), c.typecode, list(c)) for c in seen] == [
+        (array, "q", [4, 7, 1]), (array, "q", [9, 2]), (array, "q", [5, 6]), (array, "q", [8])]
+    assert s.tokens == [4, 7, 1, 9, 2, 5, 6, 8] and all(type(t) is int for t in s.tokens)
+
+
 def test_a_prompt_piece_without_logits_leaves_the_same_planes_and_final_logits(engine):
     """`prefill(piece, logits=False)` skips the head of a piece that is not the prompt's last
     (the server splits at cut points): nothing else changes, bit for bit."""
