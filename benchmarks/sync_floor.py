@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from decode_attn_probe import graph_us         # us a captured call of fn, replayed
+
 
 @triton.jit
 def _stage(src, dst, w, rows, N: tl.constexpr, WK: tl.constexpr):  # noqa: N803
@@ -114,24 +116,6 @@ def _persist_kernel(X, Wt, CTR, S, G, N: tl.constexpr, R: tl.constexpr, WK: tl.c
         tl.atomic_add(CTR, 1, sem="release", scope="gpu")
 
 
-def graph_us(fn, replays: int) -> float:
-    """fn() captured once and replayed: us a replay (after one warm replay)."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-    ev[0].record()
-    for _ in range(replays):
-        g.replay()
-    ev[1].record()
-    torch.cuda.synchronize()
-    return ev[0].elapsed_time(ev[1]) * 1e3 / replays
-
-
 def run(n: int, stages: int, warps: int, replays: int, g: int) -> list[tuple[str, float, str]]:
     """The variants at width n with g programs (R = n / g rows a program; the MMA rows: 16 a
     program, n / 16 programs, whatever g says -- an MMA's n is at least 16 -- and only to
@@ -171,7 +155,7 @@ def run(n: int, stages: int, warps: int, replays: int, g: int) -> list[tuple[str
                     _launch_kernel[(gg,)](x, wt, s, N=n, R=rr, WK=int(wk), EARLY=early,
                                           PDL=mode == "pdl", num_warps=ww,
                                           launch_pdl=mode == "pdl")
-        us = graph_us(step, replays) / stages
+        us = graph_us(step, reps=1, replays=replays) / stages
         step()
         torch.cuda.synchronize()
         last = x[stages % 2].clone()
@@ -218,7 +202,7 @@ def run_after(name: str, n: int, stages: int, warps: int, replays: int, g: int):
                 if consumer:
                     _launch_kernel[(g,)](x, wt, s, N=n, R=r, WK=1, EARLY=early, PDL=True,
                                          num_warps=ww, launch_pdl=True)
-        out.append((label, graph_us(step, replays) / stages))
+        out.append((label, graph_us(step, reps=1, replays=replays) / stages))
     return out
 
 
