@@ -92,13 +92,22 @@ def _launch_kernel(X, Wt, s, N: tl.constexpr, R: tl.constexpr, WK: tl.constexpr,
 def _persist_kernel(X, Wt, CTR, S, G, N: tl.constexpr, R: tl.constexpr, WK: tl.constexpr,
                     EARLY: tl.constexpr, ONE: tl.constexpr):
     """S stages in one launch of G resident programs, a counter barrier between stages; ONE:
-    thread 0 alone polls the counter (else every thread does)."""
+    thread 0 alone polls the counter (else every thread does).  EARLY: a stage's weights asked
+    for after its wait (0), before it (1), or a whole stage ahead (2: stage s + 1's during
+    stage s, held in registers across the barrier -- what only a persistent kernel can do)."""
     pid = tl.program_id(0)
     rows = pid * R + tl.arange(0, R)
     cols = tl.arange(0, N)
+    w_next = rows
+    if WK and EARLY == 2:
+        w_next = tl.load(Wt + rows[:, None] * N + cols[None, :])          # stage 0's
     for s in range(S):
         w = rows
-        if WK and EARLY:                        # asked for before the wait: no dependency
+        if WK and EARLY == 2:
+            w = w_next
+            nxt = tl.minimum(s + 1, S - 1)                                 # (the last: again)
+            w_next = tl.load(Wt + nxt * N * N + rows[:, None] * N + cols[None, :])
+        if WK and EARLY == 1:                   # asked for before the wait: no dependency
             w = tl.load(Wt + s * N * N + rows[:, None] * N + cols[None, :])
         if s > 0:
             target = s * G
@@ -109,7 +118,7 @@ def _persist_kernel(X, Wt, CTR, S, G, N: tl.constexpr, R: tl.constexpr, WK: tl.c
                 while c < target:
                     c = _load_acquire(CTR)
             tl.debug_barrier()                  # the other threads read x after the acquire
-        if WK and not EARLY:
+        if WK and EARLY == 0:
             w = tl.load(Wt + s * N * N + rows[:, None] * N + cols[None, :])
         _stage(X + (s % 2) * N, X + ((s + 1) % 2) * N, w, rows, N, WK)
         tl.debug_barrier()                      # every thread's stores before the one release
@@ -136,9 +145,11 @@ def run(n: int, stages: int, warps: int, replays: int, g: int) -> list[tuple[str
                                   ("barrier, weights late", True, False, "persist"),
                                   ("barrier, weights early", True, True, "persist"),
                                   ("barrier, thread 0 polls, weights early", True, True, "one"),
+                                  ("barrier, weights a stage ahead", True, 2, "persist"),
                                   ("launches, PDL, weights late, MMA", 2, False, "pdl"),
                                   ("launches, PDL, weights early, MMA", 2, True, "pdl"),
-                                  ("barrier, weights early, MMA", 2, True, "persist")):
+                                  ("barrier, weights early, MMA", 2, True, "persist"),
+                                  ("barrier, weights a stage ahead, MMA", 2, 2, "persist")):
         if wk == 2 and n > 1024:                # x [16, N] and w [16, N] in registers spill
             continue
         gg, rr = (n // 16, 16) if wk == 2 else (g, r)
@@ -149,7 +160,7 @@ def run(n: int, stages: int, warps: int, replays: int, g: int) -> list[tuple[str
             if mode in ("persist", "one"):
                 ctr.zero_()
                 _persist_kernel[(gg,)](x, wt, ctr, stages, gg, N=n, R=rr, WK=int(wk),
-                                       EARLY=early, ONE=mode == "one", num_warps=ww)
+                                       EARLY=int(early), ONE=mode == "one", num_warps=ww)
             else:
                 for s in range(stages):
                     _launch_kernel[(gg,)](x, wt, s, N=n, R=rr, WK=int(wk), EARLY=early,
