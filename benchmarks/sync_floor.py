@@ -9,13 +9,15 @@ program can start before every program of the stage before has stored.  Two ways
     launches  one graph of S launches, programmatic dependent launch (the step's form): the
               wait is `griddepcontrol.wait` at a launch's top, the boundary is the hardware's
     barrier   ONE launch of G programs (all resident: G <= SMs) walking S stages; between two
-              stages each program adds 1 to a counter (release, after a CTA barrier) and spins
-              on it (volatile loads) until it reads s x G, then one acquire read of it
+              stages each program adds 1 to a counter (release, after a CTA barrier) and polls
+              it (ld.acquire: every thread, or thread 0 then a CTA barrier) until it reads s x G
 
-Each with or without a weight slice a stage (`--weights`: stage s reads its own [N, N] bf16
-matrix, R rows a program, y = w @ x -- S x N x N x 2 bytes in all, past the 50 MB L2 so they
-come from HBM) asked for AFTER the wait (`late`: what the step's launches do) or BEFORE it
-(`early`: what a persistent kernel is for -- the weights do not depend on x).  us a stage =
+Each with or without weights (stage s reads its own [N, N] bf16 matrix, R rows a program,
+y = w @ x as a float32 tree or as the tensor cores' k16 chain -- S x N x N x 2 bytes in all,
+past the 50 MB L2 so they come from HBM) asked for AFTER the wait (`late`: what the step's
+launches do), BEFORE it (`early`: the weights do not depend on x), or, in the barrier form, a
+whole stage ahead (held in registers across the barrier: what only a persistent kernel can
+do).  us a stage =
 graph replay time / S.  Every variant's last vector is checked against the first variant's
 (bitwise where the kernels share the arithmetic, else close: a race shows as a wrong vector).
 `--after`: the early ask once more, right after a real projection as the step launches it
@@ -34,7 +36,7 @@ from decode_attn_probe import graph_us         # us a captured call of fn, repla
 
 
 @triton.jit
-def _stage(src, dst, w, rows, N: tl.constexpr, WK: tl.constexpr):  # noqa: N803
+def _stage(src, dst, w, rows, N: tl.constexpr, WK: tl.constexpr):
     """One stage's work for R rows: x = src[0:N] (past the L1: another SM wrote it), then
     y = w @ x -- WK 1: a float32 tree over N (tl.sum), WK 2: on the tensor cores, x as row 0 of
     16 (N / 16 dependent MMAs a column: dot_rows' chain) -- or, WK 0, sum(x) / N + row; y is
@@ -181,8 +183,8 @@ def run(n: int, stages: int, warps: int, replays: int, g: int) -> list[tuple[str
 
 
 # real producers for --after: (n, k, glu) of a decode projection (dot_tiles_graph.SHAPES)
-PRODUCERS = {"270m_gu": (2048, 640, True), "1b_gu": (6912, 1152, True), "1b_qkv": (1536, 1152, False),
-             "4b_gu": (10240, 2560, True)}
+PRODUCERS = {"270m_gu": (2048, 640, True), "1b_gu": (6912, 1152, True),
+             "1b_qkv": (1536, 1152, False), "4b_gu": (10240, 2560, True)}
 
 
 def run_after(name: str, n: int, stages: int, warps: int, replays: int, g: int):
