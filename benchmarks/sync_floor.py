@@ -238,7 +238,8 @@ def main():
         assert g <= sms, f"{g} programs: the barrier needs them all resident ({sms} SMs)"
         for n in a.n:
             mb = n * n * 2 / 2 ** 20
-            print(f"\n## N = {n}, {g} programs ({n // g} rows each; weights: {mb:.1f} MB a stage)\n")
+            print(f"\n## N = {n}, {g} programs ({n // g} rows each; "
+                  f"weights: {mb:.1f} MB a stage)\n")
             print("| how a stage waits | us a stage | last vector |\n|---|---:|---|")
             for name, us, check in run(n, a.stages, a.warps, a.replays, g):
                 print(f"| {name} | {us:.2f} | {check} |", flush=True)
