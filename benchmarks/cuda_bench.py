@@ -30,6 +30,7 @@ import traceback
 import torch
 
 from llama_cuda_peer import available, bench, convert
+from muser.engine.loader import QUANTS
 from cuda_measure import (copy_bandwidth, build, cross_check, hf_decode, hf_prefill, kv_check,
                           muser_batch, muser_decode, muser_prefill, muser_ttft, prefill_profile)
 
@@ -190,8 +191,9 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--prefill", type=int, default=16384)
     ap.add_argument("--quick", action="store_true", help="skip 32k decode and the 4k-chunk prefill")
-    ap.add_argument("--quant", default="none", choices=["none", "int8", "int8-head"],
-                    help="muser's weights: bf16 (none) or int8 rows (backends/cuda/weights_int8.py)")
+    ap.add_argument("--quant", default="none", choices=QUANTS,
+                    help="muser's weights: bf16 (none), int8 rows, or the head alone as int8 "
+                         "(backends/cuda/weights_int8.py)")
     ap.add_argument("--prefill-profile", action="store_true", help="kernel breakdown of one 16k prefill")
     ap.add_argument("--attn-ab", action="store_true", help="decode attention settings A/B, 2k and 32k")
     ap.add_argument("--profile", action="store_true", help="kernel breakdown + BLAS A/B (1b)")

@@ -61,6 +61,9 @@
 #    1B +9 us on an H100; the code is gone, commit 0ac9fea has it)
 #   sync_after   sync_floor --after: the early ask right after real dot_rows launches
 #   sync_ids     sync_floor, then test_chunk_graph / test_cuda_engine (ids kept packed)
+#   head_fast    quant="int8-head-fast" (the head as int8 rows in Triton's own int8 layout, every
+#                row through the one decode tile): the tiles' and engine's rows, the heads alone
+#   head_fast_ab the same mode's decode step against bf16, 270M / 1B / 4B, two rounds
 #   ncu_step     Nsight Compute on the 1B's decode tiles at 1 row (instructions or memory?)
 #   prefetch     MUSER_PREFETCH: the attention launch asks the L2 for the layer's o / gate|up /
 #                down weights (l2_prefetch.py): bits, then budgets / programs / early, 1B + 270M
@@ -1228,6 +1231,21 @@ stage_sync_ids() {  # sync_floor (+ after real launches), then the CUDA chunk ro
   stage_sync_floor
   stage_sync_after
   tests 300 -x tests/cuda/test_chunk_graph.py tests/cuda/test_cuda_engine.py
+}
+
+stage_head_fast() {  # quant="int8-head-fast": the head alone as int8 rows, unfenced (kWidth 4:
+  # the layout that ran the heads in ~0.55x bf16's time), every head row through the 16-row
+  # decode tile.  Its rows (a row in any batch / the picking head; the engine: chunk == decode
+  # == batch, K/V bf16's; the invariance module on the mode), then the heads alone
+  tests 240 tests/cuda/test_int8_tiles.py tests/cuda/test_int8_step.py
+  tests 240 tests/engine/test_invariance.py -k "int8-head-fast"
+  bench 60 . benchmarks/int8_dot_probe.py --heads
+}
+
+stage_head_fast_ab() {  # the mode's decode step against bf16 (predicted from the heads alone:
+  # the head ~0.55x of ~75 / 130 / 280 us on the 270M / 1B / 4B: ~-30 / -55 / -120 us)
+  bench 420 . benchmarks/exact_ab.py --models 270m,1b,4b --trees exact --decode-only --rounds 2 \
+    --variants "HF:QUANT=int8-head-fast"
 }
 
 stage_step_profile() {  # where the 4B's and the 1B's decode steps go now

@@ -186,7 +186,8 @@ def main():
     ap.add_argument("--max-context", type=int, default=None,
                     help="the engine's max_context (a variant sets it with MAX_CONTEXT=N): a "
                          "growing plane's decode grid is its capacity over the split rows")
-    ap.add_argument("--quant", default="none", choices=["none", "int8", "int8-head"],
+    ap.add_argument("--quant", default="none",    # (no muser import here: the trees have theirs)
+                    choices=["none", "int8", "int8-head", "int8-head-fast"],
                     help="the engine's weights (a variant sets it with QUANT=int8: int8 rows)")
     ap.add_argument("--chunks", default="", help="also the 16k prefill in chunks of these sizes")
     ap.add_argument("--cpu-load", type=int, default=0,

@@ -4,7 +4,8 @@ projection (issue 17, item 2; accuracy: gpu_weight_accuracy.py).
 For each decode shape of the Gemma-3 270M / 1B / 4B (and their heads): the same [N, K] product
 with bf16 weights, with int8 weights + float32 row scales (quant="int8") and with int8 blocks of
 32 keys + float16 scales dequantized in the tile (BlockInt8, quant="int8-head"; `--heads` times
-the heads alone), one row, the decode tiles; enough
+the heads alone; and the int8 rows without the layout fence, quant="int8-head-fast"'s head tile:
+`fast`), one row, the decode tiles; enough
 weight copies rotated between calls to defeat the 50 MB L2, so each call reads its weights from
 HBM as a decode step does.  Also checks that a 16-row call and a 1-row call give the row the same
 bits (the batch invariance a decode step relies on).
@@ -92,8 +93,8 @@ def main():
     dev = "cuda"
     torch.manual_seed(0)
     print("| model | n, k, glu | bf16 us | int8 us | int8 / bf16 | blocks us | blocks / bf16 | "
-          "bf16 GB/s | int8 GB/s | 1-row == 16-row |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+          "fast us | fast / bf16 | bf16 GB/s | int8 GB/s | 1-row == 16-row |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     head_4b = [(262144, 2560, False)]
     shapes_of = {m: ([s for s in v if s[0] == 262144] + (head_4b if m == "4b" else []))
                  if heads else v for m, v in SHAPES.items()}
@@ -108,19 +109,23 @@ def main():
             bq, bs = [b.q for b in blocks], [b.scale for b in blocks]
             x = torch.randn(16, k, device=dev).to(torch.bfloat16)
 
-            def one_row(ws, ss=None):
-                return rotating(lambda i: dot_rows(x[:1], ws[i], glu=glu,
+            def one_row(ws, ss=None, **kw):
+                return rotating(lambda i: dot_rows(x[:1], ws[i], glu=glu, **kw,
                                                    scale=None if ss is None else ss[i]), copies)
+            fast = {"rows": 16, "fence": False}
             tb = timed(one_row(wb), reps=200) * 1e3
             tq = timed(one_row(wq, sc), reps=200) * 1e3
             tk = timed(one_row(bq, bs), reps=200) * 1e3
+            tf = timed(one_row(wq, sc, **fast), reps=200) * 1e3
             same = (torch.equal(dot_rows(x, wq[0], glu=glu, scale=sc[0])[:1],
                                 dot_rows(x[:1], wq[0], glu=glu, scale=sc[0]))
                     and torch.equal(dot_rows(x, bq[0], glu=glu, scale=bs[0])[:1],
-                                    dot_rows(x[:1], bq[0], glu=glu, scale=bs[0])))
+                                    dot_rows(x[:1], bq[0], glu=glu, scale=bs[0]))
+                    and torch.equal(dot_rows(x, wq[0], glu=glu, scale=sc[0], **fast)[:1],
+                                    dot_rows(x[:1], wq[0], glu=glu, scale=sc[0], **fast)))
             print(f"| {model} | {n}, {k}, {glu} | {tb:.2f} | {tq:.2f} | {tq / tb:.2f} | {tk:.2f} | "
-                  f"{tk / tb:.2f} | {rows * k * 2 / tb / 1e3:.0f} | {rows * k / tq / 1e3:.0f} | "
-                  f"{same} |", flush=True)
+                  f"{tk / tb:.2f} | {tf:.2f} | {tf / tb:.2f} | {rows * k * 2 / tb / 1e3:.0f} | "
+                  f"{rows * k / tq / 1e3:.0f} | {same} |", flush=True)
             del wb, int8, wq, sc, blocks, bq, bs
             torch.cuda.empty_cache()
 

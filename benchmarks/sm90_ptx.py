@@ -151,6 +151,15 @@ CONFIGS = [
     ("dot_rows head, 16-row tile, picking, 270M", "dot",
      dict(K=640, KS=640, BM=16, BLOCK_N=64, BLOCK_K=128, PIECES_IN=1, WIDEN=True, PICK=True,
           _types={"Y": "*fp32", "P": "*i64"}), 4),
+    # quant="int8-head-fast": the head as int8 rows with float32 scales, NOT behind the fence --
+    # Triton's own int8 operand layout (kWidth 4), k permuted in each MMA: every head row of the
+    # mode goes through this one tile (decode_step.DecodeStep._dot), so no other order meets it
+    ("dot_rows head, 16-row tile, widened, int8 rows unfenced (int8-head-fast)", "dot",
+     dict(K=640, KS=640, BM=16, BLOCK_N=64, BLOCK_K=128, PIECES_IN=1, WIDEN=True, WQ=True,
+          _types={"W": "*i8", "S": "*fp32", "Y": "*fp32"}), 4),
+    ("dot_rows head, 16-row tile, picking, int8 rows unfenced (int8-head-fast)", "dot",
+     dict(K=1152, KS=1152, BM=16, BLOCK_N=64, BLOCK_K=128, PIECES_IN=1, WIDEN=True, PICK=True,
+          WQ=True, _types={"W": "*i8", "S": "*fp32", "Y": "*fp32", "P": "*i64"}), 4),
     ("greedy pick from a picking head", "fold_pick", {}, 4),
     ("embed + first norm", "embed_norm", {}, 4),
     ("add_norm sandwich", "add_norm", {}, 4),

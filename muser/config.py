@@ -168,6 +168,11 @@ class MoeSpec:
     swiglu_limit: float = 7.0
 
 
+# the weight modes that quantize the head alone: every K/V row is the float weights', so their
+# cuts share the float mode's encoding (CUDA, backends/cuda/weights_int8.py)
+HEAD_ONLY = ("int8-head", "int8-head-fast")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How an engine runs a model: where, in what dtype, through which cache backend."""
@@ -178,5 +183,6 @@ class EngineConfig:
     max_context: int | None = None      # None -> the model's own max_context
     chunk_size: int = 512               # default prefill chunk
     # "none" | "int8" (CPU: muser.model.quant; CUDA: backends/cuda/weights_int8) | "int8-head"
-    # (CUDA: the head alone, as Q8_0 blocks)
+    # (CUDA: the head alone, as Q8_0 blocks: bf16's logits) | "int8-head-fast" (CUDA: the head
+    # alone, as int8 rows in the fast tile: its own logits)
     quant: str = "none"

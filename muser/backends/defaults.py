@@ -7,7 +7,7 @@ defaults only with a measurement.
 """
 from __future__ import annotations
 
-from ..config import EngineConfig
+from ..config import HEAD_ONLY, EngineConfig
 from ..errors import ModelFormatError, RequestError
 
 
@@ -50,8 +50,8 @@ def check(config: EngineConfig) -> None:
     if config.backend != "ring" or kind not in ("cpu", "cuda"):
         raise ModelFormatError(f"quant={config.quant!r} runs on the ring backend on the CPU or "
                                f"CUDA; got device {config.device!r}, backend {config.backend!r}")
-    if config.quant == "int8-head" and kind != "cuda":
-        raise ModelFormatError(f"quant='int8-head' (the head alone as int8 rows) is a CUDA weight "
+    if config.quant in HEAD_ONLY and kind != "cuda":
+        raise ModelFormatError(f"quant={config.quant!r} (the head alone as int8) is a CUDA weight "
                                f"mode; on {config.device!r} take quant='int8' (every projection "
                                f"and the head) or 'none'")
     if kind == "cuda" and config.dtype not in ("bfloat16", "float16"):

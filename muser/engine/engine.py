@@ -15,7 +15,7 @@ import torch
 
 from ..backends import select
 from ..cache import Encoding, SessionSnapshot
-from ..config import EngineConfig, ModelSpec
+from ..config import HEAD_ONLY, EngineConfig, ModelSpec
 from ..env import Env, read as read_env
 from ..errors import RequestError, TokenizerUnavailable
 from .sampling import SamplingParams
@@ -46,7 +46,7 @@ class Engine:
         # int8 weights compute different K/V bits than float weights: a distinct encoding; an
         # int8 head moves only the logits -- every row is the float weights' -- so it shares
         # theirs.  (the family names the weight path; the dtype is the rows' dtype on the wire)
-        rows_quant = "none" if config.quant == "int8-head" else config.quant
+        rows_quant = "none" if config.quant in HEAD_ONLY else config.quant
         family = config.backend if rows_quant == "none" else f"{config.backend}+{rows_quant}"
         family += self.backend.encoding_tag       # the backend's arithmetic (CUDA: its version)
         self.encoding = Encoding(family, config.dtype)

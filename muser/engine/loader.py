@@ -18,7 +18,7 @@ from ..backends.host import on_short_thread
 from .engine import DTYPES, Engine
 
 DEFAULT_MODEL = "gemma3-270m"
-QUANTS = ("none", "int8", "int8-head")
+QUANTS = ("none", "int8", "int8-head", "int8-head-fast")
 
 
 def _embedded_gemma3_270m() -> Path:

@@ -6,8 +6,8 @@ tests/cuda/test_int8_step.py."""
 import pytest
 import torch
 
-from muser.backends.cuda.weights_int8 import (BlockInt8, RowInt8, quantize_blocks, quantize_rows,
-                                              quantize_weights, why_not_int8)
+from muser.backends.cuda.weights_int8 import (BlockInt8, HeadInt8, RowInt8, quantize_blocks,
+                                              quantize_rows, quantize_weights, why_not_int8)
 from muser.backends.defaults import check
 from muser.config import EngineConfig
 from muser.env import Env
@@ -54,6 +54,9 @@ def test_fused_int8_rows_are_views_of_one_matrix_with_their_scales():
     (EngineConfig(device="cuda", dtype="bfloat16", quant="int8-head"), None),
     (EngineConfig(device="cpu", dtype="bfloat16", quant="int8-head"), "CUDA weight mode.*'int8'"),
     (EngineConfig(device="cuda", dtype="float32", quant="int8-head"), "bfloat16 or float16"),
+    (EngineConfig(device="cuda", dtype="bfloat16", quant="int8-head-fast"), None),
+    (EngineConfig(device="cpu", dtype="bfloat16", quant="int8-head-fast"),
+     "'int8-head-fast'.*CUDA weight mode"),
 ])
 def test_int8_runs_on_the_cpu_and_cuda_rings(config, refused):
     if refused is None:
@@ -85,16 +88,24 @@ def test_quantized_weights_count_their_bytes_and_keep_the_lookup_table():
     assert w.nbytes() < before
 
 
-def test_an_int8_head_leaves_every_layer_float():
+@pytest.mark.parametrize("quant, kind", [("int8-head", BlockInt8), ("int8-head-fast", HeadInt8)])
+def test_an_int8_head_leaves_every_layer_float(quant, kind):
     eng = tiny_model("gemma3", window=4, tokenizer=False)
     w = eng.weights
     layers = [[getattr(lw, n) for n in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")]
               for lw in w.layers]
-    quantize_weights(w, head_only=True)
+    quantize_weights(w, quant)
     assert all(getattr(lw, n) is t for lw, ts in zip(w.layers, layers)
                for n, t in zip(("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"), ts))
-    assert isinstance(w.lm_head, BlockInt8) and w.lm_head.shape == w.embed.shape
-    assert torch.equal(w.lm_head.dequantized(), quantize_blocks(w.embed).dequantized())
+    assert type(w.lm_head) is kind and w.lm_head.shape == w.embed.shape
+    quantize = quantize_blocks if kind is BlockInt8 else quantize_rows
+    assert torch.equal(w.lm_head.dequantized(), quantize(w.embed).dequantized())
+
+
+def test_a_weight_mode_that_does_not_exist_is_refused():
+    eng = tiny_model("gemma3", window=4, tokenizer=False)
+    with pytest.raises(ValueError, match="no CUDA int8 weight mode 'int4'"):
+        quantize_weights(eng.weights, "int4")
 
 
 def test_a_cuda_int8_engine_refuses_a_model_it_cannot_run_before_preparing_it():
@@ -109,3 +120,7 @@ def test_a_cuda_int8_engine_refuses_a_model_it_cannot_run_before_preparing_it():
     head = CudaBackend(EngineConfig(device="cuda", dtype="bfloat16", quant="int8-head"), Env())
     with pytest.raises(ModelFormatError, match="int8-head.*experts"):
         head.check_model(moe.spec, moe.weights)
+    fast = CudaBackend(EngineConfig(device="cuda", dtype="bfloat16", quant="int8-head-fast"),
+                       Env())
+    with pytest.raises(ModelFormatError, match="int8-head-fast.*experts"):
+        fast.check_model(moe.spec, moe.weights)

@@ -131,11 +131,12 @@ def test_the_cuda_cut_encoding_names_the_arithmetic(env, same):
     assert (arithmetic_tag(env) == base) == same
 
 
-@pytest.mark.parametrize("quant, tag", [("none", ""), ("int8-head", ""), ("int8", "+i2")])
+@pytest.mark.parametrize("quant, tag", [("none", ""), ("int8-head", ""), ("int8-head-fast", ""),
+                                        ("int8", "+i2")])
 def test_int8_rows_name_their_own_arithmetic_in_the_cut_encoding(quant, tag):
     """quant="int8" computes its own rows (and changed them in the thirty-seventh session: the
-    decode tile behind the layout fence), so its cuts carry weights_int8.INT8_ROWS; int8-head's
-    rows are bf16's, its cuts bf16's encoding."""
+    decode tile behind the layout fence), so its cuts carry weights_int8.INT8_ROWS; the
+    head-only modes' rows are bf16's (the head makes no row), their cuts bf16's encoding."""
     from muser.backends.cuda import CudaBackend, arithmetic_tag
     from muser.config import EngineConfig
     backend = CudaBackend(EngineConfig(device="cuda", dtype="bfloat16", quant=quant), Env())

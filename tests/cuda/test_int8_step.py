@@ -11,7 +11,7 @@ from cudautil import HAS_CUDA, needs_gpu, needs_kernels
 import muser
 from muser.backends.cuda.chunk_step import chunk_pass
 from muser.backends.cuda.graph import GraphRunner
-from muser.backends.cuda.weights_int8 import PROJECTIONS, RowInt8, quantize_weights
+from muser.backends.cuda.weights_int8 import PROJECTIONS, HeadInt8, RowInt8, quantize_weights
 from muser.backends.step import forward as one_forward
 from muser.testing import tiny_model, tiny_model_dir
 
@@ -44,12 +44,12 @@ def test_int8_rows_compute_the_dequantized_weights():
 @pytest.mark.interp
 @needs_kernels
 def test_an_int8_head_leaves_every_row_to_the_float_weights():
-    """quantize_weights(head_only=True): the chunk pass stores the float model's K/V rows bit for
+    """quantize_weights(quant="int8-head"): the chunk pass stores the float model's K/V rows bit for
     bit and its logits are the dequantized head's (to rounding)."""
     dev, dt = ("cuda", "bfloat16") if HAS_CUDA else ("cpu", "float32")
     q8 = tiny_model("gemma3", device=dev, dtype=dt, window=4, tokenizer=False, seed=3)
     ref = tiny_model("gemma3", device=dev, dtype=dt, window=4, tokenizer=False, seed=3)
-    quantize_weights(q8.weights, head_only=True)
+    quantize_weights(q8.weights, "int8-head")
     sa, sb = q8.new_session(), ref.new_session()
     a = one_forward(q8, [sa], [IDS], True, False, pass_fn=passes(GraphRunner(q8, capture=False)))
     one_forward(ref, [sb], [IDS], True, False, pass_fn=passes(GraphRunner(ref, capture=False)))
@@ -71,12 +71,38 @@ def test_a_q8_0_head_gives_the_float_heads_logits():
     path = str(_q8_0_head_dir())
     q8, ref = (muser.load(path, device=dev, dtype=dt, quant="none", progress=False)
                for _ in range(2))
-    quantize_weights(q8.weights, head_only=True)
+    quantize_weights(q8.weights, "int8-head")
     a = one_forward(q8, [q8.new_session()], [IDS], True, False,
                     pass_fn=passes(GraphRunner(q8, capture=False)))
     b = one_forward(ref, [ref.new_session()], [IDS], True, False,
                     pass_fn=passes(GraphRunner(ref, capture=False)))
     assert torch.equal(a, b)
+
+
+@pytest.mark.interp
+@needs_kernels
+def test_a_fast_int8_head_sends_every_row_through_the_one_decode_tile(monkeypatch):
+    """quant="int8-head-fast": a chunk's 70 rows of logits (a chunk tile's size) and a decode
+    step's row both reach the head as dot_rows(..., rows=16, fence=False) -- the one tile whose
+    layout the mode's logits come from (the GPU rows: test_a_fast_int8_head_moves_...)."""
+    from muser.backends.cuda import decode_step
+    dev, dt = ("cuda", "bfloat16") if HAS_CUDA else ("cpu", "float32")
+    eng = tiny_model("gemma3", device=dev, dtype=dt, window=4, tokenizer=False, seed=3)
+    quantize_weights(eng.weights, "int8-head-fast")
+    head, calls, real = eng.weights.output, [], decode_step.dot_rows
+
+    def spy(x, w, *args, **kw):
+        if w is head.q:
+            calls.append((x.shape[0], kw.get("rows"), kw.get("fence", True)))
+        return real(x, w, *args, **kw)
+
+    monkeypatch.setattr(decode_step, "dot_rows", spy)
+    run = passes(GraphRunner(eng, capture=False))
+    s = eng.new_session()
+    ids = (IDS * 5)[:70]
+    rows = one_forward(eng, [s], [ids], True, False, pass_fn=run)
+    one_forward(eng, [s], [[5]], False, False, pass_fn=run)
+    assert rows.shape[0] == 70 and calls == [(70, 16, False), (1, 16, False)]
 
 
 @needs_gpu
@@ -117,6 +143,47 @@ def test_an_int8_head_moves_the_logits_only():
     c = eng.new_session()                            # a bf16 cut replays in the int8-head engine
     c.install(b.snapshot())
     assert torch.equal(c.decode(5), a.decode(5))
+
+
+@needs_gpu
+def test_a_fast_int8_head_moves_the_logits_only_and_keeps_its_own_rows_equal():
+    """quant="int8-head-fast": the head as int8 rows in its own tile (HeadInt8) -- every K/V
+    row is the bf16 engine's (the same encoding, so cuts move between them), its logits are
+    its own but one arithmetic per token: the 70 rows of one chunk (a chunk tile's size, sent
+    to the head's decode tile) == the same positions decoded one at a time == a batch of
+    sessions; the greedy picks in the step are the logits' first maxima; near bf16."""
+    path = str(tiny_model_dir("gemma3", window=4, tokenizer=False, seed=4))
+    eng = muser.load(path, device="cuda", dtype="bfloat16", quant="int8-head-fast",
+                     progress=False)
+    bf = muser.load(path, device="cuda", dtype="bfloat16", progress=False)
+    assert eng.encoding == bf.encoding and type(eng.weights.output) is HeadInt8
+    ids = [(7 * i + 3) % 250 for i in range(70)]
+    a, b = eng.new_session(), bf.new_session()
+    rows, ref = a.extend(ids), b.extend(ids)
+    s = eng.new_session()
+    steps = torch.stack([s.decode(t) for t in ids])  # one row at a time: the decode step
+    assert torch.equal(rows, steps)
+    for pa, pb in zip(a.planes, b.planes):           # the rows: bf16's, bit for bit
+        (ka, va), (kb, vb) = pa.logical_rows(), pb.logical_rows()
+        assert torch.equal(ka, kb) and torch.equal(va, vb)
+    p, q = torch.log_softmax(ref.float(), -1), torch.log_softmax(rows.float(), -1)
+    assert float((p.exp() * (p - q)).sum(-1).max()) < 0.05
+    assert not torch.equal(rows, ref)                # the mode's own logits: the head rounds
+    c = eng.new_session()                            # a bf16 cut continues in this engine
+    c.install(b.snapshot())
+    alone = eng.new_session()
+    alone.install(b.snapshot())
+    out = eng.decode_batch([c, eng.restore(a.snapshot())], [5, 5])
+    assert torch.equal(out[0], alone.decode(5)) and torch.equal(out[0], out[1])
+    g, t = eng.new_session(), eng.new_session()      # the step's picking head == argmax
+    g.prefill(ids[:8])
+    t.prefill(ids[:8])
+    greedy = eng.decode_greedy([g], [ids[8]], 12, stop_ids=[]).tokens[0]
+    want, tok = [], ids[8]
+    for _ in range(12):
+        tok = int(t.decode(tok).argmax())
+        want.append(tok)
+    assert list(greedy) == want
 
 
 def _q8_0_head_dir():

@@ -5,7 +5,8 @@ are a function of the token ids [0..p] alone -- torch.equal -- whether p is comp
 step, as a row of a verification block, inside a prefill chunk of any size and alignment, in a
 batched step beside other sessions, on any thread count, after a restore, or as the continuation
 of a cached conversation.  The embedded model's sliding layers hold a ring of 512 rows, so the
-positions below cross the ring's wrap."""
+positions below cross the ring's wrap.  `cuda-int8-head-fast` runs every row again in the CUDA
+weight mode whose head has a tile of its own (backends/cuda/weights_int8.HeadInt8)."""
 import pytest
 import torch
 
@@ -25,9 +26,10 @@ PROMPTS = [
 
 
 DRAFT: dict = {}          # engine -> the model it drafts with ("draft:" + a name or a directory)
+ASKED: dict = {}          # engine -> the weight mode it was loaded with, where not the default
 
 
-def _embedded_or_twin(device: str):
+def _embedded_or_twin(device: str, quant: str | None = None):
     """The embedded model on `device`; where its package is not installed (the lent GPU
     machines reach no registry), a random-weight twin of its attention geometry -- rings of 512,
     head dim 256, one KV head, 18 layers -- with the test tokenizer."""
@@ -37,19 +39,24 @@ def _embedded_or_twin(device: str):
         from muser.testing import tiny_model_dir
         path = tiny_model_dir("gemma3", layers=18, window=512, vocab=2048, hidden=640, heads=4,
                               kv_heads=1, head_dim=256, max_context=2048)
-        eng = muser.load(str(path), device=device, progress=False)
+        eng = muser.load(str(path), device=device, quant=quant, progress=False)
         DRAFT[eng] = f"draft:{path}"
         return eng
-    eng = muser.load("gemma3-270m", device=device, progress=False)
+    eng = muser.load("gemma3-270m", device=device, quant=quant, progress=False)
     DRAFT[eng] = "draft:gemma3-270m"
     return eng
 
 
-@pytest.fixture(scope="module", params=["cpu", "cuda"])
+@pytest.fixture(scope="module", params=["cpu", "cuda", "cuda-int8-head-fast"])
 def engine(request):
-    if request.param == "cuda":
+    if request.param.startswith("cuda"):
         if not torch.cuda.is_available():
             pytest.skip("needs a CUDA GPU")
+        if request.param != "cuda":                           # a weight mode with its own head
+            quant = request.param[len("cuda-"):]
+            eng = _embedded_or_twin("cuda", quant=quant)
+            ASKED[eng] = quant
+            return eng
         return _embedded_or_twin("cuda")                      # the default GPU configuration
     if not native.available():
         pytest.skip("no C compiler: the exact-rows path needs the native kernels")
@@ -81,7 +88,8 @@ def cuts(engine, ids):
 
 
 def test_the_default_configuration_is_the_exact_rows_path(engine):
-    want = ("bfloat16", "none" if engine.device.type == "cuda" else "int8", True)
+    default = "none" if engine.device.type == "cuda" else "int8"
+    want = ("bfloat16", ASKED.get(engine) or default, True)
     assert (engine.config.dtype, engine.config.quant, engine.exact_rows) == want
 
 

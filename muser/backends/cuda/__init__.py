@@ -74,11 +74,11 @@ class CudaBackend(Backend):
                 raise ModelFormatError(f"quant={self.config.quant!r} on CUDA needs {why}")
 
     def prepare_weights(self, weights, dtype):
-        """int8: every projection and the head as int8 rows; int8-head: the head alone
-        (weights_int8.py); else as loaded."""
+        """int8: every projection and the head as int8 rows; int8-head / int8-head-fast: the
+        head alone (weights_int8.py); else as loaded."""
         if self.config.quant != "none":
             from .weights_int8 import quantize_weights
-            quantize_weights(weights, head_only=self.config.quant == "int8-head")
+            quantize_weights(weights, self.config.quant)
         return weights
 
     def runner(self, engine):

@@ -46,7 +46,7 @@ from .triton_dot import Pieces, dot_rows
 from .triton_dot_tiles import dot_config, tma_pays
 from .l2_prefetch import step_plans
 from .triton_gemv import gemv
-from .weights_int8 import RowInt8
+from .weights_int8 import HeadInt8, RowInt8
 from .triton_ops import add_norm, embed_norm, qk_rope_store
 from .triton_pick import pick_partials
 
@@ -157,6 +157,9 @@ class DecodeStep:
                 y = self.cpp(x, w, n, plan, self.pdl)
                 return (Pieces(y, w.scale if isinstance(w, RowInt8) else None)
                         if plan[0] == SPLIT else y)
+        if isinstance(w, HeadInt8):         # every row through the one unfenced decode tile
+            return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, rows=16, fence=False,
+                            widen=widen, **kw)
         if isinstance(w, RowInt8):
             return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, flatten=self.flatten,
                             defer=defer, widen=widen, **kw)

@@ -193,7 +193,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
              tile: tuple[int, int, int, int, int] | None = None,
              scale: torch.Tensor | None = None, pdl: bool = False,
              flatten: bool = False, defer: bool = False,
-             widen: bool = False, pick: bool = False, tma: bool = False):
+             widen: bool = False, pick: bool = False, tma: bool = False, fence: bool = True):
     """The same function as `gemv`, for rows in tiles of 16 on the tensor cores (K in fixed
     steps, optionally in fixed split-K pieces summed in order): batch-invariant too, and far
     cheaper per extra row than `gemv`'s loop.  `config` = (block_n, block_k, warps, stages,
@@ -214,7 +214,9 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     [B, tiles], for `triton_pick.pick_partials` (the pipelined greedy step's head; no pieces, no
     act*up).  `tma`
     (MUSER_DOT_TMA): 128-row tiles of 16-bit weights load by TMA (triton_dot_tma.py: the same
-    pieces, dots and epilogue -- the same bits).
+    pieces, dots and epilogue -- the same bits).  `fence=False` (int8 weights with `rows=16`
+    only: quant="int8-head-fast"): the int8 operand in Triton's own layout, faster, summing k
+    in an order only this decode tile has -- the caller sends every row through it.
     Returns the output, or `Pieces` (defer), or the (values, columns) pair (pick)."""
     import triton
     kern, ssum = _kernels()
@@ -226,6 +228,10 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
         raise ValueError(f"int8 weights [{n}, {k}] need a float32 scale of shape ({n},) or a "
                          f"float16 one of shape ({n}, {k // 32}) (K a multiple of 32), got "
                          f"{None if scale is None else (scale.dtype, tuple(scale.shape))}")
+    if not fence and not (wq and rows == 16):
+        raise ValueError("fence=False is for int8 weights through the 16-row decode tile "
+                         f"(rows=16) alone, got {w.dtype} weights, rows={rows}: any other tile "
+                         "sums k in the fenced order, and the rows would part")
     if glu:
         n //= 2
     x = x.contiguous()
@@ -253,7 +259,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     elif widen and (split or out is not None or x.dtype == torch.float32):
         return dot_rows(x, w, out=out, glu=glu, gelu=gelu,
                         bias=bias, config=config, rows=rows, tile=tile, scale=scale, pdl=pdl,
-                        flatten=flatten).float()
+                        flatten=flatten, fence=fence).float()
     else:
         out = out if out is not None else x.new_empty(B, n, dtype=torch.float32 if widen else None)
         part = (torch.empty((pieces, B, 2 * n if glu else n), dtype=torch.float32,
@@ -274,7 +280,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
                  **({"WQB": True} if wqb else {}),
                  # int8 on a GPU: the layout fence (inline asm: not under the interpreter, whose
                  # tensors are the CPU's)
-                 **({"FENCE": True} if wq and w.is_cuda else {}),
+                 **({"FENCE": True} if wq and w.is_cuda and fence else {}),
                  num_warps=nw, num_stages=st, **fuse, **pdl_launch(pdl))
     kern[grid](x, w, s_arg, b_arg, out, part, B, n, **shape)
     if pick:

@@ -6,7 +6,10 @@ floor; the rest are latency-bound, where int8 bought nothing -- benchmarks/NOTES
 activation dtype in the tile -- a head stored as Q8_0 (the embedded 270M's) comes back exactly,
 so its logits are the bf16 engine's bit for bit (H200, benchmarks/q8_head_check.py), at 8.5 bits
 a weight instead of 16.  Memory, not time: the tile that keeps those bits (the bf16 tile's MMA
-layout, triton_dot_loads.py) runs the head in bf16's time.
+layout, triton_dot_loads.py) runs the head in bf16's time.  `quant="int8-head-fast"`: the head
+alone as `HeadInt8` -- int8 rows read in the tensor core's own int8 layout (no fence), every
+row of every path through the one 16-row decode tile, so the logits are the mode's own (not
+bf16's: the row scale rounds) but one arithmetic per token within it; time, not only memory.
 
 Owns: `RowInt8` (what `dot_rows(x, q, scale=s)` takes), `quantize_rows`, `quantize_weights` and
 `why_not_int8` (what the mode needs: the fused decode step, its exact chunks, no experts).  Does
@@ -54,6 +57,16 @@ class RowInt8:
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """W as the kernel sees it, up to the order of the scale (a reference, tests)."""
         return (self.q.float() * self.scale[:, None]).to(dtype)
+
+
+@dataclass(frozen=True)
+class HeadInt8(RowInt8):
+    """The head as int8 rows (quant="int8-head-fast"), computed where the layout fence would
+    cost time: `DecodeStep._dot` sends every row -- a decode step's, a verify block's, a
+    chunk's last -- through dot_rows' 16-row decode tile without the fence, the int8 operand
+    in Triton's own layout (four k a lane, TTGIR kWidth 4), which sums k in an order no chunk
+    tile shares.  One tile for every row is what keeps the logits one arithmetic per token;
+    the K/V rows never see the head, so they are the float weights' (and so are the cuts)."""
 
 
 BLOCK = 32                   # keys a BlockInt8 scale covers (GGUF's Q8_0 block)
@@ -138,13 +151,20 @@ def quantize_blocks(w: torch.Tensor) -> BlockInt8:
     return BlockInt8(torch.cat(qs).contiguous(), torch.cat(ss).contiguous())
 
 
-def quantize_weights(weights, head_only: bool = False) -> None:
-    """In place: every layer's dense projections and the head (`lm_head`, a tied one too) as
-    RowInt8; `head_only` (quant="int8-head"): the head alone, as BlockInt8 -- the layers keep
+def quantize_weights(weights, quant: str = "int8") -> None:
+    """In place, for `quant`: "int8" -- every layer's dense projections and the head
+    (`lm_head`, a tied one too) as RowInt8; "int8-head" -- the head alone, as BlockInt8;
+    "int8-head-fast" -- the head alone, as HeadInt8.  The head-only modes leave the layers
     their float weights, so every K/V row is the float mode's and only the logits move."""
-    if head_only:
+    if quant == "int8-head":
         weights.lm_head = quantize_blocks(weights.output)
         return
+    if quant == "int8-head-fast":
+        rows = quantize_rows(weights.output)
+        weights.lm_head = HeadInt8(rows.q, rows.scale)
+        return
+    if quant != "int8":
+        raise ValueError(f"no CUDA int8 weight mode {quant!r} (int8, int8-head, int8-head-fast)")
     for lw in weights.layers:
         for name in PROJECTIONS:
             w = getattr(lw, name)
