@@ -64,6 +64,10 @@
 #   head_fast    quant="int8-head-fast" (the head as int8 rows in Triton's own int8 layout, every
 #                row through the one decode tile): the tiles' and engine's rows, the heads alone
 #   head_fast_ab the same mode's decode step against bf16, 270M / 1B / 4B, two rounds
+#   head_blocks  the mode's own tile for Q8_0 blocks (summed block by block): rows, then the
+#                heads' tiles (int8 rows / blocks over a sweep) against bf16
+#   head_fence_ab  carry .prev (this tree, the head's tile fenced): int8-head-fast's step with
+#                the unfenced head tile (.) against the fenced one (.prev), bf16 beside
 #   ncu_step     Nsight Compute on the 1B's decode tiles at 1 row (instructions or memory?)
 #   prefetch     MUSER_PREFETCH: the attention launch asks the L2 for the layer's o / gate|up /
 #                down weights (l2_prefetch.py): bits, then budgets / programs / early, 1B + 270M
@@ -1242,10 +1246,25 @@ stage_head_fast() {  # quant="int8-head-fast": the head alone as int8 rows, unfe
   bench 60 . benchmarks/int8_dot_probe.py --heads
 }
 
+stage_head_blocks() {  # int8-head-fast's own tile for Q8_0 blocks (each 32-key block's dot times
+  # its scale: the GGUF's weights exactly, no bf16 rounding of a weight) against its int8 rows:
+  # the rows (tiles, the block-by-block sum, the engine), then the heads' tiles swept
+  tests 240 tests/cuda/test_int8_tiles.py tests/cuda/test_int8_step.py \
+    tests/cuda/test_triton_ops.py -k "fast or own_head or block_int8"
+  bench 200 . benchmarks/int8_dot_probe.py --fast-sweep
+}
+
 stage_head_fast_ab() {  # the mode's decode step against bf16 (predicted from the heads alone:
   # the head ~0.55x of ~75 / 130 / 280 us on the 270M / 1B / 4B: ~-30 / -55 / -120 us)
   bench 420 . benchmarks/exact_ab.py --models 270m,1b,4b --trees exact --decode-only --rounds 2 \
     --variants "HF:QUANT=int8-head-fast"
+}
+
+stage_head_fence_ab() {  # carry .prev = this tree with DecodeStep._dot's HeadInt8 call fenced
+  # (rows=16 kept): is the unfenced layout worth its own order?  (heads alone, H100: fenced
+  # int8 rows 0.67 / 0.62 / 0.60x bf16, unfenced 0.77 / 0.56 / 0.54x -- 270M / 1B / 4B)
+  bench 420 . benchmarks/exact_ab.py --old .prev --models 270m,1b,4b --trees old,exact \
+    --decode-only --rounds 2 --quant int8-head-fast --variants "BF:QUANT=none"
 }
 
 stage_step_profile() {  # where the 4B's and the 1B's decode steps go now

@@ -158,7 +158,7 @@ class DecodeStep:
                 return (Pieces(y, w.scale if isinstance(w, RowInt8) else None)
                         if plan[0] == SPLIT else y)
         if isinstance(w, HeadInt8):         # every row through the one unfenced decode tile
-            return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, rows=16, fence=False,
+            return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, rows=16, own_tile=True,
                             widen=widen, **kw)
         if isinstance(w, RowInt8):
             return dot_rows(x, w.q, scale=w.scale, pdl=self.pdl, flatten=self.flatten,
