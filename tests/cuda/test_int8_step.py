@@ -83,7 +83,7 @@ def test_a_q8_0_head_gives_the_float_heads_logits():
 @needs_kernels
 def test_a_fast_int8_head_sends_every_row_through_the_one_decode_tile(monkeypatch):
     """quant="int8-head-fast": a chunk's 70 rows of logits (a chunk tile's size) and a decode
-    step's row both reach the head as dot_rows(..., rows=16, fence=False) -- the one tile whose
+    step's row both reach the head as dot_rows(..., rows=16, own_tile=True) -- the one tile whose
     layout the mode's logits come from (the GPU rows: test_a_fast_int8_head_moves_...)."""
     from muser.backends.cuda import decode_step
     dev, dt = ("cuda", "bfloat16") if HAS_CUDA else ("cpu", "float32")
@@ -93,7 +93,7 @@ def test_a_fast_int8_head_sends_every_row_through_the_one_decode_tile(monkeypatc
 
     def spy(x, w, *args, **kw):
         if w is head.q:
-            calls.append((x.shape[0], kw.get("rows"), kw.get("fence", True)))
+            calls.append((x.shape[0], kw.get("rows"), kw.get("own_tile", False)))
         return real(x, w, *args, **kw)
 
     monkeypatch.setattr(decode_step, "dot_rows", spy)
@@ -102,7 +102,7 @@ def test_a_fast_int8_head_sends_every_row_through_the_one_decode_tile(monkeypatc
     ids = (IDS * 5)[:70]
     rows = one_forward(eng, [s], [ids], True, False, pass_fn=run)
     one_forward(eng, [s], [[5]], False, False, pass_fn=run)
-    assert rows.shape[0] == 70 and calls == [(70, 16, False), (1, 16, False)]
+    assert rows.shape[0] == 70 and calls == [(70, 16, True), (1, 16, True)]
 
 
 @needs_gpu
