@@ -64,8 +64,9 @@
 #   head_fast    quant="int8-head-fast" (the head as int8 rows in Triton's own int8 layout, every
 #                row through the one decode tile): the tiles' and engine's rows, the heads alone
 #   head_fast_ab the same mode's decode step against bf16, 270M / 1B / 4B, two rounds
-#   head_blocks  the mode's own tile for Q8_0 blocks (summed block by block): rows, then the
-#                heads' tiles (int8 rows / blocks over a sweep) against bf16
+#   (head_blocks, forty-third session: the same own tile for Q8_0 blocks, each 32-key block's
+#    dot times its scale -- the heads at 0.75-0.85x bf16's time against the rows' 0.54-0.71x on
+#    an H100; the code is gone, commit 99b5b5d has it)
 #   head_fence_ab  carry .prev (this tree, the head's tile fenced): int8-head-fast's step with
 #                the unfenced head tile (.) against the fenced one (.prev), bf16 beside
 #   ncu_step     Nsight Compute on the 1B's decode tiles at 1 row (instructions or memory?)
@@ -1244,14 +1245,6 @@ stage_head_fast() {  # quant="int8-head-fast": the head alone as int8 rows, unfe
   tests 240 tests/cuda/test_int8_tiles.py tests/cuda/test_int8_step.py
   tests 240 tests/engine/test_invariance.py -k "int8-head-fast"
   bench 60 . benchmarks/int8_dot_probe.py --heads
-}
-
-stage_head_blocks() {  # int8-head-fast's own tile for Q8_0 blocks (each 32-key block's dot times
-  # its scale: the GGUF's weights exactly, no bf16 rounding of a weight) against its int8 rows:
-  # the rows (tiles, the block-by-block sum, the engine), then the heads' tiles swept
-  tests 240 tests/cuda/test_int8_tiles.py tests/cuda/test_int8_step.py \
-    tests/cuda/test_triton_ops.py -k "fast or own_head or block_int8"
-  bench 200 . benchmarks/int8_dot_probe.py --fast-sweep
 }
 
 stage_head_fast_ab() {  # the mode's decode step against bf16 (predicted from the heads alone:

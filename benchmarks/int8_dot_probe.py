@@ -4,16 +4,14 @@ projection (issue 17, item 2; accuracy: gpu_weight_accuracy.py).
 For each decode shape of the Gemma-3 270M / 1B / 4B (and their heads): the same [N, K] product
 with bf16 weights, with int8 weights + float32 row scales (quant="int8") and with int8 blocks of
 32 keys + float16 scales dequantized in the tile (BlockInt8, quant="int8-head"; `--heads` times
-the heads alone; and quant="int8-head-fast"'s own head tile, `own_tile`: int8 rows unfenced --
-`fast` -- and the blocks summed block by block, each 32-key dot times its scale -- `fast
-blocks`), one row, the decode tiles; enough
+the heads alone; and quant="int8-head-fast"'s own head tile, int8 rows unfenced: `fast`), one
+row, the decode tiles; enough
 weight copies rotated between calls to defeat the 50 MB L2, so each call reads its weights from
 HBM as a decode step does.  Also checks that a 16-row call and a 1-row call give the row the same
 bits (the batch invariance a decode step relies on).
 
     PYTHONPATH=. python3 benchmarks/int8_dot_probe.py [--heads]
     PYTHONPATH=. python3 benchmarks/int8_dot_probe.py --sweep    # the heads' tiles (below)
-    PYTHONPATH=. python3 benchmarks/int8_dot_probe.py --fast-sweep   # int8-head-fast's tiles
 
 `--sweep`: the heads alone as the greedy step runs them (a picking tile, one row), bf16 and
 BlockInt8 weights, over tiles (block_n, block_k, warps, stages): none of them changes a bit
@@ -84,60 +82,19 @@ def sweep(dev: str) -> None:
         torch.cuda.empty_cache()
 
 
-FAST_SWEEP = [(64, 32, 4, 4), (64, 32, 4, 6), (64, 32, 4, 8), (128, 32, 4, 4), (128, 32, 4, 6),
-              (128, 32, 8, 6), (32, 32, 4, 6), (256, 32, 8, 4)]
-
-
-def fast_sweep(dev: str) -> None:
-    """quant="int8-head-fast"'s head tile as the greedy step runs it (picking, one row): bf16's
-    tile, int8 rows unfenced (the default tile) and Q8_0 blocks summed block by block (32-key
-    steps) over FAST_SWEEP (block_n, block_k, warps, stages) -- a tile is speed only here."""
-    print("| model | weights | tile (bn, bk, warps, stages) | us | x bf16 |")
-    print("|---|---|---|---:|---:|")
-    for model, k in (("270m", 640), ("1b", 1152), ("4b", 2560)):
-        n = 262144
-        copies = hbm_copies(n, k, 1)
-        wb = [torch.randn(n, k, device=dev).to(torch.bfloat16) * 0.05 for _ in range(copies)]
-        rows = [quantize_rows(w) for w in wb]
-        blocks = [quantize_blocks(w) for w in wb]
-        x = torch.randn(1, k, device=dev).to(torch.bfloat16)
-        own = {"rows": 16, "own_tile": True}
-        tb = timed(rotating(lambda i: dot_rows(x, wb[i], pick=True), copies), reps=100) * 1e3
-        print(f"| {model} | bf16 | default | {tb:.2f} | 1.00 |", flush=True)
-        tr = timed(rotating(lambda i: dot_rows(x, rows[i].q, scale=rows[i].scale, pick=True,
-                                               **own), copies), reps=100) * 1e3
-        print(f"| {model} | rows, own tile | default | {tr:.2f} | {tr / tb:.2f} |", flush=True)
-        for cfg in FAST_SWEEP:
-            run = rotating(lambda i: dot_rows(x, blocks[i].q, scale=blocks[i].scale, pick=True,
-                                              config=cfg + (0,), **own), copies)
-            try:
-                t = timed(run, reps=100) * 1e3
-            except Exception as e:                      # a tile that does not fit
-                print(f"| {model} | blocks, own tile | {cfg} | {type(e).__name__} | |", flush=True)
-                continue
-            print(f"| {model} | blocks, own tile | {cfg} | {t:.2f} | {t / tb:.2f} |", flush=True)
-        wb = rows = blocks = None                     # (the closures above are done with them)
-        torch.cuda.empty_cache()
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--heads", action="store_true", help="the 262,144-row heads only (+ the 4B's)")
     ap.add_argument("--sweep", action="store_true", help="the heads' picking tiles over SWEEP")
-    ap.add_argument("--fast-sweep", action="store_true",
-                    help="int8-head-fast's head tile: rows, and blocks over FAST_SWEEP")
     args = ap.parse_args()
-    if args.fast_sweep:
-        return fast_sweep("cuda")
     heads = args.heads
     if args.sweep:
         return sweep("cuda")
     dev = "cuda"
     torch.manual_seed(0)
     print("| model | n, k, glu | bf16 us | int8 us | int8 / bf16 | blocks us | blocks / bf16 | "
-          "fast us | fast / bf16 | fast blocks us | fast blocks / bf16 | bf16 GB/s | int8 GB/s | "
-          "1-row == 16-row |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          "fast us | fast / bf16 | bf16 GB/s | int8 GB/s | 1-row == 16-row |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     head_4b = [(262144, 2560, False)]
     shapes_of = {m: ([s for s in v if s[0] == 262144] + (head_4b if m == "4b" else []))
                  if heads else v for m, v in SHAPES.items()}
@@ -160,7 +117,6 @@ def main():
             tq = timed(one_row(wq, sc), reps=200) * 1e3
             tk = timed(one_row(bq, bs), reps=200) * 1e3
             tf = timed(one_row(wq, sc, **fast), reps=200) * 1e3
-            tfb = timed(one_row(bq, bs, **fast), reps=200) * 1e3 if not glu else float("nan")
             same = (torch.equal(dot_rows(x, wq[0], glu=glu, scale=sc[0])[:1],
                                 dot_rows(x[:1], wq[0], glu=glu, scale=sc[0]))
                     and torch.equal(dot_rows(x, bq[0], glu=glu, scale=bs[0])[:1],
@@ -168,8 +124,7 @@ def main():
                     and torch.equal(dot_rows(x, wq[0], glu=glu, scale=sc[0], **fast)[:1],
                                     dot_rows(x[:1], wq[0], glu=glu, scale=sc[0], **fast)))
             print(f"| {model} | {n}, {k}, {glu} | {tb:.2f} | {tq:.2f} | {tq / tb:.2f} | {tk:.2f} | "
-                  f"{tk / tb:.2f} | {tf:.2f} | {tf / tb:.2f} | {tfb:.2f} | {tfb / tb:.2f} | "
-                  f"{rows * k * 2 / tb / 1e3:.0f} | "
+                  f"{tk / tb:.2f} | {tf:.2f} | {tf / tb:.2f} | {rows * k * 2 / tb / 1e3:.0f} | "
                   f"{rows * k / tq / 1e3:.0f} | {same} |", flush=True)
             del wb, int8, wq, sc, blocks, bq, bs
             torch.cuda.empty_cache()

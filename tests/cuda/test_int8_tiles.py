@@ -51,7 +51,7 @@ def test_a_row_sums_alike_in_the_decode_tile_and_the_chunk_tiles_at_a_layers_siz
     tile happened to pass this row too (thirty-eighth session), so the layout rule, not this
     row, is what fails if the fence goes -- this row pins decode == chunk for each kind."""
     from muser.backends.cuda.triton_dot import dot_rows
-    from muser.backends.cuda.weights_int8 import quantize_blocks, quantize_rows
+    from muser.backends.cuda.weights_int8 import quantize_blocks, quantize_rows  # noqa: F401
     n, k = 8192, 1152
     g = torch.Generator().manual_seed(13)
     w = torch.randn(n, k, generator=g) * 0.05
@@ -70,21 +70,19 @@ def test_a_row_sums_alike_in_the_decode_tile_and_the_chunk_tiles_at_a_layers_siz
 @needs_gpu
 @pytest.mark.parametrize("k", [640, 1152])
 @pytest.mark.parametrize("mode", ["widen", "pick"])
-@pytest.mark.parametrize("kind", ["rows", "blocks"])
-def test_the_fast_int8_head_tile_gives_a_row_the_same_bits_in_any_batch(k, mode, kind):
+def test_the_fast_int8_head_tile_gives_a_row_the_same_bits_in_any_batch(k, mode):
     """quant="int8-head-fast" (weights_int8.HeadInt8): the head's int8 rows through the 16-row
     decode tile without the fence -- Triton's own int8 operand layout, k permuted in each MMA,
     an order no chunk tile shares.  One tile for every row keeps a row's logits one arithmetic
     per token: a row alone == the same row among 16 == among the 100 rows of a prompt's logits
     (rows=16 keeps them out of the chunk tiles), at a head's size; and picking agrees with the
-    widened logits' first maximum.  For int8 rows (a float32 scale a row) and for Q8_0 blocks
-    (summed block by block)."""
+    widened logits' first maximum."""
     from muser.backends.cuda.triton_dot import dot_rows
     from muser.backends.cuda.triton_pick import pick_partials
-    from muser.backends.cuda.weights_int8 import quantize_blocks, quantize_rows
+    from muser.backends.cuda.weights_int8 import quantize_rows
     n = 32768
     g = torch.Generator().manual_seed(17)
-    qw = (quantize_rows if kind == "rows" else quantize_blocks)(torch.randn(n, k, generator=g) * 0.05)
+    qw = quantize_rows(torch.randn(n, k, generator=g) * 0.05)
     q, s = qw.q.cuda(), qw.scale.cuda()
     x = torch.randn(100, k, generator=g).to("cuda", torch.bfloat16)
     full = dot_rows(x, q, scale=s, rows=16, own_tile=True, widen=True)       # [100, n]
@@ -100,9 +98,9 @@ def test_the_fast_int8_head_tile_gives_a_row_the_same_bits_in_any_batch(k, mode,
 
 
 def test_the_fast_int8_head_tile_is_refused_where_its_order_would_part_the_rows():
-    """own_tile=True only with int8 weights through the 16-row decode tile: anywhere else a row
+    """own_tile=True only with int8 rows through the 16-row decode tile: anywhere else a row
     could meet another tile, in the fenced order, and part from itself."""
-    triton = pytest.importorskip("triton")  # noqa: F841  (dot_rows builds its kernels first)
+    pytest.importorskip("triton")               # (dot_rows builds its kernels first)
     from muser.backends.cuda.triton_dot import dot_rows
     x = torch.zeros(4, 64, dtype=torch.bfloat16)
     q, s = torch.zeros(32, 64, dtype=torch.int8), torch.ones(32)
@@ -110,3 +108,5 @@ def test_the_fast_int8_head_tile_is_refused_where_its_order_would_part_the_rows(
         dot_rows(x, q, scale=s, own_tile=True)
     with pytest.raises(ValueError, match="got torch.bfloat16 weights, rows=16"):
         dot_rows(x, torch.zeros(32, 64, dtype=torch.bfloat16), rows=16, own_tile=True)
+    with pytest.raises(ValueError, match="got torch.int8 weights in blocks, rows=16"):
+        dot_rows(x, q, scale=torch.ones(32, 2, dtype=torch.float16), rows=16, own_tile=True)

@@ -331,38 +331,6 @@ def test_block_int8_weights_are_the_dequantized_weights_in_the_tile(dev, kdtype,
 
 
 @pytest.mark.interp
-def test_the_own_head_tile_sums_block_int8_block_by_block(dev, kdtype):
-    """dot_rows(..., rows=16, own_tile=True) over BlockInt8 (quant="int8-head-fast"): each 32-key
-    block's dot from zero, times its float16 scale, added in order -- the weights are never
-    rounded to the activation dtype.  Against that sum written out in float32 (to the dot's
-    rounding), a row's bits the same in any batch, widened and picking; plain BlockInt8 (the
-    bf16 weights' tile) is another arithmetic."""
-    from muser.backends.cuda.triton_dot import dot_rows
-    from muser.backends.cuda.weights_int8 import quantize_blocks
-    n, k, R = 80, 160, 40
-    g = torch.Generator().manual_seed(5)
-    w = quantize_blocks(torch.randn(n, k, generator=g))
-    q, s = w.q.to(dev), w.scale.to(dev)
-    x = torch.randn(R, k, generator=g).to(dev, kdtype)
-    own = dict(rows=16, own_tile=True, config=(16, 128, 4, 1, 0))     # the 32-key step is forced
-    full = dot_rows(x, q, scale=s, widen=True, **own)
-    parts = (x.float().reshape(R, 1, k // 32, 32) * w.q.float().to(dev).reshape(1, n, k // 32, 32)
-             ).sum(-1) * w.scale.float().to(dev)                      # [R, n, blocks]
-    want = torch.zeros(R, n, device=dev)
-    for b in range(k // 32):
-        want = want + parts[:, :, b]
-    assert torch.allclose(full, want.to(kdtype).float(), rtol=2e-2, atol=2e-2)
-    for a, z in ((0, 1), (3, 19), (16, 40)):
-        assert torch.equal(dot_rows(x[a:z], q, scale=s, widen=True, **own), full[a:z])
-    vals, idx = dot_rows(x[:16], q, scale=s, pick=True, **own)
-    res = torch.empty(2, 16, dtype=torch.int64, device=dev)
-    from muser.backends.cuda.triton_pick import pick_partials
-    assert torch.equal(pick_partials(vals, idx, res)[0], full[:16].argmax(-1))
-    with pytest.raises(ValueError, match="rows=None"):
-        dot_rows(x, q, scale=s, own_tile=True)
-
-
-@pytest.mark.interp
 def test_block_int8_tile_dequantizes_every_int8_value_at_every_scale_range(dev, kdtype):
     """The tile turns int8 into float32 by the exponent trick (2^23 + q + 128 as bits, less
     2^23 + 128), not by a conversion: every byte -128..127 (Q8_0 stores -127..127, the type

@@ -40,15 +40,13 @@ def _kernels():
     def piece_dot(X, W, rm, rmask, cols, cmask, piece, N, K: tl.constexpr, KS: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr,
                   BM: tl.constexpr, S=None, WQB: tl.constexpr = False,
-                  FENCE: tl.constexpr = False, WQS: tl.constexpr = False):
+                  FENCE: tl.constexpr = False):
         """One split-K piece [piece * KS, (piece + 1) * KS) of a [BM, BLOCK_N] tile (and its up
         half), from zero.  Each tl.dot chains its k16 MMA steps onto the accumulator, so an
         output element's sum is the k16 steps in order -- whatever BLOCK_K and BM are (the
         H200 agrees: benchmarks/dot_chunk_sweep.py).  WQB: BlockInt8 weights, their float16
         block scales at S [rows of W, K // 32], dequantized in the tile; FENCE: int8 weights
-        on a GPU, behind the layout fence (`_weights_tile`); WQS (BLOCK_K 32): the same blocks
-        summed as they are stored -- each 32-key step's dot from zero, times its block's scale,
-        added to the sum (quant="int8-head-fast": a weight is never rounded to bf16)."""
+        on a GPU, behind the layout fence (`_weights_tile`)."""
         acc = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
         accu = tl.zeros((BM, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, KS, BLOCK_K):
@@ -60,14 +58,8 @@ def _kernels():
             wp = W + cols[:, None].to(tl.int64) * K + ks[None, :]
             m2 = cmask[:, None] & kmask[None, :]
             ks0 = piece * KS + k0
-            if WQS:
-                q = tl.load(wp, mask=m2, other=0).to(x.dtype)            # exact: |q| <= 127
-                sc = tl.load(S + cols.to(tl.int64) * (K // 32) + ks0 // 32, mask=cmask,
-                             other=0.0).to(tl.float32)
-                acc = acc + tl.dot(x, tl.trans(q)) * sc[None, :]
-            else:
-                acc = tl.dot(x, tl.trans(_weights_tile(wp, S, cols, cmask, ks0, m2, K, BLOCK_N,
-                                                       BLOCK_K, x.dtype, WQB, FENCE)), acc)
+            acc = tl.dot(x, tl.trans(_weights_tile(wp, S, cols, cmask, ks0, m2, K, BLOCK_N,
+                                                   BLOCK_K, x.dtype, WQB, FENCE)), acc)
             if GLU:
                 accu = tl.dot(x, tl.trans(_weights_tile(wp + N * K, S, cols + N, cmask, ks0, m2,
                                                         K, BLOCK_N, BLOCK_K, x.dtype, WQB,
@@ -84,11 +76,10 @@ def _kernels():
                         BM: tl.constexpr, PIECES_IN: tl.constexpr, WQ: tl.constexpr,
                         PDL: tl.constexpr, FLATTEN: tl.constexpr = False,
                         WIDEN: tl.constexpr = False, PICK: tl.constexpr = False,
-                        WQB: tl.constexpr = False, FENCE: tl.constexpr = False,
-                        WQS: tl.constexpr = False):
+                        WQB: tl.constexpr = False, FENCE: tl.constexpr = False):
         _pdl_begin(PDL)                     # PDL: wait for the kernel before, first
         _dot_body(X, W, S, BIAS, Y, P, B, N, K, KS, BLOCK_N, BLOCK_K, GLU, GELU, HAS_BIAS, SPLIT,
-                  BM, PIECES_IN, WQ, FLATTEN, WIDEN, PICK, WQB, FENCE, WQS)
+                  BM, PIECES_IN, WQ, FLATTEN, WIDEN, PICK, WQB, FENCE)
 
     @triton.jit
     def dot_body(X, W, S, BIAS, Y, P, B, N, K: tl.constexpr, KS: tl.constexpr,
@@ -96,8 +87,7 @@ def _kernels():
                  GELU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                  BM: tl.constexpr, PIECES_IN: tl.constexpr, WQ: tl.constexpr,
                  FLATTEN: tl.constexpr, WIDEN: tl.constexpr, PICK: tl.constexpr,
-                 WQB: tl.constexpr = False, FENCE: tl.constexpr = False,
-                 WQS: tl.constexpr = False):
+                 WQB: tl.constexpr = False, FENCE: tl.constexpr = False):
         # Rows in tiles of BM (padded with zeros) through the tensor cores; K cut into pieces of
         # KS (program axis 2) walked in fixed BLOCK_K steps.  An output element's sum is the same
         # instruction sequence whatever B (and BM) is, and the other rows of a tile never enter
@@ -118,13 +108,13 @@ def _kernels():
             # on pc) into one software-pipelined loop -- no pipeline drain and refill a piece
             for pc in tl.range(PIECES_IN, flatten=FLATTEN):
                 pa, pu = _piece(X, W, rm, rmask, cols, cmask, pc, N, K, KS, BLOCK_N, BLOCK_K, GLU,
-                                BM, S, WQB, FENCE, WQS)
+                                BM, S, WQB, FENCE)
                 acc += pa
                 if GLU:
                     accu += pu
         else:
             acc, accu = _piece(X, W, rm, rmask, cols, cmask, piece, N, K, KS, BLOCK_N, BLOCK_K,
-                               GLU, BM, S, WQB, FENCE, WQS)
+                               GLU, BM, S, WQB, FENCE)
         om = rmask[:, None] & cmask[None, :]
         if not GLU:
             accu = acc                # (no up half: a stand-in the epilogue never reads)
@@ -225,10 +215,9 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     [B, tiles], for `triton_pick.pick_partials` (the pipelined greedy step's head; no pieces, no
     act*up).  `tma`
     (MUSER_DOT_TMA): 128-row tiles of 16-bit weights load by TMA (triton_dot_tma.py: the same
-    pieces, dots and epilogue -- the same bits).  `own_tile` (int8 weights, `rows=16`:
+    pieces, dots and epilogue -- the same bits).  `own_tile` (int8 rows, `rows=16`:
     quant="int8-head-fast"'s head): the int8 operand in Triton's own layout (no fence: faster,
-    k summed in an order no other tile has), and BlockInt8 summed as stored -- each 32-key
-    block's dot times its scale -- so the caller sends every row through this one tile.
+    k summed in an order no other tile has), so the caller sends every row through this tile.
     Returns the output, or `Pieces` (defer), or the (values, columns) pair (pick)."""
     import triton
     kern, ssum = _kernels()
@@ -240,18 +229,16 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
         raise ValueError(f"int8 weights [{n}, {k}] need a float32 scale of shape ({n},) or a "
                          f"float16 one of shape ({n}, {k // 32}) (K a multiple of 32), got "
                          f"{None if scale is None else (scale.dtype, tuple(scale.shape))}")
-    if own_tile and not (wq and rows == 16 and not glu):
-        raise ValueError("own_tile is int8 weights through the 16-row decode tile (rows=16) "
-                         f"without act*up, got {w.dtype} weights, rows={rows}, glu={glu}: any "
-                         "other tile sums k in another order, and the rows would part")
+    if own_tile and not (wq and not wqb and rows == 16 and not glu):
+        raise ValueError("own_tile is int8 rows (a float32 scale a row) through the 16-row "
+                         f"decode tile (rows=16) without act*up, got {w.dtype} weights"
+                         f"{' in blocks' if wqb else ''}, rows={rows}, glu={glu}: any other tile "
+                         "sums k in another order, and the rows would part")
     if glu:
         n //= 2
     x = x.contiguous()
     B = x.shape[0]
     bn, bk, nw, st, piece = config or dot_config(n, k, glu)
-    wqs = own_tile and wqb                   # BlockInt8 summed block by block (32-key steps)
-    if wqs:
-        bk = 32
     pieces = triton.cdiv(k, piece) if piece else 1
     bm, inside = 16, 1
     ttile = None
@@ -292,7 +279,7 @@ def dot_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, 
     shape = dict(K=k, KS=ks, BLOCK_N=bn, BLOCK_K=bk, GLU=glu, GELU=gelu,
                  HAS_BIAS=bias is not None, SPLIT=split, BM=bm, PIECES_IN=inside, WQ=wqr,
                  FLATTEN=bool(flatten) and inside > 1, WIDEN=widen or pick, PICK=pick,
-                 **({"WQB": True} if wqb and not wqs else {}), **({"WQS": True} if wqs else {}),
+                 **({"WQB": True} if wqb else {}),
                  # int8 on a GPU: the layout fence (inline asm: not under the interpreter, whose
                  # tensors are the CPU's)
                  **({"FENCE": True} if wq and w.is_cuda and not own_tile else {}),
