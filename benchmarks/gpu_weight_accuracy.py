@@ -9,10 +9,11 @@ Modes (per output row; the embedding lookup keeps its float table, the head gets
   int8-row      symmetric int8, scale = max|w| / 127 per row (1 byte a weight + 4 a row)
   fp8-row       float8 e4m3, scale = max|w| / 448 per row (1 byte a weight + 4 a row)
   int8-row+bf16-head   int8-row projections, the head bfloat16 (the head is 62% of the 270M's bytes)
-  bf16+int8-head       bf16 projections, the head int8-row (quant="int8-head": the rows'
-                       K/V bits are bf16's, only the logits move)
+  bf16+int8-head       bf16 projections, the head int8-row (quant="int8-head-fast"'s weights:
+                       the rows' K/V bits are bf16's, only the logits move)
   bf16+int8gN-head     the same with a scale per N keys of a row (N = 128, 32: Q8_0's blocks)
   bf16+q8_0-head       int8 with a float16 scale per 32 keys, dequantized to bf16 in the tile
+                       (quant="int8-head")
 Teacher-forced logits of the 400-token text fast_path_accuracy.py uses: max / mean |logit error|,
 the worst row's max error over the f32 logit range, top-1 agreement, KL(f32 || mode); then the
 first token where greedy parts from f32's, of 32, for its 5 prompts.

@@ -9,7 +9,8 @@ type it can trace the operand back to: from an 8-bit load it takes four k a lane
 wgmma tiles read the weights from shared memory (no kWidth on them).  Two int8 tiles took 4
 until the thirty-seventh session (`_layout_fence`, backends/cuda/triton_dot_loads.py) and
 rounded about one output in 10^4 apart on the H200.  A new kernel whose dot takes another
-layout fails here before it reaches a GPU.
+layout fails here before it reaches a GPU.  One tile takes 4 on purpose: quant="int8-head-fast"'s
+head (its speed), which every head row of that mode goes through and no other row reaches.
 """
 import json
 import os
