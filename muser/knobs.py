@@ -208,6 +208,10 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                        "the memory bus idles (l2_prefetch.py; the same bits); auto = 8 in steps "
                        "of one row, off in batches (H200: 1B -20 us a token, 270M -9 us; 16 rows "
                        "+20 us, more MB slower); a number: every step"),
+    "MUSER_ATTN_KV_FIRST": ("off|on", "off", "backends/cuda (decode step)",
+                            "on: each split of the fused decode attention asks for its first "
+                            "key tile before the q/k prologue (the new row joined from "
+                            "registers) -- the same bits; an experiment (forty-third session)"),
     "MUSER_ATTN_EARLY": ("off|on", "on", "backends/cuda (decode step)",
                          "on: with PDL, the decode attention reads what the launch before does "
                          "not write (plane table, slot, length, position, rotation, norm "
