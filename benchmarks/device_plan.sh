@@ -1271,7 +1271,7 @@ stage_kv_first() {  # MUSER_ATTN_KV_FIRST: the split's K/V tile asked for before
   tests 200 tests/cuda/test_triton_decode.py -k "key_tile_asked or early or register_cap"
   MUSER_ATTN_KV_FIRST=on tests 200 tests/engine/test_invariance.py -k "cuda and not int8"
   bench 300 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 2 \
-    --variants "KF:MUSER_ATTN_KV_FIRST=on"
+    --variants "KF:MUSER_ATTN_KV_FIRST=on;KH:MUSER_ATTN_KV_FIRST=on,QUANT=int8-head-fast"
 }
 
 stage_step_profile() {  # where the 4B's and the 1B's decode steps go now
