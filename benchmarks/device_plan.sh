@@ -69,9 +69,10 @@
 #    an H100; the code is gone, commit 99b5b5d has it)
 #   head_fence_ab  carry .prev (this tree, the head's tile fenced): int8-head-fast's step with
 #                the unfenced head tile (.) against the fenced one (.prev), bf16 beside
-#   kv_first     MUSER_ATTN_KV_FIRST (each decode-attention split asks for its first key tile
-#                before the q/k prologue, the new row joined from registers): the kernel rows,
-#                the invariance module with it on, then the step against off
+#   (kv_first, forty-third session: MUSER_ATTN_KV_FIRST -- each decode-attention split's first
+#    key tile asked for before the q/k prologue, the new row joined from registers behind the
+#    layout fence: the same bits, the step +18 us (270M) / +21 us (1B) on an H100; the code is
+#    gone, commit e3ff011 has it)
 #   ncu_step     Nsight Compute on the 1B's decode tiles at 1 row (instructions or memory?)
 #   prefetch     MUSER_PREFETCH: the attention launch asks the L2 for the layer's o / gate|up /
 #                down weights (l2_prefetch.py): bits, then budgets / programs / early, 1B + 270M
@@ -1261,17 +1262,6 @@ stage_head_fence_ab() {  # carry .prev = this tree with DecodeStep._dot's HeadIn
   # int8 rows 0.67 / 0.62 / 0.60x bf16, unfenced 0.77 / 0.56 / 0.54x -- 270M / 1B / 4B)
   bench 420 . benchmarks/exact_ab.py --old .prev --models 270m,1b,4b --trees old,exact \
     --decode-only --rounds 2 --quant int8-head-fast --variants "BF:QUANT=none"
-}
-
-stage_kv_first() {  # MUSER_ATTN_KV_FIRST: the split's K/V tile asked for before the prologue
-  # (sm_90 PTX: its 16 loads ahead of the qkv row's, no spill at 168 registers) -- predicted
-  # ~1 us a launch (an HBM trip under the prologue's L2 loads, norm / rope, stores, barrier and
-  # q read back): 270M -15 to -20 us a step, 1B -20 to -30.  Bits first (the kernel rows; the
-  # invariance module: decode == chunk == verify == batch with it on), then the step
-  tests 200 tests/cuda/test_triton_decode.py -k "key_tile_asked or early or register_cap"
-  MUSER_ATTN_KV_FIRST=on tests 200 tests/engine/test_invariance.py -k "cuda and not int8"
-  bench 300 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 2 \
-    --variants "KF:MUSER_ATTN_KV_FIRST=on;KH:MUSER_ATTN_KV_FIRST=on,QUANT=int8-head-fast"
 }
 
 stage_step_profile() {  # where the 4B's and the 1B's decode steps go now

@@ -208,10 +208,6 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                        "the memory bus idles (l2_prefetch.py; the same bits); auto = 8 in steps "
                        "of one row, off in batches (H200: 1B -20 us a token, 270M -9 us; 16 rows "
                        "+20 us, more MB slower); a number: every step"),
-    "MUSER_ATTN_KV_FIRST": ("off|on", "off", "backends/cuda (decode step)",
-                            "on: each split of the fused decode attention asks for its first "
-                            "key tile before the q/k prologue (the new row joined from "
-                            "registers) -- the same bits; an experiment (forty-third session)"),
     "MUSER_ATTN_EARLY": ("off|on", "on", "backends/cuda (decode step)",
                          "on: with PDL, the decode attention reads what the launch before does "
                          "not write (plane table, slot, length, position, rotation, norm "
@@ -241,6 +237,9 @@ REMOVED = {"MUSER_MEGA": "removed: measured slower, benchmarks/NOTES.md, fourtee
            "MUSER_DOT_AHEAD": "removed: measured slower on the 1B (H100, decode +9 us a step; "
                               "the 270M -6 us, one round), benchmarks/NOTES.md, forty-second "
                               "session",
+           "MUSER_ATTN_KV_FIRST": "removed: measured slower (H100, 270M decode +18 us a step, "
+                                  "1B +21, 16 sessions +55 us; the same bits), "
+                                  "benchmarks/NOTES.md, forty-third session",
            "MUSER_PREFETCH_QKV": "removed: measured slower with MUSER_PREFETCH_MLP (H200, 1B "
                                  "decode +36 us a step; alone -2 us, noise), "
                                  "benchmarks/NOTES.md, thirty-fourth / thirty-sixth session",

@@ -116,11 +116,10 @@ def _torch_qk(qkv, pos, cos, sin, qn, kn, heads, kv, d, interleaved):
 
 
 def _fused_case(kind, lens, heads, kv, d, dtype, dev, cap, qk_norm, rope, interleaved, seed,
-                maxnreg=None, early=False, kv_first=False):
+                maxnreg=None, early=False):
     """Planes at `lens`, then one decode token per row: fused, separate, fused again
     ([outputs], [planes after each], inputs); `maxnreg` caps every launch's registers; `early`:
-    the fused launches read their prologue before the PDL wait (with PDL on an sm_90 GPU);
-    `kv_first`: they ask for each split's first key tile before the prologue."""
+    the fused launches read their prologue before the PDL wait (with PDL on an sm_90 GPU)."""
     from muser.backends.cuda.triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention
     from muser.backends.cuda.triton_ops import qk_rope_store
     g = torch.Generator().manual_seed(seed)
@@ -150,7 +149,7 @@ def _fused_case(kind, lens, heads, kv, d, dtype, dev, cap, qk_norm, rope, interl
             fused_decode_attention(qkv, pos, cos, sin, qn, kn, 1e-6, table, meta, heads, kv, d,
                                    nsplit, 0.0625, None, interleaved, ws=ws, out=out,
                                    capacity=capacity, maxnreg=maxnreg, early=early,
-                                   pdl=early and _pdl(dev), kv_first=kv_first, **lay)
+                                   pdl=early and _pdl(dev), **lay)
         else:
             q = qk_rope_store(qkv, pos, cos, sin, qn, kn, 1e-6, table, meta, heads, kv, d, interleaved)
             decode_attention(q, pos, table, meta, kv, nsplit, 0.0625, None, ws=ws, out=out,
@@ -229,24 +228,6 @@ def test_an_early_prologue_is_timing_not_bits(dev, kdtype, kind, lens, cap, qk_n
     early = _fused_case(kind, lens, 4, 1, 256, kdtype, dev, cap, qk_norm, rope, False, seed=5,
                         early=True)
     _same_bits(one, early)
-
-
-@pytest.mark.interp
-@pytest.mark.parametrize("kind,lens,cap", [("ring", (1, 2, 37, 64, 100, 131), 64),
-                                           ("growing", (0, 4, 31, 32, 300, 2049), None)])
-@pytest.mark.parametrize("qk_norm,rope,early", [(True, True, True), (False, False, False)])
-def test_a_key_tile_asked_for_first_is_timing_not_bits(dev, kdtype, kind, lens, cap, qk_norm,
-                                                       rope, early):
-    """MUSER_ATTN_KV_FIRST: each split's first key tile loaded before the prologue, the new row
-    left out of it and joined from registers after the store, gives every output and stored
-    row bitwise what the launch reading the tile after its barrier gives -- rows whose new
-    position opens a tile (1, 32, 64), sits inside one (37, 131) or in a growing split's later
-    tile (300), on a wrapped ring, and a first token (0: nothing else visible)."""
-    one = _fused_case(kind, lens, 4, 1, 256, kdtype, dev, cap, qk_norm, rope, False, seed=7,
-                      early=early)
-    first = _fused_case(kind, lens, 4, 1, 256, kdtype, dev, cap, qk_norm, rope, False, seed=7,
-                        early=early, kv_first=True)
-    _same_bits(one, first)
 
 
 @pytest.mark.interp

@@ -12,7 +12,6 @@ import functools
 
 from .triton_attn import pieces
 from .triton_decode_merge import merge_pieces
-from .triton_dot_loads import load_pieces
 from .triton_pieces import pdl_pieces, rope_pieces
 
 
@@ -25,7 +24,6 @@ def _kernel():
     globals().update(pdl_pieces())
     globals().update(rope_pieces())
     globals().update(merge_pieces())
-    globals().update(load_pieces())                # _layout_fence (KV_FIRST's joined tile)
 
     @triton.jit
     def load_kv(kp, vp, kpos, lo, hi, slot, pos, capm, rs, hs, kvh, dm, cv, RING: tl.constexpr):
@@ -89,8 +87,7 @@ def _kernel():
                     V_NORM: tl.constexpr, K_EQ_V: tl.constexpr, RING: tl.constexpr,
                     ACC_DOT: tl.constexpr, PDL: tl.constexpr, PREP: tl.constexpr = False,
                     NPF: tl.constexpr = 0, PF_LANES: tl.constexpr = 128,
-                    EARLY: tl.constexpr = False, KV_FIRST: tl.constexpr = False,
-                    FENCE: tl.constexpr = False):
+                    EARLY: tl.constexpr = False):
         pid = tl.program_id(0)                    # b * KV + kvh (NPF: row NROWS prefetches)
         s = tl.program_id(1)                      # split, counted from the row's first
         # NPF (l2_prefetch.py): one more grid row whose first NPF programs bring the next
@@ -145,16 +142,6 @@ def _kernel():
             dm, cv = _columns(tl.arange(0, 2 * BLOCK_H), D, HALF, BLOCK_H, INTERLEAVED)
             g = tl.arange(0, BLOCK_G)
             gm = g < G
-            if KV_FIRST:
-                # MUSER_ATTN_KV_FIRST (the fused form): the split's first key tile asked for
-                # now, its HBM trip under the prologue's work instead of after its barrier.
-                # Every row of it is older than this launch but the new one, which it leaves
-                # out (hi = pos - 1: zeros there) and takes from registers after the store --
-                # the bits the store writes and the later tiles read back.  (A split past the
-                # row's last masks every position: no address is read.)
-                t_first = tl.maximum((a0 + s) * SPLIT, (lo_pos // BLOCK_N) * BLOCK_N)
-                k_first, v_first = _load_kv(kp, vp, t_first + tl.arange(0, BLOCK_N), lo_pos,
-                                            pos - 1, slot, pos, capm, rs, hs, kvh, dm, cv, RING)
             if FUSED:
                 j = tl.arange(0, BLOCK_H)
                 jm = j < HALF
@@ -247,20 +234,6 @@ def _kernel():
                     # every tile masked: skipping the masks on the tiles the row sees whole gives the
                     # same values and a faster kernel alone, but the three-loop binary cost 0.35 ms per
                     # 1B decode step in the engine (H200, benchmarks/NOTES.md, eighth session)
-                    if KV_FIRST:              # the first tile is in registers (above)
-                        # joined behind the layout fence: Triton would lay a dot operand that a
-                        # select made out as four k a lane (from the mask's 1-bit type, as from
-                        # an 8-bit load), k permuted inside each MMA against every other tile
-                        kpos = t_lo + tl.arange(0, BLOCK_N)
-                        new = (kpos == pos)[:, None] & cv[None, :]
-                        k_t = tl.where(new, k_new[None, :], k_first)
-                        v_t = tl.where(new, v_new[None, :], v_first)
-                        if FENCE:             # (a GPU's: no inline asm under the interpreter)
-                            k_t = _layout_fence(k_t)
-                            v_t = _layout_fence(v_t)
-                        m, l, acc = _tile_step(q, k_t, v_t, kpos, lo_v, hi_v, m, l, acc, ones,
-                                               scale, softcap, SOFTCAP, True, ACC_DOT)
-                        t_lo = t_lo + BLOCK_N
                     for start in range(t_lo, t_hi, BLOCK_N):
                         m, l, acc = _decode_tile(kp, vp, start, slot, pos, lo_pos, capm, rs, hs, kvh,
                                                  dm, cv, q, lo_v, hi_v, m, l, acc, ones, scale,

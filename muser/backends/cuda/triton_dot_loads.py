@@ -77,4 +77,4 @@ def load_pieces() -> dict:
             w = _layout_fence(w)
         return w
 
-    return {"_weights_tile": weights_tile, "_layout_fence": layout_fence}
+    return {"_weights_tile": weights_tile}
