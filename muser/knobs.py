@@ -208,6 +208,11 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                        "the memory bus idles (l2_prefetch.py; the same bits); auto = 8 in steps "
                        "of one row, off in batches (H200: 1B -20 us a token, 270M -9 us; 16 rows "
                        "+20 us, more MB slower); a number: every step"),
+    "MUSER_ATTN_PROLOGUE": ("join|halves", "join", "backends/cuda (decode step)",
+                            "halves: the fused decode attention stores q's and the new k row's "
+                            "rotation halves where they live instead of joining them in "
+                            "registers first (no layout conversions) -- the same bytes; an "
+                            "experiment (forty-third session), not yet run on a GPU"),
     "MUSER_ATTN_EARLY": ("off|on", "on", "backends/cuda (decode step)",
                          "on: with PDL, the decode attention reads what the launch before does "
                          "not write (plane table, slot, length, position, rotation, norm "
