@@ -76,6 +76,7 @@
 #   halves_ab    MUSER_ATTN_PROLOGUE=halves (the decode attention stores q's and k's rotation
 #                halves apart, no join in registers: 6 of the ring binary's 44 CTA barriers
 #                fewer): the kernel rows, the invariance module with it on, the step against join
+#   halves_quick the same in ~150 s: the GPU rows, one round of the step
 #   ncu_step     Nsight Compute on the 1B's decode tiles at 1 row (instructions or memory?)
 #   prefetch     MUSER_PREFETCH: the attention launch asks the L2 for the layer's o / gate|up /
 #                down weights (l2_prefetch.py): bits, then budgets / programs / early, 1B + 270M
@@ -1273,6 +1274,13 @@ stage_halves_ab() {  # MUSER_ATTN_PROLOGUE=halves: the same bytes stored without
   tests 200 tests/cuda/test_triton_decode.py -k "halves or early"
   MUSER_ATTN_PROLOGUE=halves tests 200 tests/engine/test_invariance.py -k "cuda and not int8"
   bench 300 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 2 \
+    --variants "HV:MUSER_ATTN_PROLOGUE=halves"
+}
+
+stage_halves_quick() {  # halves_ab cut to what ~150 s of device time holds: the GPU rows of
+  # halves == join, then one round of the step on the 270M and the 1B
+  tests 70 tests/cuda/test_triton_decode.py -k "halves"
+  bench 110 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 1 \
     --variants "HV:MUSER_ATTN_PROLOGUE=halves"
 }
 
