@@ -73,10 +73,9 @@
 #    key tile asked for before the q/k prologue, the new row joined from registers behind the
 #    layout fence: the same bits, the step +18 us (270M) / +21 us (1B) on an H100; the code is
 #    gone, commit e3ff011 has it)
-#   halves_ab    MUSER_ATTN_PROLOGUE=halves (the decode attention stores q's and k's rotation
-#                halves apart, no join in registers: 6 of the ring binary's 44 CTA barriers
-#                fewer): the kernel rows, the invariance module with it on, the step against join
-#   halves_quick the same in ~150 s: the GPU rows, one round of the step
+#   (halves_ab / halves_quick, forty-third session: MUSER_ATTN_PROLOGUE=halves -- q's and k's
+#    rotation halves stored apart, no join in registers: the same bits on an H100, the step -2
+#    us on the 270M and the 1B, one round; the code is gone, commit 0211630 has it)
 #   ncu_step     Nsight Compute on the 1B's decode tiles at 1 row (instructions or memory?)
 #   prefetch     MUSER_PREFETCH: the attention launch asks the L2 for the layer's o / gate|up /
 #                down weights (l2_prefetch.py): bits, then budgets / programs / early, 1B + 270M
@@ -1266,22 +1265,6 @@ stage_head_fence_ab() {  # carry .prev = this tree with DecodeStep._dot's HeadIn
   # int8 rows 0.67 / 0.62 / 0.60x bf16, unfenced 0.77 / 0.56 / 0.54x -- 270M / 1B / 4B)
   bench 420 . benchmarks/exact_ab.py --old .prev --models 270m,1b,4b --trees old,exact \
     --decode-only --rounds 2 --quant int8-head-fast --variants "BF:QUANT=none"
-}
-
-stage_halves_ab() {  # MUSER_ATTN_PROLOGUE=halves: the same bytes stored without the join /
-  # permute / reshape (sm_90: 44 -> 38 bar.syncs in the ring binary, the norms' reductions in
-  # the same layouts) -- predicted a few tenths of a us a launch: 270M ~-5 us a step, 1B ~-7
-  tests 200 tests/cuda/test_triton_decode.py -k "halves or early"
-  MUSER_ATTN_PROLOGUE=halves tests 200 tests/engine/test_invariance.py -k "cuda and not int8"
-  bench 300 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 2 \
-    --variants "HV:MUSER_ATTN_PROLOGUE=halves"
-}
-
-stage_halves_quick() {  # halves_ab cut to what ~150 s of device time holds: the GPU rows of
-  # halves == join, then one round of the step on the 270M and the 1B
-  tests 70 tests/cuda/test_triton_decode.py -k "halves"
-  bench 110 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 1 \
-    --variants "HV:MUSER_ATTN_PROLOGUE=halves"
 }
 
 stage_step_profile() {  # where the 4B's and the 1B's decode steps go now

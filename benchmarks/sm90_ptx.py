@@ -124,10 +124,6 @@ CONFIGS = [
     ("decode ring fused, early prologue", "decode", dict(EARLY=True), 4),
     ("decode growing fused, early prologue, L2 prefetch row", "decode",
      dict(NSPLIT=257, SPLIT=128, GS=16, RING=False, NPF=32, PF_LANES=128, EARLY=True), 4),
-    # MUSER_ATTN_PROLOGUE=halves: q / k's rotation halves stored apart, no join
-    ("decode ring fused, early prologue, halves", "decode", dict(EARLY=True, HALVES=True), 4),
-    ("decode growing fused, early prologue, halves", "decode",
-     dict(NSPLIT=257, SPLIT=128, GS=16, RING=False, EARLY=True, HALVES=True), 4),
     ("decode growing fused, <= 168 registers", "decode", dict(NSPLIT=257, SPLIT=128, GS=16,
                                                              RING=False, maxnreg=168), 4),
     ("dot_rows down 128-row tile, 7 pieces in", "dot", {}, 8),

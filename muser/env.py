@@ -66,7 +66,6 @@ class Env:
     attn_regs: str = "auto"
     prefetch: str = "auto"
     attn_early: str = "on"
-    attn_prologue: str = "join"
     attn_acc: str = "dot"
     growing_group: int = 16
     attn_ring: tuple[int, int] | None = None        # (block_n, warps)
@@ -162,7 +161,7 @@ def read(environ: Mapping[str, str] | None = None) -> Env:
                         ("MUSER_FUSE_SUM", "fuse_sum"), ("MUSER_PIPELINE", "pipeline"),
                         ("MUSER_ATTN_REGS", "attn_regs"),
                         ("MUSER_PREFETCH", "prefetch"),
-                        ("MUSER_ATTN_EARLY", "attn_early"), ("MUSER_ATTN_PROLOGUE", "attn_prologue"),
+                        ("MUSER_ATTN_EARLY", "attn_early"),
                         ("MUSER_DOT_TMA", "dot_tma"), ("MUSER_DOT_CPP", "dot_cpp"),
                         ("MUSER_CHUNK_ALIGN", "chunk_align"), ("MUSER_CHUNK_ORDER", "chunk_order"),
                         ("MUSER_CHUNK_WIDE", "chunk_wide"), ("MUSER_CHUNK_FENCE", "chunk_fence"),

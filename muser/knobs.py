@@ -208,11 +208,6 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                        "the memory bus idles (l2_prefetch.py; the same bits); auto = 8 in steps "
                        "of one row, off in batches (H200: 1B -20 us a token, 270M -9 us; 16 rows "
                        "+20 us, more MB slower); a number: every step"),
-    "MUSER_ATTN_PROLOGUE": ("join|halves", "join", "backends/cuda (decode step)",
-                            "halves: the fused decode attention stores q's and the new k row's "
-                            "rotation halves where they live instead of joining them in "
-                            "registers first (no layout conversions) -- the same bytes; an "
-                            "experiment (forty-third session), not yet run on a GPU"),
     "MUSER_ATTN_EARLY": ("off|on", "on", "backends/cuda (decode step)",
                          "on: with PDL, the decode attention reads what the launch before does "
                          "not write (plane table, slot, length, position, rotation, norm "
@@ -245,6 +240,9 @@ REMOVED = {"MUSER_MEGA": "removed: measured slower, benchmarks/NOTES.md, fourtee
            "MUSER_ATTN_KV_FIRST": "removed: measured slower (H100, 270M decode +18 us a step, "
                                   "1B +21, 16 sessions +55 us; the same bits), "
                                   "benchmarks/NOTES.md, forty-third session",
+           "MUSER_ATTN_PROLOGUE": "removed: measured no faster (H100, 270M / 1B decode -2 us "
+                                  "a step, one round: noise; the same bits), "
+                                  "benchmarks/NOTES.md, forty-third session",
            "MUSER_PREFETCH_QKV": "removed: measured slower with MUSER_PREFETCH_MLP (H200, 1B "
                                  "decode +36 us a step; alone -2 us, noise), "
                                  "benchmarks/NOTES.md, thirty-fourth / thirty-sixth session",
@@ -262,7 +260,7 @@ REMOVED = {"MUSER_MEGA": "removed: measured slower, benchmarks/NOTES.md, fourtee
                                 "thirty-sixth session"}
 # a removed switch's old default, accepted as silently as off: it named what still runs
 REMOVED_DEFAULT = {"MUSER_PREFETCH_HINT": "normal", "MUSER_PREFETCH_PROGRAMS": "32",
-                   "MUSER_PREFETCH_AT": "wait"}
+                   "MUSER_PREFETCH_AT": "wait", "MUSER_ATTN_PROLOGUE": "join"}
 
 
 def table() -> str:

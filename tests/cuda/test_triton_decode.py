@@ -116,11 +116,10 @@ def _torch_qk(qkv, pos, cos, sin, qn, kn, heads, kv, d, interleaved):
 
 
 def _fused_case(kind, lens, heads, kv, d, dtype, dev, cap, qk_norm, rope, interleaved, seed,
-                maxnreg=None, early=False, halves=False):
+                maxnreg=None, early=False):
     """Planes at `lens`, then one decode token per row: fused, separate, fused again
     ([outputs], [planes after each], inputs); `maxnreg` caps every launch's registers; `early`:
-    the fused launches read their prologue before the PDL wait (with PDL on an sm_90 GPU);
-    `halves`: they store q's and k's rotation halves apart (MUSER_ATTN_PROLOGUE=halves)."""
+    the fused launches read their prologue before the PDL wait (with PDL on an sm_90 GPU)."""
     from muser.backends.cuda.triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention
     from muser.backends.cuda.triton_ops import qk_rope_store
     g = torch.Generator().manual_seed(seed)
@@ -150,7 +149,7 @@ def _fused_case(kind, lens, heads, kv, d, dtype, dev, cap, qk_norm, rope, interl
             fused_decode_attention(qkv, pos, cos, sin, qn, kn, 1e-6, table, meta, heads, kv, d,
                                    nsplit, 0.0625, None, interleaved, ws=ws, out=out,
                                    capacity=capacity, maxnreg=maxnreg, early=early,
-                                   pdl=early and _pdl(dev), halves=halves, **lay)
+                                   pdl=early and _pdl(dev), **lay)
         else:
             q = qk_rope_store(qkv, pos, cos, sin, qn, kn, 1e-6, table, meta, heads, kv, d, interleaved)
             decode_attention(q, pos, table, meta, kv, nsplit, 0.0625, None, ws=ws, out=out,
@@ -229,27 +228,6 @@ def test_an_early_prologue_is_timing_not_bits(dev, kdtype, kind, lens, cap, qk_n
     early = _fused_case(kind, lens, 4, 1, 256, kdtype, dev, cap, qk_norm, rope, False, seed=5,
                         early=True)
     _same_bits(one, early)
-
-
-@pytest.mark.parametrize("kind,lens,cap", [("ring", (1, 37, 64, 100, 131), 64),
-                                           ("growing", (0, 4, 300, 2049), None)])
-@pytest.mark.parametrize("heads,kv,d,qk_norm,rope,interleaved", [
-    pytest.param(4, 1, 256, True, True, False, marks=pytest.mark.interp),
-    pytest.param(4, 2, 16, False, True, True, marks=pytest.mark.interp),
-    (8, 4, 96, True, True, False), (4, 1, 256, False, False, False)])
-def test_rotation_halves_stored_apart_are_the_joined_tiles_bytes(dev, kdtype, kind, lens, cap,
-                                                                  heads, kv, d, qk_norm, rope,
-                                                                  interleaved):
-    """MUSER_ATTN_PROLOGUE=halves: q's and the new k row's rotation halves stored at their own
-    dims (no join / permute / reshape in registers) give every output and stored row bitwise
-    what the joined tiles give -- paired or interleaved halves, a head dim that is not a power
-    of 2 (96: padded columns), with and without the norms and RoPE.  (On sm_90 the two binaries'
-    norm reductions take the same layouts: their sums are the same trees.)"""
-    one = _fused_case(kind, lens, heads, kv, d, kdtype, dev, cap, qk_norm, rope, interleaved,
-                      seed=9)
-    apart = _fused_case(kind, lens, heads, kv, d, kdtype, dev, cap, qk_norm, rope, interleaved,
-                        seed=9, halves=True)
-    _same_bits(one, apart)
 
 
 @pytest.mark.interp

@@ -105,7 +105,6 @@ class DecodeStep:
                     and torch.cuda.get_device_capability(dev)[0] >= 9)
         # MUSER_ATTN_EARLY: `early` of the attention launch
         self.attn_early = self.pdl and env.attn_early == "on"
-        self.attn_halves = env.attn_prologue == "halves"
         # MUSER_DOT_CPP: bf16 projections of <= 16 rows through the CUDA C++ kernel (the same
         # bits); None: off, or it could not be built / loaded here (load warned)
         self.cpp = (load_cpp(env.dot_cpp, env.native_dir, dev)
@@ -205,8 +204,7 @@ class DecodeStep:
                                               spec.rope_interleaved, ws, sinks=lw.sinks,
                                               v_norm=spec.v_norm, k_eq_v=lw.wv is None,
                                               pdl=self.pdl, prefetch=prefetch[i],
-                                              early=self.attn_early,
-                                              halves=self.attn_halves, **lay)
+                                              early=self.attn_early, **lay)
             q = qk_rope_store(qkv, pos, cos, sin, qn, kn, spec.norm_eps, table, meta,
                               spec.num_heads, KV, D, spec.rope_interleaved)
             return decode_attention(q, pos, table, meta, KV, self.splits[i], spec.layer_scale(ls),

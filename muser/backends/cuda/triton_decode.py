@@ -100,7 +100,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
             nsplit, scale, softcap, interleaved, ws, out, split, group, block_n, warps,
             depth=1, acc_dot=False, prep="decode", capacity=0, sinks=None, v_norm=False,
             k_eq_v=False, qout=None, grid_splits=None, pdl=False, maxnreg=None, prefetch=None,
-            early=False, halves=False):
+            early=False):
     kern = _kernel()           # (the layout's chunk-only fields are left out: decode_keys)
     prepare = qout is not None and grid_splits == 1   # prepare_rows (prep "alone": PREP binary)
     B = table.shape[0]
@@ -134,7 +134,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         SOFTCAP=softcap is not None, SINKS=sinks is not None, V_NORM=bool(v_norm),
         K_EQ_V=bool(k_eq_v), RING=capacity > 0, ACC_DOT=bool(acc_dot),
         PREP=prepare and prep == "alone",
-        **pf_consts, EARLY=bool(early), **({"HALVES": True} if halves else {}),
+        **pf_consts, EARLY=bool(early),
         num_warps=warps, enable_fp_fusion=False,
         # a register cap is register allocation only (the same instructions, the same bits):
         # 168 lets three programs share an SM where 208 let two (decode_step.regs_for)
@@ -150,8 +150,7 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
                            ws: DecodeWorkspace | None = None, out: torch.Tensor | None = None,
                            sinks: torch.Tensor | None = None, v_norm: bool = False,
                            k_eq_v: bool = False, capacity: int = 0, pdl: bool = False,
-                           prefetch=None, early: bool = False, halves: bool = False,
-                           **lay) -> torch.Tensor:
+                           prefetch=None, early: bool = False, **lay) -> torch.Tensor:
     """qkv [B, (H + 2KV) * D] -> attention output [B, H, D], one launch.
 
     Per batch row: qk-norm (if given) and RoPE (if cos/sin) of q and k in float32, each
@@ -167,8 +166,6 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
     `early` (MUSER_ATTN_EARLY; meant with `pdl`): the launch reads its plane table, slot,
     length, position, rotation and norm weights before the PDL wait, and its idle splits leave
     without waiting -- none of them is written by the launch before (no value changes).
-    `halves` (MUSER_ATTN_PROLOGUE=halves): q's and the new k row's rotation halves stored
-    where they live instead of joined first (the same bytes).
     Graph-capturable: no host reads, static grid.
     """
     B = qkv.shape[0]
@@ -178,7 +175,7 @@ def fused_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
     return _launch(qkv, None, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads,
                    head_dim, nsplit, scale, softcap, interleaved, ws, out, capacity=capacity,
                    sinks=sinks, v_norm=v_norm, k_eq_v=k_eq_v, pdl=pdl, prefetch=prefetch,
-                   early=early, halves=halves, **decode_keys(lay))
+                   early=early, **decode_keys(lay))
 
 
 def prepare_rows(qkv: torch.Tensor, pos: torch.Tensor, cos, sin, q_norm, k_norm, eps: float,

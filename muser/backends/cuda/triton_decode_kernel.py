@@ -87,7 +87,7 @@ def _kernel():
                     V_NORM: tl.constexpr, K_EQ_V: tl.constexpr, RING: tl.constexpr,
                     ACC_DOT: tl.constexpr, PDL: tl.constexpr, PREP: tl.constexpr = False,
                     NPF: tl.constexpr = 0, PF_LANES: tl.constexpr = 128,
-                    EARLY: tl.constexpr = False, HALVES: tl.constexpr = False):
+                    EARLY: tl.constexpr = False):
         pid = tl.program_id(0)                    # b * KV + kvh (NPF: row NROWS prefetches)
         s = tl.program_id(1)                      # split, counted from the row's first
         # NPF (l2_prefetch.py): one more grid row whose first NPF programs bring the next
@@ -192,6 +192,14 @@ def _kernel():
                     # in another order (the same values; a binary the device has not timed)
                     q0, q1 = q0 * cs[None, :] - q1 * sn[None, :], q1 * cs[None, :] + q0 * sn[None, :]
                     k0, k1 = _rotate(k0, k1, cs, sn)
+                qj = tl.join(q0.to(dt), q1.to(dt))                  # [BLOCK_G, BLOCK_H, 2]
+                kj = tl.join(k0.to(dt), k1.to(dt))                  # [BLOCK_H, 2]
+                if INTERLEAVED:
+                    q = tl.reshape(qj, (BLOCK_G, 2 * BLOCK_H))
+                    k_new = tl.reshape(kj, (2 * BLOCK_H,))
+                else:
+                    q = tl.reshape(tl.permute(qj, (0, 2, 1)), (BLOCK_G, 2 * BLOCK_H))
+                    k_new = tl.reshape(tl.permute(kj, (1, 0)), (2 * BLOCK_H,))
                 # Every split stores the new row (the same bits to the same slot) and q (to QOUT),
                 # then reads both back like any other row: the attention below is the q-given
                 # form's, instruction for instruction -- and so a chunk's (triton_chunk.py).  (With
@@ -200,33 +208,11 @@ def _kernel():
                 # the slot after its own store and a CTA barrier, so it sees its own bits or the
                 # same bits another split stored; nobody reads the row the slot held before (on a
                 # ring, position p - capacity: not visible).
-                if HALVES:
-                    # MUSER_ATTN_PROLOGUE=halves: each rotation half stored where it lives (q0 /
-                    # k0 at dims i0, q1 / k1 at i1) -- the bytes the joined tiles below store,
-                    # without the join, permute and reshape (layout conversions through shared
-                    # memory, a CTA barrier each) that only line them up for one store each
-                    off = slot.to(tl.int64) * rs + kvh * hs
-                    tl.store(kp + off + i0, k0.to(dt), mask=jm)
-                    tl.store(kp + off + i1, k1.to(dt), mask=jm)
-                    tl.store(vp + off + dm, v_new, mask=cv)
-                    qb = QOUT + (b * H + kvh * G + g)[:, None] * D
-                    tl.store(qb + i0[None, :], q0.to(dt), mask=qm)
-                    tl.store(qb + i1[None, :], q1.to(dt), mask=qm)
-                    qp = qb + dm[None, :]
-                else:
-                    qj = tl.join(q0.to(dt), q1.to(dt))                  # [BLOCK_G, BLOCK_H, 2]
-                    kj = tl.join(k0.to(dt), k1.to(dt))                  # [BLOCK_H, 2]
-                    if INTERLEAVED:
-                        q = tl.reshape(qj, (BLOCK_G, 2 * BLOCK_H))
-                        k_new = tl.reshape(kj, (2 * BLOCK_H,))
-                    else:
-                        q = tl.reshape(tl.permute(qj, (0, 2, 1)), (BLOCK_G, 2 * BLOCK_H))
-                        k_new = tl.reshape(tl.permute(kj, (1, 0)), (2 * BLOCK_H,))
-                    off = slot.to(tl.int64) * rs + kvh * hs
-                    tl.store(kp + off + dm, k_new, mask=cv)
-                    tl.store(vp + off + dm, v_new, mask=cv)
-                    qp = QOUT + (b * H + kvh * G + g)[:, None] * D + dm[None, :]
-                    tl.store(qp, q, mask=gm[:, None] & cv[None, :])
+                off = slot.to(tl.int64) * rs + kvh * hs
+                tl.store(kp + off + dm, k_new, mask=cv)
+                tl.store(vp + off + dm, v_new, mask=cv)
+                qp = QOUT + (b * H + kvh * G + g)[:, None] * D + dm[None, :]
+                tl.store(qp, q, mask=gm[:, None] & cv[None, :])
                 if not PREP:
                     tl.debug_barrier()
                     q = tl.load(qp, mask=gm[:, None] & cv[None, :], other=0.0)
