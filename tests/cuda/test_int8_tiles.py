@@ -51,7 +51,7 @@ def test_a_row_sums_alike_in_the_decode_tile_and_the_chunk_tiles_at_a_layers_siz
     tile happened to pass this row too (thirty-eighth session), so the layout rule, not this
     row, is what fails if the fence goes -- this row pins decode == chunk for each kind."""
     from muser.backends.cuda.triton_dot import dot_rows
-    from muser.backends.cuda.weights_int8 import quantize_blocks, quantize_rows  # noqa: F401
+    from muser.backends.cuda.weights_int8 import quantize_blocks, quantize_rows
     n, k = 8192, 1152
     g = torch.Generator().manual_seed(13)
     w = torch.randn(n, k, generator=g) * 0.05

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ...config import HEAD_ONLY
+
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 # the int8-row mode's own arithmetic, in its cut encoding (CudaBackend.encoding_tag):
 #   1: seventh session (int8 rows in dot_rows' tiles)
@@ -164,7 +166,8 @@ def quantize_weights(weights, quant: str = "int8") -> None:
         weights.lm_head = HeadInt8(rows.q, rows.scale)
         return
     if quant != "int8":
-        raise ValueError(f"no CUDA int8 weight mode {quant!r} (int8, int8-head, int8-head-fast)")
+        raise ValueError(f"no CUDA int8 weight mode {quant!r} "
+                         f"({', '.join(('int8',) + HEAD_ONLY)})")
     for lw in weights.layers:
         for name in PROJECTIONS:
             w = getattr(lw, name)
