@@ -64,6 +64,8 @@
 #   head_fast    quant="int8-head-fast" (the head as int8 rows in Triton's own int8 layout, every
 #                row through the one decode tile): the tiles' and engine's rows, the heads alone
 #   head_fast_ab the same mode's decode step against bf16, 270M / 1B / 4B, two rounds
+#   q8_default   CUDA's default for a head stored as Q8_0 (int8-head, bf16's logits): its GPU
+#                rows, the invariance module on it, what the load-time check costs
 #   (head_blocks, forty-third session: the same own tile for Q8_0 blocks, each 32-key block's
 #    dot times its scale -- the heads at 0.75-0.85x bf16's time against the rows' 0.54-0.71x on
 #    an H100; the code is gone, commit 99b5b5d has it)
@@ -1258,6 +1260,16 @@ stage_head_fast_ab() {  # the mode's decode step against bf16 (predicted from th
   # the head ~0.55x of ~75 / 130 / 280 us on the 270M / 1B / 4B: ~-30 / -55 / -120 us)
   bench 420 . benchmarks/exact_ab.py --models 270m,1b,4b --trees exact --decode-only --rounds 2 \
     --variants "HF:QUANT=int8-head-fast"
+}
+
+stage_q8_default() {  # defaults.default_head: no quant asked for, a head its Q8_0 blocks give
+  # back exactly runs int8-head (H100 step: 270M -29 us, 1B -61, 4B -134 against bf16; bf16's
+  # logits bit for bit).  The rows (the default == quant="none": prefill, decode, a cut across,
+  # greedy; a random head stays none), the whole invariance module on a Q8_0-head twin, the
+  # check's cost at the three head shapes
+  tests 240 tests/cuda/test_int8_step.py -k "q8_0 or default"
+  tests 300 tests/engine/test_invariance.py -k "q8-head"
+  bench 120 . benchmarks/head_blocks_cost.py
 }
 
 stage_head_fence_ab() {  # carry .prev = this tree with DecodeStep._dot's HeadInt8 call fenced

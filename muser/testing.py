@@ -3,7 +3,8 @@
 Owns: `tiny_model_dir(...)` (a Hugging Face model directory written by
 transformers' own `save_pretrained`, with a small BPE tokenizer trained by
 `tokenizers` and a Gemma-style chat template) and `tiny_model(...)` (the same,
-loaded as a muser Engine).  Directories are cached per argument set for the
+loaded as a muser Engine); `q8_0_head_dir(...)` (a copy whose head holds Q8_0 values).
+Directories are cached per argument set for the
 life of the process; `prompt_ids(...)` (seeded token ids for such a model) and
 `continue_both(s1, s2)` (the same calls on two sessions, every logit and the caches compared
 bitwise).  Does not own: anything the engine needs at run time.
@@ -162,6 +163,25 @@ def _family_model(tr, arch: str, common: dict, layers: int, window: int, head_di
     # ministral: Ministral's interleaved sliding / full pattern
     types = ["full_attention" if (i + 1) % 2 == 0 else "sliding_attention" for i in range(layers)]
     return tr.MinistralForCausalLM(tr.MinistralConfig(layer_types=types, **c))
+
+
+@functools.lru_cache(maxsize=None)
+def q8_0_head_dir(**kw) -> Path:
+    """A copy of `tiny_model_dir(**kw)` whose (tied) head holds Q8_0 values, as the embedded
+    270M's does (its GGUF stores the head as Q8_0 blocks): the CUDA default then runs it as
+    quant="int8-head" (backends/defaults.default_head).  A copy, so the cached directory of the
+    same arguments keeps its random head."""
+    import shutil
+    from safetensors.torch import load_file, save_file
+    from .backends.cuda.weights_int8 import quantize_blocks
+    path = Path(tempfile.mkdtemp(prefix="muser-tiny-q8-head-")) / "model"
+    shutil.copytree(tiny_model_dir(**kw), path)
+    f = next(path.glob("*.safetensors"))
+    tensors = load_file(f)
+    key = next(k for k in tensors if k.endswith("embed_tokens.weight"))
+    tensors[key] = quantize_blocks(tensors[key].float()).dequantized().to(tensors[key].dtype)
+    save_file(tensors, f, metadata={"format": "pt"})
+    return path
 
 
 def tiny_model(arch: str = "gemma3", device: str = "cpu", dtype: str = "float32",

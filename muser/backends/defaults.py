@@ -1,7 +1,8 @@
 """Default run settings per device: the fastest choice that keeps the accuracy contract.
 
-Owns: `default_dtype`, `default_quant` and `default_chunk_size` (what `muser.load` fills in when
-not told), and `check(config)`, which refuses a device / family / dtype / weight-path combination
+Owns: `default_dtype`, `default_quant`, `default_head` and `default_chunk_size` (what `muser.load`
+fills in when not told; `default_head` once the weights are read: CUDA keeps a Q8_0 head as its
+blocks), and `check(config)`, which refuses a device / family / dtype / weight-path combination
 no backend runs -- before any weight is read.  Measured in benchmarks/RESULTS.md; change the
 defaults only with a measurement.
 """
@@ -23,6 +24,29 @@ def default_quant(device: str, dtype: str, backend: str = "ring") -> str:
     if backend == "ring" and str(device) == "cpu" and dtype == "bfloat16":
         return "int8"
     return "none"
+
+
+def default_head(config: EngineConfig, spec, weights, env) -> EngineConfig:
+    """The quant a CUDA engine runs when none was asked for, once its weights are on the device:
+    a head whose weights are Q8_0 blocks exactly (stored as Q8_0 and cast at load: the embedded
+    270M's) is kept as those blocks -- quant="int8-head", whose logits are the bf16 head's bit
+    for bit (the tile dequantizes each weight to the same bf16; every K/V row is bf16's, so cuts
+    move between the two) and whose head reads ~half the bytes (H100: a 270M-shape step -29 us,
+    1B -61, 4B -134; H200: even -- benchmarks/RESULTS.md, forty-fourth session).  Any other
+    head, an explicit quant, or a model the int8 path does not take: `config` as it is.  Sets
+    weights.lm_head to the blocks it found (the backend keeps them, no second search)."""
+    if (config.quant != "none" or config.backend != "ring" or config.device.split(":")[0] != "cuda"
+            or config.dtype not in ("bfloat16", "float16")):
+        return config
+    from dataclasses import replace
+    from .cuda.weights_int8 import exact_blocks, why_not_int8
+    if why_not_int8(spec, weights, env):
+        return config
+    blocks = exact_blocks(weights.output)
+    if blocks is None:
+        return config
+    weights.lm_head = blocks
+    return replace(config, quant="int8-head")
 
 
 def default_chunk_size(device: str) -> int:

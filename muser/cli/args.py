@@ -20,7 +20,8 @@ def model_args(p: argparse.ArgumentParser) -> None:
                    help="weight path: none | int8 (CPU and CUDA) | int8-head (CUDA: the head "
                         "alone, as Q8_0 blocks: less memory, bf16's logits) | int8-head-fast "
                         "(CUDA: the head alone, as int8 rows: less memory and time, its own "
-                        "logits) (default: fastest accurate)")
+                        "logits) (default: fastest accurate -- CPU int8; CUDA none, or "
+                        "int8-head where the head is stored as Q8_0: bf16's logits bit for bit)")
     p.add_argument("--max-context", type=int, default=None)
     p.add_argument("--chunk-size", type=int, default=None,
                    help="prefill chunk in tokens (default: 512 on CPU, 8k-16k on CUDA by GPU memory); "

@@ -76,8 +76,8 @@ def load(name_or_path: str | os.PathLike = DEFAULT_MODEL, device: str = "cpu", d
          backend: str = "ring", max_context: int | None = None, chunk_size: int | None = None,
          quant: str | None = None, progress: bool = True) -> Engine:
     """Load a model.  dtype / quant default to the fastest accurate choice for the device
-    (backends/defaults.py: CPU ring -> bfloat16 activations + int8 weights; CUDA -> bfloat16;
-    the oracle -> float32); chunk_size to the device's prefill chunk (CPU 512, CUDA 8k-16k).
+    (backends/defaults.py: CPU ring -> bfloat16 activations + int8 weights; CUDA -> bfloat16,
+    a head stored as Q8_0 kept as its blocks -- bf16's logits bit for bit; the oracle -> float32); chunk_size to the device's prefill chunk (CPU 512, CUDA 8k-16k).
     The work runs on a thread of its own, so the OpenMP pool it opens dies with it and the thread
     that computes next (a server's scheduler) owns the only one (backends/host.py)."""
     return on_short_thread(_load, name_or_path, device, dtype, backend, max_context, chunk_size,
@@ -86,8 +86,10 @@ def load(name_or_path: str | os.PathLike = DEFAULT_MODEL, device: str = "cpu", d
 
 def _load(name_or_path, device, dtype, backend, max_context, chunk_size, quant, progress) -> Engine:
     from ..env import read as read_env
-    from ..backends.defaults import check, default_chunk_size, default_dtype, default_quant
+    from ..backends.defaults import (check, default_chunk_size, default_dtype, default_head,
+                                     default_quant)
     env = read_env()                               # every MUSER_* knob, once per load
+    quant_asked = quant is not None
     if chunk_size is not None and chunk_size < 1:
         raise RequestError(f"chunk_size must be >= 1 token, got {chunk_size}")
     chunk_size = chunk_size or default_chunk_size(device)
@@ -115,6 +117,8 @@ def _load(name_or_path, device, dtype, backend, max_context, chunk_size, quant, 
         files = sorted(path.glob("*.safetensors"))
     tokenizer = load_tokenizer(path)
     weights = weights.to(device, torch_dtype)         # int8 weights: the CPU backend quantizes
+    if not quant_asked:                               # CUDA: a Q8_0 head kept as its blocks
+        config = default_head(config, spec, weights, env)
     return Engine(name, spec, weights, tokenizer, config, weights_digest(files, env.digests_path), env)
 
 

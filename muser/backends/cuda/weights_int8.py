@@ -5,14 +5,16 @@ floor; the rest are latency-bound, where int8 bought nothing -- benchmarks/NOTES
 `BlockInt8`: GGUF's Q8_0 layout, a float16 scale per 32 keys, each weight dequantized to the
 activation dtype in the tile -- a head stored as Q8_0 (the embedded 270M's) comes back exactly,
 so its logits are the bf16 engine's bit for bit (H200, benchmarks/q8_head_check.py), at 8.5 bits
-a weight instead of 16.  Memory, not time: the tile that keeps those bits (the bf16 tile's MMA
-layout, triton_dot_loads.py) runs the head in bf16's time.  `quant="int8-head-fast"`: the head
+a weight instead of 16.  The tile that keeps those bits (the bf16 tile's MMA layout,
+triton_dot_loads.py) runs the head in bf16's time on an H200 and faster on an H100 (a 1B-shape
+step -61 us); `exact_blocks` finds such a head, for CUDA's default (defaults.default_head).
+`quant="int8-head-fast"`: the head
 alone as `HeadInt8` -- int8 rows read in the tensor core's own int8 layout (no fence), every
 row of every path through the one 16-row decode tile, so the logits are the mode's own (not
 bf16's: the row scale rounds) but one arithmetic per token within it; time, not only memory.
 
-Owns: `RowInt8` (what `dot_rows(x, q, scale=s)` takes), `quantize_rows`, `quantize_weights` and
-`why_not_int8` (what the mode needs: the fused decode step, its exact chunks, no experts).  Does
+Owns: `RowInt8` (what `dot_rows(x, q, scale=s)` takes), `quantize_rows`, `quantize_blocks`,
+`exact_blocks`, `quantize_weights` and `why_not_int8` (what the mode needs: the fused decode step, its exact chunks, no experts).  Does
 not own: the kernel (triton_dot.py: int8 -> the activation dtype in registers, exact for
 |q| <= 127; the dot is the bf16 one; the scale multiplies each float32 sum once all its split-K
 pieces are in -- so the rows stay invariant, as with bf16 weights), the accuracy contract
@@ -153,13 +155,42 @@ def quantize_blocks(w: torch.Tensor) -> BlockInt8:
     return BlockInt8(torch.cat(qs).contiguous(), torch.cat(ss).contiguous())
 
 
+# rows of a head tried before the whole of it (exact_blocks): spread over the head, enough that
+# a head never stored as Q8_0 fails there (a random bf16 block comes back exactly ~never)
+SAMPLE_ROWS = 256
+
+
+def exact_blocks(w: torch.Tensor) -> BlockInt8 | None:
+    """w's Q8_0 blocks if they give w back bit for bit in its own dtype -- a head stored as
+    Q8_0 and cast to bf16 / f16 at load (the embedded 270M's) -- else None.  A spread sample
+    of rows is tried first, so a head that never was Q8_0 costs a sample's search, not the
+    head's.  The whole head is then compared in bounded slices (a 4B head dequantized to
+    float32 at once would be 2.7 GB)."""
+    n, k = w.shape
+    if k % BLOCK or w.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    sample = w[::max(1, n // SAMPLE_ROWS)][:SAMPLE_ROWS]
+    try:
+        if not torch.equal(quantize_blocks(sample).dequantized(w.dtype), sample):
+            return None
+        blocks = quantize_blocks(w)
+    except ValueError:                                  # a scale past float16: not Q8_0
+        return None
+    for r in range(0, n, ROWS_AT_ONCE):
+        part = BlockInt8(blocks.q[r:r + ROWS_AT_ONCE], blocks.scale[r:r + ROWS_AT_ONCE])
+        if not torch.equal(part.dequantized(w.dtype), w[r:r + ROWS_AT_ONCE]):
+            return None
+    return blocks
+
+
 def quantize_weights(weights, quant: str = "int8") -> None:
     """In place, for `quant`: "int8" -- every layer's dense projections and the head
     (`lm_head`, a tied one too) as RowInt8; "int8-head" -- the head alone, as BlockInt8;
     "int8-head-fast" -- the head alone, as HeadInt8.  The head-only modes leave the layers
     their float weights, so every K/V row is the float mode's and only the logits move."""
     if quant == "int8-head":
-        weights.lm_head = quantize_blocks(weights.output)
+        if not isinstance(weights.lm_head, BlockInt8):  # (the loader's default may have them)
+            weights.lm_head = quantize_blocks(weights.output)
         return
     if quant == "int8-head-fast":
         rows = quantize_rows(weights.output)
