@@ -64,6 +64,9 @@
 #   head_fast    quant="int8-head-fast" (the head as int8 rows in Triton's own int8 layout, every
 #                row through the one decode tile): the tiles' and engine's rows, the heads alone
 #   head_fast_ab the same mode's decode step against bf16, 270M / 1B / 4B, two rounds
+#   sync_pipe    sync_pipe_probe.py: the persistent form with weights streamed through shared
+#                memory tiles ahead across the grid barrier (Gluon cp.async) against sync_floor's
+#                launches and barrier, early -- the megakernel's premise, the last form unprobed
 #   q8_default   CUDA's default for a head stored as Q8_0 (int8-head, bf16's logits): its GPU
 #                rows, the invariance module on it, what the load-time check costs
 #   (head_blocks, forty-third session: the same own tile for Q8_0 blocks, each 32-key block's
@@ -1260,6 +1263,10 @@ stage_head_fast_ab() {  # the mode's decode step against bf16 (predicted from th
   # the head ~0.55x of ~75 / 130 / 280 us on the 270M / 1B / 4B: ~-30 / -55 / -120 us)
   bench 420 . benchmarks/exact_ab.py --models 270m,1b,4b --trees exact --decode-only --rounds 2 \
     --variants "HF:QUANT=int8-head-fast"
+}
+
+stage_sync_pipe() {  # (no test: the probe checks its own last vectors, "RACE?" if apart)
+  bench 300 . benchmarks/sync_pipe_probe.py
 }
 
 stage_q8_default() {  # defaults.default_head: no quant asked for, a head its Q8_0 blocks give
