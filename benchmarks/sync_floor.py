@@ -61,15 +61,20 @@ def _load_acquire(p):
                                      dtype=tl.int32, is_pure=False, pack=1)
 
 
+# thread 0 spins on ld.acquire.gpu until *$1 >= $2; the others pass to the CTA barrier after it
+# (labels inside braces are local to the block: the asm may be inlined often).  Shared with
+# sync_pipe_probe.py's Gluon kernel.
+SPIN_ASM = tl.constexpr(
+    "{ .reg .pred q; .reg .b32 t, c; mov.u32 t, %tid.x; setp.ne.u32 q, t, 0; @q bra done_w;"
+    " spin_w: ld.acquire.gpu.global.b32 c, [$1]; setp.lt.s32 q, c, $2; @q bra spin_w;"
+    " done_w: mov.b32 $0, 0; }")
+
+
 @triton.jit
 def _spin_one(p, target):
-    """Thread 0 spins on ld.acquire.gpu until *p >= target; the others skip to the CTA barrier
-    after it (labels inside braces are local to the block: the asm may be inlined often)."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred q; .reg .b32 t, c; mov.u32 t, %tid.x; setp.ne.u32 q, t, 0; @q bra done_w;"
-        " spin_w: ld.acquire.gpu.global.b32 c, [$1]; setp.lt.s32 q, c, $2; @q bra spin_w;"
-        " done_w: mov.b32 $0, 0; }", "=r,l,r", [p, target], dtype=tl.int32, is_pure=False,
-        pack=1)
+    """SPIN_ASM: thread 0 waits for *p >= target."""
+    return tl.inline_asm_elementwise(SPIN_ASM, "=r,l,r", [p, target], dtype=tl.int32,
+                                     is_pure=False, pack=1)
 
 
 @triton.jit

@@ -38,15 +38,14 @@ def kernels():
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
+    from sync_floor import SPIN_ASM
+
     @gluon.jit
     def spin(p, target):
         """Thread 0 spins on ld.acquire.gpu until *p >= target (the others pass; the CTA barrier
         after the call holds them)."""
-        return gl.inline_asm_elementwise(
-            "{ .reg .pred q; .reg .b32 t, c; mov.u32 t, %tid.x; setp.ne.u32 q, t, 0; @q bra done_p;"
-            " spin_p: ld.acquire.gpu.global.b32 c, [$1]; setp.lt.s32 q, c, $2; @q bra spin_p;"
-            " done_p: mov.b32 $0, 0; }", "=r,l,r", [p, target], dtype=gl.int32, is_pure=False,
-            pack=1)
+        return gl.inline_asm_elementwise(SPIN_ASM, "=r,l,r", [p, target], dtype=gl.int32,
+                                         is_pure=False, pack=1)
 
     @gluon.jit
     def issue(Wt, w_s, t, total, rows, ks, N: gl.constexpr, KT: gl.constexpr,
