@@ -67,6 +67,8 @@
 #   sync_pipe    sync_pipe_probe.py: the persistent form with weights streamed through shared
 #                memory tiles ahead across the grid barrier (Gluon cp.async) against sync_floor's
 #                launches and barrier, early -- the megakernel's premise, the last form unprobed
+#   attn_w8      the decode attention at 8 warps (MUSER_ATTN_RING / _GROWING=32x8, speed-only):
+#                the invariance module under it, then the decode A/B (270M, 1B)
 #   q8_default   CUDA's default for a head stored as Q8_0 (int8-head, bf16's logits): its GPU
 #                rows, the invariance module on it, what the load-time check costs
 #   (head_blocks, forty-third session: the same own tile for Q8_0 blocks, each 32-key block's
@@ -1267,6 +1269,20 @@ stage_head_fast_ab() {  # the mode's decode step against bf16 (predicted from th
 
 stage_sync_pipe() {  # (no test: the probe checks its own last vectors, "RACE?" if apart)
   bench 300 . benchmarks/sync_pipe_probe.py
+}
+
+stage_attn_w8() {  # the decode attention launch is instruction-latency-bound (thirty-third
+  # session's ncu: ~6 cycles an instruction a warp): its time tracks the elected program's
+  # instructions a warp -- ~3,200 SASS at 4 warps, ~2,300 at 8 (sm_90 here, the fold and tile
+  # loops 451 / 372 / 576 -> 373 / 303 / 395; 160 registers, no spill).  Seventh session, an
+  # older kernel: 8 warps 14.8 against 13.9 us.  Same bits expected (warps split rows and
+  # columns, never a k chain): the invariance module under it first
+  export MUSER_ATTN_RING=32x8 MUSER_ATTN_GROWING=32x8
+  echo "MUSER_ATTN_RING=32x8 MUSER_ATTN_GROWING=32x8" | tee -a "$OUT/plan.log"
+  tests 300 tests/engine/test_invariance.py -k "cuda and not int8 and not q8"
+  unset MUSER_ATTN_RING MUSER_ATTN_GROWING
+  bench 420 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 2 \
+    --variants "W8:MUSER_ATTN_RING=32x8,MUSER_ATTN_GROWING=32x8;W8R:MUSER_ATTN_RING=32x8"
 }
 
 stage_q8_default() {  # defaults.default_head: no quant asked for, a head its Q8_0 blocks give

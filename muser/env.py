@@ -117,7 +117,9 @@ def _count(name: str, v: str) -> int:
 
 
 def _tile(name: str, v: str) -> tuple[int, int]:
-    parts = v.split(",")
+    """"block_n,warps" -- or "block_nxwarps" (32x8), which a list of NAME=VALUE,NAME=VALUE
+    assignments (benchmarks/exact_ab.py --variants) can carry."""
+    parts = v.split("x") if "x" in v else v.split(",")
     if len(parts) != 2:
         raise _bad(name, v)
     try:

@@ -39,6 +39,7 @@ def test_defaults_without_any_knob():
     ("MUSER_CHUNK_COLUMNS", "2", "chunk_columns", "2"),
     ("MUSER_GROWING_GROUP", "8", "growing_group", 8),
     ("MUSER_ATTN_RING", "64,8", "attn_ring", (64, 8)),
+    ("MUSER_ATTN_GROWING", "32x8", "attn_growing", (32, 8)),
     ("MUSER_ATTN_GROWING", "16,4", "attn_growing", (16, 4)),
     ("MUSER_TEST_REF_DIR", "/tmp/ref", "test_ref_dir", Path("/tmp/ref")),
     ("MUSER_TEST_REFRESH", "1", "test_refresh", True),
@@ -55,6 +56,7 @@ def test_each_knob_is_typed(name, value, field, want):
     ("MUSER_NATIVE", "maybe"), ("MUSER_ROWS", "fast"), ("MUSER_GEMV", "all"), ("MUSER_ATTN", "x"),
     ("MUSER_RING_ROWS", "0"), ("MUSER_RING_ROWS", "3.5"), ("MUSER_GROWING_ROWS", "-1"), ("MUSER_CHUNKS", "quick"),
     ("MUSER_ATTN_RING", "64"), ("MUSER_ATTN_GROWING", "a,b"), ("MUSER_ATTN_RING", "0,4"),
+    ("MUSER_ATTN_RING", "32x4x2"), ("MUSER_ATTN_RING", "32x,4"),
     ("MUSER_TEST_REFRESH", "2"),
 ])
 def test_a_bad_value_is_refused_naming_the_variable(name, value):
