@@ -1274,7 +1274,8 @@ stage_sync_pipe() {  # (no test: the probe checks its own last vectors, "RACE?" 
 stage_attn_w8() {  # the decode attention launch is instruction-latency-bound (thirty-third
   # session's ncu: ~6 cycles an instruction a warp): its time tracks the elected program's
   # instructions a warp -- ~3,200 SASS at 4 warps, ~2,300 at 8 (sm_90 here, the fold and tile
-  # loops 451 / 372 / 576 -> 373 / 303 / 395; 160 registers, no spill).  Seventh session, an
+  # loops 451 / 372 / 576 -> 373 / 303 / 395; 160 registers, no spill; 16 warps ~2,000, 80
+  # registers -- its bits not checked here: a row only if it wins).  Seventh session, an
   # older kernel: 8 warps 14.8 against 13.9 us.  Same bits expected (warps split rows and
   # columns, never a k chain): the invariance module under it first
   export MUSER_ATTN_RING=32x8 MUSER_ATTN_GROWING=32x8
@@ -1282,7 +1283,7 @@ stage_attn_w8() {  # the decode attention launch is instruction-latency-bound (t
   tests 300 tests/engine/test_invariance.py -k "cuda and not int8 and not q8"
   unset MUSER_ATTN_RING MUSER_ATTN_GROWING
   bench 420 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 2 \
-    --variants "W8:MUSER_ATTN_RING=32x8,MUSER_ATTN_GROWING=32x8;W8R:MUSER_ATTN_RING=32x8"
+    --variants "W8:MUSER_ATTN_RING=32x8,MUSER_ATTN_GROWING=32x8;W8R:MUSER_ATTN_RING=32x8;W16:MUSER_ATTN_RING=32x16,MUSER_ATTN_GROWING=32x16"
 }
 
 stage_q8_default() {  # defaults.default_head: no quant asked for, a head its Q8_0 blocks give
