@@ -214,9 +214,11 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
                          "weights) before its PDL wait, and its idle splits leave without "
                          "waiting -- the same bits (H200: 1B 1.082 -> 1.057 ms a step, 270M "
                          "0.541 -> 0.532, 16 sessions -2%); off: everything after the wait"),
-    "MUSER_ATTN_RING": ("block_n,warps or block_nxwarps", "unset", "backends/cuda (decode attention)",
+    "MUSER_ATTN_RING": ("block_n,warps or block_nxwarps", "unset",
+                        "backends/cuda (decode attention)",
                         "tile of the ring decode-attention kernel (experiments)"),
-    "MUSER_ATTN_GROWING": ("block_n,warps or block_nxwarps", "unset", "backends/cuda (decode attention)",
+    "MUSER_ATTN_GROWING": ("block_n,warps or block_nxwarps", "unset",
+                           "backends/cuda (decode attention)",
                            "tile of the growing decode-attention kernel (experiments)"),
     "MUSER_TEST_REF_DIR": ("path", "$MUSER_CACHE_DIR/test-reference", "tests/model",
                            "where the tests keep transformers' reference outputs"),

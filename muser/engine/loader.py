@@ -77,7 +77,8 @@ def load(name_or_path: str | os.PathLike = DEFAULT_MODEL, device: str = "cpu", d
          quant: str | None = None, progress: bool = True) -> Engine:
     """Load a model.  dtype / quant default to the fastest accurate choice for the device
     (backends/defaults.py: CPU ring -> bfloat16 activations + int8 weights; CUDA -> bfloat16,
-    a head stored as Q8_0 kept as its blocks -- bf16's logits bit for bit; the oracle -> float32); chunk_size to the device's prefill chunk (CPU 512, CUDA 8k-16k).
+    a head stored as Q8_0 kept as its blocks -- bf16's logits bit for bit; the oracle ->
+    float32); chunk_size to the device's prefill chunk (CPU 512, CUDA 8k-16k).
     The work runs on a thread of its own, so the OpenMP pool it opens dies with it and the thread
     that computes next (a server's scheduler) owns the only one (backends/host.py)."""
     return on_short_thread(_load, name_or_path, device, dtype, backend, max_context, chunk_size,

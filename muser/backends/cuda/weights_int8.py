@@ -14,8 +14,8 @@ row of every path through the one 16-row decode tile, so the logits are the mode
 bf16's: the row scale rounds) but one arithmetic per token within it; time, not only memory.
 
 Owns: `RowInt8` (what `dot_rows(x, q, scale=s)` takes), `quantize_rows`, `quantize_blocks`,
-`exact_blocks`, `quantize_weights` and `why_not_int8` (what the mode needs: the fused decode step, its exact chunks, no experts).  Does
-not own: the kernel (triton_dot.py: int8 -> the activation dtype in registers, exact for
+`exact_blocks`, `quantize_weights` and `why_not_int8` (what the mode needs: the fused decode
+step, its exact chunks, no experts).  Does not own: the kernel (triton_dot.py: int8 -> the activation dtype in registers, exact for
 |q| <= 127; the dot is the bf16 one; the scale multiplies each float32 sum once all its split-K
 pieces are in -- so the rows stay invariant, as with bf16 weights), the accuracy contract
 (benchmarks/gpu_weight_accuracy.py on the embedded 270M against float32: KL 5.0e-3, top-1
