@@ -68,7 +68,8 @@
 #                memory tiles ahead across the grid barrier (Gluon cp.async) against sync_floor's
 #                launches and barrier, early -- the megakernel's premise, the last form unprobed
 #   attn_w8      the decode attention at 8 warps (MUSER_ATTN_RING / _GROWING=32x8, speed-only):
-#                the invariance module under it, then the decode A/B (270M, 1B)
+#                the invariance module under it, then the decode A/B (270M, 1B); with it
+#                MUSER_MERGE_LOADS=4-live (the folds' empty merges skipped)
 #   q8_default   CUDA's default for a head stored as Q8_0 (int8-head, bf16's logits): its GPU
 #                rows, the invariance module on it, what the load-time check costs
 #   (head_blocks, forty-third session: the same own tile for Q8_0 blocks, each 32-key block's
@@ -1282,8 +1283,11 @@ stage_attn_w8() {  # the decode attention launch is instruction-latency-bound (t
   echo "MUSER_ATTN_RING=32x8 MUSER_ATTN_GROWING=32x8" | tee -a "$OUT/plan.log"
   tests 300 tests/engine/test_invariance.py -k "cuda and not int8 and not q8"
   unset MUSER_ATTN_RING MUSER_ATTN_GROWING
+  # MUSER_MERGE_LOADS=4-live (a fold's merges past its count skipped: ~330 SASS instructions
+  # fewer a ring launch at 2k, the same bits -- its rows on the GPU, then beside the warps)
+  tests 120 tests/cuda/test_triton_decode.py -k "live or early"
   bench 420 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 2 \
-    --variants "W8:MUSER_ATTN_RING=32x8,MUSER_ATTN_GROWING=32x8;W8R:MUSER_ATTN_RING=32x8;W16:MUSER_ATTN_RING=32x16,MUSER_ATTN_GROWING=32x16"
+    --variants "W8:MUSER_ATTN_RING=32x8,MUSER_ATTN_GROWING=32x8;W8R:MUSER_ATTN_RING=32x8;W16:MUSER_ATTN_RING=32x16,MUSER_ATTN_GROWING=32x16;FL:MUSER_MERGE_LOADS=4-live;W8FL:MUSER_ATTN_RING=32x8,MUSER_ATTN_GROWING=32x8,MUSER_MERGE_LOADS=4-live"
 }
 
 stage_q8_default() {  # defaults.default_head: no quant asked for, a head its Q8_0 blocks give
