@@ -84,6 +84,11 @@ def test_exact_blocks_refuse_any_head_they_do_not_give_back():
     row = 1000 // SAMPLE_ROWS * 3 + 1
     w[row, 7] = w[row, 7] + torch.finfo(torch.bfloat16).eps * w[row, :32].abs().max() * 0.37
     assert not torch.equal(w, _q8_0_head(1000, 64)) and exact_blocks(w) is None
+    z = _q8_0_head(64, 64)
+    assert exact_blocks(z) is not None
+    zero = (z == 0).nonzero()[0]            # a q of 0 (~16 of 4,096 weights)
+    z[zero[0], zero[1]] = -0.0              # the same value as the blocks' +0.0, not the bits
+    assert torch.equal(z, _q8_0_head(64, 64)) and exact_blocks(z) is None
     assert exact_blocks(_q8_0_head(64, 64).float()) is None        # float32: no 16-bit cast
     assert exact_blocks(torch.zeros(8, 48, dtype=torch.bfloat16)) is None   # not whole blocks
     assert exact_blocks(torch.full((8, 32), 1e8).to(torch.bfloat16)) is None  # scale past f16

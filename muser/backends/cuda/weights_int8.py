@@ -169,16 +169,19 @@ def exact_blocks(w: torch.Tensor) -> BlockInt8 | None:
     n, k = w.shape
     if k % BLOCK or w.dtype not in (torch.bfloat16, torch.float16):
         return None
+    def same_bits(a, b):                    # -0.0 is not +0.0 here (torch.equal says it is)
+        return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
     sample = w[::max(1, n // SAMPLE_ROWS)][:SAMPLE_ROWS]
     try:
-        if not torch.equal(quantize_blocks(sample).dequantized(w.dtype), sample):
+        if not same_bits(quantize_blocks(sample).dequantized(w.dtype), sample):
             return None
         blocks = quantize_blocks(w)
     except ValueError:                                  # a scale past float16: not Q8_0
         return None
     for r in range(0, n, ROWS_AT_ONCE):
         part = BlockInt8(blocks.q[r:r + ROWS_AT_ONCE], blocks.scale[r:r + ROWS_AT_ONCE])
-        if not torch.equal(part.dequantized(w.dtype), w[r:r + ROWS_AT_ONCE]):
+        if not same_bits(part.dequantized(w.dtype), w[r:r + ROWS_AT_ONCE]):
             return None
     return blocks
 
