@@ -48,9 +48,11 @@ def merge_pieces() -> dict:
         H200, one 1B-shape launch at 2k: ring 10.5 / 9.8 / 11.2 us, growing 15.1 / 12.7 / 16.0
         at DEPTH 1 / 4 / 8, thirty-third session); a partial past `count` is empty and folds as
         an exact no-op, so the bits are DEPTH's to choose freely.  LIVE (MUSER_MERGE_LOADS=
-        4-live): those merges are skipped instead -- the same values; the decode launch is
-        instruction-latency-bound, and a ring row's top fold at 2k (5 groups: two trips of 4)
-        merges 3 empties, ~110 SASS instructions a warp each (sm_90, forty-fourth session)."""
+        4-live): those merges are skipped instead, the first partial taken as the total and
+        the rest merged without merge_one's empty / fresh selects -- the same values; the
+        decode launch is instruction-latency-bound, and a ring row's folds at 2k (a group of
+        4, then 5 groups in two trips of 4) run 12 merges of ~110 SASS instructions a warp
+        where 7 need no selects (sm_90, forty-fourth session)."""
         M = tl.full([BLOCK_GC], float("-inf"), tl.float32)
         L = tl.zeros([BLOCK_GC], tl.float32)
         A = tl.zeros([BLOCK_GC, DP], tl.float32)
@@ -64,15 +66,24 @@ def merge_pieces() -> dict:
                                               dm, cv, G, D, GS, TOP)
                 m3, l3, x3 = _load_parked(MS, LS, ACC, prow, i0 + 3, count, lo, a0, gc, gcm,
                                               dm, cv, G, D, GS, TOP)
-                M, L, A = _merge_one(M, L, A, m0, l0, x0)
-                if LIVE:            # the last trip's loads past count: not merged at all
+                if LIVE:
+                    # the first partial into the empty total is itself (merge_one's `fresh`);
+                    # past it the total is finite and every partial real (a parked split has
+                    # a visible key), where merge_live's expressions are merge_one's without
+                    # its two [BLOCK_GC, DP] selects; the last trip's loads past count are
+                    # not merged at all (merge_one folds them as empty: exact no-ops)
+                    if i0 == 0:
+                        M, L, A = m0, l0, x0
+                    else:
+                        M, L, A = _merge_live(M, L, A, m0, l0, x0)
                     if i0 + 1 < count:
-                        M, L, A = _merge_one(M, L, A, m1, l1, x1)
+                        M, L, A = _merge_live(M, L, A, m1, l1, x1)
                     if i0 + 2 < count:
-                        M, L, A = _merge_one(M, L, A, m2, l2, x2)
+                        M, L, A = _merge_live(M, L, A, m2, l2, x2)
                     if i0 + 3 < count:
-                        M, L, A = _merge_one(M, L, A, m3, l3, x3)
-                else:               # ... merged as empty partials: exact no-ops
+                        M, L, A = _merge_live(M, L, A, m3, l3, x3)
+                else:
+                    M, L, A = _merge_one(M, L, A, m0, l0, x0)
                     M, L, A = _merge_one(M, L, A, m1, l1, x1)
                     M, L, A = _merge_one(M, L, A, m2, l2, x2)
                     M, L, A = _merge_one(M, L, A, m3, l3, x3)
