@@ -170,7 +170,8 @@ def main():
         for n, r, nbuf, bk in ((1024, 8, 4, 128), (2048, 16, 4, 128), (2048, 16, 8, 128),
                                (2048, 16, 4, 512)):
             ptx = compile_sm90(n, r, nbuf, bk)
-            print(f"N {n}, R {r}, NBUF {nbuf}, BK {bk}: cp.async {len(re.findall(r'cp.async.c', ptx))}, "
+            copies = len(re.findall(r"cp.async.c", ptx))
+            print(f"N {n}, R {r}, NBUF {nbuf}, BK {bk}: cp.async {copies}, "
                   f"wait_group {ptx.count('cp.async.wait_group')}, bar.sync "
                   f"{ptx.count('bar.sync')}, ld.acquire {ptx.count('ld.acquire')}, "
                   f"atom {ptx.count('atom.')}, {len(ptx.splitlines())} lines")

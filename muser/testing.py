@@ -1,13 +1,12 @@
 """Tiny real models for tests and examples: random weights, a real trained tokenizer.
 
-Owns: `tiny_model_dir(...)` (a Hugging Face model directory written by
-transformers' own `save_pretrained`, with a small BPE tokenizer trained by
-`tokenizers` and a Gemma-style chat template) and `tiny_model(...)` (the same,
-loaded as a muser Engine); `q8_0_head_dir(...)` (a copy whose head holds Q8_0 values).
-Directories are cached per argument set for the
-life of the process; `prompt_ids(...)` (seeded token ids for such a model) and
-`continue_both(s1, s2)` (the same calls on two sessions, every logit and the caches compared
-bitwise).  Does not own: anything the engine needs at run time.
+Owns: `tiny_model_dir(...)` (a Hugging Face model directory written by transformers' own
+`save_pretrained`, with a small BPE tokenizer trained by `tokenizers` and a Gemma-style chat
+template) and `tiny_model(...)` (the same, loaded as a muser Engine); `q8_0_head_dir(...)` (a
+copy whose head holds Q8_0 values).  Directories are cached per argument set for the life of the
+process; `prompt_ids(...)` (seeded token ids for such a model) and `continue_both(s1, s2)` (the
+same calls on two sessions, every logit and the caches compared bitwise).  Does not own: anything
+the engine needs at run time.
 """
 from __future__ import annotations
 

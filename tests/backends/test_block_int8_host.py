@@ -2,9 +2,10 @@
 BlockInt8), host side: GGUF's Q8_0 layout -- int8 with a float16 scale a 32-key block.  Values
 that came from Q8_0 come back exactly (the embedded 270M's head among them, so its int8-head
 logits are the bf16 engine's); others are within half a step of their block; what cannot be
-held is refused.  `exact_blocks` (the CUDA default's test for a Q8_0 head, defaults.default_head)
-answers only for a head the blocks give back bit for bit.  The kernel: tests/cuda/test_triton_ops.py -k block_int8; the embedded GGUF's
-head: tests/model/test_gguf.py -k q8_0_blocks."""
+held is refused.  `exact_blocks` (the CUDA default's test for a Q8_0 head,
+defaults.default_head) answers only for a head the blocks give back bit for bit.  The kernel:
+tests/cuda/test_triton_ops.py -k block_int8; the embedded GGUF's head: tests/model/test_gguf.py
+-k q8_0_blocks."""
 import pytest
 import torch
 

@@ -98,10 +98,9 @@ def merge_groups(nsplit: int, group: int) -> int:
 
 def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads, head_dim,
             nsplit, scale, softcap, interleaved, ws, out, split, group, block_n, warps,
-            depth=1, acc_dot=False, prep="decode", capacity=0, sinks=None, v_norm=False,
-            fold_live=False,
-            k_eq_v=False, qout=None, grid_splits=None, pdl=False, maxnreg=None, prefetch=None,
-            early=False):
+            depth=1, fold_live=False, acc_dot=False, prep="decode", capacity=0, sinks=None,
+            v_norm=False, k_eq_v=False, qout=None, grid_splits=None, pdl=False, maxnreg=None,
+            prefetch=None, early=False):
     kern = _kernel()           # (the layout's chunk-only fields are left out: decode_keys)
     prepare = qout is not None and grid_splits == 1   # prepare_rows (prep "alone": PREP binary)
     B = table.shape[0]

@@ -8,18 +8,19 @@ so its logits are the bf16 engine's bit for bit (H200, benchmarks/q8_head_check.
 a weight instead of 16.  The tile that keeps those bits (the bf16 tile's MMA layout,
 triton_dot_loads.py) runs the head in bf16's time on an H200 and faster on an H100 (a 1B-shape
 step -61 us); `exact_blocks` finds such a head, for CUDA's default (defaults.default_head).
-`quant="int8-head-fast"`: the head
-alone as `HeadInt8` -- int8 rows read in the tensor core's own int8 layout (no fence), every
-row of every path through the one 16-row decode tile, so the logits are the mode's own (not
-bf16's: the row scale rounds) but one arithmetic per token within it; time, not only memory.
+`quant="int8-head-fast"`: the head alone as `HeadInt8` -- int8 rows read in the tensor core's
+own int8 layout (no fence), every row of every path through the one 16-row decode tile, so the
+logits are the mode's own (not bf16's: the row scale rounds) but one arithmetic per token within
+it; time, not only memory.
 
 Owns: `RowInt8` (what `dot_rows(x, q, scale=s)` takes), `quantize_rows`, `quantize_blocks`,
 `exact_blocks`, `quantize_weights` and `why_not_int8` (what the mode needs: the fused decode
-step, its exact chunks, no experts).  Does not own: the kernel (triton_dot.py: int8 -> the activation dtype in registers, exact for
-|q| <= 127; the dot is the bf16 one; the scale multiplies each float32 sum once all its split-K
-pieces are in -- so the rows stay invariant, as with bf16 weights), the accuracy contract
-(benchmarks/gpu_weight_accuracy.py on the embedded 270M against float32: KL 5.0e-3, top-1
-0.966, the CPU default's 5.2e-3 / 0.961; bf16 weights: 6.5e-5).
+step, its exact chunks, no experts).  Does not own: the kernel (triton_dot.py: int8 -> the
+activation dtype in registers, exact for |q| <= 127; the dot is the bf16 one; the scale
+multiplies each float32 sum once all its split-K pieces are in -- so the rows stay invariant, as
+with bf16 weights), the accuracy contract (benchmarks/gpu_weight_accuracy.py on the embedded
+270M against float32: KL 5.0e-3, top-1 0.966, the CPU default's 5.2e-3 / 0.961; bf16 weights:
+6.5e-5).
 
     w [N, K] float  ->  scale[n] = max_k |w[n, k]| / 127,  q[n, k] = round(w[n, k] / scale[n])
     y[b, n] = (sum_k x[b, k] * q[n, k]) * scale[n]    (+ bias)
@@ -166,12 +167,12 @@ def exact_blocks(w: torch.Tensor) -> BlockInt8 | None:
     of rows is tried first, so a head that never was Q8_0 costs a sample's search, not the
     head's.  The whole head is then compared in bounded slices (a 4B head dequantized to
     float32 at once would be 2.7 GB)."""
-    n, k = w.shape
-    if k % BLOCK or w.dtype not in (torch.bfloat16, torch.float16):
-        return None
     def same_bits(a, b):                    # -0.0 is not +0.0 here (torch.equal says it is)
         return torch.equal(a.view(torch.int16), b.view(torch.int16))
 
+    n, k = w.shape
+    if k % BLOCK or w.dtype not in (torch.bfloat16, torch.float16):
+        return None
     sample = w[::max(1, n // SAMPLE_ROWS)][:SAMPLE_ROWS]
     try:
         if not same_bits(quantize_blocks(sample).dequantized(w.dtype), sample):
