@@ -67,9 +67,12 @@
 #   sync_pipe    sync_pipe_probe.py: the persistent form with weights streamed through shared
 #                memory tiles ahead across the grid barrier (Gluon cp.async) against sync_floor's
 #                launches and barrier, early -- the megakernel's premise, the last form unprobed
+#                (forty-fifth session, H100: 8 MB a stage 7.51 us streamed against 3.91 launched)
 #   attn_w8      the decode attention at 8 warps (MUSER_ATTN_RING / _GROWING=32x8, speed-only):
-#                the invariance module under it, then the decode A/B (270M, 1B); with it
-#                MUSER_MERGE_LOADS=4-live (the folds' empty merges skipped)
+#                the invariance module under it, then the decode A/B (270M, 1B).  Forty-fifth
+#                session, H100: 8 warps +3 / +10 us a step, 16 warps +50 / +70 (the same bits);
+#                with it ran MUSER_MERGE_LOADS=4-live (the folds' empty merges skipped): even
+#                (-3 / +4 us); the code is gone, commit a15e61d has it
 #   q8_default   CUDA's default for a head stored as Q8_0 (int8-head, bf16's logits): its GPU
 #                rows, the invariance module on it, what the load-time check costs
 #   (head_blocks, forty-third session: the same own tile for Q8_0 blocks, each 32-key block's
@@ -1283,11 +1286,8 @@ stage_attn_w8() {  # the decode attention launch is instruction-latency-bound (t
   echo "MUSER_ATTN_RING=32x8 MUSER_ATTN_GROWING=32x8" | tee -a "$OUT/plan.log"
   tests 300 tests/engine/test_invariance.py -k "cuda and not int8 and not q8"
   unset MUSER_ATTN_RING MUSER_ATTN_GROWING
-  # MUSER_MERGE_LOADS=4-live (a fold's merges past its count skipped: ~330 SASS instructions
-  # fewer a ring launch at 2k, the same bits -- its rows on the GPU, then beside the warps)
-  tests 120 tests/cuda/test_triton_decode.py -k "live or early"
   bench 420 . benchmarks/exact_ab.py --models 270m,1b --trees exact --decode-only --rounds 2 \
-    --variants "W8:MUSER_ATTN_RING=32x8,MUSER_ATTN_GROWING=32x8;W8R:MUSER_ATTN_RING=32x8;W16:MUSER_ATTN_RING=32x16,MUSER_ATTN_GROWING=32x16;FL:MUSER_MERGE_LOADS=4-live;W8FL:MUSER_ATTN_RING=32x8,MUSER_ATTN_GROWING=32x8,MUSER_MERGE_LOADS=4-live"
+    --variants "W8:MUSER_ATTN_RING=32x8,MUSER_ATTN_GROWING=32x8;W8R:MUSER_ATTN_RING=32x8;W16:MUSER_ATTN_RING=32x16,MUSER_ATTN_GROWING=32x16"
 }
 
 stage_q8_default() {  # defaults.default_head: no quant asked for, a head its Q8_0 blocks give

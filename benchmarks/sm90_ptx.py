@@ -122,9 +122,6 @@ CONFIGS = [
     ("decode ring fused, L2 prefetch row", "decode", dict(NPF=32, PF_LANES=128), 4),
     # MUSER_ATTN_EARLY: the prologue's loads before the PDL wait, idle splits leave before it
     ("decode ring fused, early prologue", "decode", dict(EARLY=True), 4),
-    # MUSER_MERGE_LOADS=4-live: a fold's merges past its count skipped (the same bits)
-    ("decode ring fused, early prologue, live merges", "decode", dict(EARLY=True, FOLD_LIVE=True),
-     4),
     ("decode growing fused, early prologue, L2 prefetch row", "decode",
      dict(NSPLIT=257, SPLIT=128, GS=16, RING=False, NPF=32, PF_LANES=128, EARLY=True), 4),
     ("decode growing fused, <= 168 registers", "decode", dict(NSPLIT=257, SPLIT=128, GS=16,

@@ -49,14 +49,10 @@ KNOBS: dict[str, tuple[str, str, str, str]] = {
     "MUSER_GROWING_GROUP": ("int >= 1", "16", "backends/cuda (attention)",
                             "growing-plane splits per first-level merge group (part of the "
                             "arithmetic: experiments)"),
-    "MUSER_MERGE_LOADS": ("1|4|4-live", "4", "backends/cuda (decode attention)",
+    "MUSER_MERGE_LOADS": ("1|4", "4", "backends/cuda (decode attention)",
                           "parked split partials loaded at once by a decode merge (the same "
                           "bits either way; H200: 4 is 5% faster for a ring layer at 2k, 10% "
-                          "for a global layer at 32k); 4-live: and the merges of the loads past "
-                          "the count skipped, not folded as empty, the first partial taken as "
-                          "the total and the rest merged without the empty / fresh selects "
-                          "(the same values; ~3 fewer of a ring row's 12 merges at 2k -- not "
-                          "yet measured)"),
+                          "for a global layer at 32k)"),
     "MUSER_CHUNK_LOOP": ("auto|nested|flat", "auto", "backends/cuda (chunk attention)",
                          "the chunk attention's loop: splits then tiles, or one loop over the tiles "
                          "(the same bits; auto: flat on rings, on growing splits of one tile "

@@ -35,7 +35,6 @@ def test_defaults_without_any_knob():
     ("MUSER_CHUNKS", "fast", "chunks", "fast"),
     ("MUSER_RING_GROUP", "8", "ring_group", 8),
     ("MUSER_MERGE_LOADS", "4", "merge_loads", "4"),
-    ("MUSER_MERGE_LOADS", "4-live", "merge_loads", "4-live"),
     ("MUSER_CHUNK_LOOP", "flat", "chunk_loop", "flat"),
     ("MUSER_CHUNK_COLUMNS", "2", "chunk_columns", "2"),
     ("MUSER_GROWING_GROUP", "8", "growing_group", 8),

@@ -92,8 +92,7 @@ def test_every_cuda_module_imports_without_triton():
                     "depth": 4, "interior": True, "acc_dot": True}),
     (True, Env(), {"split": 128, "group": 16, "block_n": 32, "chunk_loop": "aligned", "dsplit": 1,
                    "depth": 4, "interior": True, "acc_dot": True}),
-    (True, Env(merge_loads="1"), {"depth": 1, "fold_live": False}),
-    (False, Env(merge_loads="4-live"), {"depth": 4, "fold_live": True}),
+    (True, Env(merge_loads="1"), {"depth": 1}),
     (False, Env(chunk_loop="nested", ring_group=1 << 16), {"group": 1 << 16, "chunk_loop": "nested"}),
     (True, Env(chunk_columns="2", growing_rows=100), {"split": 128, "dsplit": 2}),   # whole tiles
     # growing splits of one tile take the flat loop too (auto: rings and one-tile splits flat)
@@ -113,7 +112,6 @@ def test_the_cuda_attention_layout_follows_the_env(growing, env, want):
     (Env(attn_tiles="masked"), True),          # a speed choice: the same bits
     (Env(chunk_loop="nested"), True),
     (Env(merge_loads="1"), True),
-    (Env(merge_loads="4-live"), True),         # the empty merges skipped: exact no-ops
     (Env(dot_tma="on"), True), (Env(dot_tma="off"), True),     # how a tile reaches smem
     (Env(attn_acc="add"), False),              # the arithmetic
     (Env(ring_rows=64), False),

@@ -116,11 +116,10 @@ def _torch_qk(qkv, pos, cos, sin, qn, kn, heads, kv, d, interleaved):
 
 
 def _fused_case(kind, lens, heads, kv, d, dtype, dev, cap, qk_norm, rope, interleaved, seed,
-                maxnreg=None, early=False, lay_over=None):
+                maxnreg=None, early=False):
     """Planes at `lens`, then one decode token per row: fused, separate, fused again
     ([outputs], [planes after each], inputs); `maxnreg` caps every launch's registers; `early`:
-    the fused launches read their prologue before the PDL wait (with PDL on an sm_90 GPU);
-    `lay_over`: layout fields replaced (speed fields: the bits must not move)."""
+    the fused launches read their prologue before the PDL wait (with PDL on an sm_90 GPU)."""
     from muser.backends.cuda.triton_decode import DecodeWorkspace, decode_attention, fused_decode_attention
     from muser.backends.cuda.triton_ops import qk_rope_store
     g = torch.Generator().manual_seed(seed)
@@ -143,7 +142,6 @@ def _fused_case(kind, lens, heads, kv, d, dtype, dev, cap, qk_norm, rope, interl
             p.append_batch(n, 1)
             meta.append([slot, p.len])
         _, table, _, nsplit, capacity, lay = inputs(planes, dev)
-        lay = {**lay, **(lay_over or {})}
         meta = torch.tensor(meta, dtype=torch.int64, device=dev)
         ws = DecodeWorkspace(B, kv, heads // kv, d, nsplit, dev)
         out = torch.full((B, heads, d), float("nan"), dtype=dtype, device=dev)
@@ -230,20 +228,6 @@ def test_an_early_prologue_is_timing_not_bits(dev, kdtype, kind, lens, cap, qk_n
     early = _fused_case(kind, lens, 4, 1, 256, kdtype, dev, cap, qk_norm, rope, False, seed=5,
                         early=True)
     _same_bits(one, early)
-
-
-@pytest.mark.interp
-@pytest.mark.parametrize("kind,lens,cap", [("ring", (1, 37, 64, 100, 131), 64),
-                                           ("growing", (0, 4, 300, 2049), None)])
-def test_live_merges_skip_only_exact_no_ops(dev, kdtype, kind, lens, cap):
-    """MUSER_MERGE_LOADS=4-live: a fold's last trip merges only the partials it has (a group
-    of 2 or 3 splits, a top fold of 2 groups -- every row here has one) instead of folding
-    the loads past the count as empty partials: every output and stored row bitwise the
-    same."""
-    one = _fused_case(kind, lens, 4, 1, 256, kdtype, dev, cap, True, True, False, seed=7)
-    live = _fused_case(kind, lens, 4, 1, 256, kdtype, dev, cap, True, True, False, seed=7,
-                       lay_over={"fold_live": True})
-    _same_bits(one, live)
 
 
 @pytest.mark.interp

@@ -96,8 +96,7 @@ def layout(growing: bool, head_dim: int, env: Env = Env()) -> dict:
     split = env.growing_rows if growing else env.ring_rows
     split = max(block_n, -(-split // block_n) * block_n)          # whole tiles per split
     return {"split": split, "group": env.growing_group if growing else env.ring_group,
-            "block_n": block_n, "warps": warps, "depth": int(env.merge_loads.split("-")[0]),
-            "fold_live": env.merge_loads == "4-live",
+            "block_n": block_n, "warps": warps, "depth": int(env.merge_loads),
             # auto: flat on rings and on growing splits of one tile (16k prefill, 1B global
             # layer 6.8 -> 5.4 ms, where nested one-tile splits took 2x); on longer growing
             # splits "aligned": flat where a chunk's rows run aligned without selects

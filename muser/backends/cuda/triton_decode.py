@@ -98,9 +98,9 @@ def merge_groups(nsplit: int, group: int) -> int:
 
 def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_heads, head_dim,
             nsplit, scale, softcap, interleaved, ws, out, split, group, block_n, warps,
-            depth=1, fold_live=False, acc_dot=False, prep="decode", capacity=0, sinks=None,
-            v_norm=False, k_eq_v=False, qout=None, grid_splits=None, pdl=False, maxnreg=None,
-            prefetch=None, early=False):
+            depth=1, acc_dot=False, prep="decode", capacity=0, sinks=None, v_norm=False,
+            k_eq_v=False, qout=None, grid_splits=None, pdl=False, maxnreg=None, prefetch=None,
+            early=False):
     kern = _kernel()           # (the layout's chunk-only fields are left out: decode_keys)
     prepare = qout is not None and grid_splits == 1   # prepare_rows (prep "alone": PREP binary)
     B = table.shape[0]
@@ -129,7 +129,7 @@ def _launch(qkv, q, pos, cos, sin, q_norm, k_norm, eps, table, meta, heads, kv_h
         *pf_args,
         H=heads, KV=kv_heads, G=G, D=head_dim, HALF=half, BLOCK_H=block_h,
         BLOCK_G=_pow2(G, 16), BLOCK_GC=_pow2(G), BLOCK_N=block_n, NSPLIT=nsplit, SPLIT=split,
-        GS=group, DEPTH=depth, FOLD_LIVE=bool(fold_live), FUSED=qkv is not None,
+        GS=group, DEPTH=depth, FUSED=qkv is not None,
         QK_NORM=q_norm is not None, ROPE=rope, INTERLEAVED=bool(interleaved),
         SOFTCAP=softcap is not None, SINKS=sinks is not None, V_NORM=bool(v_norm),
         K_EQ_V=bool(k_eq_v), RING=capacity > 0, ACC_DOT=bool(acc_dot),

@@ -87,7 +87,7 @@ def _kernel():
                     V_NORM: tl.constexpr, K_EQ_V: tl.constexpr, RING: tl.constexpr,
                     ACC_DOT: tl.constexpr, PDL: tl.constexpr, PREP: tl.constexpr = False,
                     NPF: tl.constexpr = 0, PF_LANES: tl.constexpr = 128,
-                    EARLY: tl.constexpr = False, FOLD_LIVE: tl.constexpr = False):
+                    EARLY: tl.constexpr = False):
         pid = tl.program_id(0)                    # b * KV + kvh (NPF: row NROWS prefetches)
         s = tl.program_id(1)                      # split, counted from the row's first
         # NPF (l2_prefetch.py): one more grid row whose first NPF programs bring the next
@@ -257,8 +257,7 @@ def _kernel():
                         tl.store(gcnt, 0)
                         M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, g_first - a0,
                                         g_last - g_first + 1, a0,
-                                        gc, gcm, dm, cv, G, D, GS, False, DEPTH, BLOCK_GC, 2 * BLOCK_H,
-                                        FOLD_LIVE)
+                                        gc, gcm, dm, cv, G, D, GS, False, DEPTH, BLOCK_GC, 2 * BLOCK_H)
                         if ngrp > 1:                      # park the group's total in its first slot
                             gb = (pid * NSPLIT + g_first - a0) * G + gc
                             tl.store(MS + gb, M, mask=gcm)
@@ -271,8 +270,7 @@ def _kernel():
                                 tl.store(CNT + pid, 0)
                                 # (a chunk folds one group's total into an empty total too: exact)
                                 M, L, A = _fold(MS, LS, ACC, pid * NSPLIT, 0, ngrp, a0, gc, gcm, dm, cv,
-                                                G, D, GS, True, DEPTH, BLOCK_GC, 2 * BLOCK_H,
-                                                FOLD_LIVE)
+                                                G, D, GS, True, DEPTH, BLOCK_GC, 2 * BLOCK_H)
                                 _row_out(O, SNK, b, kvh, gc, gcm, dm, cv, M, L, A, H, G, D,
                                          SINKS)
                         else:

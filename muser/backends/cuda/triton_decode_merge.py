@@ -41,18 +41,13 @@ def merge_pieces() -> dict:
     @triton.jit
     def fold(MS, LS, ACC, prow, lo, count, a0, gc, gcm, dm, cv, G: tl.constexpr, D: tl.constexpr,
              GS: tl.constexpr, TOP: tl.constexpr, DEPTH: tl.constexpr, BLOCK_GC: tl.constexpr,
-             DP: tl.constexpr, LIVE: tl.constexpr = False):
+             DP: tl.constexpr):
         """Fold `count` parked partials into an empty total, one by one in order (merge_one:
         the chunk's order and arithmetic).  DEPTH 4 issues four partials' loads before folding
         them (the fold is load-latency-bound: a ring row's 17 splits are 17 rounds at DEPTH 1;
         H200, one 1B-shape launch at 2k: ring 10.5 / 9.8 / 11.2 us, growing 15.1 / 12.7 / 16.0
         at DEPTH 1 / 4 / 8, thirty-third session); a partial past `count` is empty and folds as
-        an exact no-op, so the bits are DEPTH's to choose freely.  LIVE (MUSER_MERGE_LOADS=
-        4-live): those merges are skipped instead, the first partial taken as the total and
-        the rest merged without merge_one's empty / fresh selects -- the same values; the
-        decode launch is instruction-latency-bound, and a ring row's folds at 2k (a group of
-        4, then 5 groups in two trips of 4) run 12 merges of ~110 SASS instructions a warp
-        where 7 need no selects (sm_90, forty-fourth session)."""
+        an exact no-op, so the bits are DEPTH's to choose freely."""
         M = tl.full([BLOCK_GC], float("-inf"), tl.float32)
         L = tl.zeros([BLOCK_GC], tl.float32)
         A = tl.zeros([BLOCK_GC, DP], tl.float32)
@@ -66,27 +61,10 @@ def merge_pieces() -> dict:
                                               dm, cv, G, D, GS, TOP)
                 m3, l3, x3 = _load_parked(MS, LS, ACC, prow, i0 + 3, count, lo, a0, gc, gcm,
                                               dm, cv, G, D, GS, TOP)
-                if LIVE:
-                    # the first partial into the empty total is itself (merge_one's `fresh`);
-                    # past it the total is finite and every partial real (a parked split has
-                    # a visible key), where merge_live's expressions are merge_one's without
-                    # its two [BLOCK_GC, DP] selects; the last trip's loads past count are
-                    # not merged at all (merge_one folds them as empty: exact no-ops)
-                    if i0 == 0:
-                        M, L, A = m0, l0, x0
-                    else:
-                        M, L, A = _merge_live(M, L, A, m0, l0, x0)
-                    if i0 + 1 < count:
-                        M, L, A = _merge_live(M, L, A, m1, l1, x1)
-                    if i0 + 2 < count:
-                        M, L, A = _merge_live(M, L, A, m2, l2, x2)
-                    if i0 + 3 < count:
-                        M, L, A = _merge_live(M, L, A, m3, l3, x3)
-                else:
-                    M, L, A = _merge_one(M, L, A, m0, l0, x0)
-                    M, L, A = _merge_one(M, L, A, m1, l1, x1)
-                    M, L, A = _merge_one(M, L, A, m2, l2, x2)
-                    M, L, A = _merge_one(M, L, A, m3, l3, x3)
+                M, L, A = _merge_one(M, L, A, m0, l0, x0)
+                M, L, A = _merge_one(M, L, A, m1, l1, x1)
+                M, L, A = _merge_one(M, L, A, m2, l2, x2)
+                M, L, A = _merge_one(M, L, A, m3, l3, x3)
             else:
                 m0, l0, x0 = _load_parked(MS, LS, ACC, prow, i0, count, lo, a0, gc, gcm,
                                               dm, cv, G, D, GS, TOP)
