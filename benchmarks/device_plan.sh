@@ -75,6 +75,8 @@
 #                (-3 / +4 us); the code is gone, commit a15e61d has it
 #   q8_default   CUDA's default for a head stored as Q8_0 (int8-head, bf16's logits): its GPU
 #                rows, the invariance module on it, what the load-time check costs
+#   q8_embed     the same with the lookup read from the head's blocks (EmbedBlocks), and
+#                embed_norm's rows
 #   (head_blocks, forty-third session: the same own tile for Q8_0 blocks, each 32-key block's
 #    dot times its scale -- the heads at 0.75-0.85x bf16's time against the rows' 0.54-0.71x on
 #    an H100; the code is gone, commit 99b5b5d has it)
@@ -1298,6 +1300,13 @@ stage_q8_default() {  # defaults.default_head: no quant asked for, a head its Q8
   tests 240 tests/cuda/test_int8_step.py -k "q8_0 or default"
   tests 300 tests/engine/test_invariance.py -k "q8-head"
   bench 120 . benchmarks/head_blocks_cost.py
+}
+
+stage_q8_embed() {  # the default's lookup from a tied Q8_0 head's blocks (EmbedBlocks: the
+  # bf16 table dropped, 270M 335 -> 178 MB): the launch's rows, the engine rows and the
+  # invariance module through it (every prefill / decode row's embedding from the blocks)
+  tests 120 tests/cuda/test_triton_ops.py -k embed_norm
+  stage_q8_default
 }
 
 stage_head_fence_ab() {  # carry .prev = this tree with DecodeStep._dot's HeadInt8 call fenced

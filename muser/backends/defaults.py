@@ -34,18 +34,19 @@ def default_head(config: EngineConfig, spec, weights, env) -> EngineConfig:
     move between the two) and whose head reads ~half the bytes (H100: a 270M-shape step -29 us,
     1B -61, 4B -134; H200: even -- benchmarks/RESULTS.md, forty-fourth session).  Any other
     head, an explicit quant, or a model the int8 path does not take: `config` as it is.  Sets
-    weights.lm_head to the blocks it found (the backend keeps them, no second search)."""
+    weights.lm_head to the blocks it found (the backend keeps them, no second search) and a tied
+    head's lookup table to them too (weights_int8.keep_blocks: the float table dropped)."""
     if (config.quant != "none" or config.backend != "ring" or config.device.split(":")[0] != "cuda"
             or config.dtype not in ("bfloat16", "float16")):
         return config
     from dataclasses import replace
-    from .cuda.weights_int8 import exact_blocks, why_not_int8
+    from .cuda.weights_int8 import exact_blocks, keep_blocks, why_not_int8
     if why_not_int8(spec, weights, env):
         return config
     blocks = exact_blocks(weights.output)
     if blocks is None:
         return config
-    weights.lm_head = blocks
+    keep_blocks(weights, blocks)
     return replace(config, quant="int8-head")
 
 

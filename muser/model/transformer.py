@@ -71,8 +71,10 @@ def feed_forward(lw: LayerWeights, spec: ModelSpec, h: torch.Tensor, x: torch.Te
 
 # ----------------------------------------------------------------------------- model
 def embed(weights: Weights, spec: ModelSpec, ids: torch.Tensor) -> torch.Tensor:
-    """ids [T] int64 -> h [T, hidden] in the weights' dtype."""
-    h = F.embedding(ids, weights.embed)
+    """ids [T] int64 -> h [T, hidden] in the weights' dtype.  A table that reads its own rows
+    (`rows`: CUDA's EmbedBlocks, a tied head's exact Q8_0 blocks) gives the float table's."""
+    table = weights.embed
+    h = table.rows(ids) if hasattr(table, "rows") else F.embedding(ids, table)
     if spec.embed_scale != 1.0:
         # Gemma rounds the scale to the activation dtype first (bf16: sqrt(640) -> 25.25)
         h = h * torch.tensor(spec.embed_scale, dtype=h.dtype)

@@ -104,7 +104,8 @@ class LayerWeights:
 
 @dataclass
 class Weights:
-    embed: torch.Tensor                           # [vocab, hidden]
+    embed: torch.Tensor                           # [vocab, hidden] (or rows read from the head's
+                                                  # exact blocks: cuda/weights_int8.EmbedBlocks)
     final_norm: torch.Tensor                      # [hidden]
     layers: list[LayerWeights] = field(default_factory=list)
     lm_head: torch.Tensor | None = None           # [vocab, hidden]; None when tied to embed

@@ -1,12 +1,16 @@
 """int8 weights for CUDA, host side on the CPU (backends/cuda/weights_int8.py): the per-row
 quantization and its error bound, q|k|v and gate|up joined with their scales, what the mode
 refuses (and where: `defaults.check` for the configuration, `check_model` for the model),
-and the weights' byte count.  The kernel and the engine mode on real kernels:
+the weights' byte count, and a tied Q8_0 head's lookup read from its blocks.  The kernel and the engine mode on real kernels:
 tests/cuda/test_int8_step.py."""
+from dataclasses import replace
+
 import pytest
 import torch
+import torch.nn.functional as F
 
-from muser.backends.cuda.weights_int8 import (BlockInt8, HeadInt8, RowInt8, quantize_blocks,
+from muser.backends.cuda.weights_int8 import (BlockInt8, EmbedBlocks, HeadInt8, RowInt8,
+                                              exact_blocks, keep_blocks, quantize_blocks,
                                               quantize_rows, quantize_weights, why_not_int8)
 from muser.backends.defaults import check, default_head
 from muser.config import EngineConfig
@@ -95,18 +99,58 @@ def test_the_cuda_default_keeps_a_q8_0_head_as_its_blocks(device, dtype, quant, 
     w = eng.weights
     if head == "q8_0":                      # a tied head whose values came from Q8_0 blocks
         w.embed = quantize_blocks(w.embed.float()).dequantized().to(torch.bfloat16)
+    table, before = w.embed, w.nbytes()
     config = EngineConfig(device=device, dtype=dtype, quant=quant, backend=backend)
     out = default_head(config, eng.spec, w, env)
     assert out.quant == runs
     if runs == "int8-head":
         assert out == EngineConfig(device=device, dtype=dtype, quant=runs, backend=backend)
         assert isinstance(w.lm_head, BlockInt8)
-        assert torch.equal(w.lm_head.dequantized(torch.bfloat16), w.embed)
+        assert torch.equal(w.lm_head.dequantized(torch.bfloat16), table)
+        # the lookup reads the same blocks: the float table is gone, not kept beside them
+        assert isinstance(w.embed, EmbedBlocks) and w.embed.blocks is w.lm_head
+        assert w.nbytes() == before - table.numel() * 2 + w.lm_head.nbytes()
         kept = w.lm_head
         quantize_weights(w, "int8-head")                        # the backend: no second search
         assert w.lm_head is kept
     else:
-        assert out is config and w.lm_head is None
+        assert out is config and w.lm_head is None and w.embed is table
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_a_lookup_from_a_tied_heads_exact_blocks_is_the_float_tables(scaled):
+    """EmbedBlocks.rows (transformer.embed, every chunk's first step) == F.embedding of the
+    float table it replaced, and Gemma's scale after it -- torch.equal, repeated ids, every
+    row of the table once."""
+    from muser.model import transformer as tf
+    eng = tiny_model("gemma3", window=4, tokenizer=False, dtype="bfloat16")
+    w, spec = eng.weights, eng.spec
+    table = quantize_blocks(w.embed.float()).dequantized().to(torch.bfloat16)
+    w.embed = table
+    keep_blocks(w, exact_blocks(table))
+    assert isinstance(w.embed, EmbedBlocks) and w.dtype == torch.bfloat16
+    spec = spec if scaled else replace(spec, embed_scale=1.0)
+    ids = torch.cat([torch.arange(table.shape[0]), torch.tensor([7, 7, 0])])
+    want = F.embedding(ids, table)
+    if scaled:
+        want = want * torch.tensor(spec.embed_scale, dtype=torch.bfloat16)
+    assert torch.equal(tf.embed(w, spec, ids), want)
+
+
+def test_an_explicit_int8_head_on_a_q8_0_head_keeps_the_exact_blocks():
+    """quant="int8-head" asked for: a head its blocks give back exactly is kept as those blocks
+    (the lookup reading them too, as the default does); any other head gets the nearest Q8_0
+    blocks and keeps its float table."""
+    eng = tiny_model("gemma3", window=4, tokenizer=False, dtype="bfloat16")
+    w = eng.weights
+    table = w.embed
+    quantize_weights(w, "int8-head")                       # a random head: nearest blocks
+    assert w.embed is table and isinstance(w.lm_head, BlockInt8)
+    w.lm_head, w.embed = None, quantize_blocks(table.float()).dequantized().to(torch.bfloat16)
+    exact = w.embed
+    quantize_weights(w, "int8-head")
+    assert isinstance(w.embed, EmbedBlocks) and w.embed.blocks is w.lm_head
+    assert torch.equal(w.lm_head.dequantized(torch.bfloat16), exact)
 
 
 def test_quantized_weights_count_their_bytes_and_keep_the_lookup_table():

@@ -217,13 +217,18 @@ def test_a_q8_0_head_through_int8_head_is_the_bf16_head_bit_for_bit(embedded):
 @needs_gpu
 def test_the_cuda_default_runs_a_q8_0_head_as_its_blocks_with_bf16_logits():
     """No quant asked for, a head stored as Q8_0 (defaults.default_head): the engine runs
-    quant="int8-head" -- bf16's logits, greedy picks and K/V rows bit for bit, so a cut moves
-    either way -- while a head that is not Q8_0 keeps quant="none"."""
+    quant="int8-head", its lookup from the same blocks -- bf16's logits, greedy picks and K/V
+    rows bit for bit, so a cut moves either way, in fewer bytes -- while a head that is not
+    Q8_0 keeps quant="none"."""
     path = str(_q8_0_head_dir())
     bf = muser.load(path, device="cuda", dtype="bfloat16", quant="none", progress=False)
     auto = muser.load(path, device="cuda", progress=False)
     assert (bf.config.quant, auto.config.quant) == ("none", "int8-head")
     assert isinstance(auto.weights.output, BlockInt8) and auto.encoding == bf.encoding
+    # the lookup reads the head's blocks (its float table dropped): the embedding rows of
+    # every prefill and decode below come from the blocks, in the chunk and the step kernels
+    assert auto.weights.embed.blocks is auto.weights.output
+    assert auto.weights.nbytes() < bf.weights.nbytes()
     a, b = bf.new_session(), auto.new_session()
     assert torch.equal(a.prefill(IDS), b.prefill(IDS))
     for t in (5, 17, 99):

@@ -67,6 +67,31 @@ def test_embed_norm_gives_the_embedding_its_scale_and_the_first_norm_bitwise(dev
 
 
 @pytest.mark.interp
+@pytest.mark.parametrize("scaled", [False, True])
+def test_embed_norm_reads_a_tied_heads_exact_blocks_as_the_float_table(dev, kdtype, scaled):
+    """The default's lookup from a tied Q8_0 head's blocks (weights_int8.EmbedBlocks): the
+    launch dequantizes each row in the kernel and gives F.embedding of the float table it
+    replaced -- h and the first norm's x, torch.equal; an id past the first block row too."""
+    from muser.backends.cuda.triton_ops import add_norm, embed_norm
+    from muser.backends.cuda.weights_int8 import EmbedBlocks, exact_blocks, quantize_blocks
+    V, N = 50, 640
+    g = torch.Generator().manual_seed(4)
+    table = quantize_blocks(torch.randn(V, N, generator=g) * 0.05).dequantized().to(kdtype)
+    blocks = exact_blocks(table)
+    assert blocks is not None
+    rows = EmbedBlocks(type(blocks)(blocks.q.to(dev), blocks.scale.to(dev)), kdtype)
+    table = table.to(dev)
+    ids = torch.tensor([3, 0, 49, 3, 17], device=dev)
+    scale = torch.tensor(640 ** 0.5, dtype=kdtype, device=dev) if scaled else None
+    wn = torch.randn(N, generator=g).to(dev)
+    h, x = embed_norm(ids, rows, scale, wn, 1e-6, False)
+    rh, rx = embed_norm(ids, table, scale, wn, 1e-6, False)
+    want = F.embedding(ids, table) * (scale if scaled else 1)
+    assert torch.equal(h, rh) and torch.equal(x, rx) and torch.equal(h, want.to(kdtype))
+    assert torch.equal(x, add_norm(want.to(kdtype), wn, 1e-6, False)[1])
+
+
+@pytest.mark.interp
 @pytest.mark.parametrize("int8", [False, True])
 @pytest.mark.parametrize("rows,piece", [(1, 0), (16, 0), (70, 0), (5, 32)])
 def test_a_widened_dot_holds_the_float_of_the_rounded_dot(dev, kdtype, int8, rows, piece):

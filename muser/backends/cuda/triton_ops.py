@@ -117,17 +117,24 @@ def _kernels():
             tl.store(vp + off + i1, tl.load(vsrc + i1, mask=mask, other=0.0), mask=mask)
 
     @triton.jit
-    def embed_norm_kernel(IDS, E, SCALE, W_NEXT, H_OUT, X_OUT, eps, N: tl.constexpr,
+    def embed_norm_kernel(IDS, E, ES, SCALE, W_NEXT, H_OUT, X_OUT, eps, N: tl.constexpr,
                           BLOCK: tl.constexpr, SCALED: tl.constexpr, LAYERNORM: tl.constexpr,
-                          NEXT: tl.constexpr, PDL: tl.constexpr):
+                          NEXT: tl.constexpr, PDL: tl.constexpr, Q8: tl.constexpr):
         """h = E[ids] (* SCALE, rounded once: transformer.embed) stored, then add_norm's x =
-        norm(h) from the same tail -- the embedding, its scale and the first norm in one launch."""
+        norm(h) from the same tail -- the embedding, its scale and the first norm in one launch.
+        Q8: E int8 and ES its float16 scale a 32-key block (EmbedBlocks): h = dtype(q * s),
+        the product exact in float32, EmbedBlocks.rows' one rounding."""
         _pdl_begin(PDL)                     # PDL: the ids are the step's upload
         row = tl.program_id(0).to(tl.int64)
         i = tl.arange(0, BLOCK)
         mask = i < N
         tok = tl.load(IDS + row).to(tl.int64)
-        h = tl.load(E + tok * N + i, mask=mask, other=0.0)
+        if Q8:
+            q = tl.load(E + tok * N + i, mask=mask, other=0).to(tl.float32)
+            s = tl.load(ES + tok * (N // 32) + i // 32, mask=mask, other=0.0).to(tl.float32)
+            h = (q * s).to(H_OUT.dtype.element_ty)
+        else:
+            h = tl.load(E + tok * N + i, mask=mask, other=0.0)
         if SCALED:          # bf16 x bf16 is exact in float32: one rounding, torch's
             h = (h.to(tl.float32) * tl.load(SCALE).to(tl.float32)).to(h.dtype)
         tl.store(H_OUT + row * N + i, h, mask=mask)
@@ -184,26 +191,29 @@ def add_norm(h: torch.Tensor, w_next: torch.Tensor | None, eps: float, layernorm
     return h_out, (x_out if w_next is not None else None)
 
 
-def embed_norm(ids: torch.Tensor, table: torch.Tensor, scale: torch.Tensor | None,
+def embed_norm(ids: torch.Tensor, table, scale: torch.Tensor | None,
                w_next: torch.Tensor | None, eps: float, layernorm: bool, pdl: bool = False):
     """ids [B] (ints < table rows) -> (h, x): h = table[ids] (* scale, a 0-dim tensor of the
     table's dtype, as `transformer.embed` multiplies), x = norm(h, w_next) or None -- the
-    bits of F.embedding, the multiply and add_norm(h, w_next), in one launch."""
-    if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64) or table.dim() != 2:
+    bits of F.embedding (or of EmbedBlocks.rows: `table` a tied head's exact Q8_0 blocks),
+    the multiply and add_norm(h, w_next), in one launch."""
+    blocks = getattr(table, "blocks", None)             # weights_int8.EmbedBlocks
+    if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64) or len(table.shape) != 2:
         raise ValueError(f"embed_norm needs int ids [B] and a table [V, N], got {ids.dtype} "
                          f"{tuple(ids.shape)} and {tuple(table.shape)}")
     if scale is not None and (scale.dim() != 0 or scale.dtype != table.dtype):
         raise ValueError(f"the embedding scale must be a 0-dim {table.dtype} tensor, got "
                          f"{scale.dtype} {tuple(scale.shape)}")
     B, N = ids.shape[0], table.shape[1]
-    ids, table = ids.contiguous(), table.contiguous()
-    h = table.new_empty(B, N)
+    ids = ids.contiguous()
+    e, es = (blocks.q, blocks.scale) if blocks is not None else (table.contiguous(),) * 2
+    h = torch.empty(B, N, dtype=table.dtype, device=ids.device)
     x = torch.empty_like(h) if w_next is not None else None
     if B:
-        _kernels()[3][(B,)](ids, table, scale if scale is not None else table,
-                            w_next if w_next is not None else table, h, x if x is not None else h,
+        _kernels()[3][(B,)](ids, e, es, scale if scale is not None else h,
+                            w_next if w_next is not None else h, h, x if x is not None else h,
                             float(eps), N=N, SCALED=scale is not None,
-                            LAYERNORM=layernorm, NEXT=w_next is not None,
+                            LAYERNORM=layernorm, NEXT=w_next is not None, Q8=blocks is not None,
                             **_row_shape(N), **pdl_launch(pdl))
     return h, x
 

@@ -14,8 +14,8 @@ logits are the mode's own (not bf16's: the row scale rounds) but one arithmetic 
 it; time, not only memory.
 
 Owns: `RowInt8` (what `dot_rows(x, q, scale=s)` takes), `quantize_rows`, `quantize_blocks`,
-`exact_blocks`, `quantize_weights` and `why_not_int8` (what the mode needs: the fused decode
-step, its exact chunks, no experts).  Does not own: the kernel (triton_dot.py: int8 -> the
+`exact_blocks`, `EmbedBlocks` and `keep_blocks`, `quantize_weights` and `why_not_int8` (what
+the mode needs: the fused decode step, its exact chunks, no experts).  Does not own: the kernel (triton_dot.py: int8 -> the
 activation dtype in registers, exact for |q| <= 127; the dot is the bf16 one; the scale
 multiplies each float32 sum once all its split-K pieces are in -- so the rows stay invariant, as
 with bf16 weights), the accuracy contract (benchmarks/gpu_weight_accuracy.py on the embedded
@@ -25,7 +25,9 @@ with bf16 weights), the accuracy contract (benchmarks/gpu_weight_accuracy.py on 
     w [N, K] float  ->  scale[n] = max_k |w[n, k]| / 127,  q[n, k] = round(w[n, k] / scale[n])
     y[b, n] = (sum_k x[b, k] * q[n, k]) * scale[n]    (+ bias)
 
-The embedding lookup keeps its float table; a tied head gets its own int8 copy.
+The embedding lookup keeps its float table and a tied head gets its own int8 copy -- except a
+tied head whose blocks are exact (`keep_blocks`): its rows are the table's bit for bit, so the
+lookup reads them too (`EmbedBlocks`) and the float table is dropped (the 270M: 335 -> 178 MB).
 """
 from __future__ import annotations
 
@@ -91,6 +93,44 @@ class BlockInt8(RowInt8):
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """W exactly as the kernel's tile holds it when `dtype` is the activation dtype."""
         return (self.q.float() * self.scale.float().repeat_interleave(BLOCK, 1)).to(dtype)
+
+
+@dataclass(frozen=True)
+class EmbedBlocks:
+    """The embedding table as a tied head's exact Q8_0 blocks (`keep_blocks`): row t is
+    dtype(q[t] * scale[t]) -- exact_blocks compared every row of it with the float table, bit
+    for bit, so a lookup here is the float table's lookup and that table can go.  Read by
+    `transformer.embed` (chunks: `rows`) and `triton_ops.embed_norm` (the decode step's
+    launch: the same dequantization in the kernel).  Its bytes are the head's: weights.lm_head
+    holds the same blocks and counts them."""
+    blocks: BlockInt8
+    dtype: torch.dtype           # the activation dtype the rows come back in
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.blocks.q.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.blocks.q.device
+
+    def nbytes(self) -> int:
+        return 0                 # (weights.lm_head's)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [T] -> [T, K] in `dtype`: F.embedding of the float table, bit for bit."""
+        q, s = self.blocks.q[ids], self.blocks.scale[ids]          # [T, K] int8, [T, K/32] f16
+        T, K = q.shape
+        w = q.float().view(T, K // BLOCK, BLOCK) * s.float()[..., None]   # exact in float32
+        return w.view(T, K).to(self.dtype)
+
+
+def keep_blocks(weights, blocks: BlockInt8) -> None:
+    """The head as `blocks`, which exact_blocks found give it back bit for bit; a tied head's
+    lookup reads them too (EmbedBlocks) and its float table is dropped."""
+    if weights.lm_head is None:
+        weights.embed = EmbedBlocks(blocks, weights.embed.dtype)
+    weights.lm_head = blocks
 
 
 def quantize_rows(w: torch.Tensor) -> RowInt8:
@@ -194,7 +234,11 @@ def quantize_weights(weights, quant: str = "int8") -> None:
     their float weights, so every K/V row is the float mode's and only the logits move."""
     if quant == "int8-head":
         if not isinstance(weights.lm_head, BlockInt8):  # (the loader's default may have them)
-            weights.lm_head = quantize_blocks(weights.output)
+            exact = exact_blocks(weights.output)
+            if exact is not None:
+                keep_blocks(weights, exact)
+            else:
+                weights.lm_head = quantize_blocks(weights.output)
         return
     if quant == "int8-head-fast":
         rows = quantize_rows(weights.output)
