@@ -162,6 +162,9 @@ CONFIGS = [
           WQ=True, _types={"W": "*i8", "S": "*fp32", "Y": "*fp32", "P": "*i64"}), 4),
     ("greedy pick from a picking head", "fold_pick", {}, 4),
     ("embed + first norm", "embed_norm", {}, 4),
+    # CUDA's default for a tied Q8_0 head: the lookup from its blocks (weights_int8.EmbedBlocks)
+    ("embed + first norm, Q8_0 rows", "embed_norm",
+     dict(N=640, BLOCK=1024, Q8=True, _types={"E": "*i8", "ES": "*fp16"}), 4),
     ("add_norm sandwich", "add_norm", {}, 4),
     ("add_norm sandwich, 270M", "add_norm", dict(N=640, BLOCK=1024), 4),
     ("add_norm first layer", "add_norm", dict(HAS_D1=False, POST=False), 4),

@@ -119,7 +119,7 @@ def _kernels():
     @triton.jit
     def embed_norm_kernel(IDS, E, ES, SCALE, W_NEXT, H_OUT, X_OUT, eps, N: tl.constexpr,
                           BLOCK: tl.constexpr, SCALED: tl.constexpr, LAYERNORM: tl.constexpr,
-                          NEXT: tl.constexpr, PDL: tl.constexpr, Q8: tl.constexpr):
+                          NEXT: tl.constexpr, PDL: tl.constexpr, Q8: tl.constexpr = False):
         """h = E[ids] (* SCALE, rounded once: transformer.embed) stored, then add_norm's x =
         norm(h) from the same tail -- the embedding, its scale and the first norm in one launch.
         Q8: E int8 and ES its float16 scale a 32-key block (EmbedBlocks): h = dtype(q * s),
