@@ -1306,6 +1306,7 @@ stage_q8_embed() {  # the default's lookup from a tied Q8_0 head's blocks (Embed
   # bf16 table dropped, 270M 335 -> 178 MB): the launch's rows, the engine rows and the
   # invariance module through it (every prefill / decode row's embedding from the blocks)
   tests 120 tests/cuda/test_triton_ops.py -k embed_norm
+  tests 120 tests/cuda/test_int8_step.py -k lookup
   stage_q8_default
 }
 
