@@ -122,8 +122,8 @@ def _kernels():
                           NEXT: tl.constexpr, PDL: tl.constexpr, Q8: tl.constexpr = False):
         """h = E[ids] (* SCALE, rounded once: transformer.embed) stored, then add_norm's x =
         norm(h) from the same tail -- the embedding, its scale and the first norm in one launch.
-        Q8: E int8 and ES its float16 scale a 32-key block (EmbedBlocks): h = dtype(q * s),
-        the product exact in float32, EmbedBlocks.rows' one rounding."""
+        Q8: E int8 and ES its float16 scale a 32-key block (weights_int8.BLOCK; EmbedBlocks):
+        h = dtype(q * s), the product exact in float32, EmbedBlocks.rows' one rounding."""
         _pdl_begin(PDL)                     # PDL: the ids are the step's upload
         row = tl.program_id(0).to(tl.int64)
         i = tl.arange(0, BLOCK)

@@ -15,10 +15,10 @@ it; time, not only memory.
 
 Owns: `RowInt8` (what `dot_rows(x, q, scale=s)` takes), `quantize_rows`, `quantize_blocks`,
 `exact_blocks`, `EmbedBlocks` and `keep_blocks`, `quantize_weights` and `why_not_int8` (what
-the mode needs: the fused decode step, its exact chunks, no experts).  Does not own: the kernel (triton_dot.py: int8 -> the
-activation dtype in registers, exact for |q| <= 127; the dot is the bf16 one; the scale
-multiplies each float32 sum once all its split-K pieces are in -- so the rows stay invariant, as
-with bf16 weights), the accuracy contract (benchmarks/gpu_weight_accuracy.py on the embedded
+the mode needs: the fused decode step, its exact chunks, no experts).  Does not own: the kernel
+(triton_dot.py: int8 -> the activation dtype in registers, exact for |q| <= 127; the dot is the
+bf16 one; the scale multiplies each float32 sum once all its split-K pieces are in -- so the
+rows stay invariant, as with bf16 weights), the accuracy contract (benchmarks/gpu_weight_accuracy.py on the embedded
 270M against float32: KL 5.0e-3, top-1 0.966, the CPU default's 5.2e-3 / 0.961; bf16 weights:
 6.5e-5).
 
@@ -100,8 +100,8 @@ class EmbedBlocks:
     """The embedding table as a tied head's exact Q8_0 blocks (`keep_blocks`): row t is
     dtype(q[t] * scale[t]) -- exact_blocks compared every row of it with the float table, bit
     for bit, so a lookup here is the float table's lookup and that table can go.  Read by
-    `transformer.embed` (chunks: `rows`) and `triton_ops.embed_norm` (the decode step's
-    launch: the same dequantization in the kernel).  Its bytes are the head's: weights.lm_head
+    `triton_ops.embed_norm` (the step's launch, decode rows and exact chunks alike: the same
+    dequantization in the kernel) and `transformer.embed` (the eager path: `rows`).  Its bytes are the head's: weights.lm_head
     holds the same blocks and counts them."""
     blocks: BlockInt8
     dtype: torch.dtype           # the activation dtype the rows come back in
