@@ -10,13 +10,8 @@ import time
 
 import torch
 
-from muser.backends.cuda.weights_int8 import exact_blocks, quantize_blocks
-
-
-def q8_0_values(rows: int, cols: int, device: str) -> torch.Tensor:
-    """bf16 weights that came from Q8_0 blocks (as a GGUF's head does after the loader's cast)."""
-    w = torch.randn(rows, cols, device=device) * 0.05
-    return quantize_blocks(w).dequantized().to(torch.bfloat16)
+from muser.backends.cuda.weights_int8 import exact_blocks
+from muser.testing import q8_0_values
 
 
 def timed(fn, device: str) -> float:
@@ -39,9 +34,9 @@ def main() -> None:
     print("|---|---:|---:|")
     for cols in (int(c) for c in a.shapes.split(",")):
         rnd = (torch.randn(a.rows, cols, device=a.device) * 0.05).to(torch.bfloat16)
-        t_no, no = timed(lambda: exact_blocks(rnd), a.device)
+        t_no, no = timed(lambda r=rnd: exact_blocks(r), a.device)
         del rnd
-        q8 = q8_0_values(a.rows, cols, a.device)
+        q8 = q8_0_values(torch.randn(a.rows, cols, device=a.device) * 0.05, torch.bfloat16)
         t_yes, yes = timed(lambda: exact_blocks(q8), a.device)
         assert no is None and yes is not None, (no, yes)
         print(f"| {a.rows} x {cols} | {t_no:.3f} | {t_yes:.3f} |")

@@ -164,6 +164,13 @@ def _family_model(tr, arch: str, common: dict, layers: int, window: int, head_di
     return tr.MinistralForCausalLM(tr.MinistralConfig(layer_types=types, **c))
 
 
+def q8_0_values(w, dtype=None):
+    """w rounded to Q8_0 blocks, in `dtype` (default w's): a weight as a GGUF stores it as Q8_0
+    and a loader casts it -- what CUDA's default keeps as its blocks (defaults.default_head)."""
+    from .backends.cuda.weights_int8 import quantize_blocks
+    return quantize_blocks(w.float()).dequantized().to(dtype or w.dtype)
+
+
 @functools.lru_cache(maxsize=None)
 def q8_0_head_dir(**kw) -> Path:
     """A copy of `tiny_model_dir(**kw)` whose (tied) head holds Q8_0 values, as the embedded
@@ -172,13 +179,12 @@ def q8_0_head_dir(**kw) -> Path:
     same arguments keeps its random head."""
     import shutil
     from safetensors.torch import load_file, save_file
-    from .backends.cuda.weights_int8 import quantize_blocks
     path = Path(tempfile.mkdtemp(prefix="muser-tiny-q8-head-")) / "model"
     shutil.copytree(tiny_model_dir(**kw), path)
     f = next(path.glob("*.safetensors"))
     tensors = load_file(f)
     key = next(k for k in tensors if k.endswith("embed_tokens.weight"))
-    tensors[key] = quantize_blocks(tensors[key].float()).dequantized().to(tensors[key].dtype)
+    tensors[key] = q8_0_values(tensors[key])
     save_file(tensors, f, metadata={"format": "pt"})
     return path
 

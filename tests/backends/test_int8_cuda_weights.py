@@ -16,7 +16,7 @@ from muser.backends.defaults import check, default_head
 from muser.config import EngineConfig
 from muser.env import Env
 from muser.errors import ModelFormatError
-from muser.testing import tiny_model
+from muser.testing import q8_0_values, tiny_model
 
 
 def test_a_row_is_within_half_a_step_of_its_weights():
@@ -98,7 +98,7 @@ def test_the_cuda_default_keeps_a_q8_0_head_as_its_blocks(device, dtype, quant, 
     eng = tiny_model("gemma3", window=4, tokenizer=False, dtype="bfloat16")
     w = eng.weights
     if head == "q8_0":                      # a tied head whose values came from Q8_0 blocks
-        w.embed = quantize_blocks(w.embed.float()).dequantized().to(torch.bfloat16)
+        w.embed = q8_0_values(w.embed, torch.bfloat16)
     table, before = w.embed, w.nbytes()
     config = EngineConfig(device=device, dtype=dtype, quant=quant, backend=backend)
     out = default_head(config, eng.spec, w, env)
@@ -125,7 +125,7 @@ def test_a_lookup_from_a_tied_heads_exact_blocks_is_the_float_tables(scaled):
     from muser.model import transformer as tf
     eng = tiny_model("gemma3", window=4, tokenizer=False, dtype="bfloat16")
     w, spec = eng.weights, eng.spec
-    table = quantize_blocks(w.embed.float()).dequantized().to(torch.bfloat16)
+    table = q8_0_values(w.embed, torch.bfloat16)
     w.embed = table
     keep_blocks(w, exact_blocks(table))
     assert isinstance(w.embed, EmbedBlocks) and w.dtype == torch.bfloat16
@@ -146,7 +146,7 @@ def test_an_explicit_int8_head_on_a_q8_0_head_keeps_the_exact_blocks():
     table = w.embed
     quantize_weights(w, "int8-head")                       # a random head: nearest blocks
     assert w.embed is table and isinstance(w.lm_head, BlockInt8)
-    w.lm_head, w.embed = None, quantize_blocks(table.float()).dequantized().to(torch.bfloat16)
+    w.lm_head, w.embed = None, q8_0_values(table, torch.bfloat16)
     exact = w.embed
     quantize_weights(w, "int8-head")
     assert isinstance(w.embed, EmbedBlocks) and w.embed.blocks is w.lm_head
