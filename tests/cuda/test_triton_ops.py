@@ -73,10 +73,11 @@ def test_embed_norm_reads_a_tied_heads_exact_blocks_as_the_float_table(dev, kdty
     launch dequantizes each row in the kernel and gives F.embedding of the float table it
     replaced -- h and the first norm's x, torch.equal; an id past the first block row too."""
     from muser.backends.cuda.triton_ops import add_norm, embed_norm
-    from muser.backends.cuda.weights_int8 import EmbedBlocks, exact_blocks, quantize_blocks
+    from muser.backends.cuda.weights_int8 import EmbedBlocks, exact_blocks
+    from muser.testing import q8_0_values
     V, N = 50, 640
     g = torch.Generator().manual_seed(4)
-    table = quantize_blocks(torch.randn(V, N, generator=g) * 0.05).dequantized().to(kdtype)
+    table = q8_0_values(torch.randn(V, N, generator=g) * 0.05, kdtype)
     blocks = exact_blocks(table)
     assert blocks is not None
     rows = EmbedBlocks(type(blocks)(blocks.q.to(dev), blocks.scale.to(dev)), kdtype)
