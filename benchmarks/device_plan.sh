@@ -77,6 +77,8 @@
 #                rows, the invariance module on it, what the load-time check costs
 #   q8_embed     the same with the lookup read from the head's blocks (EmbedBlocks), and
 #                embed_norm's rows
+#   cluster_merge  split partials merged through a cluster's shared memory against today's
+#                park / atomic / fold chain (cluster_merge_probe.py): the attention's floor
 #   (head_blocks, forty-third session: the same own tile for Q8_0 blocks, each 32-key block's
 #    dot times its scale -- the heads at 0.75-0.85x bf16's time against the rows' 0.54-0.71x on
 #    an H100; the code is gone, commit 99b5b5d has it)
@@ -1300,6 +1302,12 @@ stage_q8_default() {  # defaults.default_head: no quant asked for, a head its Q8
   tests 240 tests/cuda/test_int8_step.py -k "q8_0 or default"
   tests 300 tests/engine/test_invariance.py -k "q8-head"
   bench 120 . benchmarks/head_blocks_cost.py
+}
+
+stage_cluster_merge() {  # the decode attention's merge chain (park, atomic, fold) against one
+  # cluster barrier and a DSMEM fold, and the floor of no merge (cluster_merge_probe.py: nvcc,
+  # sm_90a; the rows equal bit for bit)
+  bench 240 . benchmarks/cluster_merge_probe.py --rows 1,8 --splits 4,8,16
 }
 
 stage_q8_embed() {  # the default's lookup from a tied Q8_0 head's blocks (EmbedBlocks: the
