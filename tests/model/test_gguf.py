@@ -2,6 +2,8 @@
 numerical agreement of muser's forward with transformers' loading of the same file."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -130,6 +132,28 @@ def test_hidden_states_match_transformers(muser_gguf, hf_reference, one_thread):
         got = tf.logits(w, spec, tf.final_hidden(w, spec, h[-1:]))[0]
     assert torch.allclose(got, ref["logits"], atol=1e-3, rtol=1e-4)
     assert got.argmax() == ref["logits"].argmax()
+
+
+def test_the_embedded_model_holds_its_head_once_under_the_cuda_default(gguf_path):
+    """CUDA's default on the embedded 270M (defaults.default_head; the decision and the weights
+    need no GPU): the tied head is kept as its exact Q8_0 blocks and the lookup reads them too
+    -- the bf16 table's 335 MB gone, 178 MB of blocks in their place -- and every lookup (a
+    spread of ids, the first and last) is the bf16 table's row, bit for bit."""
+    from muser.backends.cuda.weights_int8 import EmbedBlocks
+    from muser.backends.defaults import default_head
+    from muser.config import EngineConfig
+    from muser.env import Env
+    from muser.model.gguf_loader import load_gguf
+    spec, w, _ = load_gguf(gguf_path, dtype=torch.bfloat16, progress=False)
+    table, before = w.embed, w.nbytes()
+    config = default_head(EngineConfig(device="cuda", dtype="bfloat16"), spec, w, Env())
+    assert config.quant == "int8-head" and isinstance(w.embed, EmbedBlocks)
+    assert table.shape == (262144, 640) and w.embed.blocks is w.lm_head
+    assert before - w.nbytes() == 262144 * 640 * 2 - w.lm_head.nbytes()
+    assert w.lm_head.nbytes() == 262144 * 640 + 2 * 262144 * 20            # ~178 MB
+    ids = torch.cat([torch.arange(0, 262144, 997), torch.tensor([262143, 2, 2])])
+    float_table = replace(w, embed=table, lm_head=None)
+    assert torch.equal(tf.embed(w, spec, ids), tf.embed(float_table, spec, ids))
 
 
 def test_the_embedded_heads_q8_0_blocks_come_back_exactly(gguf_path):
