@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from decode_attn_probe import graph_us      # 20 launches in a CUDA graph, replayed: us a launch
+
 G, D = 4, 256                     # a 1B-shape row: 4 query heads of one KV head, D 256
 SRC = r"""
 #include <cooperative_groups.h>
@@ -131,24 +133,6 @@ def build(out_dir: Path) -> Path:
     return out
 
 
-def graph_us(fn, launches: int = 20, replays: int = 50) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(launches):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (launches * replays)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,8")
@@ -179,7 +163,7 @@ def main() -> None:
                     rc = getattr(lib, name)(*args, ctypes.c_int(R), ctypes.c_int(S), st())
                     if rc:
                         raise SystemExit(f"{name}: CUDA error {rc}")
-                return graph_us(fn)
+                return graph_us(fn, replays=50)
             t_alone = run("alone_launch", p(x), p(ws))
             t_park = run("park_launch", p(x), p(ws), p(cnt), p(o1))
             t_cl = run("cluster_launch", p(x), p(o2))
