@@ -35,18 +35,14 @@ def default_head(config: EngineConfig, spec, weights, env) -> EngineConfig:
     1B -61, 4B -134; H200: even -- benchmarks/RESULTS.md, forty-fourth session).  Any other
     head, an explicit quant, or a model the int8 path does not take: `config` as it is.  Sets
     weights.lm_head to the blocks it found (the backend keeps them, no second search) and a tied
-    head's lookup table to them too (weights_int8.keep_blocks: the float table dropped)."""
+    head's lookup table to them too (weights_int8.keep_exact_blocks: the float table dropped)."""
     if (config.quant != "none" or config.backend != "ring" or config.device.split(":")[0] != "cuda"
             or config.dtype not in ("bfloat16", "float16")):
         return config
     from dataclasses import replace
-    from .cuda.weights_int8 import exact_blocks, keep_blocks, why_not_int8
-    if why_not_int8(spec, weights, env):
+    from .cuda.weights_int8 import keep_exact_blocks, why_not_int8
+    if why_not_int8(spec, weights, env) or not keep_exact_blocks(weights):
         return config
-    blocks = exact_blocks(weights.output)
-    if blocks is None:
-        return config
-    keep_blocks(weights, blocks)
     return replace(config, quant="int8-head")
 
 

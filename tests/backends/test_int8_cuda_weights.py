@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from muser.backends.cuda.weights_int8 import (BlockInt8, EmbedBlocks, HeadInt8, RowInt8,
-                                              exact_blocks, keep_blocks, quantize_blocks,
+                                              keep_exact_blocks, quantize_blocks,
                                               quantize_rows, quantize_weights, why_not_int8)
 from muser.backends.defaults import check, default_head
 from muser.config import EngineConfig
@@ -127,7 +127,7 @@ def test_a_lookup_from_a_tied_heads_exact_blocks_is_the_float_tables(scaled):
     w, spec = eng.weights, eng.spec
     table = q8_0_values(w.embed, torch.bfloat16)
     w.embed = table
-    keep_blocks(w, exact_blocks(table))
+    assert keep_exact_blocks(w)
     assert isinstance(w.embed, EmbedBlocks) and w.dtype == torch.bfloat16
     spec = spec if scaled else replace(spec, embed_scale=1.0)
     ids = torch.cat([torch.arange(table.shape[0]), torch.tensor([7, 7, 0])])

@@ -83,16 +83,16 @@ def test_a_q8_0_head_gives_the_float_heads_logits():
 @pytest.mark.interp
 @needs_kernels
 def test_a_lookup_from_the_heads_blocks_gives_the_float_tables_pass():
-    """CUDA's default for a tied Q8_0 head (weights_int8.keep_blocks): the lookup reads the
+    """CUDA's default for a tied Q8_0 head (weights_int8.keep_exact_blocks): the lookup reads the
     head's blocks (EmbedBlocks, dequantized inside embed_norm's launch) and the float table is
     gone -- the step's chunk pass gives the float table's logits and K/V rows bit for bit (a
     16-bit dtype: exact_blocks takes no float32 head; float16 under the interpreter)."""
-    from muser.backends.cuda.weights_int8 import EmbedBlocks, exact_blocks, keep_blocks
+    from muser.backends.cuda.weights_int8 import EmbedBlocks, keep_exact_blocks
     dev, dt = ("cuda", "bfloat16") if HAS_CUDA else ("cpu", "float16")
     path = str(_q8_0_head_dir())
     q8, ref = (muser.load(path, device=dev, dtype=dt, quant="none", progress=False)
                for _ in range(2))
-    keep_blocks(q8.weights, exact_blocks(q8.weights.output))
+    assert keep_exact_blocks(q8.weights)
     assert isinstance(q8.weights.embed, EmbedBlocks)
     sa, sb = q8.new_session(), ref.new_session()
     a = one_forward(q8, [sa], [IDS], True, False, pass_fn=passes(GraphRunner(q8, capture=False)))

@@ -14,19 +14,19 @@ logits are the mode's own (not bf16's: the row scale rounds) but one arithmetic 
 it; time, not only memory.
 
 Owns: `RowInt8` (what `dot_rows(x, q, scale=s)` takes), `quantize_rows`, `quantize_blocks`,
-`exact_blocks`, `EmbedBlocks` and `keep_blocks`, `quantize_weights` and `why_not_int8` (what
+`exact_blocks`, `EmbedBlocks` and `keep_exact_blocks`, `quantize_weights` and `why_not_int8` (what
 the mode needs: the fused decode step, its exact chunks, no experts).  Does not own: the kernel
 (triton_dot.py: int8 -> the activation dtype in registers, exact for |q| <= 127; the dot is the
 bf16 one; the scale multiplies each float32 sum once all its split-K pieces are in -- so the
-rows stay invariant, as with bf16 weights), the accuracy contract (benchmarks/gpu_weight_accuracy.py on the embedded
-270M against float32: KL 5.0e-3, top-1 0.966, the CPU default's 5.2e-3 / 0.961; bf16 weights:
-6.5e-5).
+rows stay invariant, as with bf16 weights), the accuracy contract
+(benchmarks/gpu_weight_accuracy.py on the embedded 270M against float32: KL 5.0e-3, top-1
+0.966, the CPU default's 5.2e-3 / 0.961; bf16 weights: 6.5e-5).
 
     w [N, K] float  ->  scale[n] = max_k |w[n, k]| / 127,  q[n, k] = round(w[n, k] / scale[n])
     y[b, n] = (sum_k x[b, k] * q[n, k]) * scale[n]    (+ bias)
 
 The embedding lookup keeps its float table and a tied head gets its own int8 copy -- except a
-tied head whose blocks are exact (`keep_blocks`): its rows are the table's bit for bit, so the
+tied head whose blocks are exact (`keep_exact_blocks`): its rows are the table's bit for bit, so the
 lookup reads them too (`EmbedBlocks`) and the float table is dropped (the 270M: 335 -> 178 MB).
 """
 from __future__ import annotations
@@ -97,12 +97,12 @@ class BlockInt8(RowInt8):
 
 @dataclass(frozen=True)
 class EmbedBlocks:
-    """The embedding table as a tied head's exact Q8_0 blocks (`keep_blocks`): row t is
+    """The embedding table as a tied head's exact Q8_0 blocks (`keep_exact_blocks`): row t is
     dtype(q[t] * scale[t]) -- exact_blocks compared every row of it with the float table, bit
     for bit, so a lookup here is the float table's lookup and that table can go.  Read by
     `triton_ops.embed_norm` (the step's launch, decode rows and exact chunks alike: the same
-    dequantization in the kernel) and `transformer.embed` (the eager path: `rows`).  Its bytes are the head's: weights.lm_head
-    holds the same blocks and counts them."""
+    dequantization in the kernel) and `transformer.embed` (the eager path: `rows`).  Its bytes
+    are the head's: weights.lm_head holds the same blocks and counts them."""
     blocks: BlockInt8
     dtype: torch.dtype           # the activation dtype the rows come back in
 
@@ -123,14 +123,6 @@ class EmbedBlocks:
         T, K = q.shape
         w = q.float().view(T, K // BLOCK, BLOCK) * s.float()[..., None]   # exact in float32
         return w.view(T, K).to(self.dtype)
-
-
-def keep_blocks(weights, blocks: BlockInt8) -> None:
-    """The head as `blocks`, which exact_blocks found give it back bit for bit; a tied head's
-    lookup reads them too (EmbedBlocks) and its float table is dropped."""
-    if weights.lm_head is None:
-        weights.embed = EmbedBlocks(blocks, weights.embed.dtype)
-    weights.lm_head = blocks
 
 
 def quantize_rows(w: torch.Tensor) -> RowInt8:
@@ -227,18 +219,28 @@ def exact_blocks(w: torch.Tensor) -> BlockInt8 | None:
     return blocks
 
 
+def keep_exact_blocks(weights) -> bool:
+    """The head as its Q8_0 blocks if they give it back bit for bit (exact_blocks) -- a tied
+    head's lookup reading them too (EmbedBlocks), its float table dropped -- and True; else
+    the weights untouched and False."""
+    blocks = exact_blocks(weights.output)
+    if blocks is None:
+        return False
+    if weights.lm_head is None:
+        weights.embed = EmbedBlocks(blocks, weights.embed.dtype)
+    weights.lm_head = blocks
+    return True
+
+
 def quantize_weights(weights, quant: str = "int8") -> None:
     """In place, for `quant`: "int8" -- every layer's dense projections and the head
     (`lm_head`, a tied one too) as RowInt8; "int8-head" -- the head alone, as BlockInt8;
     "int8-head-fast" -- the head alone, as HeadInt8.  The head-only modes leave the layers
     their float weights, so every K/V row is the float mode's and only the logits move."""
     if quant == "int8-head":
-        if not isinstance(weights.lm_head, BlockInt8):  # (the loader's default may have them)
-            exact = exact_blocks(weights.output)
-            if exact is not None:
-                keep_blocks(weights, exact)
-            else:
-                weights.lm_head = quantize_blocks(weights.output)
+        # (the loader's default may have kept them already)
+        if not isinstance(weights.lm_head, BlockInt8) and not keep_exact_blocks(weights):
+            weights.lm_head = quantize_blocks(weights.output)
         return
     if quant == "int8-head-fast":
         rows = quantize_rows(weights.output)
