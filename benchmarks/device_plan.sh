@@ -79,6 +79,10 @@
 #                embed_norm's rows
 #   cluster_merge  split partials merged through a cluster's shared memory against today's
 #                park / atomic / fold chain (cluster_merge_probe.py): the attention's floor
+#   loader_warp  loader_warp_probe.py: the persistent form Hazy's megakernel has -- a loader
+#                warp streaming pages of weights by bulk copies across any number of stage
+#                boundaries, consumers on mbarriers and the counter (nvcc, sm_90a) -- against
+#                sync_floor's PDL launches; the last form not probed
 #   (head_blocks, forty-third session: the same own tile for Q8_0 blocks, each 32-key block's
 #    dot times its scale -- the heads at 0.75-0.85x bf16's time against the rows' 0.54-0.71x on
 #    an H100; the code is gone, commit 99b5b5d has it)
@@ -1308,6 +1312,10 @@ stage_cluster_merge() {  # the decode attention's merge chain (park, atomic, fol
   # cluster barrier and a DSMEM fold, and the floor of no merge (cluster_merge_probe.py: nvcc,
   # sm_90a; the rows equal bit for bit)
   bench 240 . benchmarks/cluster_merge_probe.py --rows 1,8 --splits 4,8,16
+}
+
+stage_loader_warp() {  # (no test: the probe checks its own last vectors, "RACE?" if apart)
+  bench 300 . benchmarks/loader_warp_probe.py
 }
 
 stage_q8_embed() {  # the default's lookup from a tied Q8_0 head's blocks (EmbedBlocks: the
