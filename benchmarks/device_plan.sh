@@ -78,11 +78,16 @@
 #   q8_embed     the same with the lookup read from the head's blocks (EmbedBlocks), and
 #                embed_norm's rows
 #   cluster_merge  split partials merged through a cluster's shared memory against today's
-#                park / atomic / fold chain (cluster_merge_probe.py): the attention's floor
+#                park / atomic / fold chain (cluster_merge_probe.py): the attention's floor.
+#                Forty-sixth session, H100: 16 splits 5.55 -> 4.88 us (1 row), 6.27 -> 5.26
+#                (8 rows), 4-8 splits -0.6 to +0.1 -- under the ~2 us that would pay for a
+#                C++ attention: the idea is dead
 #   loader_warp  loader_warp_probe.py: the persistent form Hazy's megakernel has -- a loader
 #                warp streaming pages of weights by bulk copies across any number of stage
 #                boundaries, consumers on mbarriers and the counter (nvcc, sm_90a) -- against
-#                sync_floor's PDL launches; the last form not probed
+#                sync_floor's PDL launches, and the same consumers with no loader (NBUF 0).
+#                Forty-sixth session, H100, the first build (no NBUF 0 row, a fence.sc.gpu a
+#                stage): 3.3 / 6.0 us a stage at 2 / 8 MB against the launches' 1.67 / 3.92
 #   (head_blocks, forty-third session: the same own tile for Q8_0 blocks, each 32-key block's
 #    dot times its scale -- the heads at 0.75-0.85x bf16's time against the rows' 0.54-0.71x on
 #    an H100; the code is gone, commit 99b5b5d has it)

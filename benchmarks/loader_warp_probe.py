@@ -16,15 +16,19 @@ at a stage's first page, for the counter (thread 0, ld.acquire.gpu, then a named
 held in registers), reduces with shuffles, stores y, frees the page (one arrive a warp).  After
 its last page: a named barrier, thread 0 adds 1 to the counter (release).
 
-    y = W_s @ x_s as a float32 sum (a lane's keys in order, then the butterfly), S stages, G
+    y = W_s @ x_s as float32 sums (four chains a lane, then the butterfly), S stages, G
     programs (all resident), us a stage = graph replay / S
 
-Rows: sync_floor's "launches, PDL, weights early" (the step's form) beside the loader with 2, 4,
-8 or 12 pages in the ring, and the loader's 12 pages with no counter wait at all (a race by
-construction -- its vector is not checked: the kernel's streaming floor).  The last vector of
-each row against the launches' (another summation order: close, "RACE?" past 1e-3).  If the
-loader rows are not well under the launches' at 8 MB a stage (towards the ~2.5-us bus floor),
-the megakernel route has no case left on this GPU.
+Rows: sync_floor's "launches, PDL, weights early" (the step's form); this kernel with no loader
+(NBUF 0: each warp loads its rows into registers before the counter wait -- sync_floor's
+"barrier, weights early" in this kernel's arithmetic, so that loader rows minus this row is what
+the pages buy, whatever the consumers' own chain costs); the loader with 2, 4, 8 or 12 pages in
+the ring; and the loader's 12 pages with no counter wait at all (a race by construction -- its
+vector is not checked).  The last vector of each row against the launches' (another summation
+order: close, "RACE?" past 1e-3).  First run (forty-sixth session, H100, before the NBUF 0 row
+and with a fence.sc.gpu before each release): the loader 3.3 / 6.0 us a stage at 2 / 8 MB
+against the launches' 1.67 / 3.92, and 3.0 / 5.6 with no wait -- so (inferred, not measured) the
+consumers' per-stage chain, not the pages, set the time; the NBUF 0 row separates the two.
 
     PYTHONPATH=benchmarks:. python3 benchmarks/loader_warp_probe.py [--n 1024 2048]  # sm_90 GPU
     PYTHONPATH=benchmarks:. python3 benchmarks/loader_warp_probe.py --build-only      # nvcc only
@@ -38,9 +42,11 @@ from pathlib import Path
 
 CSRC = Path(__file__).resolve().parents[1] / "muser" / "backends" / "cuda" / "csrc"
 RINGS = (2, 4, 8, 12)                      # pages of 16 KB in the ring (12: 192 KB)
+PROGRAMS = 128                             # the kernel's G: all resident on an H100 / H200
 SRC = r"""
 #include "sm90.cuh"
-constexpr int PAGE = 16384, CW = 4;       // bytes a page; consumer warps (warp CW loads)
+constexpr int PAGE = 16384, CW = 4, G = 128;  // bytes a page; consumer warps (warp CW loads);
+                                              // programs (all resident: the counter's wait)
 
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared::cta.b64 st, [%0];\n\t}"
@@ -56,27 +62,47 @@ __device__ __forceinline__ void spin_until(const int* p, int target) {
   }
 }
 
+// The dot of one weight row with this lane's x: v[c] = the row's 16-byte chunk lane + 32c (keys
+// (lane + 32c) * 8 ..), four float32 chains, then the butterfly: every lane holds the sum.
+template <int CH>
+__device__ __forceinline__ float row_dot(const uint4 (&v)[CH], const float (&xr)[CH * 8]) {
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int c = 0; c < CH; ++c) {
+    const uint32_t u[4] = {v[c].x, v[c].y, v[c].z, v[c].w};
+    for (int h = 0; h < 4; ++h) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u[h]));
+      acc[h] = fmaf(f.y, xr[c * 8 + 2 * h + 1], fmaf(f.x, xr[c * 8 + 2 * h], acc[h]));
+    }
+  }
+  float a = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  for (int o = 16; o; o /= 2) a += __shfl_xor_sync(0xffffffffu, a, o);
+  return a;
+}
+
 // S stages, y_s = W_s @ x_s: x_s in X[s % 2], y_s to X[(s + 1) % 2]; this CTA's rows
-// [pid * R, pid * R + R) of stage s are R * N * 2 contiguous bytes = NP pages.
+// [pid * R, pid * R + R) of stage s are R * N * 2 contiguous bytes = NP pages of PR rows.
 //   page j (over all stages) -> ring slot j % NBUF, phase (j / NBUF) & 1
+// NBUF 0 is the same consumer without the loader: each warp loads its rows of the stage from
+// global memory into registers before the counter wait (sync_floor's "weights early" in this
+// kernel's arithmetic), so loader rows minus this row is what the pages buy.
 template <int N, int NBUF>
 __global__ void __launch_bounds__(32 * (CW + 1), 1)
-loader(float* X, const __nv_bfloat16* W, int* ctr, int S, int G, int wait) {
-  constexpr int PR = PAGE / (2 * N), RW = PR / CW, CH = N / 256;  // rows a page, a warp; chunks
-  static_assert(PR % CW == 0, "whole rows a warp");
+loader(float* X, const __nv_bfloat16* W, int* ctr, int S, int wait) {
+  constexpr int R = N / G, NP = R * N * 2 / PAGE, PR = PAGE / (2 * N), RW = PR / CW;
+  constexpr int CH = N / 256, SLOTS = NBUF ? NBUF : 1;   // 16-byte chunks a lane a row
+  static_assert(PR % CW == 0 && NP >= 1, "whole rows a warp, whole pages a slab");
   extern __shared__ __align__(128) unsigned char ring[];          // [NBUF][PAGE]
-  __shared__ __align__(8) uint64_t full[NBUF], empty[NBUF];
+  __shared__ __align__(8) uint64_t full[SLOTS], empty[SLOTS];
   const int pid = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int R = N / G, NP = R * N * 2 / PAGE;
   if (threadIdx.x == 0) {
     for (int b = 0; b < NBUF; ++b) { mbar_init(smem_u32(&full[b]), 1); mbar_init(smem_u32(&empty[b]), CW); }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
   if (warp == CW) {                       // the loader: never waits for a dependency
-    if (lane == 0)
+    if (NBUF && lane == 0)
       for (int j = 0; j < S * NP; ++j) {
-        const int b = j % NBUF, s = j / NP, p = j % NP;
+        const int b = j % SLOTS, s = j / NP, p = j % NP;
         if (j >= NBUF) mbar_wait(smem_u32(&empty[b]), ((j / NBUF) - 1) & 1);
         mbar_expect(smem_u32(&full[b]), PAGE);
         bulk_copy(smem_u32(ring + b * PAGE),
@@ -85,8 +111,16 @@ loader(float* X, const __nv_bfloat16* W, int* ctr, int S, int G, int wait) {
       }
     return;
   }
+  uint4 held[NP * RW][CH];                // NBUF 0: the stage's rows (else unused, eliminated)
   int j = 0;
   for (int s = 0; s < S; ++s) {
+    if (!NBUF)                            // asked for before the wait: no dependency
+      for (int p = 0; p < NP; ++p)
+        for (int rw = 0; rw < RW; ++rw)
+          for (int c = 0; c < CH; ++c)
+            held[p * RW + rw][c] = __ldg(reinterpret_cast<const uint4*>(
+                W + (size_t)s * N * N + (size_t)(pid * R + p * PR + warp * RW + rw) * N) +
+                lane + 32 * c);
     if (s > 0 && wait) {
       if (threadIdx.x == 0) spin_until(ctr, s * G);
       asm volatile("bar.sync 1, %0;" ::"n"(32 * CW) : "memory");
@@ -99,53 +133,51 @@ loader(float* X, const __nv_bfloat16* W, int* ctr, int S, int G, int wait) {
       xr[c * 8 + 4] = q.x; xr[c * 8 + 5] = q.y; xr[c * 8 + 6] = q.z; xr[c * 8 + 7] = q.w;
     }
     for (int p = 0; p < NP; ++p, ++j) {
-      const int b = j % NBUF;
-      mbar_wait(smem_u32(&full[b]), (j / NBUF) & 1);
+      const int b = j % SLOTS;
+      if (NBUF) mbar_wait(smem_u32(&full[b]), (j / NBUF) & 1);
       for (int rw = 0; rw < RW; ++rw) {
         const int row = warp * RW + rw;   // in the page
-        const uint4* w = reinterpret_cast<const uint4*>(ring + b * PAGE + row * N * 2);
-        float acc = 0.f;
-        for (int c = 0; c < CH; ++c) {
-          const uint4 v = w[lane + 32 * c];
-          const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-          for (int h = 0; h < 4; ++h) {
-            const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u[h]));
-            acc = fmaf(f.x, xr[c * 8 + 2 * h], acc);
-            acc = fmaf(f.y, xr[c * 8 + 2 * h + 1], acc);
-          }
+        float y;
+        if constexpr (NBUF > 0) {
+          const uint4* w = reinterpret_cast<const uint4*>(ring + b * PAGE + row * N * 2);
+          uint4 v[CH];
+          for (int c = 0; c < CH; ++c) v[c] = w[lane + 32 * c];
+          y = row_dot<CH>(v, xr);
+        } else {
+          y = row_dot<CH>(held[p * RW + rw], xr);
         }
-        for (int o = 16; o; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (lane == 0) X[((s + 1) % 2) * N + pid * R + p * PR + row] = acc;
+        if (lane == 0) X[((s + 1) % 2) * N + pid * R + p * PR + row] = y;
       }
       __syncwarp();
-      if (lane == 0) mbar_arrive(smem_u32(&empty[b]));
+      if (NBUF && lane == 0) mbar_arrive(smem_u32(&empty[b]));
     }
-    asm volatile("bar.sync 1, %0;" ::"n"(32 * CW) : "memory");   // every store before the release
-    if (threadIdx.x == 0) {
-      __threadfence();
+    // every consumer's stores before the one release (CUTLASS's grid barrier: a CTA barrier,
+    // then thread 0's red.release.gpu -- no fence.sc, which the first build paid each stage)
+    asm volatile("bar.sync 1, %0;" ::"n"(32 * CW) : "memory");
+    if (threadIdx.x == 0)
       asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(ctr) : "memory");
-    }
   }
 }
 
 template <int N, int NBUF>
-int go(float* X, const __nv_bfloat16* W, int* ctr, int S, int G, int wait, cudaStream_t st) {
+int go(float* X, const __nv_bfloat16* W, int* ctr, int S, int wait, cudaStream_t st) {
   const int bytes = NBUF * PAGE;
   cudaError_t e = cudaFuncSetAttribute(loader<N, NBUF>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (e != cudaSuccess) return (int)e;
-  loader<N, NBUF><<<G, 32 * (CW + 1), bytes, st>>>(X, W, ctr, S, G, wait);
+  loader<N, NBUF><<<G, 32 * (CW + 1), bytes, st>>>(X, W, ctr, S, wait);
   return (int)cudaGetLastError();
 }
 
 #define RING(n) \
-  if (nbuf == 2) return go<n, 2>(X, W, ctr, S, G, wait, st); \
-  if (nbuf == 4) return go<n, 4>(X, W, ctr, S, G, wait, st); \
-  if (nbuf == 8) return go<n, 8>(X, W, ctr, S, G, wait, st); \
-  if (nbuf == 12) return go<n, 12>(X, W, ctr, S, G, wait, st);
+  if (nbuf == 0) return go<n, 0>(X, W, ctr, S, wait, st); \
+  if (nbuf == 2) return go<n, 2>(X, W, ctr, S, wait, st); \
+  if (nbuf == 4) return go<n, 4>(X, W, ctr, S, wait, st); \
+  if (nbuf == 8) return go<n, 8>(X, W, ctr, S, wait, st); \
+  if (nbuf == 12) return go<n, 12>(X, W, ctr, S, wait, st);
 
-extern "C" int loader_launch(float* X, const __nv_bfloat16* W, int* ctr, int S, int G, int wait,
-                             int n, int nbuf, cudaStream_t st) {
+extern "C" int loader_launch(float* X, const __nv_bfloat16* W, int* ctr, int S, int wait, int n,
+                             int nbuf, cudaStream_t st) {
   if (n == 1024) { RING(1024) }
   if (n == 2048) { RING(2048) }
   return -1;                              // a shape not instantiated
@@ -183,20 +215,22 @@ def run(lib, n: int, stages: int, replays: int, g: int) -> list[tuple[str, float
     ctr = torch.zeros(4, dtype=torch.int32, device=dev)
     x = torch.empty(2, n, device=dev)
     ptr = lambda t: ctypes.c_void_p(t.data_ptr())                              # noqa: E731
-    rows = [("launches, PDL, weights early (sync_floor)", 0, 1)]
-    rows += [(f"loader warp, {b} pages of 16 KB", b, 1) for b in RINGS]
-    rows += [(f"loader warp, {RINGS[-1]} pages, no counter wait (streaming floor)", RINGS[-1], 0)]
+    rows = [("launches, PDL, weights early (sync_floor)", -1, 1),
+            ("counter, weights early into registers, no loader (this kernel, NBUF 0)", 0, 1)]
+    rows += [(f"counter, loader warp, {b} pages of 16 KB", b, 1) for b in RINGS]
+    rows += [(f"loader warp, {RINGS[-1]} pages, no counter wait (no dependency: a race)",
+              RINGS[-1], 0)]
     out, ref = [], None
     for name, nbuf, wait in rows:
         def step():
             x[0].copy_(x0)
-            if not nbuf:
+            if nbuf < 0:
                 for s in range(stages):
                     sf._launch_kernel[(g,)](x, wt, s, N=n, R=n // g, WK=1, EARLY=True, PDL=True,
                                             num_warps=ww, launch_pdl=True)
                 return
             ctr.zero_()
-            rc = lib.loader_launch(ptr(x), ptr(wt), ptr(ctr), stages, g, wait, n, nbuf,
+            rc = lib.loader_launch(ptr(x), ptr(wt), ptr(ctr), stages, wait, n, nbuf,
                                    ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
             if rc:
                 raise SystemExit(f"loader_launch: CUDA error {rc}")
@@ -217,8 +251,6 @@ def main():
     ap.add_argument("--n", type=int, nargs="*", default=[1024, 2048], choices=[1024, 2048])
     ap.add_argument("--stages", type=int, default=64)
     ap.add_argument("--replays", type=int, default=50)
-    ap.add_argument("--programs", type=int, default=128,
-                    help="resident programs (the counter's wait needs all of them resident)")
     ap.add_argument("--build-only", action="store_true", help="compile, then stop (no GPU)")
     a = ap.parse_args()
     so = build(Path.home() / ".cache" / "muser" / "cuda")
@@ -229,13 +261,13 @@ def main():
     lib = ctypes.CDLL(str(so))
     lib.loader_launch.restype = ctypes.c_int
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(f"# {torch.cuda.get_device_name()} ({sms} SMs); {a.stages} stages, {a.programs} "
+    print(f"# {torch.cuda.get_device_name()} ({sms} SMs); {a.stages} stages, {PROGRAMS} "
           f"programs")
     for n in a.n:
-        print(f"\n## N = {n} ({n // a.programs} rows a program; weights "
+        print(f"\n## N = {n} ({n // PROGRAMS} rows a program; weights "
               f"{n * n * 2 / 2 ** 20:.1f} MB a stage)\n\n| how a stage waits | us a stage | "
               f"last vector |\n|---|---:|---|")
-        for name, us, check in run(lib, n, a.stages, a.replays, a.programs):
+        for name, us, check in run(lib, n, a.stages, a.replays, PROGRAMS):
             print(f"| {name} | {us:.2f} | {check} |", flush=True)
 
 
