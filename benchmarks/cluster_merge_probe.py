@@ -25,14 +25,11 @@ with nvcc (sm_90a) into the muser cache; needs an sm_90 GPU to run.
 """
 import argparse
 import ctypes
-import hashlib
-import shutil
-import subprocess
-from pathlib import Path
 
 import torch
 
 from decode_attn_probe import graph_us      # 20 launches in a CUDA graph, replayed: us a launch
+from nvcc_so import build_so
 
 G, D = 4, 256                     # a 1B-shape row: 4 query heads of one KV head, D 256
 SRC = r"""
@@ -116,30 +113,13 @@ extern "C" int cluster_launch(const float* x, float* out, int R, int S, cudaStre
 """ % {"N": G * D}
 
 
-def build(out_dir: Path) -> Path:
-    """The source above -> out_dir/cluster_merge-<digest>.so (nvcc, sm_90a)."""
-    out = out_dir / f"cluster_merge-{hashlib.sha256(SRC.encode()).hexdigest()[:12]}.so"
-    if out.exists():
-        return out
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cu = out.with_suffix(".cu")
-    cu.write_text(SRC)
-    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    r = subprocess.run([nvcc, "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-shared",
-                        "-Xcompiler", "-fPIC", "-o", str(out), str(cu)],
-                       capture_output=True, text=True)
-    if r.returncode:
-        raise SystemExit(f"nvcc failed ({r.returncode}): {r.stderr.strip()[-600:]}")
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,8")
     ap.add_argument("--splits", default="8,16")
     ap.add_argument("--build-only", action="store_true", help="compile, then stop (no GPU)")
     a = ap.parse_args()
-    so = build(Path.home() / ".cache" / "muser" / "cuda")
+    so = build_so("cluster_merge", SRC)
     if a.build_only:
         print(f"built {so}")
         return

@@ -35,12 +35,9 @@ consumers' per-stage chain, not the pages, set the time; the NBUF 0 row separate
 """
 import argparse
 import ctypes
-import hashlib
-import shutil
-import subprocess
-from pathlib import Path
 
-CSRC = Path(__file__).resolve().parents[1] / "muser" / "backends" / "cuda" / "csrc"
+from nvcc_so import build_so
+
 RINGS = (2, 4, 8, 12)                      # pages of 16 KB in the ring (12: 192 KB)
 PROGRAMS = 128                             # the kernel's G: all resident on an H100 / H200
 SRC = r"""
@@ -185,29 +182,10 @@ extern "C" int loader_launch(float* X, const __nv_bfloat16* W, int* ctr, int S, 
 """
 
 
-def build(out_dir: Path) -> Path:
-    """SRC -> out_dir/loader_warp-<digest>.so (nvcc, sm_90a; sm90.cuh from the package)."""
-    digest = hashlib.sha256((SRC + (CSRC / "sm90.cuh").read_text()).encode()).hexdigest()[:12]
-    out = out_dir / f"loader_warp-{digest}.so"
-    if out.exists():
-        return out
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cu = out.with_suffix(".cu")
-    cu.write_text(SRC)
-    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    r = subprocess.run([nvcc, "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-shared",
-                        "-Xcompiler", "-fPIC", "-Xptxas", "-v", f"-I{CSRC}", "-o", str(out),
-                        str(cu)], capture_output=True, text=True)
-    if r.returncode:
-        raise SystemExit(f"nvcc failed ({r.returncode}): {r.stderr.strip()[-800:]}")
-    return out
-
-
 def run(lib, n: int, stages: int, replays: int, g: int) -> list[tuple[str, float, str]]:
     import torch
 
     import sync_floor as sf
-    from decode_attn_probe import graph_us
     dev = torch.device("cuda")
     ww = min(16, max(4, (n // g) * n // 4096))            # sync_floor's warps for its rows
     x0 = torch.randn(n, device=dev)
@@ -234,15 +212,9 @@ def run(lib, n: int, stages: int, replays: int, g: int) -> list[tuple[str, float
                                    ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
             if rc:
                 raise SystemExit(f"loader_launch: CUDA error {rc}")
-        us = graph_us(step, reps=1, replays=replays) / stages
-        step()
-        torch.cuda.synchronize()
-        last = x[stages % 2].clone()
+        us, last = sf.stage_row(step, x, stages, replays)
         ref = last if ref is None else ref
-        err = float((last - ref).abs().max() / ref.abs().max())
-        check = ("not checked" if not wait else "equal" if err == 0 else
-                 f"rel err {err:.1e}" + (" (RACE?)" if err > 1e-3 else ""))
-        out.append((name, us, check))
+        out.append((name, us, sf.vector_check(last, ref) if wait else "not checked"))
     return out
 
 
@@ -253,7 +225,7 @@ def main():
     ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--build-only", action="store_true", help="compile, then stop (no GPU)")
     a = ap.parse_args()
-    so = build(Path.home() / ".cache" / "muser" / "cuda")
+    so = build_so("loader_warp", SRC, ("sm90.cuh",))
     if a.build_only:
         print(f"built {so}")
         return

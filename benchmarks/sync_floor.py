@@ -132,6 +132,24 @@ def _persist_kernel(X, Wt, CTR, S, G, N: tl.constexpr, R: tl.constexpr, WK: tl.c
         tl.atomic_add(CTR, 1, sem="release", scope="gpu")
 
 
+def stage_row(step, x, stages: int, replays: int) -> tuple[float, torch.Tensor]:
+    """us a stage of `step` (S stages captured once, replayed) and the last vector it leaves
+    (x[S % 2]: the stages alternate between x's two rows)."""
+    us = graph_us(step, reps=1, replays=replays) / stages
+    step()
+    torch.cuda.synchronize()
+    return us, x[stages % 2].clone()
+
+
+def vector_check(last: torch.Tensor, ref: torch.Tensor) -> str:
+    """"equal", else the relative error; past 1e-3 flagged "RACE?" (another summation order of
+    the same stages lands far closer)."""
+    if torch.equal(last, ref):
+        return "equal"
+    err = ((last - ref).abs().max() / ref.abs().max()).item()
+    return f"rel err {err:.1e}" + (" (RACE?)" if err > 1e-3 else "")
+
+
 def run(n: int, stages: int, warps: int, replays: int, g: int) -> list[tuple[str, float, str]]:
     """The variants at width n with g programs (R = n / g rows a program; the MMA rows: 16 a
     program, n / 16 programs, whatever g says -- an MMA's n is at least 16 -- and only to
@@ -173,17 +191,8 @@ def run(n: int, stages: int, warps: int, replays: int, g: int) -> list[tuple[str
                     _launch_kernel[(gg,)](x, wt, s, N=n, R=rr, WK=int(wk), EARLY=early,
                                           PDL=mode == "pdl", num_warps=ww,
                                           launch_pdl=mode == "pdl")
-        us = graph_us(step, reps=1, replays=replays) / stages
-        step()
-        torch.cuda.synchronize()
-        last = x[stages % 2].clone()
-        ref = first.setdefault(int(wk), last)
-        if torch.equal(last, ref):
-            check = "equal"
-        else:
-            err = ((last - ref).abs().max() / ref.abs().max()).item()
-            check = f"rel err {err:.1e}" + (" (RACE?)" if err > 1e-3 else "")
-        out.append((name, us, check))
+        us, last = stage_row(step, x, stages, replays)
+        out.append((name, us, vector_check(last, first.setdefault(int(wk), last))))
     return out
 
 

@@ -117,7 +117,6 @@ def run(n: int, stages: int, replays: int, g: int) -> list[tuple[str, float, str
     import torch
 
     import sync_floor as sf
-    from decode_attn_probe import graph_us
     dev = torch.device("cuda")
     r = n // g
     ww = min(16, max(4, r * n // 4096))        # sync_floor's warps for its rows
@@ -145,14 +144,9 @@ def run(n: int, stages: int, replays: int, g: int) -> list[tuple[str, float, str
                 for s in range(stages):
                     sf._launch_kernel[(g,)](x, wt, s, N=n, R=r, WK=1, EARLY=True, PDL=True,
                                             num_warps=ww, launch_pdl=True)
-        us = graph_us(step, reps=1, replays=replays) / stages
-        step()
-        torch.cuda.synchronize()
-        last = x[stages % 2].clone()
+        us, last = sf.stage_row(step, x, stages, replays)
         ref = last if ref is None else ref
-        err = float((last - ref).abs().max() / ref.abs().max())
-        check = "equal" if err == 0 else f"rel err {err:.1e}" + (" (RACE?)" if err > 1e-3 else "")
-        out.append((name, us, check))
+        out.append((name, us, sf.vector_check(last, ref)))
     return out
 
 
