@@ -50,6 +50,15 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
                ::"r"(bar) : "memory");
 }
 
+// NBUF 0's weights must be asked for before the counter wait, and ptxas sinks weak loads past
+// an acquire (legal: an acquire orders what follows it, not what precedes it) -- __ldg or volatile
+// asm alike, the PTX in order, the SASS not.  So the wait's target takes a word of every load,
+// ANDed with a zero the compiler cannot see (a kernel argument): thread 0 polls only once its
+// loads have landed -- max(loads, dependency), as asking early means -- and nothing moves.
+__device__ __forceinline__ int after_loads(int target, uint32_t words, int zero) {
+  return target + (int)(words & (uint32_t)zero);
+}
+
 __device__ __forceinline__ void spin_until(const int* p, int target) {
   int c = 0;
   for (uint32_t polls = 0;; ++polls) {
@@ -84,7 +93,7 @@ __device__ __forceinline__ float row_dot(const uint4 (&v)[CH], const float (&xr)
 // kernel's arithmetic), so loader rows minus this row is what the pages buy.
 template <int N, int NBUF>
 __global__ void __launch_bounds__(32 * (CW + 1), 1)
-loader(float* X, const __nv_bfloat16* W, int* ctr, int S, int wait) {
+loader(float* X, const __nv_bfloat16* W, int* ctr, int S, int wait, int zero) {
   constexpr int R = N / G, NP = R * N * 2 / PAGE, PR = PAGE / (2 * N), RW = PR / CW;
   constexpr int CH = N / 256, SLOTS = NBUF ? NBUF : 1;   // 16-byte chunks a lane a row
   static_assert(PR % CW == 0 && NP >= 1, "whole rows a warp, whole pages a slab");
@@ -92,15 +101,18 @@ loader(float* X, const __nv_bfloat16* W, int* ctr, int S, int wait) {
   __shared__ __align__(8) uint64_t full[SLOTS], empty[SLOTS];
   const int pid = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
-    for (int b = 0; b < NBUF; ++b) { mbar_init(smem_u32(&full[b]), 1); mbar_init(smem_u32(&empty[b]), CW); }
+    for (int b = 0; b < NBUF; ++b) {
+      mbar_init(smem_u32(&full[b]), 1);
+      mbar_init(smem_u32(&empty[b]), CW);
+    }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
   if (warp == CW) {                       // the loader: never waits for a dependency
-    if (NBUF && lane == 0)
+    if constexpr (NBUF > 0) if (lane == 0)
       for (int j = 0; j < S * NP; ++j) {
         const int b = j % SLOTS, s = j / NP, p = j % NP;
-        if (j >= NBUF) mbar_wait(smem_u32(&empty[b]), ((j / NBUF) - 1) & 1);
+        if (j >= NBUF) mbar_wait(smem_u32(&empty[b]), ((j / SLOTS) - 1) & 1);
         mbar_expect(smem_u32(&full[b]), PAGE);
         bulk_copy(smem_u32(ring + b * PAGE),
                   W + (size_t)s * N * N + (size_t)pid * R * N + (size_t)p * (PAGE / 2), PAGE,
@@ -111,7 +123,7 @@ loader(float* X, const __nv_bfloat16* W, int* ctr, int S, int wait) {
   uint4 held[NP * RW][CH];                // NBUF 0: the stage's rows (else unused, eliminated)
   int j = 0;
   for (int s = 0; s < S; ++s) {
-    if (!NBUF)                            // asked for before the wait: no dependency
+    if constexpr (NBUF == 0)              // asked for before the wait: no dependency
       for (int p = 0; p < NP; ++p)
         for (int rw = 0; rw < RW; ++rw)
           for (int c = 0; c < CH; ++c)
@@ -119,7 +131,11 @@ loader(float* X, const __nv_bfloat16* W, int* ctr, int S, int wait) {
                 W + (size_t)s * N * N + (size_t)(pid * R + p * PR + warp * RW + rw) * N) +
                 lane + 32 * c);
     if (s > 0 && wait) {
-      if (threadIdx.x == 0) spin_until(ctr, s * G);
+      uint32_t words = 0;
+      if constexpr (NBUF == 0)
+        for (int r = 0; r < NP * RW; ++r)
+          for (int c = 0; c < CH; ++c) words |= held[r][c].x;
+      if (threadIdx.x == 0) spin_until(ctr, after_loads(s * G, words, zero));
       asm volatile("bar.sync 1, %0;" ::"n"(32 * CW) : "memory");
     }
     float xr[CH * 8];                     // this lane's keys: chunk c = 8 keys at (lane + 32c) * 8
@@ -131,7 +147,7 @@ loader(float* X, const __nv_bfloat16* W, int* ctr, int S, int wait) {
     }
     for (int p = 0; p < NP; ++p, ++j) {
       const int b = j % SLOTS;
-      if (NBUF) mbar_wait(smem_u32(&full[b]), (j / NBUF) & 1);
+      if constexpr (NBUF > 0) mbar_wait(smem_u32(&full[b]), (j / SLOTS) & 1);
       for (int rw = 0; rw < RW; ++rw) {
         const int row = warp * RW + rw;   // in the page
         float y;
@@ -146,7 +162,7 @@ loader(float* X, const __nv_bfloat16* W, int* ctr, int S, int wait) {
         if (lane == 0) X[((s + 1) % 2) * N + pid * R + p * PR + row] = y;
       }
       __syncwarp();
-      if (NBUF && lane == 0) mbar_arrive(smem_u32(&empty[b]));
+      if constexpr (NBUF > 0) if (lane == 0) mbar_arrive(smem_u32(&empty[b]));
     }
     // every consumer's stores before the one release (CUTLASS's grid barrier: a CTA barrier,
     // then thread 0's red.release.gpu -- no fence.sc, which the first build paid each stage)
@@ -162,7 +178,7 @@ int go(float* X, const __nv_bfloat16* W, int* ctr, int S, int wait, cudaStream_t
   cudaError_t e = cudaFuncSetAttribute(loader<N, NBUF>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (e != cudaSuccess) return (int)e;
-  loader<N, NBUF><<<G, 32 * (CW + 1), bytes, st>>>(X, W, ctr, S, wait);
+  loader<N, NBUF><<<G, 32 * (CW + 1), bytes, st>>>(X, W, ctr, S, wait, 0);
   return (int)cudaGetLastError();
 }
 
