@@ -14,11 +14,11 @@ logits are the mode's own (not bf16's: the row scale rounds) but one arithmetic 
 it; time, not only memory.
 
 Owns: `RowInt8` (what `dot_rows(x, q, scale=s)` takes), `quantize_rows`, `quantize_blocks`,
-`exact_blocks`, `EmbedBlocks` and `keep_exact_blocks`, `quantize_weights` and `why_not_int8` (what
-the mode needs: the fused decode step, its exact chunks, no experts).  Does not own: the kernel
-(triton_dot.py: int8 -> the activation dtype in registers, exact for |q| <= 127; the dot is the
-bf16 one; the scale multiplies each float32 sum once all its split-K pieces are in -- so the
-rows stay invariant, as with bf16 weights), the accuracy contract
+`exact_blocks`, `EmbedBlocks` and `keep_exact_blocks`, `quantize_weights` and `why_not_int8`
+(what the mode needs: the fused decode step, its exact chunks, no experts).  Does not own: the
+kernel (triton_dot.py: int8 -> the activation dtype in registers, exact for |q| <= 127; the dot
+is the bf16 one; the scale multiplies each float32 sum once all its split-K pieces are in -- so
+the rows stay invariant, as with bf16 weights), the accuracy contract
 (benchmarks/gpu_weight_accuracy.py on the embedded 270M against float32: KL 5.0e-3, top-1
 0.966, the CPU default's 5.2e-3 / 0.961; bf16 weights: 6.5e-5).
 
@@ -26,8 +26,9 @@ rows stay invariant, as with bf16 weights), the accuracy contract
     y[b, n] = (sum_k x[b, k] * q[n, k]) * scale[n]    (+ bias)
 
 The embedding lookup keeps its float table and a tied head gets its own int8 copy -- except a
-tied head whose blocks are exact (`keep_exact_blocks`): its rows are the table's bit for bit, so the
-lookup reads them too (`EmbedBlocks`) and the float table is dropped (the 270M: 335 -> 178 MB).
+tied head whose blocks are exact (`keep_exact_blocks`): its rows are the table's bit for bit, so
+the lookup reads them too (`EmbedBlocks`) and the float table is dropped (the 270M: 335 -> 178
+MB).
 """
 from __future__ import annotations
 
@@ -91,8 +92,11 @@ class BlockInt8(RowInt8):
         return self.q.numel() + 2 * self.scale.numel()
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """W exactly as the kernel's tile holds it when `dtype` is the activation dtype."""
-        return (self.q.float() * self.scale.float().repeat_interleave(BLOCK, 1)).to(dtype)
+        """W exactly as the kernel's tile holds it when `dtype` is the activation dtype: each
+        q * s exact in float32 (8-bit q, 11-bit s), then one rounding."""
+        N, K = self.q.shape
+        w = self.q.float().view(N, K // BLOCK, BLOCK) * self.scale.float()[..., None]
+        return w.view(N, K).to(dtype)
 
 
 @dataclass(frozen=True)
@@ -119,10 +123,7 @@ class EmbedBlocks:
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [T] -> [T, K] in `dtype`: F.embedding of the float table, bit for bit."""
-        q, s = self.blocks.q[ids], self.blocks.scale[ids]          # [T, K] int8, [T, K/32] f16
-        T, K = q.shape
-        w = q.float().view(T, K // BLOCK, BLOCK) * s.float()[..., None]   # exact in float32
-        return w.view(T, K).to(self.dtype)
+        return BlockInt8(self.blocks.q[ids], self.blocks.scale[ids]).dequantized(self.dtype)
 
 
 def quantize_rows(w: torch.Tensor) -> RowInt8:
