@@ -29,6 +29,9 @@ order: close, "RACE?" past 1e-3).  First run (forty-sixth session, H100, before 
 and with a fence.sc.gpu before each release): the loader 3.3 / 6.0 us a stage at 2 / 8 MB
 against the launches' 1.67 / 3.92, and 3.0 / 5.6 with no wait -- so (inferred, not measured) the
 consumers' per-stage chain, not the pages, set the time; the NBUF 0 row separates the two.
+Second run (forty-seventh session, H100, this build): launches 1.67 / 3.92, NBUF 0 2.56 / 5.00,
+the loader 2.95-3.04 / 5.55-5.80 -- the pages lose to no loader, the counter to the launches:
+no persistent form has a case on this GPU (benchmarks/NOTES.md, "Forty-seventh session").
 
     PYTHONPATH=benchmarks:. python3 benchmarks/loader_warp_probe.py [--n 1024 2048]  # sm_90 GPU
     PYTHONPATH=benchmarks:. python3 benchmarks/loader_warp_probe.py --build-only      # nvcc only
