@@ -87,7 +87,9 @@
 #                boundaries, consumers on mbarriers and the counter (nvcc, sm_90a) -- against
 #                sync_floor's PDL launches, and the same consumers with no loader (NBUF 0).
 #                Forty-sixth session, H100, the first build (no NBUF 0 row, a fence.sc.gpu a
-#                stage): 3.3 / 6.0 us a stage at 2 / 8 MB against the launches' 1.67 / 3.92
+#                stage): 3.3 / 6.0 us a stage at 2 / 8 MB against the launches' 1.67 / 3.92;
+#                forty-seventh, the rebuild: NBUF 0 2.56 / 5.00, the loader 2.95-3.04 /
+#                5.55-5.80 -- the persistent form has no case on this GPU
 #   (head_blocks, forty-third session: the same own tile for Q8_0 blocks, each 32-key block's
 #    dot times its scale -- the heads at 0.75-0.85x bf16's time against the rows' 0.54-0.71x on
 #    an H100; the code is gone, commit 99b5b5d has it)
